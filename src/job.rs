@@ -1,0 +1,258 @@
+//! The job model: what a run is asked to do ([`JobSpec`], [`Limits`]) and what came of it
+//! ([`Outcome`]). Every front end (the `run` CLI, the MCP tools) speaks these types; no
+//! backend type leaks through them.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Serialize, Serializer};
+
+/// One file the job brings into the sandbox workspace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputFile {
+    /// Relative path inside the workspace, `/`-separated, no `..`.
+    pub path: String,
+    pub contents: Vec<u8>,
+}
+
+/// Everything a sandbox needs to run one piece of code once.
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    /// Unique id, used in container names and labels so that logs and leftovers can be traced.
+    pub id: String,
+    /// The tenant the job runs for; `local` when the server serves a single user.
+    pub tenant: String,
+    /// Files unpacked into the workspace before the code starts.
+    pub files: Vec<InputFile>,
+    /// Which of `files` is run with Python.
+    pub entry: String,
+    pub limits: Limits,
+}
+
+impl JobSpec {
+    /// A job that runs `code` as `main.py` with the given limits.
+    pub fn python(code: impl Into<Vec<u8>>, limits: Limits) -> Self {
+        JobSpec {
+            id: new_job_id(),
+            tenant: "local".to_string(),
+            files: vec![InputFile {
+                path: "main.py".to_string(),
+                contents: code.into(),
+            }],
+            entry: "main.py".to_string(),
+            limits,
+        }
+    }
+}
+
+/// A fresh random job id (12 hex characters: short enough for container names, random
+/// enough not to collide across the lifetime of a daemon).
+pub fn new_job_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..12].to_string()
+}
+
+/// Resource limits of one run. Every field has a named default in [`Limits::default`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Limits {
+    /// Wall-clock time the code may run, counted from the moment the sandbox is ready.
+    #[serde(serialize_with = "ser_secs")]
+    pub timeout: Duration,
+    /// Memory of the whole container, swap included (no extra swap).
+    pub memory_bytes: u64,
+    /// CPU quota in cores (0.5 = half a core).
+    pub cpus: f64,
+    /// Processes and threads the container may hold at once.
+    pub pids: i64,
+    /// Bytes kept of stdout and of stderr, each; the rest is counted and dropped.
+    pub output_bytes: u64,
+    /// Size of the `/workspace` tmpfs (the code, its inputs and what it writes).
+    pub workspace_bytes: u64,
+    /// Size of the `/tmp` tmpfs.
+    pub tmp_bytes: u64,
+    /// Open file descriptors per process.
+    pub nofile: u64,
+}
+
+/// Named defaults: conservative enough for untrusted code, large enough for pandas.
+pub mod defaults {
+    use std::time::Duration;
+
+    pub const TIMEOUT: Duration = Duration::from_secs(30);
+    pub const MEMORY_BYTES: u64 = 512 << 20;
+    pub const CPUS: f64 = 1.0;
+    pub const PIDS: i64 = 128;
+    pub const OUTPUT_BYTES: u64 = 1 << 20;
+    pub const WORKSPACE_BYTES: u64 = 64 << 20;
+    pub const TMP_BYTES: u64 = 64 << 20;
+    pub const NOFILE: u64 = 1024;
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            timeout: defaults::TIMEOUT,
+            memory_bytes: defaults::MEMORY_BYTES,
+            cpus: defaults::CPUS,
+            pids: defaults::PIDS,
+            output_bytes: defaults::OUTPUT_BYTES,
+            workspace_bytes: defaults::WORKSPACE_BYTES,
+            tmp_bytes: defaults::TMP_BYTES,
+            nofile: defaults::NOFILE,
+        }
+    }
+}
+
+fn ser_secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+/// Which output stream a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamKind {
+    Stdout,
+    Stderr,
+}
+
+/// What happens during a run, as it happens: for live output in the CLI and progress
+/// notifications in MCP. The [`Outcome`] holds the same output in full (up to the cap).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunEvent {
+    /// A container exists for the job (its backend id, for diagnostics).
+    Created { container: String },
+    /// The sandbox is up and the code is starting.
+    Started,
+    /// A chunk of output, only up to the output cap.
+    Output { stream: StreamKind, data: Vec<u8> },
+}
+
+/// The result of a run of user code. A failure of the user's code (non-zero exit, timeout,
+/// OOM) is an `Outcome`; a failure of the infrastructure is a
+/// [`SandboxError`](crate::sandbox::SandboxError).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Outcome {
+    /// Exit status of the code; `None` when it was killed by a signal or timed out.
+    pub exit_code: Option<i64>,
+    /// The signal that killed the code, if one did (9 for a timeout or the OOM killer).
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub oom_killed: bool,
+    #[serde(serialize_with = "ser_lossy")]
+    pub stdout: Vec<u8>,
+    #[serde(serialize_with = "ser_lossy")]
+    pub stderr: Vec<u8>,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    /// Wall time from the request to the result, container start-up included.
+    pub duration_ms: u64,
+    /// CPU time (user + system) the code used, where the runner could measure it.
+    pub cpu_ms: Option<u64>,
+    /// Peak memory of the sandbox, where the runner could measure it.
+    pub peak_memory_bytes: Option<u64>,
+}
+
+impl Outcome {
+    /// Did the code exit 0 without being stopped?
+    pub fn success(&self) -> bool {
+        self.exit_code == Some(0) && !self.timed_out && !self.oom_killed && self.signal.is_none()
+    }
+
+    /// stdout as text (invalid UTF-8 replaced).
+    pub fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    /// stderr as text (invalid UTF-8 replaced).
+    pub fn stderr_text(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+
+    /// One line an LLM or a person reads first: how the run ended.
+    pub fn status_line(&self) -> String {
+        let mut s = if self.timed_out {
+            "timed out (killed at the deadline)".to_string()
+        } else if self.oom_killed {
+            "killed: out of memory".to_string()
+        } else if let Some(sig) = self.signal {
+            format!("killed by signal {sig}")
+        } else {
+            match self.exit_code {
+                Some(c) => format!("exit code {c}"),
+                None => "ended without an exit code".to_string(),
+            }
+        };
+        if self.stdout_truncated {
+            s.push_str(", stdout truncated");
+        }
+        if self.stderr_truncated {
+            s.push_str(", stderr truncated");
+        }
+        s.push_str(&format!(", {} ms", self.duration_ms));
+        s
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.status_line())
+    }
+}
+
+fn ser_lossy<S: Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&String::from_utf8_lossy(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_line_names_the_ending() {
+        let ok = Outcome {
+            exit_code: Some(0),
+            duration_ms: 5,
+            ..Default::default()
+        };
+        assert!(ok.success());
+        assert_eq!(ok.status_line(), "exit code 0, 5 ms");
+        let t = Outcome {
+            timed_out: true,
+            signal: Some(9),
+            stdout_truncated: true,
+            ..Default::default()
+        };
+        assert!(!t.success());
+        assert!(t.status_line().starts_with("timed out"));
+        assert!(t.status_line().contains("stdout truncated"));
+        let oom = Outcome {
+            oom_killed: true,
+            signal: Some(9),
+            ..Default::default()
+        };
+        assert!(oom.status_line().contains("out of memory"));
+    }
+
+    #[test]
+    fn outcome_json_has_the_documented_fields() {
+        let o = Outcome {
+            exit_code: Some(3),
+            stdout: b"caf\xc3\xa9 \xff".to_vec(),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&o).unwrap();
+        for k in [
+            "exit_code",
+            "signal",
+            "timed_out",
+            "oom_killed",
+            "stdout_truncated",
+            "stderr_truncated",
+            "duration_ms",
+            "cpu_ms",
+            "peak_memory_bytes",
+        ] {
+            assert!(v.get(k).is_some(), "missing {k}");
+        }
+        assert_eq!(v["stdout"], "café \u{fffd}");
+    }
+}

@@ -1,0 +1,22 @@
+//! mcp-code-executor: run untrusted Python in short-lived, hardened Docker containers.
+//!
+//! # Layout
+//!
+//! - [`job`]: the job model. What to run ([`job::JobSpec`], [`job::Limits`]) and what came
+//!   of it ([`job::Outcome`]). Every front end speaks these types.
+//! - [`sandbox`]: the backend seam. [`sandbox::Sandbox`] runs one job in a fresh sandbox;
+//!   [`sandbox::docker`] is the Docker implementation (the only place bollard appears),
+//!   [`sandbox::protocol`] the wire format spoken with the runner inside the container
+//!   (`images/sandbox/runner.py`), [`sandbox::archive`] the tar packing of input files,
+//!   [`sandbox::image`] the build of the sandbox image from the embedded `images/`.
+//! - [`config`]: environment variables, sizes and durations, limit validation.
+//! - [`doctor`]: live self-test that isolation is really enforced on this host.
+//! - [`cli`]: the `run` command for CI pipelines (output, JSON, JUnit, exit codes).
+//!
+//! `src/main.rs` only parses the command line, sets up logging to stderr and calls in here.
+
+pub mod cli;
+pub mod config;
+pub mod doctor;
+pub mod job;
+pub mod sandbox;

@@ -1,0 +1,68 @@
+//! The sandbox backend: runs one [`JobSpec`] in a fresh, isolated environment and reports
+//! its [`Outcome`]. The [`Sandbox`] trait is the seam: the Docker backend
+//! ([`docker::DockerSandbox`]) is the real one; unit tests above it may use a fake.
+
+pub mod archive;
+pub mod docker;
+pub mod image;
+pub mod protocol;
+
+use async_trait::async_trait;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::job::{JobSpec, Outcome, RunEvent};
+
+/// Where a run's live events go; `None` when nobody listens.
+pub type Events = Option<UnboundedSender<RunEvent>>;
+
+/// Send an event if somebody listens; a listener that went away is not an error.
+pub fn emit(events: &Events, event: RunEvent) {
+    if let Some(tx) = events {
+        let _ = tx.send(event);
+    }
+}
+
+/// A failure of the infrastructure, never of the user's code: the message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("cannot reach the Docker daemon: {detail}. Is it running? Start it (`dockerd &` or `systemctl start docker`) or point DOCKER_HOST at it")]
+    DaemonUnreachable { detail: String },
+    #[error(
+        "the sandbox image `{image}` is not present. Build it with `mcp-code-executor image build`"
+    )]
+    ImageMissing { image: String },
+    #[error("the job was refused before it ran: {0}")]
+    Rejected(String),
+    #[error("the sandbox runner failed: {0}")]
+    Runner(String),
+    #[error("Docker error while {action}: {detail}")]
+    Docker {
+        action: &'static str,
+        detail: String,
+    },
+}
+
+/// Facts about the backend, for `doctor` and health checks.
+#[derive(Debug, Clone)]
+pub struct BackendInfo {
+    /// e.g. "Docker 20.10.24 (API 1.41)".
+    pub version: String,
+    /// The image runs use, and whether it is present.
+    pub image: String,
+    pub image_present: bool,
+}
+
+/// Runs jobs, one fresh sandbox each. Dropping the future of [`Sandbox::run`] cancels the
+/// run: its container is killed and removed in the background.
+#[async_trait]
+pub trait Sandbox: Send + Sync {
+    /// Run one job to its end (exit, timeout, OOM) and report the outcome.
+    async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, SandboxError>;
+
+    /// Is the backend reachable, and what is it?
+    async fn info(&self) -> Result<BackendInfo, SandboxError>;
+
+    /// Wait until every container this backend made has been removed (clean-ups run in the
+    /// background, off the request path).
+    async fn drain(&self);
+}

@@ -1,0 +1,212 @@
+//! The wire protocol between the server and `images/sandbox/runner.py`, PID 1 of every
+//! sandbox. Pure code, no I/O: the Docker backend feeds it bytes.
+//!
+//! - stdin: `u32` header length, JSON [`JobHeader`], then `tar_len` bytes of tar.
+//! - stdout: frames of `kind: u8`, `len: u32` (big-endian), payload; see [`Frame`].
+
+use serde::{Deserialize, Serialize};
+
+use super::archive::{self, ArchiveError};
+use crate::job::JobSpec;
+
+/// Where the workspace tmpfs is mounted inside the sandbox.
+pub const WORKDIR: &str = "/workspace";
+
+/// Largest frame the server accepts; the runner sends at most 64 KiB of output at once.
+const MAX_FRAME: usize = 1 << 20;
+
+/// The job description the runner reads before the archive.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct JobHeader {
+    pub tar_len: u64,
+    pub argv: Vec<String>,
+    pub workdir: String,
+    pub output_limit: u64,
+}
+
+/// The bytes to write to the runner's stdin for `job`, run with `python`.
+pub fn encode_job(job: &JobSpec, python: &str) -> Result<Vec<u8>, ArchiveError> {
+    archive::check_relative_path(&job.entry)?;
+    let tar = archive::pack(&job.files)?;
+    let header = JobHeader {
+        tar_len: tar.len() as u64,
+        argv: vec![python.to_string(), "-u".to_string(), job.entry.clone()],
+        workdir: WORKDIR.to_string(),
+        output_limit: job.limits.output_bytes,
+    };
+    let header = serde_json::to_vec(&header).expect("header serializes");
+    let mut out = Vec::with_capacity(4 + header.len() + tar.len());
+    out.extend_from_slice(&(header.len() as u32).to_be_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&tar);
+    Ok(out)
+}
+
+/// The runner's final report (frame `X`).
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+pub struct Report {
+    pub exit_code: Option<i64>,
+    pub signal: Option<i32>,
+    pub cpu_ms: Option<u64>,
+    pub peak_memory_bytes: Option<u64>,
+    #[serde(default)]
+    pub oom_kills: u64,
+    #[serde(default)]
+    pub stdout_bytes: u64,
+    #[serde(default)]
+    pub stderr_bytes: u64,
+}
+
+/// One message from the runner.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Frame {
+    /// `R`: the runner is up and reads its job.
+    Ready,
+    /// `O`: user stdout.
+    Stdout(Vec<u8>),
+    /// `E`: user stderr.
+    Stderr(Vec<u8>),
+    /// `X`: the code has ended.
+    Exit(Report),
+    /// `F`: the runner could not run the job.
+    Failed(String),
+}
+
+/// Why the runner's stream cannot be understood.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ProtocolError {
+    #[error("frame of unknown kind {0:#04x}")]
+    UnknownKind(u8),
+    #[error("frame of {0} bytes is over the limit")]
+    TooLarge(usize),
+    #[error("malformed report: {0}")]
+    BadReport(String),
+}
+
+/// Reassembles frames from the chunks Docker delivers.
+#[derive(Default)]
+pub struct FrameDecoder {
+    buf: Vec<u8>,
+}
+
+impl FrameDecoder {
+    pub fn push(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+    }
+
+    /// The next complete frame, if the buffer holds one.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, ProtocolError> {
+        if self.buf.len() < 5 {
+            return Ok(None);
+        }
+        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        if len > MAX_FRAME {
+            return Err(ProtocolError::TooLarge(len));
+        }
+        if self.buf.len() < 5 + len {
+            return Ok(None);
+        }
+        let kind = self.buf[0];
+        let payload: Vec<u8> = self.buf[5..5 + len].to_vec();
+        self.buf.drain(..5 + len);
+        let frame = match kind {
+            b'R' => Frame::Ready,
+            b'O' => Frame::Stdout(payload),
+            b'E' => Frame::Stderr(payload),
+            b'X' => Frame::Exit(
+                serde_json::from_slice(&payload)
+                    .map_err(|e| ProtocolError::BadReport(e.to_string()))?,
+            ),
+            b'F' => {
+                #[derive(Deserialize)]
+                struct Failure {
+                    error: String,
+                }
+                let f: Failure = serde_json::from_slice(&payload)
+                    .map_err(|e| ProtocolError::BadReport(e.to_string()))?;
+                Frame::Failed(f.error)
+            }
+            other => return Err(ProtocolError::UnknownKind(other)),
+        };
+        Ok(Some(frame))
+    }
+
+    /// Bytes received that do not yet form a frame.
+    pub fn pending(&self) -> usize {
+        self.buf.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::Limits;
+
+    fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
+        let mut v = vec![kind];
+        v.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        v.extend_from_slice(payload);
+        v
+    }
+
+    #[test]
+    fn frames_split_across_chunks_reassemble() {
+        let mut bytes = frame(b'R', b"");
+        bytes.extend(frame(b'O', b"hello\n"));
+        bytes.extend(frame(b'E', b"\xffoops"));
+        bytes.extend(frame(
+            b'X',
+            br#"{"exit_code":3,"signal":null,"cpu_ms":7,"peak_memory_bytes":100,"oom_kills":0,"stdout_bytes":6,"stderr_bytes":5}"#,
+        ));
+        let mut d = FrameDecoder::default();
+        let mut got = vec![];
+        for chunk in bytes.chunks(3) {
+            d.push(chunk);
+            while let Some(f) = d.next_frame().unwrap() {
+                got.push(f);
+            }
+        }
+        assert_eq!(d.pending(), 0);
+        assert_eq!(got.len(), 4);
+        assert_eq!(got[0], Frame::Ready);
+        assert_eq!(got[1], Frame::Stdout(b"hello\n".to_vec()));
+        assert_eq!(got[2], Frame::Stderr(b"\xffoops".to_vec()));
+        match &got[3] {
+            Frame::Exit(r) => {
+                assert_eq!(r.exit_code, Some(3));
+                assert_eq!(r.cpu_ms, Some(7));
+            }
+            f => panic!("unexpected {f:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_frames_are_errors() {
+        let mut d = FrameDecoder::default();
+        d.push(&frame(b'Z', b""));
+        assert_eq!(d.next_frame(), Err(ProtocolError::UnknownKind(b'Z')));
+        let mut d = FrameDecoder::default();
+        d.push(&[b'O', 0xff, 0xff, 0xff, 0xff]);
+        assert!(matches!(d.next_frame(), Err(ProtocolError::TooLarge(_))));
+        let mut d = FrameDecoder::default();
+        d.push(&frame(b'F', br#"{"error":"disk full"}"#));
+        assert_eq!(
+            d.next_frame().unwrap(),
+            Some(Frame::Failed("disk full".into()))
+        );
+    }
+
+    #[test]
+    fn job_encoding_has_header_then_tar() {
+        let job = JobSpec::python("print(1)", Limits::default());
+        let bytes = encode_job(&job, "/usr/bin/python3").unwrap();
+        let hlen = u32::from_be_bytes(bytes[..4].try_into().unwrap()) as usize;
+        let header: JobHeader = serde_json::from_slice(&bytes[4..4 + hlen]).unwrap();
+        assert_eq!(header.argv, ["/usr/bin/python3", "-u", "main.py"]);
+        assert_eq!(header.tar_len as usize, bytes.len() - 4 - hlen);
+        assert_eq!(header.output_limit, 1 << 20);
+        let mut bad = job.clone();
+        bad.entry = "../x.py".into();
+        assert!(encode_job(&bad, "python3").is_err());
+    }
+}
