@@ -213,9 +213,8 @@ async fn dispatch(cli: Cli) -> i32 {
 async fn connect(opts: &SandboxOpts) -> Result<DockerSandbox, String> {
     let image = opts.image.clone().unwrap_or_else(image::default_image);
     let config = DockerConfig {
-        image: image.clone(),
         runtime: opts.runtime.clone(),
-        python: "/usr/bin/python3".into(),
+        ..DockerConfig::new(image.clone())
     };
     let sandbox = DockerSandbox::connect(config)
         .await

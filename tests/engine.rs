@@ -318,11 +318,9 @@ async fn a_cancelled_run_leaves_no_container() {
 
 #[tokio::test]
 async fn a_missing_image_is_an_infrastructure_error_with_a_hint() {
-    let s = DockerSandbox::connect(DockerConfig {
-        image: "mcp-code-executor/sandbox:does-not-exist".into(),
-        runtime: None,
-        python: "/usr/bin/python3".into(),
-    })
+    let s = DockerSandbox::connect(DockerConfig::new(
+        "mcp-code-executor/sandbox:does-not-exist",
+    ))
     .await
     .expect("docker is running");
     let err = s

@@ -12,12 +12,7 @@ use mcp_code_executor::sandbox::Sandbox;
 
 /// A sandbox on the real daemon with the image this binary expects.
 pub async fn sandbox() -> Arc<DockerSandbox> {
-    let config = DockerConfig {
-        image: image::default_image(),
-        runtime: None,
-        python: "/usr/bin/python3".into(),
-    };
-    let s = DockerSandbox::connect(config).await.unwrap_or_else(|e| {
+    let s = DockerSandbox::connect(DockerConfig::new(image::default_image())).await.unwrap_or_else(|e| {
         panic!("these tests need a running Docker daemon (run .ci/run or scripts/setup-docker.sh): {e}")
     });
     image::ensure(&image::default_image(), &Default::default(), &mut |l| {

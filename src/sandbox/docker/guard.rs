@@ -1,0 +1,195 @@
+//! Container removal on every path, and the start-up sweep of what a dead process left.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bollard::errors::Error as BollardError;
+use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder};
+use bollard::Docker;
+use tokio::sync::Notify;
+
+use super::{classify, LABEL_MANAGED, LABEL_OWNER};
+use crate::sandbox::SandboxError;
+
+/// Counts the removals still running in the background, so that shutdown can wait for them.
+#[derive(Default)]
+pub(super) struct Cleanup {
+    pending: AtomicUsize,
+    done: Notify,
+}
+
+impl Cleanup {
+    /// Wait until no removal is in flight.
+    pub(super) async fn drain(&self) {
+        loop {
+            let notified = self.done.notified();
+            if self.pending.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Removes its container when dropped, in the background, whatever path dropped it:
+/// success, error, timeout, cancellation (the run's future dropped) or panic.
+pub(super) struct ContainerGuard {
+    docker: Docker,
+    id: String,
+    cleanup: Arc<Cleanup>,
+}
+
+impl ContainerGuard {
+    pub(super) fn new(docker: &Docker, id: &str, cleanup: &Arc<Cleanup>) -> Self {
+        ContainerGuard {
+            docker: docker.clone(),
+            id: id.to_string(),
+            cleanup: cleanup.clone(),
+        }
+    }
+
+    pub(super) fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Kill at once (a timeout: the CPU belongs to the next run); removal still follows.
+    pub(super) async fn kill_now(&self) {
+        if let Err(e) = self.docker.kill_container(&self.id, None).await {
+            tracing::debug!(container = %self.id, error = %e, "kill failed (already gone?)");
+        }
+    }
+}
+
+impl Drop for ContainerGuard {
+    fn drop(&mut self) {
+        let docker = self.docker.clone();
+        let id = std::mem::take(&mut self.id);
+        let cleanup = self.cleanup.clone();
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            // No runtime left (process exit): the next start-up sweep removes it.
+            return;
+        };
+        cleanup.pending.fetch_add(1, Ordering::SeqCst);
+        handle.spawn(async move {
+            if let Err(e) = remove_now(&docker, &id).await {
+                tracing::warn!(container = %id, error = %e, "could not remove a sandbox container; the next start-up sweep will");
+            }
+            cleanup.pending.fetch_sub(1, Ordering::SeqCst);
+            cleanup.done.notify_waiters();
+        });
+    }
+}
+
+/// Force-remove (kills if running), retrying briefly; a container already gone is fine.
+pub(super) async fn remove_now(docker: &Docker, id: &str) -> Result<(), BollardError> {
+    let opts = RemoveContainerOptionsBuilder::default()
+        .force(true)
+        .v(true)
+        .build();
+    let mut last = None;
+    for attempt in 0..5u64 {
+        match docker.remove_container(id, Some(opts.clone())).await {
+            Ok(()) => return Ok(()),
+            Err(BollardError::DockerResponseServerError {
+                status_code: 404, ..
+            }) => return Ok(()),
+            Err(e) => {
+                last = Some(e);
+                tokio::time::sleep(Duration::from_millis(100 * (attempt + 1))).await;
+            }
+        }
+    }
+    Err(last.expect("loop ran"))
+}
+
+/// Remove containers of ours whose owning process on this host is gone (a crash, a
+/// `kill -9`). Containers of live processes, and of other hosts, are left alone.
+pub(super) async fn sweep(docker: &Docker) -> Result<usize, SandboxError> {
+    let filters = HashMap::from([("label".to_string(), vec![format!("{LABEL_MANAGED}=true")])]);
+    let list = docker
+        .list_containers(Some(
+            ListContainersOptionsBuilder::default()
+                .all(true)
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+        .map_err(|e| classify("listing containers", e))?;
+    let host = hostname();
+    let mut removed = 0;
+    for c in list {
+        let owner = c
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_OWNER))
+            .cloned()
+            .unwrap_or_default();
+        if !owner_is_dead(&owner, &host) {
+            continue;
+        }
+        if let Some(id) = c.id {
+            if remove_now(docker, &id).await.is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    if removed > 0 {
+        tracing::info!(removed, "swept containers left by a process that is gone");
+    }
+    Ok(removed)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// `host/pid/start-time` of a process: the start time tells a reused pid apart.
+pub(super) fn owner_id(pid: u32) -> Option<String> {
+    Some(format!(
+        "{}/{}/{}",
+        hostname(),
+        pid,
+        process_start_time(pid)?
+    ))
+}
+
+fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22, counted after the parenthesised command name (which may hold spaces).
+    let after = &stat[stat.rfind(')')? + 2..];
+    after.split(' ').nth(19)?.parse().ok()
+}
+
+fn owner_is_dead(owner: &str, host: &str) -> bool {
+    let mut parts = owner.splitn(3, '/');
+    let (Some(h), Some(pid), Some(start)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    if h != host {
+        return false;
+    }
+    let Ok(pid) = pid.parse::<u32>() else {
+        return false;
+    };
+    process_start_time(pid).map(|s| s.to_string()) != Some(start.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_of_this_process_is_alive_and_a_made_up_one_is_dead() {
+        let host = hostname();
+        let me = owner_id(std::process::id()).unwrap();
+        assert!(!owner_is_dead(&me, &host));
+        let pid = std::process::id();
+        assert!(owner_is_dead(&format!("{host}/{pid}/1"), &host));
+        assert!(!owner_is_dead(&format!("elsewhere/{pid}/1"), &host));
+        assert!(!owner_is_dead("garbage", &host));
+    }
+}

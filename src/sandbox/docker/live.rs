@@ -1,0 +1,248 @@
+//! A started sandbox container and the conversation with its runner: the job goes in on
+//! stdin, frames come back on stdout until the report, the deadline or the end.
+
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use bollard::container::LogOutput;
+use bollard::errors::Error as BollardError;
+use futures::{FutureExt, Stream, StreamExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+use super::classify;
+use super::guard::ContainerGuard;
+use crate::job::{Limits, Outcome, RunEvent, StreamKind};
+use crate::sandbox::protocol::{Frame, FrameDecoder, Report};
+use crate::sandbox::{emit, Events, SandboxError};
+
+/// How long a container may take from start to its runner being ready. Not part of the
+/// user's timeout: a slow daemon must not eat the code's time.
+pub(super) const START_DEADLINE: Duration = Duration::from_secs(30);
+
+type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, BollardError>> + Send>>;
+type Input = Pin<Box<dyn AsyncWrite + Send>>;
+
+/// A started container whose runner waits for (or has been given) its one job.
+pub(super) struct Live {
+    pub(super) guard: ContainerGuard,
+    input: Option<Input>,
+    output: Output,
+    decoder: FrameDecoder,
+    /// The runner has said `R`.
+    ready: bool,
+    pub(super) born: Instant,
+}
+
+/// How the conversation ended.
+pub(super) enum Ended {
+    Report(Report, Collected),
+    TimedOut(Collected),
+    /// The stream ended without a report: the runner itself died.
+    Vanished(Collected),
+}
+
+/// Output gathered so far, capped per stream.
+#[derive(Default)]
+pub(super) struct Collected {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    stdout_seen: u64,
+    stderr_seen: u64,
+}
+
+impl Collected {
+    pub(super) fn into_outcome(self, report: &Report, limits: &Limits) -> Outcome {
+        let cap = limits.output_bytes;
+        Outcome {
+            exit_code: report.exit_code,
+            signal: report.signal,
+            timed_out: false,
+            oom_killed: report.oom_kills > 0 && report.signal == Some(9),
+            stdout_truncated: self.stdout_seen.max(report.stdout_bytes) > cap,
+            stderr_truncated: self.stderr_seen.max(report.stderr_bytes) > cap,
+            stdout: self.stdout,
+            stderr: self.stderr,
+            duration_ms: 0,
+            cpu_ms: report.cpu_ms,
+            peak_memory_bytes: report.peak_memory_bytes,
+        }
+    }
+}
+
+impl Live {
+    pub(super) fn new(guard: ContainerGuard, input: Input, output: Output) -> Self {
+        Live {
+            guard,
+            input: Some(input),
+            output,
+            decoder: FrameDecoder::default(),
+            ready: false,
+            born: Instant::now(),
+        }
+    }
+
+    /// Wait for the runner's `R` (pool containers do this before any job exists).
+    pub(super) async fn wait_ready(&mut self) -> Result<(), SandboxError> {
+        let wait = async {
+            while !self.ready {
+                match self.output.next().await {
+                    Some(Ok(LogOutput::StdOut { message })) => self.decoder.push(&message),
+                    Some(Ok(_)) => continue,
+                    Some(Err(e)) => return Err(classify("waiting for the sandbox", e)),
+                    None => {
+                        return Err(SandboxError::Runner(
+                            "the sandbox exited before it was ready".into(),
+                        ))
+                    }
+                }
+                match self.decoder.next_frame() {
+                    Ok(Some(Frame::Ready)) => self.ready = true,
+                    Ok(None) => {}
+                    Ok(Some(f)) => {
+                        return Err(SandboxError::Runner(format!(
+                            "unexpected first frame {f:?}"
+                        )))
+                    }
+                    Err(e) => return Err(SandboxError::Runner(e.to_string())),
+                }
+            }
+            Ok(())
+        };
+        tokio::time::timeout(START_DEADLINE, wait)
+            .await
+            .unwrap_or_else(|_| {
+                Err(SandboxError::Runner(format!(
+                    "the sandbox did not become ready within {}s",
+                    START_DEADLINE.as_secs()
+                )))
+            })
+    }
+
+    /// Is a waiting container still alive? A container that died while it waited (daemon
+    /// restart, killed by hand) has its stream ended, or something unexpected on it.
+    pub(super) fn still_waiting(&mut self) -> bool {
+        self.ready && self.input.is_some() && self.output.next().now_or_never().is_none()
+    }
+
+    /// Feed the job in and read the runner's frames until it reports, the deadline passes
+    /// or the stream ends.
+    pub(super) async fn execute(
+        &mut self,
+        job_input: Vec<u8>,
+        limits: &Limits,
+        events: &Events,
+    ) -> Result<Ended, SandboxError> {
+        let cap = limits.output_bytes;
+        let mut out = Collected::default();
+        let mut deadline = tokio::time::Instant::now()
+            + if self.ready {
+                emit(events, RunEvent::Started);
+                limits.timeout
+            } else {
+                START_DEADLINE
+            };
+        let mut stdin = self.input.take().expect("a live container runs one job");
+        let writer = async move {
+            let r = stdin.write_all(&job_input).await;
+            let _ = stdin.shutdown().await;
+            r
+        }
+        .fuse();
+        tokio::pin!(writer);
+        let mut runner_stderr = Vec::new();
+        loop {
+            let chunk = tokio::select! {
+                r = &mut writer => {
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, "writing the job into the sandbox failed");
+                    }
+                    continue;
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    if !self.ready {
+                        return Err(SandboxError::Runner(format!(
+                            "the sandbox did not become ready within {}s",
+                            START_DEADLINE.as_secs()
+                        )));
+                    }
+                    return Ok(Ended::TimedOut(out));
+                }
+                c = self.output.next() => c,
+            };
+            match chunk {
+                None => {
+                    if !runner_stderr.is_empty() {
+                        tracing::warn!(stderr = %String::from_utf8_lossy(&runner_stderr), "the runner wrote to stderr");
+                    }
+                    return Ok(Ended::Vanished(out));
+                }
+                Some(Err(e)) => return Err(classify("reading the sandbox output", e)),
+                Some(Ok(LogOutput::StdOut { message })) => self.decoder.push(&message),
+                Some(Ok(LogOutput::StdErr { message })) => {
+                    // The runner's own stderr (a crash of the runner itself); user output
+                    // never arrives here. Keep a little for the log.
+                    if runner_stderr.len() < 4096 {
+                        runner_stderr.extend_from_slice(&message);
+                    }
+                    continue;
+                }
+                Some(Ok(_)) => continue,
+            }
+            while let Some(frame) = self
+                .decoder
+                .next_frame()
+                .map_err(|e| SandboxError::Runner(e.to_string()))?
+            {
+                match frame {
+                    Frame::Ready => {
+                        self.ready = true;
+                        deadline = tokio::time::Instant::now() + limits.timeout;
+                        emit(events, RunEvent::Started);
+                    }
+                    Frame::Stdout(data) => {
+                        keep(&mut out.stdout, &mut out.stdout_seen, cap, &data);
+                        emit(
+                            events,
+                            RunEvent::Output {
+                                stream: StreamKind::Stdout,
+                                data,
+                            },
+                        );
+                    }
+                    Frame::Stderr(data) => {
+                        keep(&mut out.stderr, &mut out.stderr_seen, cap, &data);
+                        emit(
+                            events,
+                            RunEvent::Output {
+                                stream: StreamKind::Stderr,
+                                data,
+                            },
+                        );
+                    }
+                    Frame::Exit(report) => return Ok(Ended::Report(report, out)),
+                    Frame::Failed(msg) => return Err(SandboxError::Rejected(msg)),
+                }
+            }
+        }
+    }
+}
+
+fn keep(buf: &mut Vec<u8>, seen: &mut u64, cap: u64, data: &[u8]) {
+    *seen += data.len() as u64;
+    let room = (cap as usize).saturating_sub(buf.len());
+    buf.extend_from_slice(&data[..data.len().min(room)]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_beyond_the_cap_is_counted_not_kept() {
+        let (mut buf, mut seen) = (Vec::new(), 0);
+        keep(&mut buf, &mut seen, 5, b"abc");
+        keep(&mut buf, &mut seen, 5, b"defgh");
+        assert_eq!(buf, b"abcde");
+        assert_eq!(seen, 8);
+    }
+}

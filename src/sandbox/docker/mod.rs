@@ -1,0 +1,385 @@
+//! The Docker backend: one fresh, hardened container per run, optionally
+//! taken from a warm pool of pre-started ones. bollard types stay in here.
+//!
+//! Lifecycle of a run (see DESIGN.md for why each step is the way it is):
+//! create (read-only root, tmpfs workspace, no network, no capabilities, log driver `none`)
+//! → attach (before start, or output is lost) → start → stream the job into the runner's
+//! stdin → decode its framed stdout → result as soon as the `X` frame arrives. The
+//! container is removed in the background on every path, by a guard whose `Drop` runs on
+//! success, error, timeout, cancellation (the future dropped) and panic alike.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bollard::errors::Error as BollardError;
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
+use bollard::query_parameters::{AttachContainerOptionsBuilder, CreateContainerOptionsBuilder};
+use bollard::Docker;
+use tokio::task::JoinHandle;
+
+use self::guard::{Cleanup, ContainerGuard};
+use self::live::{Ended, Live};
+use self::pool::Pool;
+pub use self::pool::PoolStats;
+use super::protocol::{self, Report};
+use super::{emit, BackendInfo, Events, Sandbox, SandboxError};
+use crate::job::{JobSpec, Limits, Outcome, RunEvent};
+
+mod guard;
+mod live;
+mod pool;
+
+/// Label on everything this project creates: the sweep and tests find containers by it.
+pub const LABEL_MANAGED: &str = "io.mcp-code-executor.managed";
+/// Label with the job id (for a pool container: its own id until a job is dispatched).
+pub const LABEL_JOB: &str = "io.mcp-code-executor.job";
+/// Label with the tenant id (`pool` for a waiting pool container).
+pub const LABEL_TENANT: &str = "io.mcp-code-executor.tenant";
+/// Label naming the process that made the container (`host/pid/start-time`), so that the
+/// start-up sweep removes only what a dead process left behind.
+pub const LABEL_OWNER: &str = "io.mcp-code-executor.owner";
+
+/// How long to wait for Docker's verdict when the runner vanished without a report.
+const POST_MORTEM_DEADLINE: Duration = Duration::from_secs(10);
+/// Uid and gid the code runs as (`nobody`).
+const SANDBOX_USER: &str = "65534:65534";
+
+/// Settings of the Docker backend.
+#[derive(Debug, Clone)]
+pub struct DockerConfig {
+    /// The sandbox image (see [`crate::sandbox::image`]).
+    pub image: String,
+    /// OCI runtime (`runc` when `None`; `crun` where the daemon knows it).
+    pub runtime: Option<String>,
+    /// The interpreter inside the sandbox that runs the code.
+    pub python: String,
+    /// Containers kept started and waiting for a job (0 turns the warm pool off).
+    pub pool_size: usize,
+    /// The limits pool containers are made with; jobs with other memory/CPU/pids/tmpfs
+    /// limits take the cold path.
+    pub pool_limits: Limits,
+}
+
+impl DockerConfig {
+    /// The image, runc, the image's Python, no pool.
+    pub fn new(image: impl Into<String>) -> Self {
+        DockerConfig {
+            image: image.into(),
+            runtime: None,
+            python: "/usr/bin/python3".into(),
+            pool_size: 0,
+            pool_limits: Limits::default(),
+        }
+    }
+}
+
+/// What the request path and the pool's refill task share.
+pub(super) struct Inner {
+    docker: Docker,
+    config: DockerConfig,
+    cleanup: Arc<Cleanup>,
+    owner: String,
+}
+
+/// The real backend.
+pub struct DockerSandbox {
+    inner: Arc<Inner>,
+    pool: Option<(Arc<Pool>, JoinHandle<()>)>,
+}
+
+impl DockerSandbox {
+    /// Connect to the daemon named by `DOCKER_HOST` (or the local socket), check it answers,
+    /// and start filling the warm pool if one is configured.
+    pub async fn connect(config: DockerConfig) -> Result<Self, SandboxError> {
+        let docker = connect_docker().await?;
+        let inner = Arc::new(Inner {
+            docker,
+            owner: guard::owner_id(std::process::id()).unwrap_or_else(|| "unknown".into()),
+            cleanup: Arc::default(),
+            config,
+        });
+        let pool = (inner.config.pool_size > 0).then(|| {
+            let pool = Arc::new(Pool::new(
+                inner.config.pool_limits.clone(),
+                inner.config.pool_size,
+            ));
+            let task = tokio::spawn(pool::refill(inner.clone(), pool.clone()));
+            (pool, task)
+        });
+        Ok(DockerSandbox { inner, pool })
+    }
+
+    /// Remove containers of ours whose owning process on this host is gone (a crash, a
+    /// `kill -9`). Containers of live processes, and of other hosts, are left alone.
+    pub async fn sweep_leftovers(&self) -> Result<usize, SandboxError> {
+        guard::sweep(&self.inner.docker).await
+    }
+
+    /// Pool figures; `None` when the pool is off.
+    pub fn pool_stats(&self) -> Option<PoolStats> {
+        self.pool.as_ref().map(|(p, _)| p.stats())
+    }
+
+    /// Stop the pool, remove its containers, and wait for every removal.
+    pub async fn shutdown(&self) {
+        if let Some((pool, task)) = &self.pool {
+            pool.close();
+            task.abort();
+        }
+        // Let an aborted refill drop its half-made container before draining.
+        tokio::task::yield_now().await;
+        self.inner.cleanup.drain().await;
+    }
+}
+
+impl Drop for DockerSandbox {
+    fn drop(&mut self) {
+        if let Some((pool, task)) = &self.pool {
+            pool.close();
+            task.abort();
+        }
+    }
+}
+
+impl Inner {
+    /// Create, attach and start a container of the given shape for `tenant`.
+    async fn launch(&self, limits: &Limits, tenant: &str, id: &str) -> Result<Live, SandboxError> {
+        let labels = HashMap::from([
+            (LABEL_MANAGED.to_string(), "true".to_string()),
+            (LABEL_JOB.to_string(), id.to_string()),
+            (LABEL_TENANT.to_string(), tenant.to_string()),
+            (LABEL_OWNER.to_string(), self.owner.clone()),
+        ]);
+        let body = ContainerCreateBody {
+            image: Some(self.config.image.clone()),
+            user: Some(SANDBOX_USER.to_string()),
+            working_dir: Some(protocol::WORKDIR.to_string()),
+            hostname: Some("sandbox".to_string()),
+            attach_stdin: Some(true),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            open_stdin: Some(true),
+            stdin_once: Some(true),
+            tty: Some(false),
+            labels: Some(labels),
+            host_config: Some(host_config(limits, self.config.runtime.clone())),
+            ..Default::default()
+        };
+        let created = self
+            .docker
+            .create_container(
+                Some(
+                    CreateContainerOptionsBuilder::default()
+                        .name(&format!("mcpx-{id}"))
+                        .build(),
+                ),
+                body,
+            )
+            .await
+            .map_err(|e| match e {
+                BollardError::DockerResponseServerError {
+                    status_code: 404, ..
+                } => SandboxError::ImageMissing {
+                    image: self.config.image.clone(),
+                },
+                e => classify("creating the container", e),
+            })?;
+        let guard = ContainerGuard::new(&self.docker, &created.id, &self.cleanup);
+        let attached = self
+            .docker
+            .attach_container(
+                &created.id,
+                Some(
+                    AttachContainerOptionsBuilder::default()
+                        .stdin(true)
+                        .stdout(true)
+                        .stderr(true)
+                        .stream(true)
+                        .build(),
+                ),
+            )
+            .await
+            .map_err(|e| classify("attaching to the container", e))?;
+        self.docker
+            .start_container(&created.id, None)
+            .await
+            .map_err(|e| classify("starting the container", e))?;
+        Ok(Live::new(guard, attached.input, attached.output))
+    }
+
+    async fn post_mortem(&self, id: &str) -> (Option<i64>, bool) {
+        let wait = async {
+            loop {
+                match self.docker.inspect_container(id, None).await {
+                    Ok(c) => {
+                        let state = c.state.unwrap_or_default();
+                        if state.running != Some(true) {
+                            return (state.exit_code, state.oom_killed.unwrap_or(false));
+                        }
+                    }
+                    Err(_) => return (None, false),
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(POST_MORTEM_DEADLINE, wait)
+            .await
+            .unwrap_or((None, false))
+    }
+}
+
+/// The hardening every sandbox gets. Each line is checked by `doctor` or the tests.
+fn host_config(l: &Limits, runtime: Option<String>) -> HostConfig {
+    let tmpfs = |size: u64| format!("rw,nosuid,nodev,noexec,size={size},mode=1777");
+    HostConfig {
+        network_mode: Some("none".to_string()),
+        readonly_rootfs: Some(true),
+        tmpfs: Some(HashMap::from([
+            (protocol::WORKDIR.to_string(), tmpfs(l.workspace_bytes)),
+            ("/tmp".to_string(), tmpfs(l.tmp_bytes)),
+        ])),
+        cap_drop: Some(vec!["ALL".to_string()]),
+        security_opt: Some(vec!["no-new-privileges".to_string()]),
+        pids_limit: Some(l.pids),
+        memory: Some(l.memory_bytes as i64),
+        memory_swap: Some(l.memory_bytes as i64),
+        nano_cpus: Some((l.cpus * 1e9) as i64),
+        shm_size: Some(16 << 20),
+        ulimits: Some(vec![ResourcesUlimits {
+            name: Some("nofile".to_string()),
+            soft: Some(l.nofile as i64),
+            hard: Some(l.nofile as i64),
+        }]),
+        log_config: Some(HostConfigLogConfig {
+            typ: Some("none".to_string()),
+            config: None,
+        }),
+        init: Some(false),
+        auto_remove: Some(false),
+        runtime,
+        ..Default::default()
+    }
+}
+
+#[async_trait]
+impl Sandbox for DockerSandbox {
+    async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, SandboxError> {
+        let started = Instant::now();
+        let input = protocol::encode_job(&job, &self.inner.config.python)
+            .map_err(|e| SandboxError::Rejected(e.to_string()))?;
+        let warm = self.pool.as_ref().and_then(|(p, _)| p.take(&job.limits));
+        let pooled = warm.is_some();
+        let mut live = match warm {
+            Some(live) => live,
+            None => self.inner.launch(&job.limits, &job.tenant, &job.id).await?,
+        };
+        let container = live.guard.id().to_string();
+        tracing::debug!(job_id = %job.id, tenant = %job.tenant, container = %container, pooled, ms = started.elapsed().as_millis() as u64, "sandbox started");
+        emit(
+            &events,
+            RunEvent::Created {
+                container: container.clone(),
+            },
+        );
+
+        let ended = live.execute(input, &job.limits, &events).await?;
+        let mut outcome = match ended {
+            Ended::Report(report, out) => out.into_outcome(&report, &job.limits),
+            Ended::TimedOut(out) => {
+                // Kill now rather than in the background: the CPU is the next run's.
+                live.guard.kill_now().await;
+                let mut o = out.into_outcome(&Report::default(), &job.limits);
+                o.timed_out = true;
+                o.signal = Some(9);
+                o
+            }
+            Ended::Vanished(out) => {
+                // The runner died before it could report (the OOM killer chose it, or
+                // something killed the container): ask Docker what happened.
+                let (exit_code, oom) = self.inner.post_mortem(&container).await;
+                let mut o = out.into_outcome(&Report::default(), &job.limits);
+                o.oom_killed = oom;
+                match exit_code {
+                    Some(c) if c > 128 => o.signal = Some((c - 128) as i32),
+                    c => o.exit_code = c,
+                }
+                o
+            }
+        };
+        outcome.duration_ms = started.elapsed().as_millis() as u64;
+        tracing::debug!(job_id = %job.id, status = %outcome.status_line(), "run finished");
+        // `live` drops here: its guard removes the container in the background.
+        Ok(outcome)
+    }
+
+    async fn info(&self) -> Result<BackendInfo, SandboxError> {
+        let docker = &self.inner.docker;
+        let v = docker
+            .version()
+            .await
+            .map_err(|e| classify("asking the daemon's version", e))?;
+        let image_present = docker.inspect_image(&self.inner.config.image).await.is_ok();
+        Ok(BackendInfo {
+            version: format!(
+                "Docker {} (API {})",
+                v.version.unwrap_or_default(),
+                v.api_version.unwrap_or_default()
+            ),
+            image: self.inner.config.image.clone(),
+            image_present,
+        })
+    }
+
+    async fn drain(&self) {
+        self.inner.cleanup.drain().await;
+    }
+}
+
+/// Connect to the daemon and check it answers.
+pub(crate) async fn connect_docker() -> Result<Docker, SandboxError> {
+    let docker =
+        Docker::connect_with_local_defaults().map_err(|e| SandboxError::DaemonUnreachable {
+            detail: e.to_string(),
+        })?;
+    docker
+        .ping()
+        .await
+        .map_err(|e| SandboxError::DaemonUnreachable {
+            detail: e.to_string(),
+        })?;
+    Ok(docker)
+}
+
+/// Sort a bollard error into "the daemon is not there" and "the daemon said no".
+pub(crate) fn classify(action: &'static str, e: BollardError) -> SandboxError {
+    match e {
+        BollardError::IOError { .. }
+        | BollardError::HyperResponseError { .. }
+        | BollardError::SocketNotFoundError(_)
+        | BollardError::HttpClientError { .. } => SandboxError::DaemonUnreachable {
+            detail: e.to_string(),
+        },
+        e => SandboxError::Docker {
+            action,
+            detail: e.to_string(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hardening_is_all_there() {
+        let hc = host_config(&Limits::default(), None);
+        assert_eq!(hc.network_mode.as_deref(), Some("none"));
+        assert_eq!(hc.readonly_rootfs, Some(true));
+        assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(hc.memory, hc.memory_swap);
+        assert_eq!(hc.log_config.unwrap().typ.as_deref(), Some("none"));
+        assert!(hc.tmpfs.unwrap()["/workspace"].contains("size=67108864"));
+    }
+}

@@ -1,0 +1,183 @@
+//! A pool of pre-started, single-use containers. The request path takes a container whose
+//! runner already waits on stdin; killing, removing and refilling happen in the
+//! background. A container is never given a second job: taking it removes it from the
+//! pool for good. Pool containers carry no tenant data until a job is dispatched to them.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::live::Live;
+use super::Inner;
+use crate::job::Limits;
+
+/// A waiting container older than this is replaced rather than used.
+const MAX_IDLE: Duration = Duration::from_secs(600);
+/// How often waiting containers are checked for death and age.
+const PRUNE_EVERY: Duration = Duration::from_secs(2);
+
+/// What a container is fixed to at creation: a job fits a pool container only when the
+/// job's limits give the same shape (timeout and output cap are per job, not per container).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Shape {
+    memory_bytes: u64,
+    cpus_milli: u64,
+    pids: i64,
+    workspace_bytes: u64,
+    tmp_bytes: u64,
+    nofile: u64,
+}
+
+impl Shape {
+    pub(super) fn of(l: &Limits) -> Shape {
+        Shape {
+            memory_bytes: l.memory_bytes,
+            cpus_milli: (l.cpus * 1000.0).round() as u64,
+            pids: l.pids,
+            workspace_bytes: l.workspace_bytes,
+            tmp_bytes: l.tmp_bytes,
+            nofile: l.nofile,
+        }
+    }
+}
+
+/// Figures for benchmarks and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Jobs served by a waiting container.
+    pub hits: u64,
+    /// Jobs that found the pool empty (or of another shape) and took the cold path.
+    pub misses: u64,
+    /// Waiting containers found dead or too old, and replaced.
+    pub discarded: u64,
+    /// Containers waiting right now.
+    pub ready: usize,
+}
+
+pub(super) struct Pool {
+    pub(super) limits: Limits,
+    shape: Shape,
+    target: usize,
+    ready: Mutex<VecDeque<Live>>,
+    wake: Notify,
+    closed: AtomicBool,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    discarded: AtomicU64,
+}
+
+impl Pool {
+    pub(super) fn new(limits: Limits, target: usize) -> Self {
+        Pool {
+            shape: Shape::of(&limits),
+            limits,
+            target,
+            ready: Mutex::new(VecDeque::new()),
+            wake: Notify::new(),
+            closed: AtomicBool::new(false),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            discarded: AtomicU64::new(0),
+        }
+    }
+
+    /// A live, waiting container for a job with `limits`, if one fits.
+    pub(super) fn take(&self, limits: &Limits) -> Option<Live> {
+        if self.closed.load(Ordering::SeqCst) || Shape::of(limits) != self.shape {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let mut q = self.ready.lock().expect("pool lock");
+        let found = loop {
+            match q.pop_front() {
+                None => break None,
+                Some(mut live) => {
+                    if live.born.elapsed() < MAX_IDLE && live.still_waiting() {
+                        break Some(live);
+                    }
+                    // Dropped here: its guard removes it in the background.
+                    self.discarded.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        };
+        drop(q);
+        self.wake.notify_one();
+        match &found {
+            Some(_) => self.hits.fetch_add(1, Ordering::Relaxed),
+            None => self.misses.fetch_add(1, Ordering::Relaxed),
+        };
+        found
+    }
+
+    pub(super) fn stats(&self) -> PoolStats {
+        PoolStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            discarded: self.discarded.load(Ordering::Relaxed),
+            ready: self.ready.lock().expect("pool lock").len(),
+        }
+    }
+
+    /// Stop refilling and drop every waiting container (they are removed in the background).
+    pub(super) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        let drained: Vec<Live> = self.ready.lock().expect("pool lock").drain(..).collect();
+        drop(drained);
+        self.wake.notify_one();
+    }
+
+    /// Drop waiting containers that died or aged; returns how many are left.
+    fn prune(&self) -> usize {
+        let mut q = self.ready.lock().expect("pool lock");
+        let before = q.len();
+        q.retain_mut(|live| live.born.elapsed() < MAX_IDLE && live.still_waiting());
+        self.discarded
+            .fetch_add((before - q.len()) as u64, Ordering::Relaxed);
+        q.len()
+    }
+}
+
+/// The refill loop: one container at a time, so that refilling never takes more than one
+/// core's worth of Docker work away from the runs themselves.
+pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
+    let mut failures: u32 = 0;
+    loop {
+        if pool.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        if pool.prune() < pool.target {
+            let made = async {
+                let mut live = inner
+                    .launch(&pool.limits, "pool", &crate::job::new_job_id())
+                    .await?;
+                live.wait_ready().await?;
+                Ok::<_, crate::sandbox::SandboxError>(live)
+            }
+            .await;
+            match made {
+                Ok(live) => {
+                    failures = 0;
+                    if pool.closed.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    pool.ready.lock().expect("pool lock").push_back(live);
+                    continue;
+                }
+                Err(e) => {
+                    failures = failures.saturating_add(1);
+                    let backoff = Duration::from_millis(100 << failures.min(7));
+                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "could not refill the warm pool");
+                    tokio::time::sleep(backoff).await;
+                    continue;
+                }
+            }
+        }
+        tokio::select! {
+            _ = pool.wake.notified() => {}
+            _ = tokio::time::sleep(PRUNE_EVERY) => {}
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! The warm pool against the real daemon: containers are single-use, dead ones are replaced
+//! instead of used, and nothing is left after shutdown.
+
+mod common;
+
+use std::collections::HashSet;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use mcp_code_executor::job::{JobSpec, Limits, RunEvent};
+use mcp_code_executor::sandbox::docker::{DockerConfig, DockerSandbox, PoolStats};
+use mcp_code_executor::sandbox::image;
+use mcp_code_executor::sandbox::Sandbox;
+
+/// The pool tests share the `pool` tenant label: run them one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn pooled(size: usize) -> DockerSandbox {
+    common::sandbox().await; // the image is there
+    let config = DockerConfig {
+        pool_size: size,
+        pool_limits: Limits::default(),
+        ..DockerConfig::new(image::default_image())
+    };
+    DockerSandbox::connect(config).await.expect("docker")
+}
+
+async fn wait_ready(s: &DockerSandbox, n: usize) -> PoolStats {
+    let t = Instant::now();
+    loop {
+        let st = s.pool_stats().expect("pool on");
+        if st.ready >= n {
+            return st;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "pool never filled: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Run `code` and return (stdout, container id).
+async fn run_seen(s: &DockerSandbox, code: &str) -> (String, String) {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let o = s
+        .run(JobSpec::python(code, Limits::default()), Some(tx))
+        .await
+        .expect("runs");
+    let mut container = String::new();
+    while let Ok(ev) = rx.try_recv() {
+        if let RunEvent::Created { container: c } = ev {
+            container = c;
+        }
+    }
+    assert!(o.success(), "{o:?}");
+    (o.stdout_text(), container)
+}
+
+fn pool_containers() -> Vec<String> {
+    common::containers_of("pool")
+}
+
+#[tokio::test]
+async fn pool_containers_serve_one_run_each_and_are_refilled() {
+    let _g = SERIAL.lock().await;
+    let s = pooled(2).await;
+    wait_ready(&s, 2).await;
+    let mut seen = HashSet::new();
+    for i in 0..5 {
+        let (out, container) = run_seen(&s, &format!("print({i})")).await;
+        assert_eq!(out, format!("{i}\n"));
+        assert!(
+            seen.insert(container.clone()),
+            "container {container} reused"
+        );
+        wait_ready(&s, 2).await;
+    }
+    let st = s.pool_stats().unwrap();
+    assert_eq!(st.hits, 5, "{st:?}");
+    assert_eq!(st.misses, 0, "{st:?}");
+    // A job of another shape takes the cold path.
+    let big = Limits {
+        memory_bytes: 256 << 20,
+        ..Limits::default()
+    };
+    let o = s
+        .run(JobSpec::python("print('cold')", big), None)
+        .await
+        .unwrap();
+    assert_eq!(o.stdout_text(), "cold\n");
+    assert_eq!(s.pool_stats().unwrap().misses, 1);
+    s.shutdown().await;
+    assert!(
+        pool_containers().is_empty(),
+        "left: {:?}",
+        pool_containers()
+    );
+}
+
+#[tokio::test]
+async fn a_dead_pool_container_is_replaced_not_used() {
+    let _g = SERIAL.lock().await;
+    let s = pooled(1).await;
+    wait_ready(&s, 1).await;
+    let waiting = pool_containers();
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    let status = Command::new("docker")
+        .args(["kill", &waiting[0]])
+        .output()
+        .unwrap();
+    assert!(status.status.success(), "{status:?}");
+    // Give the attach stream a moment to see the end.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (out, container) = run_seen(&s, "print('still fine')").await;
+    assert_eq!(out, "still fine\n");
+    assert!(
+        !container.starts_with(&waiting[0]) && !waiting[0].starts_with(&container[..12]),
+        "the killed container was used"
+    );
+    assert!(s.pool_stats().unwrap().discarded >= 1);
+    s.shutdown().await;
+    assert!(
+        pool_containers().is_empty(),
+        "left: {:?}",
+        pool_containers()
+    );
+}
+
+#[tokio::test]
+async fn timeouts_and_state_do_not_leak_between_pool_runs() {
+    let _g = SERIAL.lock().await;
+    let s = pooled(2).await;
+    wait_ready(&s, 2).await;
+    let short = Limits {
+        timeout: Duration::from_secs(1),
+        ..Limits::default()
+    };
+    let o = s
+        .run(
+            JobSpec::python(
+                "open('/tmp/secret','w').write('x')\nwhile True: pass",
+                short,
+            ),
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(o.timed_out);
+    let (out, _) = run_seen(&s, "import os\nprint(os.path.exists('/tmp/secret'))").await;
+    assert_eq!(out, "False\n", "a later run saw an earlier run's file");
+    s.shutdown().await;
+    assert!(
+        pool_containers().is_empty(),
+        "left: {:?}",
+        pool_containers()
+    );
+}
