@@ -12,9 +12,11 @@
 //! - [`config`]: environment variables, sizes and durations, limit validation.
 //! - [`doctor`]: live self-test that isolation is really enforced on this host.
 //! - [`cli`]: the `run` command for CI pipelines (output, JSON, JUnit, exit codes).
+//! - [`bench`]: latency and throughput against a `docker run` baseline from the same run.
 //!
 //! `src/main.rs` only parses the command line, sets up logging to stderr and calls in here.
 
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod doctor;

@@ -7,11 +7,11 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use mcp_code_executor::cli::run::{self, RunArgs};
 use mcp_code_executor::config::{self, vars};
-use mcp_code_executor::doctor;
 use mcp_code_executor::job::{defaults, Limits};
 use mcp_code_executor::sandbox::docker::{DockerConfig, DockerSandbox};
 use mcp_code_executor::sandbox::image::{self, BuildOptions};
 use mcp_code_executor::sandbox::Sandbox;
+use mcp_code_executor::{bench, doctor};
 
 #[derive(Parser)]
 #[command(
@@ -30,6 +30,8 @@ enum Command {
     Run(RunCmd),
     /// Check Docker, the image, and that isolation is really enforced on this host.
     Doctor(SandboxOpts),
+    /// Measure latency and throughput against plain `docker run` in the same run.
+    Bench(BenchCmd),
     /// Build or name the sandbox image.
     #[command(subcommand)]
     Image(ImageCmd),
@@ -77,6 +79,27 @@ struct RunCmd {
     /// Write a JUnit XML report, one test case per file.
     #[arg(long, value_name = "PATH")]
     junit: Option<PathBuf>,
+    #[command(flatten)]
+    sandbox: SandboxOpts,
+}
+
+#[derive(Args)]
+struct BenchCmd {
+    /// Sequential samples per latency row.
+    #[arg(long, default_value_t = 30)]
+    samples: usize,
+    /// Warm pool size for the pool-on rows.
+    #[arg(long, default_value_t = 4)]
+    pool_size: usize,
+    /// Runs per throughput row.
+    #[arg(long, default_value_t = 60)]
+    throughput_runs: usize,
+    /// Concurrency levels of the throughput rows.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
+    concurrency: Vec<usize>,
+    /// Concurrent calls in the burst.
+    #[arg(long, default_value_t = 100)]
+    burst: usize,
     #[command(flatten)]
     sandbox: SandboxOpts,
 }
@@ -148,6 +171,36 @@ async fn dispatch(cli: Cli) -> i32 {
                 Err(e) => {
                     eprintln!("mcp-code-executor: {e}");
                     run::exit::INFRA
+                }
+            }
+        }
+        Command::Bench(cmd) => {
+            let sandbox = match connect(&cmd.sandbox).await {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("mcp-code-executor: {e}");
+                    return run::exit::INFRA;
+                }
+            };
+            drop(sandbox);
+            let opts = bench::BenchOptions {
+                image: cmd
+                    .sandbox
+                    .image
+                    .clone()
+                    .unwrap_or_else(image::default_image),
+                runtime: cmd.sandbox.runtime.clone(),
+                samples: cmd.samples,
+                pool_size: cmd.pool_size,
+                throughput_runs: cmd.throughput_runs,
+                concurrency: cmd.concurrency,
+                burst: cmd.burst,
+            };
+            match bench::engine(&opts).await {
+                Ok(_) => 0,
+                Err(e) => {
+                    eprintln!("mcp-code-executor: bench failed: {e}");
+                    1
                 }
             }
         }

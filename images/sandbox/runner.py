@@ -18,7 +18,13 @@ root-owned, unreachable for the same uid) and, as PID 1 of its pid namespace, it
 cannot be signalled by its children. Past `output_limit` bytes a stream is drained
 and counted but not forwarded, so a flood costs the user's CPU quota and nothing else.
 
-Written for any Python 3.6+ and the standard library only, started with -I -S.
+To keep interpreter start-up off the request path, the child Python is started before
+the job arrives, with a tiny stub that waits on fd 3 for the name of the file to run and
+then runs it as `__main__` (as `python -u FILE` would). A pool container is therefore
+a runner and a fully started interpreter, both waiting.
+
+Written for any Python 3.6+ and the standard library only, started with -I -S; the
+interpreter for the code is argv[1] (default /usr/bin/python3).
 """
 
 import ctypes
@@ -114,9 +120,114 @@ def safe_extract(data, dest):
                 fail("refused archive entry that is not a regular file: %r" % member.name)
 
 
+# Runs in the child interpreter: wait for the entry file's name on fd 3, then run it in
+# the real `__main__` module, as `python FILE` does (so pickling functions defined there
+# works), with tracebacks that start at the user's file.
+STUB = r"""
+def _mcp_run():
+    import os, sys, builtins
+    b = b''
+    while True:
+        c = os.read(3, 65536)
+        if not c:
+            break
+        b += c
+    os.close(3)
+    if not b:
+        os._exit(0)
+    path = os.path.abspath(b.decode())
+    sys.argv = [path]
+    sys.path[0] = os.path.dirname(path)
+    with open(path, 'rb') as f:
+        code = compile(f.read(), path, 'exec', dont_inherit=True)
+    loader = sys.modules['_frozen_importlib_external'].SourceFileLoader('__main__', path)
+    g = sys.modules['__main__'].__dict__
+    g.clear()
+    g.update(__name__='__main__', __doc__=None, __package__=None, __spec__=None,
+             __loader__=loader, __file__=path, __cached__=None, __builtins__=builtins)
+    try:
+        exec(code, g)
+    except SystemExit:
+        raise
+    except BaseException as e:
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != path:
+            tb = tb.tb_next
+        if tb is not None:
+            e.__traceback__ = tb
+        sys.excepthook(type(e), e, e.__traceback__)
+        sys.exit(1)
+_mcp_run()
+"""
+
+
+class Child:
+    """The user's interpreter, started and waiting for the file to run."""
+
+    def __init__(self, python, workdir):
+        self.python = python
+        go_r, self.go_w = os.pipe()
+        self.out_r, out_w = os.pipe()
+        self.err_r, err_w = os.pipe()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                os.dup2(devnull, 0)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                if go_r != 3:
+                    os.dup2(go_r, 3)
+                os.set_inheritable(3, True)  # dup2 onto itself keeps close-on-exec
+                os.closerange(4, 1 << 16)
+                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                os.chdir(workdir)
+                os.execv(python, [python, "-u", "-c", STUB])
+            except BaseException as e:
+                os.write(2, ("could not start %s: %s\n" % (python, e)).encode())
+            os._exit(127)
+        for fd in (go_r, out_w, err_w, devnull):
+            os.close(fd)
+
+    def go(self, entry):
+        os.write(self.go_w, entry.encode())
+        os.close(self.go_w)
+
+    def discard(self):
+        for fd in (self.go_w, self.out_r, self.err_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except OSError:
+            pass
+
+
+def seed_matplotlib_cache():
+    """Copy the font cache built into the image to the writable config dir (the root is
+    read-only), so that the first `import matplotlib` does not rebuild it."""
+    seed = "/opt/mcp-code-executor/mplconfig"
+    target = os.environ.get("MPLCONFIGDIR")
+    if target and os.path.isdir(seed) and not os.path.exists(target):
+        try:
+            shutil.copytree(seed, target)
+        except OSError:
+            pass
+
+
 def main():
     not_dumpable()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    default_python = sys.argv[1] if len(sys.argv) > 1 else "/usr/bin/python3"
+    seed_matplotlib_cache()
+    try:
+        child = Child(default_python, "/workspace")
+    except OSError as e:
+        fail("could not start the interpreter: %s" % e)
     frame(b"R")
     stdin = sys.stdin.buffer
     try:
@@ -133,16 +244,8 @@ def main():
         fail("could not unpack the job into %s: %s (the workspace size limit?)" % (workdir, e))
     del archive
 
-    mpl_seed = "/opt/mcp-code-executor/mplconfig"
-    mpl_dir = os.environ.get("MPLCONFIGDIR")
-    if mpl_dir and os.path.isdir(mpl_seed) and not os.path.exists(mpl_dir):
-        try:
-            shutil.copytree(mpl_seed, mpl_dir)
-        except OSError:
-            pass
-
     limit = int(header.get("output_limit", 1 << 20))
-    argv = header["argv"]
+    python = header.get("python", default_python)
     oom_before = oom_kills() or 0
 
     # Wake the select loop on SIGCHLD so the exit is seen at once.
@@ -151,28 +254,17 @@ def main():
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
 
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    try:
-        pid = os.fork()
-    except OSError as e:
-        fail("could not start the code: %s" % e)
-    if pid == 0:
+    if python != child.python:
+        child.discard()
         try:
-            os.dup2(devnull, 0)
-            os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
-            os.closerange(3, 1 << 16)
-            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            os.chdir(workdir)
-            os.execv(argv[0], argv)
-        except BaseException as e:
-            os.write(2, ("could not start %s: %s\n" % (argv[0], e)).encode())
-        os._exit(127)
-    for fd in (out_w, err_w, devnull):
-        os.close(fd)
+            child = Child(python, workdir)
+        except OSError as e:
+            fail("could not start %s: %s" % (python, e))
+    pid, out_r, err_r = child.pid, child.out_r, child.err_r
+    try:
+        child.go(header["entry"])
+    except OSError:
+        pass  # the interpreter died at start-up: its stderr and status say why
 
     sel = selectors.DefaultSelector()
     sel.register(out_r, selectors.EVENT_READ, (b"O", 0))

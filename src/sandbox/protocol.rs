@@ -19,7 +19,11 @@ const MAX_FRAME: usize = 1 << 20;
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
 pub struct JobHeader {
     pub tar_len: u64,
-    pub argv: Vec<String>,
+    /// The interpreter; the runner has already started its default one and starts another
+    /// only when this differs.
+    pub python: String,
+    /// The file to run, relative to `workdir`.
+    pub entry: String,
     pub workdir: String,
     pub output_limit: u64,
 }
@@ -30,7 +34,8 @@ pub fn encode_job(job: &JobSpec, python: &str) -> Result<Vec<u8>, ArchiveError> 
     let tar = archive::pack(&job.files)?;
     let header = JobHeader {
         tar_len: tar.len() as u64,
-        argv: vec![python.to_string(), "-u".to_string(), job.entry.clone()],
+        python: python.to_string(),
+        entry: job.entry.clone(),
         workdir: WORKDIR.to_string(),
         output_limit: job.limits.output_bytes,
     };
@@ -202,7 +207,8 @@ mod tests {
         let bytes = encode_job(&job, "/usr/bin/python3").unwrap();
         let hlen = u32::from_be_bytes(bytes[..4].try_into().unwrap()) as usize;
         let header: JobHeader = serde_json::from_slice(&bytes[4..4 + hlen]).unwrap();
-        assert_eq!(header.argv, ["/usr/bin/python3", "-u", "main.py"]);
+        assert_eq!(header.python, "/usr/bin/python3");
+        assert_eq!(header.entry, "main.py");
         assert_eq!(header.tar_len as usize, bytes.len() - 4 - hlen);
         assert_eq!(header.output_limit, 1 << 20);
         let mut bad = job.clone();

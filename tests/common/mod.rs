@@ -15,6 +15,8 @@ pub async fn sandbox() -> Arc<DockerSandbox> {
     let s = DockerSandbox::connect(DockerConfig::new(image::default_image())).await.unwrap_or_else(|e| {
         panic!("these tests need a running Docker daemon (run .ci/run or scripts/setup-docker.sh): {e}")
     });
+    // As the product does at start-up: what a dead test process left is removed.
+    s.sweep_leftovers().await.expect("sweep");
     image::ensure(&image::default_image(), &Default::default(), &mut |l| {
         eprintln!("[image] {l}")
     })

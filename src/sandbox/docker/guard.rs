@@ -35,19 +35,34 @@ impl Cleanup {
 
 /// Removes its container when dropped, in the background, whatever path dropped it:
 /// success, error, timeout, cancellation (the run's future dropped) or panic.
+///
+/// The guard exists *before* the container is created, holding the name asked for: a run
+/// cancelled while `create` is in flight still has its container removed once the daemon
+/// has made it.
 pub(super) struct ContainerGuard {
     docker: Docker,
+    /// The name until `create` answered, the id after.
     id: String,
+    /// `create` answered: a 404 on removal then really means "already gone".
+    confirmed: bool,
     cleanup: Arc<Cleanup>,
 }
 
 impl ContainerGuard {
-    pub(super) fn new(docker: &Docker, id: &str, cleanup: &Arc<Cleanup>) -> Self {
+    /// A guard for the container about to be created under `name`.
+    pub(super) fn new(docker: &Docker, name: &str, cleanup: &Arc<Cleanup>) -> Self {
         ContainerGuard {
             docker: docker.clone(),
-            id: id.to_string(),
+            id: name.to_string(),
+            confirmed: false,
             cleanup: cleanup.clone(),
         }
+    }
+
+    /// The daemon created it, with this id.
+    pub(super) fn confirm(&mut self, id: &str) {
+        self.id = id.to_string();
+        self.confirmed = true;
     }
 
     pub(super) fn id(&self) -> &str {
@@ -66,6 +81,7 @@ impl Drop for ContainerGuard {
     fn drop(&mut self) {
         let docker = self.docker.clone();
         let id = std::mem::take(&mut self.id);
+        let confirmed = self.confirmed;
         let cleanup = self.cleanup.clone();
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             // No runtime left (process exit): the next start-up sweep removes it.
@@ -73,7 +89,10 @@ impl Drop for ContainerGuard {
         };
         cleanup.pending.fetch_add(1, Ordering::SeqCst);
         handle.spawn(async move {
-            if let Err(e) = remove_now(&docker, &id).await {
+            if !confirmed {
+                // The create request may still be in the daemon: look again a little later.
+                remove_unconfirmed(&docker, &id).await;
+            } else if let Err(e) = remove_now(&docker, &id).await {
                 tracing::warn!(container = %id, error = %e, "could not remove a sandbox container; the next start-up sweep will");
             }
             cleanup.pending.fetch_sub(1, Ordering::SeqCst);
@@ -102,6 +121,22 @@ pub(super) async fn remove_now(docker: &Docker, id: &str) -> Result<(), BollardE
         }
     }
     Err(last.expect("loop ran"))
+}
+
+/// Remove a container whose creation was cancelled midway: it may appear a moment later.
+async fn remove_unconfirmed(docker: &Docker, name: &str) {
+    for delay_ms in [0u64, 200, 500, 1000, 2000] {
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        match docker.inspect_container(name, None).await {
+            Ok(_) => {
+                if let Err(e) = remove_now(docker, name).await {
+                    tracing::warn!(container = %name, error = %e, "could not remove a cancelled container");
+                }
+                return;
+            }
+            Err(_) => continue,
+        }
+    }
 }
 
 /// Remove containers of ours whose owning process on this host is gone (a crash, a

@@ -153,6 +153,7 @@ impl Live {
         loop {
             let chunk = tokio::select! {
                 r = &mut writer => {
+                    tracing::trace!("job written");
                     if let Err(e) = r {
                         tracing::debug!(error = %e, "writing the job into the sandbox failed");
                     }
@@ -177,7 +178,10 @@ impl Live {
                     return Ok(Ended::Vanished(out));
                 }
                 Some(Err(e)) => return Err(classify("reading the sandbox output", e)),
-                Some(Ok(LogOutput::StdOut { message })) => self.decoder.push(&message),
+                Some(Ok(LogOutput::StdOut { message })) => {
+                    tracing::trace!(bytes = message.len(), "runner output");
+                    self.decoder.push(&message)
+                }
                 Some(Ok(LogOutput::StdErr { message })) => {
                     // The runner's own stderr (a crash of the runner itself); user output
                     // never arrives here. Keep a little for the log.

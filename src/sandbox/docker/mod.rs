@@ -86,7 +86,7 @@ pub(super) struct Inner {
 /// The real backend.
 pub struct DockerSandbox {
     inner: Arc<Inner>,
-    pool: Option<(Arc<Pool>, JoinHandle<()>)>,
+    pool: Option<(Arc<Pool>, Vec<JoinHandle<()>>)>,
 }
 
 impl DockerSandbox {
@@ -105,8 +105,10 @@ impl DockerSandbox {
                 inner.config.pool_limits.clone(),
                 inner.config.pool_size,
             ));
-            let task = tokio::spawn(pool::refill(inner.clone(), pool.clone()));
-            (pool, task)
+            let workers = (0..pool::REFILL_WORKERS)
+                .map(|_| tokio::spawn(pool::refill(inner.clone(), pool.clone())))
+                .collect();
+            (pool, workers)
         });
         Ok(DockerSandbox { inner, pool })
     }
@@ -124,21 +126,28 @@ impl DockerSandbox {
 
     /// Stop the pool, remove its containers, and wait for every removal.
     pub async fn shutdown(&self) {
-        if let Some((pool, task)) = &self.pool {
+        if let Some((pool, workers)) = &self.pool {
             pool.close();
-            task.abort();
+            // A worker finishes the container it is making, sees the pool closed and
+            // drops it; aborting mid-create would be safe too (the guard knows the name),
+            // but slower to clean.
+            for w in workers {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+                while !w.is_finished() && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                w.abort();
+            }
         }
-        // Let an aborted refill drop its half-made container before draining.
-        tokio::task::yield_now().await;
         self.inner.cleanup.drain().await;
     }
 }
 
 impl Drop for DockerSandbox {
     fn drop(&mut self) {
-        if let Some((pool, task)) = &self.pool {
+        if let Some((pool, _)) = &self.pool {
+            // Workers stop by themselves once they see the pool closed.
             pool.close();
-            task.abort();
         }
     }
 }
@@ -167,14 +176,12 @@ impl Inner {
             host_config: Some(host_config(limits, self.config.runtime.clone())),
             ..Default::default()
         };
+        let name = format!("mcpx-{id}");
+        let mut guard = ContainerGuard::new(&self.docker, &name, &self.cleanup);
         let created = self
             .docker
             .create_container(
-                Some(
-                    CreateContainerOptionsBuilder::default()
-                        .name(&format!("mcpx-{id}"))
-                        .build(),
-                ),
+                Some(CreateContainerOptionsBuilder::default().name(&name).build()),
                 body,
             )
             .await
@@ -186,7 +193,7 @@ impl Inner {
                 },
                 e => classify("creating the container", e),
             })?;
-        let guard = ContainerGuard::new(&self.docker, &created.id, &self.cleanup);
+        guard.confirm(&created.id);
         let attached = self
             .docker
             .attach_container(

@@ -4,7 +4,7 @@
 //! pool for good. Pool containers carry no tenant data until a job is dispatched to them.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,6 +16,8 @@ use crate::job::Limits;
 
 /// A waiting container older than this is replaced rather than used.
 const MAX_IDLE: Duration = Duration::from_secs(600);
+/// Refill workers per pool: containers made at once.
+pub(super) const REFILL_WORKERS: usize = 2;
 /// How often waiting containers are checked for death and age.
 const PRUNE_EVERY: Duration = Duration::from_secs(2);
 
@@ -67,6 +69,8 @@ pub(super) struct Pool {
     hits: AtomicU64,
     misses: AtomicU64,
     discarded: AtomicU64,
+    /// Containers being made right now by the refill workers.
+    in_flight: AtomicUsize,
 }
 
 impl Pool {
@@ -81,6 +85,7 @@ impl Pool {
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             discarded: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
         }
     }
 
@@ -123,10 +128,13 @@ impl Pool {
 
     /// Stop refilling and drop every waiting container (they are removed in the background).
     pub(super) fn close(&self) {
-        self.closed.store(true, Ordering::SeqCst);
-        let drained: Vec<Live> = self.ready.lock().expect("pool lock").drain(..).collect();
+        let drained: Vec<Live> = {
+            let mut q = self.ready.lock().expect("pool lock");
+            self.closed.store(true, Ordering::SeqCst);
+            q.drain(..).collect()
+        };
         drop(drained);
-        self.wake.notify_one();
+        self.wake.notify_waiters();
     }
 
     /// Drop waiting containers that died or aged; returns how many are left.
@@ -140,15 +148,21 @@ impl Pool {
     }
 }
 
-/// The refill loop: one container at a time, so that refilling never takes more than one
-/// core's worth of Docker work away from the runs themselves.
+/// One refill worker. The pool runs [`REFILL_WORKERS`] of them: a bounded number of
+/// containers is made at once, so that refilling cannot take all of the machine away from
+/// the runs themselves, yet keeps up with a sustained load.
 pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
     let mut failures: u32 = 0;
     loop {
         if pool.closed.load(Ordering::SeqCst) {
             return;
         }
-        if pool.prune() < pool.target {
+        // Claim a slot: waiting + being made must stay within the target.
+        let claimed = pool.prune() + pool.in_flight.fetch_add(1, Ordering::SeqCst) < pool.target;
+        if !claimed {
+            pool.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+        if claimed {
             let made = async {
                 let mut live = inner
                     .launch(&pool.limits, "pool", &crate::job::new_job_id())
@@ -157,13 +171,18 @@ pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
                 Ok::<_, crate::sandbox::SandboxError>(live)
             }
             .await;
+            pool.in_flight.fetch_sub(1, Ordering::SeqCst);
             match made {
                 Ok(live) => {
                     failures = 0;
+                    // Checked under the lock that `close` takes: nothing is pushed after it.
+                    let mut q = pool.ready.lock().expect("pool lock");
                     if pool.closed.load(Ordering::SeqCst) {
+                        drop(q);
+                        drop(live);
                         return;
                     }
-                    pool.ready.lock().expect("pool lock").push_back(live);
+                    q.push_back(live);
                     continue;
                 }
                 Err(e) => {

@@ -1,0 +1,308 @@
+//! `mcp-code-executor bench`: latency and throughput of the engine, measured in one run
+//! against a baseline measured in the same run (plain `docker run --rm`), so that the
+//! figures are ratios on the same noisy machine rather than absolute promises.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::job::{JobSpec, Limits};
+use crate::sandbox::docker::{DockerConfig, DockerSandbox};
+use crate::sandbox::{Sandbox, SandboxError};
+
+/// The code every measurement runs.
+pub const CODE: &str = "print(1)";
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub image: String,
+    pub runtime: Option<String>,
+    /// Sequential samples per latency row.
+    pub samples: usize,
+    /// Warm pool size for the pool-on rows.
+    pub pool_size: usize,
+    /// Runs per throughput row.
+    pub throughput_runs: usize,
+    /// Concurrency levels of the throughput rows.
+    pub concurrency: Vec<usize>,
+    /// Calls in the burst.
+    pub burst: usize,
+}
+
+/// min / median / p95 of a set of samples.
+#[derive(Debug, Clone, Copy)]
+pub struct Stats {
+    pub min: Duration,
+    pub median: Duration,
+    pub p95: Duration,
+    pub n: usize,
+}
+
+impl Stats {
+    pub fn of(mut samples: Vec<Duration>) -> Option<Stats> {
+        if samples.is_empty() {
+            return None;
+        }
+        samples.sort();
+        let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+        Some(Stats {
+            min: samples[0],
+            median: at(0.5),
+            p95: at(0.95),
+            n: samples.len(),
+        })
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// A latency row: name, stats, ratio of its median to the baseline's.
+pub fn latency_row(name: &str, s: &Stats, baseline: Option<&Stats>) -> String {
+    let ratio = baseline
+        .map(|b| format!("{:.3}", ms(s.median) / ms(b.median)))
+        .unwrap_or_else(|| "1.000".into());
+    format!(
+        "| {name} | {} | {:.1} | {:.1} | {:.1} | {ratio} |",
+        s.n,
+        ms(s.min),
+        ms(s.median),
+        ms(s.p95)
+    )
+}
+
+/// Resident and peak memory of this process, bytes.
+pub fn rss() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// `docker run --rm` of the same code, through the CLI, as users compare against.
+async fn docker_run_once(image: &str) -> Result<Duration, String> {
+    let t = Instant::now();
+    let out = tokio::process::Command::new("docker")
+        .args([
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            image,
+            "/usr/bin/python3",
+            "-c",
+            CODE,
+        ])
+        .output()
+        .await
+        .map_err(|e| format!("cannot run the docker CLI: {e}"))?;
+    if !out.status.success() || out.stdout != b"1\n" {
+        return Err(format!("docker run failed: {out:?}"));
+    }
+    Ok(t.elapsed())
+}
+
+async fn engine_once(s: &DockerSandbox) -> Result<Duration, SandboxError> {
+    let t = Instant::now();
+    let o = s
+        .run(JobSpec::python(CODE, Limits::default()), None)
+        .await?;
+    let d = t.elapsed();
+    if !o.success() || o.stdout != b"1\n" {
+        return Err(SandboxError::Runner(format!("unexpected outcome {o:?}")));
+    }
+    Ok(d)
+}
+
+/// Wait until the pool holds `n` waiting containers (steady state between samples).
+async fn pool_filled(s: &DockerSandbox, n: usize) {
+    let t = Instant::now();
+    while s.pool_stats().map(|p| p.ready).unwrap_or(n) < n && t.elapsed() < Duration::from_secs(30)
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Run `total` calls of `call` with `concurrency` workers; returns per-call latencies,
+/// failures and the wall time.
+pub async fn load<F, Fut>(
+    total: usize,
+    concurrency: usize,
+    call: F,
+) -> (Vec<Duration>, usize, Duration)
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<Duration, String>> + Send,
+{
+    let next = Arc::new(AtomicUsize::new(0));
+    let t = Instant::now();
+    let workers = (0..concurrency).map(|_| {
+        let next = next.clone();
+        let call = call.clone();
+        tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut failed = 0;
+            while next.fetch_add(1, Ordering::SeqCst) < total {
+                match call().await {
+                    Ok(d) => lat.push(d),
+                    Err(e) => {
+                        failed += 1;
+                        eprintln!("bench: call failed: {e}");
+                    }
+                }
+            }
+            (lat, failed)
+        })
+    });
+    let mut all = Vec::new();
+    let mut failed = 0;
+    for w in futures::future::join_all(workers).await {
+        let (l, f) = w.expect("worker");
+        all.extend(l);
+        failed += f;
+    }
+    (all, failed, t.elapsed())
+}
+
+/// Print the engine part of the benchmark; returns the docker-run baseline for further rows.
+pub async fn engine(opts: &BenchOptions) -> Result<Option<Stats>, String> {
+    let (idle_rss, _) = rss();
+    println!(
+        "## Latency of `{CODE}`, sequential ({} samples each)\n",
+        opts.samples
+    );
+    println!("| path | n | min ms | median ms | p95 ms | ratio to docker run |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+
+    let mut base = Vec::new();
+    docker_run_once(&opts.image).await?; // warm-up
+    for _ in 0..opts.samples {
+        base.push(docker_run_once(&opts.image).await?);
+    }
+    let baseline = Stats::of(base);
+    if let Some(b) = &baseline {
+        println!("{}", latency_row("`docker run --rm` (CLI)", b, None));
+    }
+
+    let cfg = |pool_size| DockerConfig {
+        runtime: opts.runtime.clone(),
+        pool_size,
+        ..DockerConfig::new(opts.image.clone())
+    };
+    let cold = DockerSandbox::connect(cfg(0))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut v = Vec::new();
+    engine_once(&cold).await.map_err(|e| e.to_string())?;
+    for _ in 0..opts.samples {
+        cold.drain().await;
+        v.push(engine_once(&cold).await.map_err(|e| e.to_string())?);
+    }
+    cold.shutdown().await;
+    if let Some(s) = Stats::of(v) {
+        println!(
+            "{}",
+            latency_row("engine, pool off (cold container)", &s, baseline.as_ref())
+        );
+    }
+
+    let warm = Arc::new(
+        DockerSandbox::connect(cfg(opts.pool_size.max(1)))
+            .await
+            .map_err(|e| e.to_string())?,
+    );
+    let mut v = Vec::new();
+    for _ in 0..opts.samples {
+        pool_filled(&warm, opts.pool_size.max(1)).await;
+        warm.drain().await;
+        v.push(engine_once(&warm).await.map_err(|e| e.to_string())?);
+    }
+    if let Some(s) = Stats::of(v) {
+        println!(
+            "{}",
+            latency_row("engine, pool on (warm container)", &s, baseline.as_ref())
+        );
+    }
+
+    println!(
+        "\n## Throughput, pool of {} on ({} runs per row)\n",
+        opts.pool_size, opts.throughput_runs
+    );
+    println!("| concurrency | runs/s | p50 ms | p95 ms | failed | pool hits |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    for &c in &opts.concurrency {
+        pool_filled(&warm, opts.pool_size).await;
+        warm.drain().await;
+        let hits0 = warm.pool_stats().map(|p| p.hits).unwrap_or(0);
+        let w = warm.clone();
+        let (lat, failed, wall) = load(opts.throughput_runs, c, move || {
+            let w = w.clone();
+            async move { engine_once(&w).await.map_err(|e| e.to_string()) }
+        })
+        .await;
+        let hits = warm.pool_stats().map(|p| p.hits).unwrap_or(0) - hits0;
+        let s = Stats::of(lat.clone());
+        println!(
+            "| {c} | {:.1} | {} | {} | {failed} | {hits}/{} |",
+            lat.len() as f64 / wall.as_secs_f64(),
+            s.map(|s| format!("{:.1}", ms(s.median)))
+                .unwrap_or_default(),
+            s.map(|s| format!("{:.1}", ms(s.p95))).unwrap_or_default(),
+            opts.throughput_runs
+        );
+    }
+
+    pool_filled(&warm, opts.pool_size).await;
+    warm.drain().await;
+    let w = warm.clone();
+    let (lat, failed, wall) = load(opts.burst, opts.burst, move || {
+        let w = w.clone();
+        async move { engine_once(&w).await.map_err(|e| e.to_string()) }
+    })
+    .await;
+    let (_, peak_rss) = rss();
+    println!("\n## Burst of {} concurrent runs\n", opts.burst);
+    let s = Stats::of(lat.clone());
+    println!(
+        "completed {}, failed {failed}, p50 {} ms, p95 {} ms, all done in {:.1} s",
+        lat.len(),
+        s.map(|s| format!("{:.0}", ms(s.median)))
+            .unwrap_or_default(),
+        s.map(|s| format!("{:.0}", ms(s.p95))).unwrap_or_default(),
+        wall.as_secs_f64()
+    );
+    println!(
+        "\nengine process memory: idle {:.1} MiB, peak {:.1} MiB",
+        idle_rss as f64 / 1048576.0,
+        peak_rss as f64 / 1048576.0
+    );
+    warm.shutdown().await;
+    Ok(baseline)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_pick_the_right_samples() {
+        let v: Vec<Duration> = (1..=100).rev().map(Duration::from_millis).collect();
+        let s = Stats::of(v).unwrap();
+        assert_eq!(s.min, Duration::from_millis(1));
+        assert_eq!(s.median, Duration::from_millis(51));
+        assert_eq!(s.p95, Duration::from_millis(95));
+        assert!(Stats::of(vec![]).is_none());
+        let row = latency_row("x", &s, Some(&s));
+        assert!(row.ends_with("| 1.000 |"), "{row}");
+    }
+}
