@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup-docker.sh
+# uv (from PyPI) makes the uv venv of the environment tests.
+python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet --disable-pip-version-check uv
 cargo build --all-targets
 cargo run --quiet -- image build
 cargo test -- --test-threads=2

@@ -3,6 +3,7 @@
 //! backend type leaks through them.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Serialize, Serializer};
@@ -27,6 +28,32 @@ pub struct JobSpec {
     /// Which of `files` is run with Python.
     pub entry: String,
     pub limits: Limits,
+    /// The Python environment, network and identity the job runs with.
+    pub env: RunEnv,
+}
+
+/// A host directory (or file) bind-mounted into the sandbox at the same path: a venv's
+/// `bin/python` and its `home` are absolute paths, so they must stay where they are.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Mount {
+    pub path: PathBuf,
+    /// Read-only unless an installer needs to write into it.
+    pub writable: bool,
+}
+
+/// What a sandbox runs with beyond its limits. The default is the image's own Python, no
+/// mounts, no network, uid 65534: what every one-shot run of untrusted code gets.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct RunEnv {
+    /// The interpreter inside the sandbox; `None` is the image's `/usr/bin/python3`.
+    pub python: Option<String>,
+    pub mounts: Vec<Mount>,
+    /// Extra environment variables (e.g. `SSL_CERT_FILE` for installers).
+    pub vars: Vec<(String, String)>,
+    /// Network access (installers only): the default bridge instead of `none`.
+    pub network: bool,
+    /// `uid:gid` to run as; `None` is 65534:65534.
+    pub user: Option<String>,
 }
 
 impl JobSpec {
@@ -41,6 +68,7 @@ impl JobSpec {
             }],
             entry: "main.py".to_string(),
             limits,
+            env: RunEnv::default(),
         }
     }
 }

@@ -9,6 +9,9 @@
 //!   [`sandbox::protocol`] the wire format spoken with the runner inside the container
 //!   (`images/sandbox/runner.py`), [`sandbox::archive`] the tar packing of input files,
 //!   [`sandbox::image`] the build of the sandbox image from the embedded `images/`.
+//! - [`env`]: Python environments (venv, uv venv, conda, the managed default): resolution
+//!   into read-only mounts, package-spec validation, installs in sandboxed installer
+//!   containers ([`env::manager`]).
 //! - [`config`]: environment variables, sizes and durations, limit validation.
 //! - [`doctor`]: live self-test that isolation is really enforced on this host.
 //! - [`cli`]: the `run` command for CI pipelines (output, JSON, JUnit, exit codes).
@@ -20,5 +23,6 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod doctor;
+pub mod env;
 pub mod job;
 pub mod sandbox;

@@ -25,7 +25,7 @@ use self::pool::Pool;
 pub use self::pool::PoolStats;
 use super::protocol::{self, Report};
 use super::{emit, BackendInfo, Events, Sandbox, SandboxError};
-use crate::job::{JobSpec, Limits, Outcome, RunEvent};
+use crate::job::{JobSpec, Limits, Outcome, RunEnv, RunEvent};
 
 mod guard;
 mod live;
@@ -45,6 +45,13 @@ pub const LABEL_OWNER: &str = "io.mcp-code-executor.owner";
 const POST_MORTEM_DEADLINE: Duration = Duration::from_secs(10);
 /// Uid and gid the code runs as (`nobody`).
 const SANDBOX_USER: &str = "65534:65534";
+/// The runner, started with `-I -S`; the interpreter for the code is appended.
+const RUNNER_CMD: &[&str] = &[
+    "/usr/bin/python3",
+    "-I",
+    "-S",
+    "/opt/mcp-code-executor/runner.py",
+];
 
 /// Settings of the Docker backend.
 #[derive(Debug, Clone)]
@@ -60,6 +67,8 @@ pub struct DockerConfig {
     /// The limits pool containers are made with; jobs with other memory/CPU/pids/tmpfs
     /// limits take the cold path.
     pub pool_limits: Limits,
+    /// The environment pool containers are made with (see [`DockerSandbox::reconfigure_pool`]).
+    pub pool_env: RunEnv,
 }
 
 impl DockerConfig {
@@ -71,6 +80,7 @@ impl DockerConfig {
             python: "/usr/bin/python3".into(),
             pool_size: 0,
             pool_limits: Limits::default(),
+            pool_env: RunEnv::default(),
         }
     }
 }
@@ -86,7 +96,37 @@ pub(super) struct Inner {
 /// The real backend.
 pub struct DockerSandbox {
     inner: Arc<Inner>,
-    pool: Option<(Arc<Pool>, Vec<JoinHandle<()>>)>,
+    pool: std::sync::Mutex<Option<PoolHandle>>,
+}
+
+/// A running pool and its refill workers.
+struct PoolHandle {
+    pool: Arc<Pool>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl PoolHandle {
+    fn start(inner: &Arc<Inner>, limits: Limits, env: RunEnv, size: usize) -> PoolHandle {
+        let pool = Arc::new(Pool::new(limits, env, size));
+        let workers = (0..pool::REFILL_WORKERS)
+            .map(|_| tokio::spawn(pool::refill(inner.clone(), pool.clone())))
+            .collect();
+        PoolHandle { pool, workers }
+    }
+
+    /// Close the pool and wait for its workers: a worker finishes the container it is
+    /// making, sees the pool closed and drops it (aborting mid-create would be safe too,
+    /// the guard knows the name, but slower to clean).
+    async fn stop(self) {
+        self.pool.close();
+        for w in self.workers {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+            while !w.is_finished() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            w.abort();
+        }
+    }
 }
 
 impl DockerSandbox {
@@ -100,17 +140,19 @@ impl DockerSandbox {
             cleanup: Arc::default(),
             config,
         });
-        let pool = (inner.config.pool_size > 0).then(|| {
-            let pool = Arc::new(Pool::new(
-                inner.config.pool_limits.clone(),
-                inner.config.pool_size,
-            ));
-            let workers = (0..pool::REFILL_WORKERS)
-                .map(|_| tokio::spawn(pool::refill(inner.clone(), pool.clone())))
-                .collect();
-            (pool, workers)
+        let c = &inner.config;
+        let pool = (c.pool_size > 0).then(|| {
+            PoolHandle::start(
+                &inner,
+                c.pool_limits.clone(),
+                c.pool_env.clone(),
+                c.pool_size,
+            )
         });
-        Ok(DockerSandbox { inner, pool })
+        Ok(DockerSandbox {
+            inner,
+            pool: std::sync::Mutex::new(pool),
+        })
     }
 
     /// Remove containers of ours whose owning process on this host is gone (a crash, a
@@ -121,23 +163,38 @@ impl DockerSandbox {
 
     /// Pool figures; `None` when the pool is off.
     pub fn pool_stats(&self) -> Option<PoolStats> {
-        self.pool.as_ref().map(|(p, _)| p.stats())
+        self.pool
+            .lock()
+            .expect("pool lock")
+            .as_ref()
+            .map(|h| h.pool.stats())
+    }
+
+    /// Make the pool's containers with another environment (a configuration change): the
+    /// waiting containers of the old one are removed, never handed to a run.
+    pub fn reconfigure_pool(&self, limits: Limits, env: RunEnv) {
+        let size = self.inner.config.pool_size;
+        if size == 0 {
+            return;
+        }
+        let new = PoolHandle::start(&self.inner, limits, env, size);
+        let old = self.pool.lock().expect("pool lock").replace(new);
+        if let Some(old) = old {
+            old.pool.close();
+            tokio::spawn(old.stop());
+        }
+    }
+
+    fn take_warm(&self, job: &JobSpec) -> Option<Live> {
+        let guard = self.pool.lock().expect("pool lock");
+        guard.as_ref()?.pool.take(&job.limits, &job.env)
     }
 
     /// Stop the pool, remove its containers, and wait for every removal.
     pub async fn shutdown(&self) {
-        if let Some((pool, workers)) = &self.pool {
-            pool.close();
-            // A worker finishes the container it is making, sees the pool closed and
-            // drops it; aborting mid-create would be safe too (the guard knows the name),
-            // but slower to clean.
-            for w in workers {
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
-                while !w.is_finished() && tokio::time::Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                w.abort();
-            }
+        let handle = self.pool.lock().expect("pool lock").take();
+        if let Some(h) = handle {
+            h.stop().await;
         }
         self.inner.cleanup.drain().await;
     }
@@ -145,16 +202,27 @@ impl DockerSandbox {
 
 impl Drop for DockerSandbox {
     fn drop(&mut self) {
-        if let Some((pool, _)) = &self.pool {
+        if let Some(h) = self.pool.lock().expect("pool lock").as_ref() {
             // Workers stop by themselves once they see the pool closed.
-            pool.close();
+            h.pool.close();
         }
     }
 }
 
 impl Inner {
+    /// The interpreter a job with `env` runs.
+    fn python<'a>(&'a self, env: &'a RunEnv) -> &'a str {
+        env.python.as_deref().unwrap_or(&self.config.python)
+    }
+
     /// Create, attach and start a container of the given shape for `tenant`.
-    async fn launch(&self, limits: &Limits, tenant: &str, id: &str) -> Result<Live, SandboxError> {
+    async fn launch(
+        &self,
+        limits: &Limits,
+        env: &RunEnv,
+        tenant: &str,
+        id: &str,
+    ) -> Result<Live, SandboxError> {
         let labels = HashMap::from([
             (LABEL_MANAGED.to_string(), "true".to_string()),
             (LABEL_JOB.to_string(), id.to_string()),
@@ -163,7 +231,15 @@ impl Inner {
         ]);
         let body = ContainerCreateBody {
             image: Some(self.config.image.clone()),
-            user: Some(SANDBOX_USER.to_string()),
+            cmd: Some(
+                [RUNNER_CMD, &[self.python(env)]]
+                    .concat()
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+            ),
+            env: Some(env.vars.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            user: Some(env.user.clone().unwrap_or_else(|| SANDBOX_USER.to_string())),
             working_dir: Some(protocol::WORKDIR.to_string()),
             hostname: Some("sandbox".to_string()),
             attach_stdin: Some(true),
@@ -173,7 +249,7 @@ impl Inner {
             stdin_once: Some(true),
             tty: Some(false),
             labels: Some(labels),
-            host_config: Some(host_config(limits, self.config.runtime.clone())),
+            host_config: Some(host_config(limits, env, self.config.runtime.clone())),
             ..Default::default()
         };
         let name = format!("mcpx-{id}");
@@ -238,10 +314,19 @@ impl Inner {
 }
 
 /// The hardening every sandbox gets. Each line is checked by `doctor` or the tests.
-fn host_config(l: &Limits, runtime: Option<String>) -> HostConfig {
+fn host_config(l: &Limits, env: &RunEnv, runtime: Option<String>) -> HostConfig {
     let tmpfs = |size: u64| format!("rw,nosuid,nodev,noexec,size={size},mode=1777");
+    let binds: Vec<String> = env
+        .mounts
+        .iter()
+        .map(|m| {
+            let p = m.path.display();
+            format!("{p}:{p}:{}", if m.writable { "rw" } else { "ro" })
+        })
+        .collect();
     HostConfig {
-        network_mode: Some("none".to_string()),
+        network_mode: Some(if env.network { "bridge" } else { "none" }.to_string()),
+        binds: (!binds.is_empty()).then_some(binds),
         readonly_rootfs: Some(true),
         tmpfs: Some(HashMap::from([
             (protocol::WORKDIR.to_string(), tmpfs(l.workspace_bytes)),
@@ -274,13 +359,17 @@ fn host_config(l: &Limits, runtime: Option<String>) -> HostConfig {
 impl Sandbox for DockerSandbox {
     async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, SandboxError> {
         let started = Instant::now();
-        let input = protocol::encode_job(&job, &self.inner.config.python)
+        let input = protocol::encode_job(&job, self.inner.python(&job.env))
             .map_err(|e| SandboxError::Rejected(e.to_string()))?;
-        let warm = self.pool.as_ref().and_then(|(p, _)| p.take(&job.limits));
+        let warm = self.take_warm(&job);
         let pooled = warm.is_some();
         let mut live = match warm {
             Some(live) => live,
-            None => self.inner.launch(&job.limits, &job.tenant, &job.id).await?,
+            None => {
+                self.inner
+                    .launch(&job.limits, &job.env, &job.tenant, &job.id)
+                    .await?
+            }
         };
         let container = live.guard.id().to_string();
         tracing::debug!(job_id = %job.id, tenant = %job.tenant, container = %container, pooled, ms = started.elapsed().as_millis() as u64, "sandbox started");
@@ -381,7 +470,7 @@ mod tests {
 
     #[test]
     fn hardening_is_all_there() {
-        let hc = host_config(&Limits::default(), None);
+        let hc = host_config(&Limits::default(), &RunEnv::default(), None);
         assert_eq!(hc.network_mode.as_deref(), Some("none"));
         assert_eq!(hc.readonly_rootfs, Some(true));
         assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));

@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 
 use super::live::Live;
 use super::Inner;
-use crate::job::Limits;
+use crate::job::{Limits, RunEnv};
 
 /// A waiting container older than this is replaced rather than used.
 const MAX_IDLE: Duration = Duration::from_secs(600);
@@ -31,10 +31,11 @@ pub(super) struct Shape {
     workspace_bytes: u64,
     tmp_bytes: u64,
     nofile: u64,
+    env: RunEnv,
 }
 
 impl Shape {
-    pub(super) fn of(l: &Limits) -> Shape {
+    pub(super) fn of(l: &Limits, env: &RunEnv) -> Shape {
         Shape {
             memory_bytes: l.memory_bytes,
             cpus_milli: (l.cpus * 1000.0).round() as u64,
@@ -42,6 +43,7 @@ impl Shape {
             workspace_bytes: l.workspace_bytes,
             tmp_bytes: l.tmp_bytes,
             nofile: l.nofile,
+            env: env.clone(),
         }
     }
 }
@@ -61,6 +63,7 @@ pub struct PoolStats {
 
 pub(super) struct Pool {
     pub(super) limits: Limits,
+    pub(super) env: RunEnv,
     shape: Shape,
     target: usize,
     ready: Mutex<VecDeque<Live>>,
@@ -74,10 +77,11 @@ pub(super) struct Pool {
 }
 
 impl Pool {
-    pub(super) fn new(limits: Limits, target: usize) -> Self {
+    pub(super) fn new(limits: Limits, env: RunEnv, target: usize) -> Self {
         Pool {
-            shape: Shape::of(&limits),
+            shape: Shape::of(&limits, &env),
             limits,
+            env,
             target,
             ready: Mutex::new(VecDeque::new()),
             wake: Notify::new(),
@@ -90,8 +94,8 @@ impl Pool {
     }
 
     /// A live, waiting container for a job with `limits`, if one fits.
-    pub(super) fn take(&self, limits: &Limits) -> Option<Live> {
-        if self.closed.load(Ordering::SeqCst) || Shape::of(limits) != self.shape {
+    pub(super) fn take(&self, limits: &Limits, env: &RunEnv) -> Option<Live> {
+        if self.closed.load(Ordering::SeqCst) || Shape::of(limits, env) != self.shape {
             self.misses.fetch_add(1, Ordering::Relaxed);
             return None;
         }
@@ -165,7 +169,7 @@ pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
         if claimed {
             let made = async {
                 let mut live = inner
-                    .launch(&pool.limits, "pool", &crate::job::new_job_id())
+                    .launch(&pool.limits, &pool.env, "pool", &crate::job::new_job_id())
                     .await?;
                 live.wait_ready().await?;
                 Ok::<_, crate::sandbox::SandboxError>(live)
