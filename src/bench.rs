@@ -262,6 +262,26 @@ pub async fn engine(opts: &BenchOptions) -> Result<Option<Stats>, String> {
         );
     }
 
+    println!(
+        "\n## Profile: the Docker ceiling (`/bin/true`, same hardening, no runner, no Python)\n"
+    );
+    println!("| concurrency | containers/s | create ms | start ms | wait ms | remove ms |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    for &c in &opts.concurrency {
+        let f = warm
+            .lifecycle_ceiling(opts.throughput_runs, c)
+            .await
+            .map_err(|e| e.to_string())?;
+        println!(
+            "| {c} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            f.per_second,
+            ms(f.create),
+            ms(f.start),
+            ms(f.wait),
+            ms(f.remove)
+        );
+    }
+
     pool_filled(&warm, opts.pool_size).await;
     warm.drain().await;
     let w = warm.clone();

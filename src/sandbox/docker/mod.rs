@@ -28,8 +28,11 @@ use super::{emit, BackendInfo, Events, Sandbox, SandboxError};
 use crate::job::{JobSpec, Limits, Outcome, RunEnv, RunEvent};
 
 mod guard;
+mod lifecycle;
 mod live;
 mod pool;
+
+pub use self::lifecycle::LifecycleFigures;
 
 /// Label on everything this project creates: the sweep and tests find containers by it.
 pub const LABEL_MANAGED: &str = "io.mcp-code-executor.managed";
