@@ -156,3 +156,40 @@ async fn timeouts_and_state_do_not_leak_between_pool_runs() {
         pool_containers()
     );
 }
+
+#[tokio::test]
+async fn a_changed_environment_never_gets_a_stale_pool_container() {
+    let _g = SERIAL.lock().await;
+    let s = pooled(2).await;
+    wait_ready(&s, 2).await;
+    let stale = pool_containers();
+    let env = mcp_code_executor::job::RunEnv {
+        vars: vec![("MCPX_MARK".into(), "new".into())],
+        ..Default::default()
+    };
+    s.prewarm(&env).await;
+    wait_ready(&s, 2).await;
+    let mut job = JobSpec::python(
+        "import os; print(os.environ.get('MCPX_MARK'))",
+        Limits::default(),
+    );
+    job.env = env;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let o = s.run(job, Some(tx)).await.unwrap();
+    assert_eq!(o.stdout_text(), "new\n");
+    while let Ok(ev) = rx.try_recv() {
+        if let RunEvent::Created { container } = ev {
+            assert!(
+                !stale.iter().any(|c| container.starts_with(c)),
+                "a stale container ran"
+            );
+        }
+    }
+    assert!(s.pool_stats().unwrap().hits >= 1);
+    s.shutdown().await;
+    assert!(
+        pool_containers().is_empty(),
+        "left: {:?}",
+        pool_containers()
+    );
+}

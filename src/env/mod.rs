@@ -8,6 +8,7 @@
 
 pub mod manager;
 pub mod spec;
+pub mod state;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -10,7 +10,7 @@ pub mod protocol;
 use async_trait::async_trait;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::job::{JobSpec, Outcome, RunEvent};
+use crate::job::{JobSpec, Outcome, RunEnv, RunEvent};
 
 /// Where a run's live events go; `None` when nobody listens.
 pub type Events = Option<UnboundedSender<RunEvent>>;
@@ -65,4 +65,8 @@ pub trait Sandbox: Send + Sync {
     /// Wait until every container this backend made has been removed (clean-ups run in the
     /// background, off the request path).
     async fn drain(&self);
+
+    /// Runs will mostly use `env` from now on: a backend with a warm pool makes its waiting
+    /// sandboxes with it (and discards those made for the previous one).
+    async fn prewarm(&self, _env: &RunEnv) {}
 }

@@ -100,6 +100,8 @@ pub(super) struct Inner {
 pub struct DockerSandbox {
     inner: Arc<Inner>,
     pool: std::sync::Mutex<Option<PoolHandle>>,
+    /// Pools replaced by a reconfiguration, still stopping.
+    retiring: std::sync::Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// A running pool and its refill workers.
@@ -155,6 +157,7 @@ impl DockerSandbox {
         Ok(DockerSandbox {
             inner,
             pool: std::sync::Mutex::new(pool),
+            retiring: std::sync::Mutex::default(),
         })
     }
 
@@ -184,7 +187,8 @@ impl DockerSandbox {
         let old = self.pool.lock().expect("pool lock").replace(new);
         if let Some(old) = old {
             old.pool.close();
-            tokio::spawn(old.stop());
+            let stopping = tokio::spawn(old.stop());
+            self.retiring.lock().expect("retiring lock").push(stopping);
         }
     }
 
@@ -198,6 +202,10 @@ impl DockerSandbox {
         let handle = self.pool.lock().expect("pool lock").take();
         if let Some(h) = handle {
             h.stop().await;
+        }
+        let retiring = std::mem::take(&mut *self.retiring.lock().expect("retiring lock"));
+        for r in retiring {
+            let _ = r.await;
         }
         self.inner.cleanup.drain().await;
     }
@@ -433,6 +441,20 @@ impl Sandbox for DockerSandbox {
 
     async fn drain(&self) {
         self.inner.cleanup.drain().await;
+    }
+
+    async fn prewarm(&self, env: &RunEnv) {
+        let current = self
+            .pool
+            .lock()
+            .expect("pool lock")
+            .as_ref()
+            .map(|h| (h.pool.limits.clone(), h.pool.env.clone()));
+        if let Some((limits, old)) = current {
+            if &old != env {
+                self.reconfigure_pool(limits, env.clone());
+            }
+        }
     }
 }
 
