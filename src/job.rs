@@ -177,6 +177,41 @@ pub struct Outcome {
     pub cpu_ms: Option<u64>,
     /// Peak memory of the sandbox, where the runner could measure it.
     pub peak_memory_bytes: Option<u64>,
+    /// Figures the code produced (matplotlib, shown or left open), PNG.
+    pub artifacts: Vec<Artifact>,
+    /// Figures over the caps (10 per run, 4 MiB each), not returned.
+    pub artifacts_dropped: u64,
+}
+
+/// A file a run produced, returned with its outcome.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Artifact {
+    /// e.g. `figure-001.png`, or `figure-002-downscaled.png` when it was scaled down to fit.
+    pub name: String,
+    pub data: Vec<u8>,
+}
+
+impl Artifact {
+    /// The media type, from the name.
+    pub fn mime(&self) -> &'static str {
+        if self.name.ends_with(".png") {
+            "image/png"
+        } else {
+            "application/octet-stream"
+        }
+    }
+}
+
+impl Serialize for Artifact {
+    /// Name, type and size: the bytes travel as MCP image content, not inside JSON.
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("Artifact", 3)?;
+        st.serialize_field("name", &self.name)?;
+        st.serialize_field("mime", self.mime())?;
+        st.serialize_field("bytes", &self.data.len())?;
+        st.end()
+    }
 }
 
 impl Outcome {

@@ -362,3 +362,45 @@ async fn input_larger_than_the_workspace_is_refused_with_a_reason() {
     assert!(err.to_string().contains("workspace"), "{err}");
     assert_clean(&s, "t-toobig").await;
 }
+
+/// Width and height from a PNG's IHDR chunk.
+fn png_size(data: &[u8]) -> (u32, u32) {
+    assert_eq!(&data[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
+    let w = u32::from_be_bytes(data[16..20].try_into().unwrap());
+    let h = u32::from_be_bytes(data[20..24].try_into().unwrap());
+    (w, h)
+}
+
+#[tokio::test]
+async fn matplotlib_figures_come_back_as_pngs() {
+    let s = sandbox().await;
+    let code = r#"
+import matplotlib.pyplot as plt
+plt.plot([1, 2, 3])
+plt.show()
+fig = plt.figure(figsize=(3, 2), dpi=100)
+plt.bar(['a', 'b'], [1, 2])
+print('left one open')
+"#;
+    let o = run(&s, "t-figs", code, limits()).await;
+    assert!(o.success(), "{}", o.stderr_text());
+    let names: Vec<&str> = o.artifacts.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names.len(), 2, "{names:?} {}", o.stderr_text());
+    assert_eq!(o.artifacts[0].name, "figure-001.png");
+    assert_eq!(o.artifacts[0].mime(), "image/png");
+    assert_eq!(png_size(&o.artifacts[0].data), (640, 480));
+    assert_eq!(png_size(&o.artifacts[1].data), (300, 200));
+    // A huge figure is scaled down, and says so in its name.
+    let o = run(
+        &s,
+        "t-figs",
+        "import matplotlib.pyplot as plt\nplt.figure(figsize=(40, 40), dpi=100)\nplt.plot([1])\nplt.show()",
+        limits(),
+    )
+    .await;
+    assert_eq!(o.artifacts.len(), 1, "{}", o.stderr_text());
+    assert!(o.artifacts[0].name.ends_with("-downscaled.png"));
+    let (w, h) = png_size(&o.artifacts[0].data);
+    assert!(w * h <= 4_100_000, "{w}x{h}");
+    assert_clean(&s, "t-figs").await;
+}

@@ -8,8 +8,9 @@ Protocol (all integers big-endian):
             b"R"  ready: the runner is up and waiting for its job (empty payload)
             b"O"  a chunk of the user's stdout
             b"E"  a chunk of the user's stderr
+            b"A"  an artifact (a figure): u16 name length, name, bytes; before `X`
             b"X"  the final report, JSON: exit_code, signal, cpu_ms, peak_memory_bytes,
-                  oom_kills, stdout_bytes, stderr_bytes
+                  oom_kills, stdout_bytes, stderr_bytes, artifacts_dropped
             b"F"  the runner could not run the job, JSON: {"error": "..."}
 
 The user's code runs as a child process whose stdout/stderr are pipes read here, so
@@ -124,7 +125,7 @@ def safe_extract(data, dest):
 # the real `__main__` module, as `python FILE` does (so pickling functions defined there
 # works), with tracebacks that start at the user's file.
 STUB = r"""
-def _mcp_run():
+def _mcp_run(save_open_figures):
     import os, sys, builtins
     b = b''
     while True:
@@ -148,6 +149,7 @@ def _mcp_run():
     try:
         exec(code, g)
     except SystemExit:
+        save_open_figures()
         raise
     except BaseException as e:
         tb = e.__traceback__
@@ -156,8 +158,25 @@ def _mcp_run():
         if tb is not None:
             e.__traceback__ = tb
         sys.excepthook(type(e), e, e.__traceback__)
+        save_open_figures()
         sys.exit(1)
-_mcp_run()
+    save_open_figures()
+def _mcp_figures():
+    # Figures shown with plt.show() are saved by the sandbox backend (mcp_backend.py);
+    # those still open when the code ends are saved by the function returned here
+    # (called before interpreter shutdown: matplotlib's own atexit closes them all).
+    import os, sys
+    sys.path.append('/opt/mcp-code-executor/pylib')
+    os.environ['MPLBACKEND'] = 'module://mcp_backend'
+    def save_open():
+        if 'matplotlib.pyplot' in sys.modules:
+            try:
+                import mcp_backend
+                mcp_backend.save_all()
+            except Exception as e:
+                sys.stderr.write('[figure capture failed: %r]\n' % (e,))
+    return save_open
+_mcp_run(_mcp_figures())
 """
 
 
@@ -205,6 +224,35 @@ class Child:
             os.waitpid(self.pid, 0)
         except OSError:
             pass
+
+
+FIGURES = "/tmp/.mcp-figures"
+MAX_ARTIFACTS = 10
+MAX_ARTIFACT_BYTES = 4 << 20
+
+
+def send_artifacts():
+    """Send the figures the code produced (frames `A`: u16 name length, name, bytes);
+    return how many were over the caps and dropped."""
+    try:
+        names = sorted(os.listdir(FIGURES))
+    except OSError:
+        return 0
+    sent = dropped = 0
+    for name in names:
+        try:
+            fd = os.open(os.path.join(FIGURES, name), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_ARTIFACT_BYTES + 1)
+        if sent >= MAX_ARTIFACTS or len(data) > MAX_ARTIFACT_BYTES:
+            dropped += 1
+            continue
+        raw = name.encode("utf-8", "replace")[:255]
+        frame(b"A", struct.pack(">H", len(raw)) + raw + data)
+        sent += 1
+    return dropped
 
 
 def seed_matplotlib_cache():
@@ -315,6 +363,7 @@ def main():
             if wpid == pid:
                 status = wstatus
 
+    dropped = send_artifacts()
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
@@ -326,6 +375,7 @@ def main():
         "oom_kills": max(0, (oom_kills() or 0) - oom_before),
         "stdout_bytes": counts[0],
         "stderr_bytes": counts[1],
+        "artifacts_dropped": dropped,
     }
     frame(b"X", json.dumps(report).encode())
 

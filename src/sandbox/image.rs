@@ -22,6 +22,8 @@ use super::SandboxError;
 pub const DOCKERFILE: &str = include_str!("../../images/sandbox/Dockerfile");
 /// The runner, PID 1 of every sandbox.
 pub const RUNNER: &str = include_str!("../../images/sandbox/runner.py");
+/// The matplotlib backend that turns figures into PNG artifacts.
+pub const MPL_BACKEND: &str = include_str!("../../images/sandbox/mcp_backend.py");
 /// Repository of the sandbox image; the tag is a content hash.
 pub const IMAGE_REPO: &str = "mcp-code-executor/sandbox";
 /// The base pulled where a registry is reachable.
@@ -37,6 +39,8 @@ pub fn default_image() -> String {
     h.update(DOCKERFILE.as_bytes());
     h.update([0]);
     h.update(RUNNER.as_bytes());
+    h.update([0]);
+    h.update(MPL_BACKEND.as_bytes());
     let hex: String = h
         .finalize()
         .iter()
@@ -270,6 +274,7 @@ fn build_context(ca: &[u8]) -> Vec<u8> {
     for (name, data) in [
         ("Dockerfile", DOCKERFILE.as_bytes()),
         ("runner.py", RUNNER.as_bytes()),
+        ("mcp_backend.py", MPL_BACKEND.as_bytes()),
         ("extra-ca.crt", ca),
     ] {
         let mut h = tar::Header::new_gnu();
@@ -302,6 +307,9 @@ mod tests {
             .unwrap()
             .map(|e| e.unwrap().path().unwrap().display().to_string())
             .collect();
-        assert_eq!(names, ["Dockerfile", "runner.py", "extra-ca.crt"]);
+        assert_eq!(
+            names,
+            ["Dockerfile", "runner.py", "mcp_backend.py", "extra-ca.crt"]
+        );
     }
 }

@@ -12,8 +12,9 @@ use crate::job::JobSpec;
 /// Where the workspace tmpfs is mounted inside the sandbox.
 pub const WORKDIR: &str = "/workspace";
 
-/// Largest frame the server accepts; the runner sends at most 64 KiB of output at once.
-const MAX_FRAME: usize = 1 << 20;
+/// Largest frame the server accepts: output comes in 64 KiB chunks, artifacts are capped
+/// at 4 MiB by the runner.
+const MAX_FRAME: usize = 8 << 20;
 
 /// The job description the runner reads before the archive.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -60,6 +61,9 @@ pub struct Report {
     pub stdout_bytes: u64,
     #[serde(default)]
     pub stderr_bytes: u64,
+    /// Figures over the runner's caps (count or size), not sent.
+    #[serde(default)]
+    pub artifacts_dropped: u64,
 }
 
 /// One message from the runner.
@@ -71,6 +75,8 @@ pub enum Frame {
     Stdout(Vec<u8>),
     /// `E`: user stderr.
     Stderr(Vec<u8>),
+    /// `A`: a file the code produced (a figure).
+    Artifact { name: String, data: Vec<u8> },
     /// `X`: the code has ended.
     Exit(Report),
     /// `F`: the runner could not run the job.
@@ -118,6 +124,19 @@ impl FrameDecoder {
             b'R' => Frame::Ready,
             b'O' => Frame::Stdout(payload),
             b'E' => Frame::Stderr(payload),
+            b'A' => {
+                if payload.len() < 2 {
+                    return Err(ProtocolError::BadReport("short artifact frame".into()));
+                }
+                let n = u16::from_be_bytes([payload[0], payload[1]]) as usize;
+                if payload.len() < 2 + n {
+                    return Err(ProtocolError::BadReport("artifact name overruns".into()));
+                }
+                Frame::Artifact {
+                    name: String::from_utf8_lossy(&payload[2..2 + n]).into_owned(),
+                    data: payload[2 + n..].to_vec(),
+                }
+            }
             b'X' => Frame::Exit(
                 serde_json::from_slice(&payload)
                     .map_err(|e| ProtocolError::BadReport(e.to_string()))?,
@@ -193,6 +212,17 @@ mod tests {
         let mut d = FrameDecoder::default();
         d.push(&[b'O', 0xff, 0xff, 0xff, 0xff]);
         assert!(matches!(d.next_frame(), Err(ProtocolError::TooLarge(_))));
+        let mut d = FrameDecoder::default();
+        d.push(&frame(b'A', b"\x00\x05a.png\x89PNG"));
+        assert_eq!(
+            d.next_frame().unwrap(),
+            Some(Frame::Artifact {
+                name: "a.png".into(),
+                data: b"\x89PNG".to_vec()
+            })
+        );
+        d.push(&frame(b'A', b"\x00\x09a.png"));
+        assert!(d.next_frame().is_err());
         let mut d = FrameDecoder::default();
         d.push(&frame(b'F', br#"{"error":"disk full"}"#));
         assert_eq!(

@@ -11,7 +11,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::classify;
 use super::guard::ContainerGuard;
-use crate::job::{Limits, Outcome, RunEvent, StreamKind};
+use crate::job::{Artifact, Limits, Outcome, RunEvent, StreamKind};
 use crate::sandbox::protocol::{Frame, FrameDecoder, Report};
 use crate::sandbox::{emit, Events, SandboxError};
 
@@ -48,6 +48,7 @@ pub(super) struct Collected {
     stderr: Vec<u8>,
     stdout_seen: u64,
     stderr_seen: u64,
+    artifacts: Vec<Artifact>,
 }
 
 impl Collected {
@@ -65,6 +66,8 @@ impl Collected {
             duration_ms: 0,
             cpu_ms: report.cpu_ms,
             peak_memory_bytes: report.peak_memory_bytes,
+            artifacts: self.artifacts,
+            artifacts_dropped: report.artifacts_dropped,
         }
     }
 }
@@ -223,6 +226,7 @@ impl Live {
                             },
                         );
                     }
+                    Frame::Artifact { name, data } => out.artifacts.push(Artifact { name, data }),
                     Frame::Exit(report) => return Ok(Ended::Report(report, out)),
                     Frame::Failed(msg) => return Err(SandboxError::Rejected(msg)),
                 }
