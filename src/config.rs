@@ -25,6 +25,33 @@ pub mod vars {
     pub const RUNTIME: &str = "MCP_EXECUTOR_RUNTIME";
     /// The Docker daemon (read by the Docker client itself).
     pub const DOCKER_HOST: &str = "DOCKER_HOST";
+    /// Where managed environments live.
+    pub const DATA_DIR: &str = "MCP_EXECUTOR_DATA_DIR";
+    /// CA bundle (PEM) that installer containers trust.
+    pub const CA_BUNDLE: &str = "MCP_EXECUTOR_CA_BUNDLE";
+}
+
+/// The data directory: `MCP_EXECUTOR_DATA_DIR`, else `$XDG_DATA_HOME/mcp-code-executor`,
+/// else `~/.local/share/mcp-code-executor`.
+pub fn data_dir(get: impl Fn(&str) -> Option<String>) -> std::path::PathBuf {
+    use std::path::PathBuf;
+    let get = |k: &str| get(k).filter(|v| !v.is_empty());
+    if let Some(d) = get(vars::DATA_DIR) {
+        return PathBuf::from(d);
+    }
+    if let Some(x) = get("XDG_DATA_HOME") {
+        return PathBuf::from(x).join("mcp-code-executor");
+    }
+    let home = get("HOME").unwrap_or_else(|| "/tmp".into());
+    PathBuf::from(home).join(".local/share/mcp-code-executor")
+}
+
+/// The CA bundle installers trust: `MCP_EXECUTOR_CA_BUNDLE`, else the host's system bundle.
+pub fn ca_bundle(get: impl Fn(&str) -> Option<String>) -> Option<std::path::PathBuf> {
+    match get(vars::CA_BUNDLE).filter(|v| !v.is_empty()) {
+        Some(p) => Some(p.into()),
+        None => crate::env::manager::EnvManager::default_ca_bundle(),
+    }
 }
 
 /// A value that could not be understood, with the input named.
@@ -138,6 +165,30 @@ mod tests {
         assert_eq!(parse_duration("2.5s").unwrap(), Duration::from_millis(2500));
         assert!(parse_duration("0").is_err());
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn data_dir_follows_the_variables() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(
+            data_dir(vars(&[("MCP_EXECUTOR_DATA_DIR", "/srv/d"), ("HOME", "/h")])),
+            std::path::Path::new("/srv/d")
+        );
+        assert_eq!(
+            data_dir(vars(&[("XDG_DATA_HOME", "/x"), ("HOME", "/h")])),
+            std::path::Path::new("/x/mcp-code-executor")
+        );
+        assert_eq!(
+            data_dir(vars(&[("HOME", "/h")])),
+            std::path::Path::new("/h/.local/share/mcp-code-executor")
+        );
     }
 
     #[test]
