@@ -299,7 +299,7 @@ mod tests {
     }
 
     #[test]
-    fn context_holds_the_three_files() {
+    fn context_holds_the_embedded_files() {
         let ctx = build_context(b"");
         let mut ar = tar::Archive::new(ctx.as_slice());
         let names: Vec<String> = ar
