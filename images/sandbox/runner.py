@@ -124,7 +124,25 @@ def safe_extract(data, dest):
 # Runs in the child interpreter: wait for the entry file's name on fd 3, then run it in
 # the real `__main__` module, as `python FILE` does (so pickling functions defined there
 # works), with tracebacks that start at the user's file.
-STUB = r"""
+FIGURES_CODE = r"""
+def _mcp_figures():
+    # Figures shown with plt.show() are saved by the sandbox backend (mcp_backend.py);
+    # those still open when the code ends are saved by the function returned here
+    # (called before interpreter shutdown: matplotlib's own atexit closes them all).
+    import os, sys
+    sys.path.append('/opt/mcp-code-executor/pylib')
+    os.environ['MPLBACKEND'] = 'module://mcp_backend'
+    def save_open():
+        if 'matplotlib.pyplot' in sys.modules:
+            try:
+                import mcp_backend
+                mcp_backend.save_all()
+            except Exception as e:
+                sys.stderr.write('[figure capture failed: %r]\n' % (e,))
+    return save_open
+"""
+
+RUN_CODE = r"""
 def _mcp_run(save_open_figures):
     import os, sys, builtins
     b = b''
@@ -161,33 +179,82 @@ def _mcp_run(save_open_figures):
         save_open_figures()
         sys.exit(1)
     save_open_figures()
-def _mcp_figures():
-    # Figures shown with plt.show() are saved by the sandbox backend (mcp_backend.py);
-    # those still open when the code ends are saved by the function returned here
-    # (called before interpreter shutdown: matplotlib's own atexit closes them all).
-    import os, sys
-    sys.path.append('/opt/mcp-code-executor/pylib')
-    os.environ['MPLBACKEND'] = 'module://mcp_backend'
-    def save_open():
-        if 'matplotlib.pyplot' in sys.modules:
-            try:
-                import mcp_backend
-                mcp_backend.save_all()
-            except Exception as e:
-                sys.stderr.write('[figure capture failed: %r]\n' % (e,))
-    return save_open
 _mcp_run(_mcp_figures())
 """
+
+# A session's interpreter: cells arrive on fd 3 (u32 length, source), run REPL-style in
+# one persistent `__main__` (the value of a final expression is displayed), and each ends
+# with a status line on fd 4.
+REPL_CODE = r"""
+def _mcp_repl(save_open_figures):
+    import os, sys, ast, builtins, json, linecache, struct
+    g = sys.modules['__main__'].__dict__
+    g.clear()
+    g.update(__name__='__main__', __doc__=None, __package__=None, __spec__=None,
+             __loader__=None, __builtins__=builtins)
+    sys.argv = ['']
+    sys.path[0] = os.getcwd()
+    def read_exact(n):
+        b = b''
+        while len(b) < n:
+            c = os.read(3, n - len(b))
+            if not c:
+                os._exit(0)
+            b += c
+        return b
+    n = 0
+    while True:
+        (size,) = struct.unpack('>I', read_exact(4))
+        src = read_exact(size).decode('utf-8', 'replace')
+        n += 1
+        name = '<cell %d>' % n
+        linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+        ok = True
+        try:
+            tree = ast.parse(src, name, 'exec')
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(tree.body.pop().value)
+            exec(compile(tree, name, 'exec'), g)
+            if last is not None:
+                sys.displayhook(eval(compile(last, name, 'eval'), g))
+        except SystemExit:
+            save_open_figures()
+            raise
+        except BaseException as e:
+            ok = False
+            tb = e.__traceback__
+            while tb is not None and not tb.tb_frame.f_code.co_filename.startswith('<cell'):
+                tb = tb.tb_next
+            e.__traceback__ = tb
+            if sys.excepthook is sys.__excepthook__:
+                import traceback  # the Python one reads cell sources from linecache
+                traceback.print_exception(type(e), e, tb)
+            else:
+                sys.excepthook(type(e), e, tb)
+        save_open_figures()
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:
+            pass
+        os.write(4, (json.dumps({'ok': ok}) + '\n').encode())
+_mcp_repl(_mcp_figures())
+"""
+
+STUB = FIGURES_CODE + RUN_CODE
+REPL_STUB = FIGURES_CODE + REPL_CODE
 
 
 class Child:
     """The user's interpreter, started and waiting for the file to run."""
 
-    def __init__(self, python, workdir):
+    def __init__(self, python, workdir, stub=None):
         self.python = python
         go_r, self.go_w = os.pipe()
         self.out_r, out_w = os.pipe()
         self.err_r, err_w = os.pipe()
+        self.st_r, st_w = os.pipe()
         devnull = os.open(os.devnull, os.O_RDONLY)
         self.pid = os.fork()
         if self.pid == 0:
@@ -198,15 +265,16 @@ class Child:
                 if go_r != 3:
                     os.dup2(go_r, 3)
                 os.set_inheritable(3, True)  # dup2 onto itself keeps close-on-exec
-                os.closerange(4, 1 << 16)
+                os.dup2(st_w, 4)
+                os.closerange(5, 1 << 16)
                 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 os.chdir(workdir)
-                os.execv(python, [python, "-u", "-c", STUB])
+                os.execv(python, [python, "-u", "-c", stub or STUB])
             except BaseException as e:
                 os.write(2, ("could not start %s: %s\n" % (python, e)).encode())
             os._exit(127)
-        for fd in (go_r, out_w, err_w, devnull):
+        for fd in (go_r, out_w, err_w, st_w, devnull):
             os.close(fd)
 
     def go(self, entry):
@@ -214,7 +282,7 @@ class Child:
         os.close(self.go_w)
 
     def discard(self):
-        for fd in (self.go_w, self.out_r, self.err_r):
+        for fd in (self.go_w, self.out_r, self.err_r, self.st_r):
             try:
                 os.close(fd)
             except OSError:
@@ -253,6 +321,119 @@ def send_artifacts():
         frame(b"A", struct.pack(">H", len(raw)) + raw + data)
         sent += 1
     return dropped
+
+
+def cpu_ns():
+    """CPU time of the whole sandbox so far (cgroup), nanoseconds."""
+    v = read_int("/sys/fs/cgroup/cpuacct/cpuacct.usage")
+    if v is None:
+        v = read_int("/sys/fs/cgroup/cpu,cpuacct/cpuacct.usage")
+    if v is None:
+        usec = read_int("/sys/fs/cgroup/cpu.stat", "usage_usec ")
+        v = usec * 1000 if usec is not None else None
+    return v
+
+
+def session(child, limit, wake_r):
+    """Serve cells until stdin closes or the interpreter dies: each cell is `u32 length,
+    JSON {code, output_limit}` on stdin, answered by its output frames, its figures and an
+    `X` report (exit_code 0, or 1 when the cell raised)."""
+    stdin = sys.stdin.buffer
+    sel = selectors.DefaultSelector()
+    sel.register(child.out_r, selectors.EVENT_READ, (b"O", 0))
+    sel.register(child.err_r, selectors.EVENT_READ, (b"E", 1))
+    sel.register(child.st_r, selectors.EVENT_READ, "status")
+    sel.register(wake_r, selectors.EVENT_READ, None)
+    while True:
+        try:
+            (n,) = struct.unpack(">I", read_exact(stdin, 4))
+            cell = json.loads(read_exact(stdin, n).decode())
+        except (EOFError, ValueError):
+            child.discard()
+            return
+        limit = int(cell.get("output_limit", limit))
+        code = cell.get("code", "").encode("utf-8")
+        counts = [0, 0]
+        cpu0, oom0 = cpu_ns(), oom_kills() or 0
+        msg = struct.pack(">I", len(code)) + code
+        try:
+            while msg:
+                msg = msg[os.write(child.go_w, msg):]
+        except OSError:
+            pass
+        status, exited = None, None
+        while status is None and exited is None:
+            for key, _ in sel.select():
+                if key.data is None:
+                    try:
+                        os.read(wake_r, 512)
+                    except OSError:
+                        pass
+                elif key.data == "status":
+                    line = os.read(child.st_r, 4096)
+                    if line:
+                        status = json.loads(line.decode())
+                    else:
+                        # The interpreter is gone (OOM killer, os._exit, a crash).
+                        sel.unregister(child.st_r)
+                        try:
+                            exited = os.waitpid(child.pid, 0)[1]
+                        except ChildProcessError:
+                            exited = exited if exited is not None else (9 & 0x7F)
+                else:
+                    kind, idx = key.data
+                    data = os.read(key.fd, CHUNK)
+                    if data:
+                        room = limit - counts[idx]
+                        counts[idx] += len(data)
+                        if room > 0:
+                            frame(kind, data[:room])
+            try:
+                wpid, wstatus = os.waitpid(-1, os.WNOHANG)
+                while wpid:
+                    if wpid == child.pid:
+                        exited = wstatus
+                    wpid, wstatus = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        # What the cell printed before its status is already in the pipes: take it.
+        for fd, kind, idx in ((child.out_r, b"O", 0), (child.err_r, b"E", 1)):
+            os.set_blocking(fd, False)
+            while True:
+                try:
+                    data = os.read(fd, CHUNK)
+                except (BlockingIOError, OSError):
+                    break
+                if not data:
+                    break
+                room = limit - counts[idx]
+                counts[idx] += len(data)
+                if room > 0:
+                    frame(kind, data[:room])
+            os.set_blocking(fd, True)
+        dropped = send_artifacts()
+        for name in os.listdir(FIGURES) if os.path.isdir(FIGURES) else []:
+            try:
+                os.unlink(os.path.join(FIGURES, name))
+            except OSError:
+                pass
+        cpu1 = cpu_ns()
+        report = {
+            "exit_code": 0 if (status or {}).get("ok") else 1,
+            "signal": None,
+            "cpu_ms": (cpu1 - cpu0) // 1000000 if cpu0 is not None and cpu1 is not None else None,
+            "peak_memory_bytes": peak_memory(),
+            "oom_kills": max(0, (oom_kills() or 0) - oom0),
+            "stdout_bytes": counts[0],
+            "stderr_bytes": counts[1],
+            "artifacts_dropped": dropped,
+        }
+        if exited is not None:
+            report["exit_code"] = os.WEXITSTATUS(exited) if os.WIFEXITED(exited) else None
+            report["signal"] = os.WTERMSIG(exited) if os.WIFSIGNALED(exited) else None
+            frame(b"X", json.dumps(report).encode())
+            return
+        frame(b"X", json.dumps(report).encode())
 
 
 def seed_matplotlib_cache():
@@ -301,6 +482,15 @@ def main():
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    if header.get("mode") == "session":
+        child.discard()
+        try:
+            repl = Child(python, workdir, REPL_STUB)
+        except OSError as e:
+            fail("could not start %s: %s" % (python, e))
+        session(repl, limit, wake_r)
+        return
 
     if python != child.python:
         child.discard()

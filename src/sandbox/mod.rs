@@ -42,6 +42,24 @@ pub enum SandboxError {
     },
 }
 
+/// A stateful sandbox: variables, imports and functions of one cell are there in the next.
+/// The only case where a sandbox serves more than one call; dropping it removes the
+/// container.
+#[async_trait]
+pub trait Session: Send {
+    /// Run one cell REPL-style (the value of a final expression is shown). An exception
+    /// gives exit code 1 and keeps the session; a timeout or an OOM kill ends it.
+    async fn exec(
+        &mut self,
+        code: &str,
+        timeout: std::time::Duration,
+        events: Events,
+    ) -> Result<Outcome, SandboxError>;
+
+    /// Can it run another cell? False once its interpreter or container is gone.
+    fn alive(&self) -> bool;
+}
+
 /// Facts about the backend, for `doctor` and health checks.
 #[derive(Debug, Clone)]
 pub struct BackendInfo {
@@ -65,6 +83,15 @@ pub trait Sandbox: Send + Sync {
     /// Wait until every container this backend made has been removed (clean-ups run in the
     /// background, off the request path).
     async fn drain(&self);
+
+    /// Open a stateful session: one sandbox that runs cell after cell in one interpreter.
+    /// `job` gives its limits, environment and initial files (its `entry` is unused); each
+    /// cell's timeout is given to [`Session::exec`].
+    async fn open_session(&self, _job: JobSpec) -> Result<Box<dyn Session>, SandboxError> {
+        Err(SandboxError::Rejected(
+            "this backend has no stateful sessions".into(),
+        ))
+    }
 
     /// Runs will mostly use `env` from now on: a backend with a warm pool makes its waiting
     /// sandboxes with it (and discards those made for the previous one).

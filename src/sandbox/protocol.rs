@@ -27,11 +27,39 @@ pub struct JobHeader {
     pub entry: String,
     pub workdir: String,
     pub output_limit: u64,
+    /// `run` (one file, then exit) or `session` (cells until stdin closes).
+    #[serde(default = "run_mode")]
+    pub mode: String,
+}
+
+fn run_mode() -> String {
+    "run".to_string()
 }
 
 /// The bytes to write to the runner's stdin for `job`, run with `python`.
 pub fn encode_job(job: &JobSpec, python: &str) -> Result<Vec<u8>, ArchiveError> {
     archive::check_relative_path(&job.entry)?;
+    encode(job, python, "run")
+}
+
+/// The bytes that open a session: its files, then the runner waits for cells.
+pub fn encode_session(job: &JobSpec, python: &str) -> Result<Vec<u8>, ArchiveError> {
+    encode(job, python, "session")
+}
+
+/// One cell of a session.
+pub fn encode_cell(code: &str, output_limit: u64) -> Vec<u8> {
+    let body = serde_json::to_vec(&serde_json::json!({
+        "code": code,
+        "output_limit": output_limit,
+    }))
+    .expect("cell serializes");
+    let mut out = (body.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(&body);
+    out
+}
+
+fn encode(job: &JobSpec, python: &str, mode: &str) -> Result<Vec<u8>, ArchiveError> {
     let tar = archive::pack(&job.files)?;
     let header = JobHeader {
         tar_len: tar.len() as u64,
@@ -39,6 +67,7 @@ pub fn encode_job(job: &JobSpec, python: &str) -> Result<Vec<u8>, ArchiveError> 
         entry: job.entry.clone(),
         workdir: WORKDIR.to_string(),
         output_limit: job.limits.output_bytes,
+        mode: mode.to_string(),
     };
     let header = serde_json::to_vec(&header).expect("header serializes");
     let mut out = Vec::with_capacity(4 + header.len() + tar.len());

@@ -49,11 +49,13 @@ pub(super) struct Collected {
     stdout_seen: u64,
     stderr_seen: u64,
     artifacts: Vec<Artifact>,
+    /// The output cap it was gathered under.
+    cap: u64,
 }
 
 impl Collected {
-    pub(super) fn into_outcome(self, report: &Report, limits: &Limits) -> Outcome {
-        let cap = limits.output_bytes;
+    pub(super) fn into_outcome(self, report: &Report) -> Outcome {
+        let cap = self.cap;
         Outcome {
             exit_code: report.exit_code,
             signal: report.signal,
@@ -121,6 +123,20 @@ impl Live {
             })
     }
 
+    /// Write to the runner's stdin and keep it open (the opening of a session).
+    pub(super) async fn send(&mut self, bytes: &[u8]) -> Result<(), SandboxError> {
+        let stdin = self
+            .input
+            .as_mut()
+            .ok_or_else(|| SandboxError::Runner("the sandbox's input is already closed".into()))?;
+        let w = async {
+            stdin.write_all(bytes).await?;
+            stdin.flush().await
+        };
+        w.await
+            .map_err(|e| SandboxError::Runner(format!("writing into the sandbox failed: {e}")))
+    }
+
     /// Is a waiting container still alive? A container that died while it waited (daemon
     /// restart, killed by hand) has its stream ended, or something unexpected on it.
     pub(super) fn still_waiting(&mut self) -> bool {
@@ -128,15 +144,56 @@ impl Live {
     }
 
     /// Feed the job in and read the runner's frames until it reports, the deadline passes
-    /// or the stream ends.
+    /// or the stream ends. With `close_input` the runner's stdin is closed after the input
+    /// (a one-shot run); without, it stays open for the next cell of a session.
     pub(super) async fn execute(
         &mut self,
-        job_input: Vec<u8>,
+        input: Vec<u8>,
+        close_input: bool,
         limits: &Limits,
         events: &Events,
     ) -> Result<Ended, SandboxError> {
+        let mut stdin = self
+            .input
+            .take()
+            .ok_or_else(|| SandboxError::Runner("the sandbox's input is already closed".into()))?;
+        let writer = async move {
+            let mut r = stdin.write_all(&input).await;
+            if r.is_ok() {
+                r = stdin.flush().await;
+            }
+            if close_input {
+                let _ = stdin.shutdown().await;
+                (r, None)
+            } else {
+                (r, Some(stdin))
+            }
+        }
+        .fuse();
+        tokio::pin!(writer);
+        let mut back = None;
+        let result = self
+            .read_frames(writer.as_mut(), &mut back, limits, events)
+            .await;
+        self.input = back;
+        result
+    }
+
+    async fn read_frames<W>(
+        &mut self,
+        mut writer: Pin<&mut futures::future::Fuse<W>>,
+        back: &mut Option<Input>,
+        limits: &Limits,
+        events: &Events,
+    ) -> Result<Ended, SandboxError>
+    where
+        W: std::future::Future<Output = (std::io::Result<()>, Option<Input>)>,
+    {
         let cap = limits.output_bytes;
-        let mut out = Collected::default();
+        let mut out = Collected {
+            cap,
+            ..Collected::default()
+        };
         let mut deadline = tokio::time::Instant::now()
             + if self.ready {
                 emit(events, RunEvent::Started);
@@ -144,19 +201,12 @@ impl Live {
             } else {
                 START_DEADLINE
             };
-        let mut stdin = self.input.take().expect("a live container runs one job");
-        let writer = async move {
-            let r = stdin.write_all(&job_input).await;
-            let _ = stdin.shutdown().await;
-            r
-        }
-        .fuse();
-        tokio::pin!(writer);
         let mut runner_stderr = Vec::new();
         loop {
             let chunk = tokio::select! {
-                r = &mut writer => {
+                (r, stdin) = &mut writer => {
                     tracing::trace!("job written");
+                    *back = stdin;
                     if let Err(e) = r {
                         tracing::debug!(error = %e, "writing the job into the sandbox failed");
                     }

@@ -24,7 +24,7 @@ use self::live::{Ended, Live};
 use self::pool::Pool;
 pub use self::pool::PoolStats;
 use super::protocol::{self, Report};
-use super::{emit, BackendInfo, Events, Sandbox, SandboxError};
+use super::{emit, BackendInfo, Events, Sandbox, SandboxError, Session};
 use crate::job::{JobSpec, Limits, Outcome, RunEnv, RunEvent};
 
 mod guard;
@@ -303,6 +303,33 @@ impl Inner {
         Ok(Live::new(guard, attached.input, attached.output))
     }
 
+    /// Turn how a conversation ended into the user's outcome.
+    async fn outcome_of(&self, ended: Ended, guard: &ContainerGuard) -> Outcome {
+        match ended {
+            Ended::Report(report, out) => out.into_outcome(&report),
+            Ended::TimedOut(out) => {
+                // Kill now rather than in the background: the CPU is the next run's.
+                guard.kill_now().await;
+                let mut o = out.into_outcome(&Report::default());
+                o.timed_out = true;
+                o.signal = Some(9);
+                o
+            }
+            Ended::Vanished(out) => {
+                // The runner died before it could report (the OOM killer chose it, or
+                // something killed the container): ask Docker what happened.
+                let (exit_code, oom) = self.post_mortem(guard.id()).await;
+                let mut o = out.into_outcome(&Report::default());
+                o.oom_killed = oom;
+                match exit_code {
+                    Some(c) if c > 128 => o.signal = Some((c - 128) as i32),
+                    c => o.exit_code = c,
+                }
+                o
+            }
+        }
+    }
+
     async fn post_mortem(&self, id: &str) -> (Option<i64>, bool) {
         let wait = async {
             loop {
@@ -391,34 +418,34 @@ impl Sandbox for DockerSandbox {
             },
         );
 
-        let ended = live.execute(input, &job.limits, &events).await?;
-        let mut outcome = match ended {
-            Ended::Report(report, out) => out.into_outcome(&report, &job.limits),
-            Ended::TimedOut(out) => {
-                // Kill now rather than in the background: the CPU is the next run's.
-                live.guard.kill_now().await;
-                let mut o = out.into_outcome(&Report::default(), &job.limits);
-                o.timed_out = true;
-                o.signal = Some(9);
-                o
-            }
-            Ended::Vanished(out) => {
-                // The runner died before it could report (the OOM killer chose it, or
-                // something killed the container): ask Docker what happened.
-                let (exit_code, oom) = self.inner.post_mortem(&container).await;
-                let mut o = out.into_outcome(&Report::default(), &job.limits);
-                o.oom_killed = oom;
-                match exit_code {
-                    Some(c) if c > 128 => o.signal = Some((c - 128) as i32),
-                    c => o.exit_code = c,
-                }
-                o
-            }
-        };
+        let ended = live.execute(input, true, &job.limits, &events).await?;
+        let mut outcome = self.inner.outcome_of(ended, &live.guard).await;
         outcome.duration_ms = started.elapsed().as_millis() as u64;
         tracing::debug!(job_id = %job.id, status = %outcome.status_line(), "run finished");
         // `live` drops here: its guard removes the container in the background.
         Ok(outcome)
+    }
+
+    async fn open_session(&self, job: JobSpec) -> Result<Box<dyn Session>, SandboxError> {
+        let input = protocol::encode_session(&job, self.inner.python(&job.env))
+            .map_err(|e| SandboxError::Rejected(e.to_string()))?;
+        let mut live = match self.take_warm(&job) {
+            Some(live) => live,
+            None => {
+                self.inner
+                    .launch(&job.limits, &job.env, &job.tenant, &job.id)
+                    .await?
+            }
+        };
+        live.wait_ready().await?;
+        live.send(&input).await?;
+        tracing::debug!(job_id = %job.id, tenant = %job.tenant, container = %live.guard.id(), "session opened");
+        Ok(Box::new(DockerSession {
+            inner: self.inner.clone(),
+            live,
+            limits: job.limits,
+            alive: true,
+        }))
     }
 
     async fn info(&self) -> Result<BackendInfo, SandboxError> {
@@ -471,6 +498,61 @@ pub(crate) async fn connect_docker() -> Result<Docker, SandboxError> {
             detail: e.to_string(),
         })?;
     Ok(docker)
+}
+
+/// A session: one container, one interpreter, cell after cell.
+struct DockerSession {
+    inner: Arc<Inner>,
+    live: Live,
+    limits: Limits,
+    alive: bool,
+}
+
+#[async_trait]
+impl Session for DockerSession {
+    async fn exec(
+        &mut self,
+        code: &str,
+        timeout: Duration,
+        events: Events,
+    ) -> Result<Outcome, SandboxError> {
+        if !self.alive {
+            return Err(SandboxError::Rejected(
+                "this session has ended; open a new one".into(),
+            ));
+        }
+        let started = Instant::now();
+        let limits = Limits {
+            timeout,
+            ..self.limits.clone()
+        };
+        emit(
+            &events,
+            RunEvent::Created {
+                container: self.live.guard.id().to_string(),
+            },
+        );
+        let cell = protocol::encode_cell(code, limits.output_bytes);
+        let ended = match self.live.execute(cell, false, &limits, &events).await {
+            Ok(e) => e,
+            Err(e) => {
+                self.alive = false;
+                return Err(e);
+            }
+        };
+        let report_ok = matches!(&ended, Ended::Report(r, _) if r.signal.is_none() && r.exit_code.is_some_and(|c| c <= 1));
+        let mut outcome = self.inner.outcome_of(ended, &self.live.guard).await;
+        // A timeout, an OOM kill or a dead interpreter ends the session: its state is gone.
+        if !report_ok || outcome.timed_out || outcome.oom_killed {
+            self.alive = false;
+        }
+        outcome.duration_ms = started.elapsed().as_millis() as u64;
+        Ok(outcome)
+    }
+
+    fn alive(&self) -> bool {
+        self.alive
+    }
 }
 
 /// Sort a bollard error into "the daemon is not there" and "the daemon said no".
