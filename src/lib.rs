@@ -20,3 +20,4 @@ pub mod config;
 pub mod doctor;
 pub mod job;
 pub mod sandbox;
+pub mod storage;
