@@ -19,5 +19,6 @@ pub mod cli;
 pub mod config;
 pub mod doctor;
 pub mod job;
+pub mod mcp;
 pub mod sandbox;
 pub mod storage;

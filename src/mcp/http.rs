@@ -1,0 +1,170 @@
+//! The HTTP front: Streamable HTTP at `/mcp` (rmcp's service) and the legacy SSE transport at
+//! `/sse` + `/messages` ([`super::sse`]), behind a `Host` allowlist (the guard of a local
+//! server against DNS rebinding) and a request body limit.
+
+use std::future::IntoFuture as _;
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+use super::sse::{self, SseState};
+use super::CodeExecutor;
+
+/// Options of the HTTP transports.
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    /// `Host` header values accepted (a name matches any port; `name:port` only that port).
+    /// Empty: any host (for deployments behind a proxy that checks it).
+    pub allowed_hosts: Vec<String>,
+    /// Largest request body, bytes; larger requests get 413.
+    pub max_body_bytes: usize,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            allowed_hosts: super::defaults::ALLOWED_HOSTS
+                .iter()
+                .map(|h| h.to_string())
+                .collect(),
+            max_body_bytes: super::defaults::MAX_BODY_BYTES,
+        }
+    }
+}
+
+/// The routes. `shutdown` ends every session and stream.
+pub fn router(executor: CodeExecutor, opts: &HttpOptions, shutdown: CancellationToken) -> Router {
+    let mut config = StreamableHttpServerConfig::default()
+        .with_cancellation_token(shutdown.child_token())
+        .with_max_request_body_bytes(opts.max_body_bytes);
+    config = if opts.allowed_hosts.is_empty() {
+        config.disable_allowed_hosts()
+    } else {
+        config.with_allowed_hosts(opts.allowed_hosts.clone())
+    };
+    let streamable_executor = executor.clone();
+    let streamable = StreamableHttpService::new(
+        move || Ok(streamable_executor.clone()),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    let legacy = Router::new()
+        .route("/sse", get(sse::open))
+        .route(sse::MESSAGES_PATH, post(sse::post))
+        .with_state(SseState::new(executor, shutdown))
+        .layer(middleware::from_fn_with_state(
+            Arc::new(opts.allowed_hosts.clone()),
+            check_host,
+        ));
+    Router::new()
+        .nest_service("/mcp", streamable)
+        .merge(legacy)
+        .layer(DefaultBodyLimit::max(opts.max_body_bytes))
+}
+
+/// Refuse requests whose `Host` is not on the allowlist.
+async fn check_host(
+    State(allowed): State<Arc<Vec<String>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if allowed.is_empty() {
+        return next.run(request).await;
+    }
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    if host_allowed(host, &allowed) {
+        next.run(request).await
+    } else {
+        (
+            StatusCode::FORBIDDEN,
+            format!("Host `{host}` is not allowed; add it with --allowed-hosts"),
+        )
+            .into_response()
+    }
+}
+
+/// Does `host` (a `Host` header: `name`, `name:port`, `[v6]:port`) match an allowlist entry?
+pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let host = host.trim().to_ascii_lowercase();
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("").to_string()
+    } else {
+        host.rsplit_once(':')
+            .map(|(n, _)| n.to_string())
+            .unwrap_or_else(|| host.clone())
+    };
+    allowed.iter().any(|a| {
+        let a = a.trim().to_ascii_lowercase();
+        let a_bare = a.trim_start_matches('[').trim_end_matches(']');
+        a == host || a_bare == name
+    })
+}
+
+/// How long in-flight requests get to finish after shutdown is asked for; then their
+/// connections are dropped, which cancels their runs.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Serve `router` on `listener` until `shutdown` is cancelled.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let server = axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .into_future();
+    tokio::pin!(server);
+    tokio::select! {
+        r = &mut server => r,
+        _ = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            tracing::warn!("requests still open after the shutdown grace period; dropping them");
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts() {
+        let allowed: Vec<String> = ["localhost", "127.0.0.1", "::1", "example.com:8443"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        for ok in [
+            "localhost",
+            "localhost:4000",
+            "127.0.0.1:1234",
+            "[::1]:4000",
+            "example.com:8443",
+        ] {
+            assert!(host_allowed(ok, &allowed), "{ok}");
+        }
+        for bad in [
+            "evil.com",
+            "evil.com:4000",
+            "",
+            "example.com:80",
+            "127.0.0.1.evil.com",
+        ] {
+            assert!(!host_allowed(bad, &allowed), "{bad}");
+        }
+    }
+}
