@@ -76,6 +76,9 @@ struct ServeCmd {
     /// Requested environment type (conda, venv, venv-uv). Reported, not honoured yet.
     #[arg(long, env = mcp::vars::ENV_TYPE)]
     env_type: Option<String>,
+    /// Label put on this server's containers (`io.mcp-code-executor.tenant`).
+    #[arg(long, env = mcp::vars::TENANT, default_value = "local")]
+    tenant: String,
     /// Serve even when the isolation self-test fails. Dangerous: untrusted code may then
     /// reach the host or the network.
     #[arg(long)]
@@ -335,7 +338,12 @@ async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
 
     let sandbox = connect(&cmd.sandbox).await.map_err(anyhow::Error::msg)?;
     let report = doctor::diagnose(&sandbox).await;
-    if !report.ok() {
+    if report.ok() {
+        eprintln!(
+            "mcp-code-executor: isolation self-test passed ({} checks)",
+            report.checks.len()
+        );
+    } else {
         eprint!("{}", report.table());
         if cmd.allow_unsafe {
             eprintln!("WARNING: the isolation self-test FAILED and --allow-unsafe was given.");
@@ -362,7 +370,7 @@ async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
             .unwrap_or_else(image::default_image),
         python: "/usr/bin/python3".into(),
         requested_env_type: cmd.env_type.clone(),
-        tenant: "local".into(),
+        tenant: cmd.tenant.clone(),
     };
     let sandbox = std::sync::Arc::new(sandbox);
     let executor =

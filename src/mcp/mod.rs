@@ -30,6 +30,8 @@ pub mod vars {
     pub const MAX_TIMEOUT: &str = "MCP_EXECUTOR_MAX_TIMEOUT";
     /// Runs at once; further calls queue.
     pub const MAX_CONCURRENT: &str = "MCP_EXECUTOR_MAX_CONCURRENT";
+    /// Tenant label on this server's containers (default `local`).
+    pub const TENANT: &str = "MCP_EXECUTOR_TENANT";
     /// Requested environment type (`conda`, `venv`, `venv-uv`): reported, not honoured yet.
     pub const ENV_TYPE: &str = "ENV_TYPE";
 }
