@@ -373,10 +373,10 @@ async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         tenant: cmd.tenant.clone(),
     };
     let sandbox = std::sync::Arc::new(sandbox);
-    let executor =
-        mcp::CodeExecutor::new(sandbox.clone(), std::sync::Arc::new(code_storage), settings);
-
     let shutdown = tokio_util::sync::CancellationToken::new();
+    let executor =
+        mcp::CodeExecutor::new(sandbox.clone(), std::sync::Arc::new(code_storage), settings)
+            .with_shutdown(shutdown.clone());
     tokio::spawn({
         let shutdown = shutdown.clone();
         async move {

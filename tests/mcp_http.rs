@@ -356,11 +356,11 @@ async fn environment_tools_answer_for_the_default_environment() {
 }
 
 #[tokio::test]
-async fn ten_concurrent_calls_are_all_answered() {
+async fn twenty_concurrent_calls_are_all_answered() {
     let s = server("t-mcp-conc").await;
     let client = std::sync::Arc::new(s.client().await);
     let mut tasks = Vec::new();
-    for i in 0..10 {
+    for i in 0..20 {
         let client = client.clone();
         tasks.push(tokio::spawn(async move {
             call(

@@ -10,6 +10,7 @@ use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConf
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler};
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
 use super::args::{self, Args};
 use super::progress::Progress;
@@ -58,6 +59,8 @@ struct Shared {
     settings: Settings,
     /// Runs at once; the rest wait (and report "queued").
     slots: Semaphore,
+    /// Cancelled when the server shuts down: every run in flight is stopped.
+    shutdown: CancellationToken,
 }
 
 /// The MCP handler: one per session, all sharing one sandbox and storage.
@@ -76,9 +79,19 @@ impl CodeExecutor {
                 storage,
                 settings,
                 slots,
+                shutdown: CancellationToken::new(),
             }),
             tool_router: Self::tool_router(),
         }
+    }
+
+    /// Stop every run in flight when `token` is cancelled (server shutdown). Call before the
+    /// executor is cloned into sessions.
+    pub fn with_shutdown(mut self, token: CancellationToken) -> Self {
+        Arc::get_mut(&mut self.shared)
+            .expect("with_shutdown is called before the executor is shared")
+            .shutdown = token;
+        self
     }
 
     /// The timeout a call gets: its own (validated, capped) or the default, plus a note
@@ -133,6 +146,10 @@ impl CodeExecutor {
             _ = ctx.ct.cancelled() => {
                 tracing::info!(job_id = %job_id, "run cancelled by the client");
                 Err("the request was cancelled; the run was stopped".to_string())
+            }
+            _ = self.shared.shutdown.cancelled() => {
+                tracing::info!(job_id = %job_id, "run stopped: the server is shutting down");
+                Err("the server is shutting down; the run was stopped".to_string())
             }
         };
         if let Some(p) = progress {
@@ -380,6 +397,7 @@ impl CodeExecutor {
         let result = tokio::select! {
             r = self.run_job(job, events) => r,
             _ = ctx.ct.cancelled() => Err("the request was cancelled".to_string()),
+            _ = self.shared.shutdown.cancelled() => Err("the server is shutting down".to_string()),
         };
         if let Some(p) = progress {
             p.finish().await;

@@ -42,8 +42,9 @@ pub async fn server_with(tenant: &str, mut settings: Settings) -> Server {
     ));
     let storage = Arc::new(CodeStorage::open(&storage_dir).expect("storage dir"));
     settings.tenant = tenant.to_string();
-    let executor = CodeExecutor::new(sandbox.clone(), storage, settings);
     let shutdown = CancellationToken::new();
+    let executor =
+        CodeExecutor::new(sandbox.clone(), storage, settings).with_shutdown(shutdown.clone());
     let router = mcp::http::router(executor, &HttpOptions::default(), shutdown.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -1,0 +1,141 @@
+//! Long runs: progress notifications while a run goes on, and SIGTERM of a real `serve`
+//! process in the middle of a run (exit 0, no container left).
+
+mod mcp_support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mcp_support::{common, is_error, server, structured, text};
+use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
+use rmcp::service::NotificationContext;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+#[derive(Clone, Default)]
+struct ProgressRecorder {
+    seen: Arc<Mutex<Vec<ProgressNotificationParam>>>,
+}
+
+impl ClientHandler for ProgressRecorder {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) {
+        self.seen.lock().unwrap().push(params);
+    }
+}
+
+#[tokio::test]
+async fn progress_notifications_report_the_phases_of_a_run() {
+    let s = server("t-mcp-progress").await;
+    let recorder = ProgressRecorder::default();
+    let client = recorder
+        .clone()
+        .serve(StreamableHttpClientTransport::from_uri(s.url("/mcp")))
+        .await
+        .unwrap();
+    let code =
+        "import time\nfor i in range(4):\n    print('tick', i, flush=True)\n    time.sleep(0.4)\n";
+    let r = client
+        .call_tool(
+            CallToolRequestParams::new("execute_code")
+                .with_arguments(json!({"code": code}).as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap();
+    assert!(!is_error(&r), "{}", text(&r));
+    assert_eq!(
+        structured(&r)["stdout"].as_str().unwrap().lines().count(),
+        4
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let seen = recorder.seen.lock().unwrap().clone();
+    let messages: Vec<String> = seen.iter().filter_map(|p| p.message.clone()).collect();
+    let has = |prefix: &str| messages.iter().any(|m| m.starts_with(prefix));
+    for phase in ["queued", "started", "running:", "finished"] {
+        assert!(has(phase), "no `{phase}` notification in {messages:?}");
+    }
+    assert!(
+        seen.windows(2).all(|w| w[0].progress < w[1].progress),
+        "progress must increase: {seen:?}"
+    );
+    client.cancel().await.unwrap();
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn sigterm_stops_runs_removes_containers_and_exits_zero() {
+    const TENANT: &str = "t-mcp-sigterm";
+    let _image = common::sandbox().await;
+    let dir = std::env::temp_dir().join(format!(
+        "mcp-test-sigterm-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
+        .args(["serve", "--port", "0"])
+        .env("CODE_STORAGE_DIR", &dir)
+        .env("MCP_EXECUTOR_TENANT", TENANT)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = tokio::time::timeout(Duration::from_secs(120), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            eprintln!("[server] {line}");
+            if let Some(rest) = line.split("Streamable HTTP at ").nth(1) {
+                return rest.split_whitespace().next().unwrap().to_string();
+            }
+        }
+        panic!("the server exited before listening");
+    })
+    .await
+    .expect("the server listens in time");
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("[server] {line}");
+        }
+    });
+    let client = ().serve(StreamableHttpClientTransport::from_uri(url)).await.unwrap();
+    let call = tokio::spawn(async move {
+        client
+            .call_tool(
+                CallToolRequestParams::new("execute_code").with_arguments(
+                    json!({"code": "import time\ntime.sleep(120)\n"})
+                        .as_object()
+                        .unwrap()
+                        .clone(),
+                ),
+            )
+            .await
+    });
+    let t0 = std::time::Instant::now();
+    while common::containers_of(TENANT).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the run never started"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pid = child.id().unwrap() as i32;
+    // SAFETY: kill(2) on the pid of a child this test spawned and still holds.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("the server exits within 30 s of SIGTERM")
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        common::containers_of(TENANT).is_empty(),
+        "containers left after shutdown: {:?}",
+        common::containers_of(TENANT)
+    );
+    // the call ends one way or another (error result or closed transport), never hangs
+    let _ = tokio::time::timeout(Duration::from_secs(10), call).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
