@@ -55,6 +55,10 @@ struct ServeCmd {
     /// rebinding); `*` accepts any.
     #[arg(long, env = mcp::vars::ALLOWED_HOSTS, value_delimiter = ',', default_value = "localhost,127.0.0.1,::1")]
     allowed_hosts: Vec<String>,
+    /// Browser Origin values the HTTP transports accept, comma-separated (e.g.
+    /// `http://localhost:*`); unset: Origin is not checked.
+    #[arg(long, env = mcp::vars::ALLOWED_ORIGINS, value_delimiter = ',')]
+    allowed_origins: Vec<String>,
     /// Directory of stored code (default: $XDG_DATA_HOME/mcp-code-executor/code).
     #[arg(long, env = mcp::vars::CODE_STORAGE_DIR)]
     code_storage_dir: Option<PathBuf>,
@@ -399,6 +403,7 @@ async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         };
         let opts = mcp::http::HttpOptions {
             allowed_hosts: allowed,
+            allowed_origins: cmd.allowed_origins.clone(),
             ..Default::default()
         };
         eprintln!("mcp-code-executor: serving Streamable HTTP at http://{addr}/mcp and legacy SSE at http://{addr}/sse");

@@ -24,6 +24,9 @@ pub struct HttpOptions {
     /// `Host` header values accepted (a name matches any port; `name:port` only that port).
     /// Empty: any host (for deployments behind a proxy that checks it).
     pub allowed_hosts: Vec<String>,
+    /// Browser `Origin` values accepted (`http://localhost:*` matches any port). Empty: no
+    /// Origin check (requests without `Origin`, i.e. non-browser clients, always pass).
+    pub allowed_origins: Vec<String>,
     /// Largest request body, bytes; larger requests get 413.
     pub max_body_bytes: usize,
 }
@@ -35,6 +38,7 @@ impl Default for HttpOptions {
                 .iter()
                 .map(|h| h.to_string())
                 .collect(),
+            allowed_origins: Vec::new(),
             max_body_bytes: super::defaults::MAX_BODY_BYTES,
         }
     }
@@ -50,6 +54,9 @@ pub fn router(executor: CodeExecutor, opts: &HttpOptions, shutdown: Cancellation
     } else {
         config.with_allowed_hosts(opts.allowed_hosts.clone())
     };
+    if !opts.allowed_origins.is_empty() {
+        config = config.with_allowed_origins(opts.allowed_origins.clone());
+    }
     let streamable_executor = executor.clone();
     let streamable = StreamableHttpService::new(
         move || Ok(streamable_executor.clone()),
@@ -61,7 +68,7 @@ pub fn router(executor: CodeExecutor, opts: &HttpOptions, shutdown: Cancellation
         .route(sse::MESSAGES_PATH, post(sse::post))
         .with_state(SseState::new(executor, shutdown))
         .layer(middleware::from_fn_with_state(
-            Arc::new(opts.allowed_hosts.clone()),
+            Arc::new(opts.clone()),
             check_host,
         ));
     Router::new()
@@ -70,29 +77,61 @@ pub fn router(executor: CodeExecutor, opts: &HttpOptions, shutdown: Cancellation
         .layer(DefaultBodyLimit::max(opts.max_body_bytes))
 }
 
-/// Refuse requests whose `Host` is not on the allowlist.
+/// Refuse requests whose `Host` (or, when configured, `Origin`) is not on the allowlist.
 async fn check_host(
-    State(allowed): State<Arc<Vec<String>>>,
+    State(opts): State<Arc<HttpOptions>>,
     request: Request,
     next: Next,
 ) -> Response {
-    if allowed.is_empty() {
-        return next.run(request).await;
-    }
-    let host = request
-        .headers()
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("");
-    if host_allowed(host, &allowed) {
-        next.run(request).await
-    } else {
-        (
+    let host = header_str(&request, header::HOST);
+    if !opts.allowed_hosts.is_empty() && !host_allowed(&host, &opts.allowed_hosts) {
+        return (
             StatusCode::FORBIDDEN,
             format!("Host `{host}` is not allowed; add it with --allowed-hosts"),
         )
-            .into_response()
+            .into_response();
     }
+    let origin = header_str(&request, header::ORIGIN);
+    if !origin.is_empty()
+        && !opts.allowed_origins.is_empty()
+        && !origin_allowed(&origin, &opts.allowed_origins)
+    {
+        return (
+            StatusCode::FORBIDDEN,
+            format!("Origin `{origin}` is not allowed; add it with --allowed-origins"),
+        )
+            .into_response();
+    }
+    next.run(request).await
+}
+
+fn header_str(request: &Request, name: header::HeaderName) -> String {
+    request
+        .headers()
+        .get(name)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Does `origin` (`scheme://host[:port]`) match an entry (`scheme://host:*` for any port)?
+pub fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
+    let origin = origin.trim().to_ascii_lowercase();
+    allowed.iter().any(|a| {
+        let a = a.trim().to_ascii_lowercase();
+        match a.strip_suffix(":*") {
+            Some(prefix) => {
+                origin == prefix
+                    || origin
+                        .strip_prefix(prefix)
+                        .and_then(|rest| rest.strip_prefix(':'))
+                        .is_some_and(|port| {
+                            !port.is_empty() && port.chars().all(|c| c.is_ascii_digit())
+                        })
+            }
+            None => origin == a,
+        }
+    })
 }
 
 /// Does `host` (a `Host` header: `name`, `name:port`, `[v6]:port`) match an allowlist entry?
@@ -141,6 +180,30 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn origins() {
+        let allowed: Vec<String> = ["http://localhost:*", "https://app.example.com"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        for ok in [
+            "http://localhost",
+            "http://localhost:6274",
+            "https://app.example.com",
+        ] {
+            assert!(origin_allowed(ok, &allowed), "{ok}");
+        }
+        for bad in [
+            "http://evil.com",
+            "http://localhost.evil.com",
+            "http://localhost:80x",
+            "https://app.example.com:444",
+            "null",
+        ] {
+            assert!(!origin_allowed(bad, &allowed), "{bad}");
+        }
+    }
 
     #[test]
     fn hosts() {
