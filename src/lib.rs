@@ -9,6 +9,12 @@
 //!   [`sandbox::protocol`] the wire format spoken with the runner inside the container
 //!   (`images/sandbox/runner.py`), [`sandbox::archive`] the tar packing of input files,
 //!   [`sandbox::image`] the build of the sandbox image from the embedded `images/`.
+//! - [`mcp`]: the MCP server. [`mcp::tools::CodeExecutor`] holds the nine tools; they turn
+//!   requests into jobs and storage calls and format outcomes ([`mcp::report`]), with
+//!   arguments parsed in [`mcp::args`] and progress notifications sent by [`mcp::progress`].
+//!   Transports: stdio ([`mcp::serve_stdio`]), Streamable HTTP and legacy SSE ([`mcp::http`],
+//!   [`mcp::sse`]).
+//! - [`storage`]: the code storage directory; every client `file_path` is confined to it.
 //! - [`config`]: environment variables, sizes and durations, limit validation.
 //! - [`doctor`]: live self-test that isolation is really enforced on this host.
 //! - [`cli`]: the `run` command for CI pipelines (output, JSON, JUnit, exit codes).
