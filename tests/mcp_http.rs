@@ -237,6 +237,21 @@ async fn failures_of_the_code_are_tool_errors_with_output() {
     assert!(is_error(&r));
     assert_eq!(structured(&r)["timed_out"], true, "{}", text(&r));
     assert!(text(&r).starts_with("timed out"), "{}", text(&r));
+
+    // a timeout above the server's maximum is capped, and the result says so
+    let r = call(
+        &client,
+        "execute_code",
+        json!({"code": "print('ok')", "timeout": 1e6}),
+    )
+    .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    assert_eq!(structured(&r)["timeout_seconds"], 300.0);
+    assert!(
+        text(&r).contains("capped at the server maximum"),
+        "{}",
+        text(&r)
+    );
     client.cancel().await.unwrap();
     s.finish().await;
 }

@@ -126,10 +126,9 @@ impl CodeExecutor {
         &self,
         code: String,
         path: &std::path::Path,
-        timeout: Option<f64>,
+        (timeout, note): (Duration, Option<String>),
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let (timeout, note) = self.timeout(timeout)?;
         let mut limits = self.shared.settings.limits.clone();
         limits.timeout = timeout;
         let mut job = JobSpec::python(code, limits);
@@ -256,6 +255,7 @@ impl CodeExecutor {
         Args(a): Args<args::ExecuteCode>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let timeout = self.timeout(a.timeout)?;
         let path = match self
             .shared
             .storage
@@ -265,7 +265,7 @@ impl CodeExecutor {
             Ok(p) => p,
             Err(e) => return Ok(tool_error(e.to_string())),
         };
-        self.run_stored(a.code, &path, a.timeout, ctx).await
+        self.run_stored(a.code, &path, timeout, ctx).await
     }
 
     #[tool(
@@ -333,11 +333,12 @@ impl CodeExecutor {
         Args(a): Args<args::ExecuteCodeFile>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let timeout = self.timeout(a.timeout)?;
         let (path, code) = match self.shared.storage.read(&a.file_path).await {
             Ok(v) => v,
             Err(e) => return Ok(tool_error(e.to_string())),
         };
-        self.run_stored(code, &path, a.timeout, ctx).await
+        self.run_stored(code, &path, timeout, ctx).await
     }
 
     #[tool(
