@@ -123,6 +123,7 @@ async fn sigterm_stops_runs_removes_containers_and_exits_zero() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let pid = child.id().unwrap() as i32;
+    let t_term = std::time::Instant::now();
     // SAFETY: kill(2) on the pid of a child this test spawned and still holds.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
@@ -131,11 +132,15 @@ async fn sigterm_stops_runs_removes_containers_and_exits_zero() {
         .unwrap();
     assert!(status.success(), "exit status {status:?}");
     assert!(
+        t_term.elapsed() < Duration::from_secs(10),
+        "shutdown took {:?}",
+        t_term.elapsed()
+    );
+    assert!(
         common::containers_of(TENANT).is_empty(),
         "containers left after shutdown: {:?}",
         common::containers_of(TENANT)
     );
-    // the call ends one way or another (error result or closed transport), never hangs
-    let _ = tokio::time::timeout(Duration::from_secs(10), call).await;
+    call.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }
