@@ -144,3 +144,37 @@ async fn sigterm_stops_runs_removes_containers_and_exits_zero() {
     call.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn serve_refuses_to_start_when_the_self_test_fails() {
+    // an image that does not exist (and may not be built) fails the start-up self-test
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
+        .args([
+            "serve",
+            "--stdio",
+            "--no-build",
+            "--image",
+            "mcp-code-executor/absent:none",
+        ])
+        .env(
+            "CODE_STORAGE_DIR",
+            std::env::temp_dir().join("mcp-test-refuse"),
+        )
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "served despite a failed self-test: {stderr}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "stdout must stay protocol-only: {:?}",
+        out.stdout
+    );
+    assert!(stderr.contains("FAIL"), "{stderr}");
+    assert!(stderr.contains("refusing to serve"), "{stderr}");
+    assert!(stderr.contains("--allow-unsafe"), "{stderr}");
+}
