@@ -120,8 +120,7 @@ impl CodeExecutor {
         Ok((asked, None))
     }
 
-    /// Run `code` stored at `path` and format the outcome. Cancelling the request drops the
-    /// run, which kills and removes its container.
+    /// Run `code` stored at `path` and format the outcome.
     async fn run_stored(
         &self,
         code: String,
@@ -137,11 +136,31 @@ impl CodeExecutor {
             job.files[0].path = name.clone();
             job.entry = name;
         }
+        tracing::info!(job_id = %job.id, file = %path.display(), "run requested");
+        let result = self.run_job(job, &ctx).await;
+        let file_path = path.display().to_string();
+        Ok(match result {
+            Ok(outcome) => {
+                RunReport::new(&outcome, timeout.as_secs_f64(), file_path).into_result(note)
+            }
+            Err(e) => tool_error(format!(
+                "the code could not be run: {e}\nfile_path: {file_path}"
+            )),
+        })
+    }
+
+    /// Run a job with progress notifications, until it ends, the client cancels the request
+    /// or the server shuts down. The last two drop the run, which kills and removes its
+    /// container.
+    async fn run_job(
+        &self,
+        job: JobSpec,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<Outcome, String> {
         let job_id = job.id.clone();
-        let (progress, events) = Progress::start(&ctx);
-        tracing::info!(job_id = %job_id, file = %path.display(), "run requested");
+        let (progress, events) = Progress::start(ctx);
         let result = tokio::select! {
-            r = self.run_job(job, events) => r,
+            r = self.run_in_slot(job, events) => r,
             _ = ctx.ct.cancelled() => {
                 tracing::info!(job_id = %job_id, "run cancelled by the client");
                 Err("the request was cancelled; the run was stopped".to_string())
@@ -154,18 +173,11 @@ impl CodeExecutor {
         if let Some(p) = progress {
             p.finish().await;
         }
-        let file_path = path.display().to_string();
-        Ok(match result {
-            Ok(outcome) => {
-                RunReport::new(&outcome, timeout.as_secs_f64(), file_path).into_result(note)
-            }
-            Err(e) => tool_error(format!(
-                "the code could not be run: {e}\nfile_path: {file_path}"
-            )),
-        })
+        result
     }
 
-    async fn run_job(&self, job: JobSpec, events: Events) -> Result<Outcome, String> {
+    /// Wait for one of the run slots, then run.
+    async fn run_in_slot(&self, job: JobSpec, events: Events) -> Result<Outcome, String> {
         let _slot = self
             .shared
             .slots
@@ -394,16 +406,7 @@ impl CodeExecutor {
         limits.timeout = Duration::from_secs(30).min(self.shared.settings.max_timeout);
         let mut job = JobSpec::python(code, limits);
         job.tenant = self.shared.settings.tenant.clone();
-        let (progress, events) = Progress::start(&ctx);
-        let result = tokio::select! {
-            r = self.run_job(job, events) => r,
-            _ = ctx.ct.cancelled() => Err("the request was cancelled".to_string()),
-            _ = self.shared.shutdown.cancelled() => Err("the server is shutting down".to_string()),
-        };
-        if let Some(p) = progress {
-            p.finish().await;
-        }
-        let outcome = match result {
+        let outcome = match self.run_job(job, &ctx).await {
             Ok(o) if o.success() => o,
             Ok(o) => {
                 return Ok(tool_error(format!(
