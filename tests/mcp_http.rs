@@ -453,7 +453,13 @@ async fn oversized_and_malformed_http_requests_are_refused_cleanly() {
 #[tokio::test]
 async fn cancelling_a_call_stops_the_run_and_leaves_no_container() {
     let s = server("t-mcp-cancel").await;
-    let client = s.client().await;
+    let recorder = mcp_support::ProgressRecorder::default();
+    let client = rmcp::ServiceExt::serve(
+        recorder.clone(),
+        rmcp::transport::StreamableHttpClientTransport::from_uri(s.url("/mcp")),
+    )
+    .await
+    .unwrap();
     let params = rmcp::model::CallToolRequestParams::new("execute_code").with_arguments(
         json!({"code": "import time\nprint('started', flush=True)\ntime.sleep(120)\n"})
             .as_object()
@@ -467,15 +473,9 @@ async fn cancelling_a_call_stops_the_run_and_leaves_no_container() {
         )
         .await
         .unwrap();
-    // wait until the container exists, then cancel
-    let t0 = std::time::Instant::now();
-    while mcp_support::common::containers_of(&s.tenant).is_empty() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the run never started"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // wait until the code runs, then cancel
+    recorder.wait_for("started", Duration::from_secs(30)).await;
+    assert!(!mcp_support::common::containers_of(&s.tenant).is_empty());
     handle.cancel(Some("test".into())).await.unwrap();
     s.sandbox_drained_within(Duration::from_secs(20)).await;
     client.cancel().await.unwrap();

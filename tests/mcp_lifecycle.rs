@@ -3,31 +3,14 @@
 
 mod mcp_support;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mcp_support::{common, is_error, server, structured, text};
-use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
-use rmcp::service::NotificationContext;
+use mcp_support::{common, is_error, server, structured, text, ProgressRecorder};
+use rmcp::model::CallToolRequestParams;
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use rmcp::ServiceExt;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
-
-#[derive(Clone, Default)]
-struct ProgressRecorder {
-    seen: Arc<Mutex<Vec<ProgressNotificationParam>>>,
-}
-
-impl ClientHandler for ProgressRecorder {
-    async fn on_progress(
-        &self,
-        params: ProgressNotificationParam,
-        _: NotificationContext<RoleClient>,
-    ) {
-        self.seen.lock().unwrap().push(params);
-    }
-}
 
 #[tokio::test]
 async fn progress_notifications_report_the_phases_of_a_run() {
@@ -54,7 +37,7 @@ async fn progress_notifications_report_the_phases_of_a_run() {
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     let seen = recorder.seen.lock().unwrap().clone();
-    let messages: Vec<String> = seen.iter().filter_map(|p| p.message.clone()).collect();
+    let messages = recorder.messages();
     let has = |prefix: &str| messages.iter().any(|m| m.starts_with(prefix));
     for phase in ["queued", "started", "running:", "finished"] {
         assert!(has(phase), "no `{phase}` notification in {messages:?}");
@@ -101,7 +84,12 @@ async fn sigterm_stops_runs_removes_containers_and_exits_zero() {
             eprintln!("[server] {line}");
         }
     });
-    let client = ().serve(StreamableHttpClientTransport::from_uri(url)).await.unwrap();
+    let recorder = ProgressRecorder::default();
+    let client = recorder
+        .clone()
+        .serve(StreamableHttpClientTransport::from_uri(url))
+        .await
+        .unwrap();
     let call = tokio::spawn(async move {
         client
             .call_tool(
@@ -114,14 +102,11 @@ async fn sigterm_stops_runs_removes_containers_and_exits_zero() {
             )
             .await
     });
-    let t0 = std::time::Instant::now();
-    while common::containers_of(TENANT).is_empty() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the run never started"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    recorder.wait_for("started", Duration::from_secs(30)).await;
+    assert!(
+        !common::containers_of(TENANT).is_empty(),
+        "the run has a container"
+    );
     let pid = child.id().unwrap() as i32;
     let t_term = std::time::Instant::now();
     // SAFETY: kill(2) on the pid of a child this test spawned and still holds.

@@ -143,3 +143,43 @@ impl Server {
         }
     }
 }
+
+/// A client handler that records progress notifications.
+#[derive(Clone, Default)]
+pub struct ProgressRecorder {
+    pub seen: Arc<std::sync::Mutex<Vec<rmcp::model::ProgressNotificationParam>>>,
+}
+
+impl rmcp::ClientHandler for ProgressRecorder {
+    async fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _: rmcp::service::NotificationContext<RoleClient>,
+    ) {
+        self.seen.lock().unwrap().push(params);
+    }
+}
+
+impl ProgressRecorder {
+    pub fn messages(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p.message.clone())
+            .collect()
+    }
+
+    /// Wait until a notification whose message starts with `prefix` arrived.
+    pub async fn wait_for(&self, prefix: &str, limit: Duration) {
+        let t0 = std::time::Instant::now();
+        while !self.messages().iter().any(|m| m.starts_with(prefix)) {
+            assert!(
+                t0.elapsed() < limit,
+                "no `{prefix}` notification within {limit:?}: {:?}",
+                self.messages()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
