@@ -85,3 +85,103 @@ async fn stdio_server_executes_and_leaves_nothing_behind() {
     drop(sandbox);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The wire as a client that writes lines by hand sees it: malformed lines get JSON-RPC
+/// errors, the `.env` file of the working directory is read, stdout holds only protocol.
+#[tokio::test]
+async fn raw_stdio_errors_and_dotenv() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let _image = common::sandbox().await;
+    let cwd =
+        std::env::temp_dir().join(format!("mcp-test-dotenv-{}", uuid::Uuid::new_v4().simple()));
+    let storage = cwd.join("from-dotenv");
+    std::fs::create_dir_all(&cwd).unwrap();
+    std::fs::write(
+        cwd.join(".env"),
+        format!(
+            "CODE_STORAGE_DIR={}\nENV_TYPE=venv\nMCP_EXECUTOR_TENANT={TENANT}-raw\n",
+            storage.display()
+        ),
+    )
+    .unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
+        .args(["serve", "--stdio"])
+        .current_dir(&cwd)
+        .env_remove("CODE_STORAGE_DIR")
+        .env_remove("ENV_TYPE")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = async || -> serde_json::Value {
+        let line = tokio::time::timeout(Duration::from_secs(120), out.next_line())
+            .await
+            .expect("an answer in time")
+            .unwrap()
+            .expect("stdout open");
+        serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("stdout carried a non-JSON line {line:?}: {e}"))
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}});
+    for line in [
+        init.to_string(),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string(),
+    ] {
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+    }
+    let v = next().await;
+    assert_eq!(v["id"], 1);
+    assert_eq!(v["result"]["serverInfo"]["name"], "mcp-code-executor");
+
+    stdin.write_all(b"this is not json\n").await.unwrap();
+    let v = next().await;
+    assert_eq!(v["error"]["code"], -32700, "{v}");
+    assert!(v["id"].is_null());
+
+    stdin
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":5,\"hello\":1}\n")
+        .await
+        .unwrap();
+    let v = next().await;
+    assert_eq!(v["error"]["code"], -32600, "{v}");
+    assert_eq!(v["id"], 5);
+
+    let call = json!({"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {"name": "nope", "arguments": {}}});
+    stdin
+        .write_all(format!("{call}\n").as_bytes())
+        .await
+        .unwrap();
+    let v = next().await;
+    assert_eq!(v["id"], 6);
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "get_environment_config", "arguments": {}}});
+    stdin
+        .write_all(format!("{call}\n").as_bytes())
+        .await
+        .unwrap();
+    let v = next().await;
+    assert_eq!(v["id"], 7);
+    let cfg = &v["result"]["structuredContent"];
+    assert_eq!(
+        cfg["code_storage_dir"],
+        storage.canonicalize().unwrap().display().to_string(),
+        "{v}"
+    );
+    assert_eq!(cfg["requested_env_type"], "venv", "{v}");
+
+    drop(stdin);
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("the server exits when stdin closes")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let _ = std::fs::remove_dir_all(&cwd);
+}

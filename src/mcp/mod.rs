@@ -8,12 +8,14 @@ pub mod http;
 pub mod progress;
 pub mod report;
 pub mod sse;
+pub mod stdio;
 pub mod tools;
 
 use std::time::Duration;
 
 use crate::job::Limits;
 
+pub use stdio::serve_stdio;
 pub use tools::CodeExecutor;
 
 /// Environment variables of `serve` (each also has a flag; see `docs/mcp.md`).
@@ -90,18 +92,3 @@ For a short script call execute_code. For a script too long for one call, build 
 append_to_code_file with that file_path as often as needed, optionally read_code_file to check it, then execute_code_file. \
 Results carry stdout, stderr and a status line; a non-zero exit, timeout or out-of-memory is reported as a tool error with the output. \
 Use get_environment_config for the limits and check_installed_packages to see which libraries are available; installing packages and switching environments are not available yet.";
-
-/// Serve one client over stdin/stdout until it closes the stream or `shutdown` is cancelled.
-/// stdout carries the protocol only; logs go to stderr.
-pub async fn serve_stdio(
-    executor: CodeExecutor,
-    shutdown: tokio_util::sync::CancellationToken,
-) -> std::io::Result<()> {
-    use rmcp::ServiceExt as _;
-    let running = executor
-        .serve_with_ct(rmcp::transport::stdio(), shutdown)
-        .await
-        .map_err(std::io::Error::other)?;
-    running.waiting().await.map_err(std::io::Error::other)?;
-    Ok(())
-}
