@@ -12,7 +12,7 @@
 //! - [`mcp`]: the MCP server. [`mcp::tools::CodeExecutor`] holds the nine tools; they turn
 //!   requests into jobs and storage calls and format outcomes ([`mcp::report`]), with
 //!   arguments parsed in [`mcp::args`] and progress notifications sent by [`mcp::progress`].
-//!   Transports: stdio ([`mcp::serve_stdio`]), Streamable HTTP and legacy SSE ([`mcp::http`],
+//!   Transports: stdio ([`mcp::stdio`]), Streamable HTTP and legacy SSE ([`mcp::http`],
 //!   [`mcp::sse`]).
 //! - [`storage`]: the code storage directory; every client `file_path` is confined to it.
 //! - [`config`]: environment variables, sizes and durations, limit validation.

@@ -428,7 +428,9 @@ async fn oversized_and_malformed_http_requests_are_refused_cleanly() {
         .send()
         .await
         .unwrap();
-    assert!(r.status().is_client_error(), "{}", r.status());
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], -32700, "{v}");
     // DNS-rebinding guard
     let r = http
         .get(s.url("/sse"))

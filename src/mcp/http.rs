@@ -71,10 +71,45 @@ pub fn router(executor: CodeExecutor, opts: &HttpOptions, shutdown: Cancellation
             Arc::new(opts.clone()),
             check_host,
         ));
-    Router::new()
-        .nest_service("/mcp", streamable)
+    let streamable =
+        Router::new()
+            .nest_service("/mcp", streamable)
+            .layer(middleware::from_fn_with_state(
+                opts.max_body_bytes,
+                answer_parse_errors,
+            ));
+    streamable
         .merge(legacy)
         .layer(DefaultBodyLimit::max(opts.max_body_bytes))
+}
+
+/// rmcp answers a POST body that is not JSON with a plain-text 415; JSON-RPC clients expect
+/// a parse error (-32700). Bodies are read up to the limit (beyond it: 413) and handed on.
+async fn answer_parse_errors(State(limit): State<usize>, request: Request, next: Next) -> Response {
+    if request.method() != axum::http::Method::POST {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(_) => {
+            return (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body larger than {limit} bytes"),
+            )
+                .into_response()
+        }
+    };
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+        let error = serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": null,
+            "error": {"code": -32700, "message": format!("parse error: {e}")},
+        });
+        return (StatusCode::BAD_REQUEST, axum::Json(error)).into_response();
+    }
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await
 }
 
 /// Refuse requests whose `Host` (or, when configured, `Origin`) is not on the allowlist.
