@@ -439,6 +439,16 @@ async fn oversized_and_malformed_http_requests_are_refused_cleanly() {
         .await
         .unwrap();
     assert_eq!(r.status(), 403);
+    let r = http
+        .post(s.url("/mcp"))
+        .header("host", "evil.example")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403, "{:?}", r.text().await);
     // the server still works after all that
     let client = s.client().await;
     let r = call(

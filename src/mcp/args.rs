@@ -43,8 +43,7 @@ pub fn schema<T: JsonSchema + 'static>() -> std::sync::Arc<rmcp::model::JsonObje
 pub struct ExecuteCode {
     /// The Python source to run, as a complete script.
     pub code: String,
-    /// A short name for the stored copy of the code (letters, digits, `_`, `-`); a unique
-    /// suffix is added.
+    /// Short name for the stored copy (letters, digits, `_`, `-`); a unique suffix is added.
     #[serde(default)]
     pub filename: Option<String>,
     /// Wall-clock limit in seconds; capped by the server's maximum.
