@@ -16,6 +16,14 @@ struct LegacyClient {
     http: reqwest::Client,
     post_url: String,
     events: mpsc::UnboundedReceiver<(String, String)>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for LegacyClient {
+    /// Closing the event stream is how a legacy client disconnects.
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
 }
 
 impl LegacyClient {
@@ -26,7 +34,7 @@ impl LegacyClient {
         let ct = resp.headers()["content-type"].to_str().unwrap().to_string();
         assert!(ct.starts_with("text/event-stream"), "{ct}");
         let (tx, mut events) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             let mut body = resp.bytes_stream();
             let mut buf = String::new();
             let (mut event, mut data) = (String::new(), String::new());
@@ -61,6 +69,7 @@ impl LegacyClient {
             http,
             post_url: format!("{base}{data}"),
             events,
+            reader,
         }
     }
 
@@ -79,6 +88,18 @@ impl LegacyClient {
             .post(json!({"jsonrpc": "2.0", "method": method}).to_string())
             .await;
         assert_eq!(r.status(), 202);
+    }
+
+    async fn initialize(&mut self) {
+        let init = self
+            .request(
+                1,
+                "initialize",
+                json!({"protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "legacy", "version": "1"}}),
+            )
+            .await;
+        assert_eq!(init["result"]["protocolVersion"], "2024-11-05", "{init}");
+        self.notify("notifications/initialized").await;
     }
 
     /// Send a request and wait for the `message` event that answers it.
@@ -176,5 +197,37 @@ async fn legacy_sse_session_initializes_and_executes() {
         .unwrap();
     assert_eq!(r.status(), 404);
     drop(c);
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn closing_the_event_stream_stops_the_run() {
+    let s = server("t-mcp-sse-gone").await;
+    let mut c = LegacyClient::open(&s.url("")).await;
+    c.initialize().await;
+    let call = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+        "name": "execute_code",
+        "arguments": {"code": "import time\ntime.sleep(120)\n"},
+        "_meta": {"progressToken": "p1"}}});
+    assert_eq!(c.post(call.to_string()).await.status(), 202);
+    // wait for the `started` progress notification, then go away
+    loop {
+        let (_, data) = tokio::time::timeout(Duration::from_secs(30), c.events.recv())
+            .await
+            .expect("progress in time")
+            .expect("stream open");
+        let v: Value = serde_json::from_str(&data).unwrap();
+        if v["method"] == "notifications/progress"
+            && v["params"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("started")
+        {
+            break;
+        }
+    }
+    assert!(!mcp_support::common::containers_of(&s.tenant).is_empty());
+    drop(c);
+    s.sandbox_drained_within(Duration::from_secs(20)).await;
     s.finish().await;
 }
