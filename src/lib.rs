@@ -12,6 +12,12 @@
 //! - [`env`]: Python environments (venv, uv venv, conda, the managed default): resolution
 //!   into read-only mounts, package-spec validation, installs in sandboxed installer
 //!   containers ([`env::manager`]).
+//! - [`mcp`]: the MCP server. [`mcp::tools::CodeExecutor`] holds the nine tools; they turn
+//!   requests into jobs and storage calls and format outcomes ([`mcp::report`]), with
+//!   arguments parsed in [`mcp::args`] and progress notifications sent by [`mcp::progress`].
+//!   Transports: stdio ([`mcp::stdio`]), Streamable HTTP and legacy SSE ([`mcp::http`],
+//!   [`mcp::sse`]).
+//! - [`storage`]: the code storage directory; every client `file_path` is confined to it.
 //! - [`config`]: environment variables, sizes and durations, limit validation.
 //! - [`doctor`]: live self-test that isolation is really enforced on this host.
 //! - [`cli`]: the `run` command for CI pipelines (output, JSON, JUnit, exit codes).
@@ -25,4 +31,6 @@ pub mod config;
 pub mod doctor;
 pub mod env;
 pub mod job;
+pub mod mcp;
 pub mod sandbox;
+pub mod storage;

@@ -8,10 +8,12 @@ use clap::{Args, Parser, Subcommand};
 use mcp_code_executor::cli::run::{self, RunArgs};
 use mcp_code_executor::config::{self, vars};
 use mcp_code_executor::job::{defaults, Limits};
+use mcp_code_executor::mcp;
 use mcp_code_executor::sandbox::docker::{DockerConfig, DockerSandbox};
 use mcp_code_executor::sandbox::image::{self, BuildOptions};
 use mcp_code_executor::sandbox::Sandbox;
 use mcp_code_executor::{bench, doctor};
+use mcp_code_executor::storage::{self, CodeStorage};
 
 #[derive(Parser)]
 #[command(
@@ -35,6 +37,60 @@ enum Command {
     /// Build or name the sandbox image.
     #[command(subcommand)]
     Image(ImageCmd),
+    /// Serve the MCP tools: over stdio (`--stdio`) or HTTP (Streamable HTTP at /mcp, legacy
+    /// SSE at /sse). Reads a `.env` file in the working directory if there is one.
+    Serve(ServeCmd),
+}
+
+#[derive(Args)]
+struct ServeCmd {
+    /// Serve one client over stdin/stdout instead of HTTP (stdout carries only the protocol).
+    #[arg(long)]
+    stdio: bool,
+    /// Address to bind the HTTP server to.
+    #[arg(long, env = mcp::vars::HOST, default_value = mcp::defaults::HOST)]
+    host: String,
+    /// HTTP port (0 picks a free one).
+    #[arg(long, env = mcp::vars::PORT, default_value_t = mcp::defaults::PORT)]
+    port: u16,
+    /// Host header values the HTTP transports accept, comma-separated (guards against DNS
+    /// rebinding); `*` accepts any.
+    #[arg(long, env = mcp::vars::ALLOWED_HOSTS, value_delimiter = ',', default_value = "localhost,127.0.0.1,::1")]
+    allowed_hosts: Vec<String>,
+    /// Browser Origin values the HTTP transports accept, comma-separated (e.g.
+    /// `http://localhost:*`); unset: Origin is not checked.
+    #[arg(long, env = mcp::vars::ALLOWED_ORIGINS, value_delimiter = ',')]
+    allowed_origins: Vec<String>,
+    /// Directory of stored code (default: $XDG_DATA_HOME/mcp-code-executor/code).
+    #[arg(long, env = mcp::vars::CODE_STORAGE_DIR)]
+    code_storage_dir: Option<PathBuf>,
+    /// Default wall-clock limit of a run, seconds.
+    #[arg(long, env = vars::TIMEOUT, value_parser = config::parse_duration, default_value = "30")]
+    timeout: std::time::Duration,
+    /// Longest timeout a tool call may ask for, seconds.
+    #[arg(long, env = mcp::vars::MAX_TIMEOUT, value_parser = config::parse_duration, default_value = "300")]
+    max_timeout: std::time::Duration,
+    /// Memory limit per run (swap included), e.g. 512m.
+    #[arg(long, env = vars::MEMORY, value_parser = config::parse_size, default_value = "512m")]
+    memory: u64,
+    /// CPU quota per run, in cores.
+    #[arg(long, env = vars::CPUS, default_value_t = defaults::CPUS)]
+    cpus: f64,
+    /// Runs at once; further calls wait their turn.
+    #[arg(long, env = mcp::vars::MAX_CONCURRENT, default_value_t = mcp::defaults::MAX_CONCURRENT)]
+    max_concurrent: usize,
+    /// Requested environment type (conda, venv, venv-uv). Reported, not honoured yet.
+    #[arg(long, env = mcp::vars::ENV_TYPE)]
+    env_type: Option<String>,
+    /// Label put on this server's containers (`io.mcp-code-executor.tenant`).
+    #[arg(long, env = mcp::vars::TENANT, default_value = "local")]
+    tenant: String,
+    /// Serve even when the isolation self-test fails. Dangerous: untrusted code may then
+    /// reach the host or the network.
+    #[arg(long)]
+    allow_unsafe: bool,
+    #[command(flatten)]
+    sandbox: SandboxOpts,
 }
 
 #[derive(Args, Clone)]
@@ -136,7 +192,21 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "mcp_code_executor=warn".into()),
         )
         .init();
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    if matches!(cli.command, Command::Serve(_)) {
+        // `.env` fills in what the environment does not set; parse again to see it.
+        match dotenvy::dotenv() {
+            Ok(path) => {
+                tracing::info!(path = %path.display(), "read .env");
+                cli = Cli::parse();
+            }
+            Err(e) if e.not_found() => {}
+            Err(e) => {
+                eprintln!("mcp-code-executor: cannot read .env: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let code = rt.block_on(dispatch(cli));
     ExitCode::from(code.clamp(0, 255) as u8)
@@ -144,6 +214,13 @@ fn main() -> ExitCode {
 
 async fn dispatch(cli: Cli) -> i32 {
     match cli.command {
+        Command::Serve(cmd) => match serve(cmd).await {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("mcp-code-executor: {e:#}");
+                1
+            }
+        },
         Command::Image(ImageCmd::Name) => {
             println!("{}", image::default_image());
             0
@@ -286,4 +363,123 @@ async fn connect(opts: &SandboxOpts) -> Result<DockerSandbox, String> {
         }
     }
     Ok(sandbox)
+}
+
+/// `serve`: check the sandbox is safe, then serve until the client leaves or a signal comes;
+/// then cancel runs, wait for their containers to be removed, and exit 0.
+async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let limits = Limits {
+        timeout: cmd.timeout,
+        memory_bytes: cmd.memory,
+        cpus: cmd.cpus,
+        ..Limits::default()
+    };
+    config::validate_limits(&limits)?;
+    anyhow::ensure!(
+        cmd.max_timeout >= cmd.timeout,
+        "--max-timeout ({:?}) is below --timeout ({:?})",
+        cmd.max_timeout,
+        cmd.timeout
+    );
+    let dir = cmd
+        .code_storage_dir
+        .clone()
+        .unwrap_or_else(storage::default_dir);
+    let code_storage = CodeStorage::open(&dir)?;
+    eprintln!(
+        "mcp-code-executor: code storage {}",
+        code_storage.dir().display()
+    );
+
+    let sandbox = connect(&cmd.sandbox).await.map_err(anyhow::Error::msg)?;
+    let report = doctor::diagnose(&sandbox).await;
+    if report.ok() {
+        eprintln!(
+            "mcp-code-executor: isolation self-test passed ({} checks)",
+            report.checks.len()
+        );
+    } else {
+        eprint!("{}", report.table());
+        if cmd.allow_unsafe {
+            eprintln!("WARNING: the isolation self-test FAILED and --allow-unsafe was given.");
+            eprintln!("WARNING: untrusted code may reach the host or the network. Do not expose this server.");
+        } else {
+            sandbox.drain().await;
+            anyhow::bail!(
+                "refusing to serve: the isolation self-test failed (see the table above). \
+                 Fix the host (`mcp-code-executor doctor`), or pass --allow-unsafe to serve anyway"
+            );
+        }
+    }
+    if let Some(t) = &cmd.env_type {
+        tracing::warn!(env_type = %t, "ENV_TYPE is not honoured yet: code runs in the sandbox image's default Python");
+    }
+    let settings = mcp::Settings {
+        limits,
+        max_timeout: cmd.max_timeout,
+        max_concurrent_runs: cmd.max_concurrent,
+        image: cmd
+            .sandbox
+            .image
+            .clone()
+            .unwrap_or_else(image::default_image),
+        python: "/usr/bin/python3".into(),
+        requested_env_type: cmd.env_type.clone(),
+        tenant: cmd.tenant.clone(),
+    };
+    let sandbox = std::sync::Arc::new(sandbox);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let executor =
+        mcp::CodeExecutor::new(sandbox.clone(), std::sync::Arc::new(code_storage), settings)
+            .with_shutdown(shutdown.clone());
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            wait_for_signal().await;
+            eprintln!("mcp-code-executor: shutting down; stopping runs");
+            shutdown.cancel();
+        }
+    });
+    let served = if cmd.stdio {
+        mcp::serve_stdio(executor, shutdown.clone()).await
+    } else {
+        let listener = tokio::net::TcpListener::bind((cmd.host.as_str(), cmd.port))
+            .await
+            .with_context(|| format!("cannot listen on {}:{}", cmd.host, cmd.port))?;
+        let addr = listener.local_addr()?;
+        let allowed = if cmd.allowed_hosts.iter().any(|h| h.trim() == "*") {
+            Vec::new()
+        } else {
+            cmd.allowed_hosts.clone()
+        };
+        let opts = mcp::http::HttpOptions {
+            allowed_hosts: allowed,
+            allowed_origins: cmd.allowed_origins.clone(),
+            ..Default::default()
+        };
+        eprintln!("mcp-code-executor: serving Streamable HTTP at http://{addr}/mcp and legacy SSE at http://{addr}/sse");
+        let router = mcp::http::router(executor, &opts, shutdown.clone());
+        mcp::http::serve(listener, router, shutdown.clone()).await
+    };
+    shutdown.cancel();
+    sandbox.drain().await;
+    served.context("serving")?;
+    Ok(())
+}
+
+/// SIGINT or SIGTERM.
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }

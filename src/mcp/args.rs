@@ -1,0 +1,130 @@
+//! Tool arguments, with the names the tools' existing users already send, and the extractor
+//! that turns a malformed call into an `invalid_params` error naming the argument at fault.
+
+use rmcp::handler::server::common::FromContextPart;
+use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::ErrorData;
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+/// The parsed arguments of a tool call. Unlike rmcp's `Parameters`, a type error names the
+/// argument (`timeout: invalid type: string "x", expected f64`).
+pub struct Args<T>(pub T);
+
+impl<S, T: DeserializeOwned> FromContextPart<ToolCallContext<'_, S>> for Args<T> {
+    fn from_context_part(context: &mut ToolCallContext<'_, S>) -> Result<Self, ErrorData> {
+        let object = context.arguments.take().unwrap_or_default();
+        parse(serde_json::Value::Object(object)).map(Args)
+    }
+}
+
+/// Deserialize tool arguments, reporting the path of the offending argument.
+pub fn parse<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ErrorData> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = if path == "." || path.is_empty() {
+            format!("invalid arguments: {inner}")
+        } else {
+            format!("invalid argument `{path}`: {inner}")
+        };
+        ErrorData::invalid_params(message, None)
+    })
+}
+
+/// The JSON Schema clients see for `T` (rmcp's draft 2020-12 settings).
+pub fn schema<T: JsonSchema + 'static>() -> std::sync::Arc<rmcp::model::JsonObject> {
+    rmcp::handler::server::common::schema_for_input::<T>()
+        .unwrap_or_else(|e| panic!("input schema of {}: {e}", std::any::type_name::<T>()))
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ExecuteCode {
+    /// The Python source to run, as a complete script.
+    pub code: String,
+    /// Short name for the stored copy (letters, digits, `_`, `-`); a unique suffix is added.
+    #[serde(default)]
+    pub filename: Option<String>,
+    /// Wall-clock limit in seconds; capped by the server's maximum.
+    #[serde(default)]
+    pub timeout: Option<f64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct InitializeCodeFile {
+    /// The first part of the script.
+    pub content: String,
+    /// A short name for the file (letters, digits, `_`, `-`); a unique suffix is added.
+    #[serde(default)]
+    pub filename: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct AppendToCodeFile {
+    /// The file_path returned by initialize_code_file (or just its file name).
+    pub file_path: String,
+    /// Code to add at the end of the file, exactly as given (include the newlines you need).
+    pub content: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ExecuteCodeFile {
+    /// The file_path returned by initialize_code_file or execute_code (or just its file name).
+    pub file_path: String,
+    /// Wall-clock limit in seconds; capped by the server's maximum.
+    #[serde(default)]
+    pub timeout: Option<f64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ReadCodeFile {
+    /// The file_path returned by initialize_code_file or execute_code (or just its file name).
+    pub file_path: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct Packages {
+    /// Distribution names as on PyPI, e.g. ["numpy", "pandas"].
+    pub packages: Vec<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ConfigureEnvironment {
+    /// Environment type: `conda`, `venv` or `venv-uv`.
+    #[serde(rename = "type")]
+    pub env_type: String,
+    /// Name of the conda environment (type `conda`).
+    #[serde(default)]
+    pub conda_name: Option<String>,
+    /// Path of the virtualenv (type `venv`).
+    #[serde(default)]
+    pub venv_path: Option<String>,
+    /// Path of the uv virtualenv (type `venv-uv`).
+    #[serde(default)]
+    pub uv_venv_path: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn errors_name_the_argument() {
+        let e = parse::<ExecuteCode>(json!({"code": "x", "timeout": "soon"})).unwrap_err();
+        assert!(e.message.contains("`timeout`"), "{}", e.message);
+        let e = parse::<ExecuteCode>(json!({"filename": "x"})).unwrap_err();
+        assert!(e.message.contains("code"), "{}", e.message);
+        let e = parse::<Packages>(json!({"packages": "numpy"})).unwrap_err();
+        assert!(e.message.contains("`packages`"), "{}", e.message);
+    }
+
+    #[test]
+    fn type_is_the_wire_name() {
+        let c: ConfigureEnvironment = parse(json!({"type": "conda", "conda_name": "x"})).unwrap();
+        assert_eq!(c.env_type, "conda");
+        let s = serde_json::Value::Object((*schema::<ConfigureEnvironment>()).clone());
+        assert!(s["properties"]["type"].is_object(), "{s}");
+    }
+}

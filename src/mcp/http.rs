@@ -1,0 +1,268 @@
+//! The HTTP front: Streamable HTTP at `/mcp` (rmcp's service) and the legacy SSE transport at
+//! `/sse` + `/messages` ([`super::sse`]), behind a `Host` allowlist (the guard of a local
+//! server against DNS rebinding) and a request body limit.
+
+use std::future::IntoFuture as _;
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+use super::sse::{self, SseState};
+use super::CodeExecutor;
+
+/// Options of the HTTP transports.
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    /// `Host` header values accepted (a name matches any port; `name:port` only that port).
+    /// Empty: any host (for deployments behind a proxy that checks it).
+    pub allowed_hosts: Vec<String>,
+    /// Browser `Origin` values accepted (`http://localhost:*` matches any port). Empty: no
+    /// Origin check (requests without `Origin`, i.e. non-browser clients, always pass).
+    pub allowed_origins: Vec<String>,
+    /// Largest request body, bytes; larger requests get 413.
+    pub max_body_bytes: usize,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            allowed_hosts: super::defaults::ALLOWED_HOSTS
+                .iter()
+                .map(|h| h.to_string())
+                .collect(),
+            allowed_origins: Vec::new(),
+            max_body_bytes: super::defaults::MAX_BODY_BYTES,
+        }
+    }
+}
+
+/// The routes. `shutdown` ends every session and stream.
+pub fn router(executor: CodeExecutor, opts: &HttpOptions, shutdown: CancellationToken) -> Router {
+    let mut config = StreamableHttpServerConfig::default()
+        .with_cancellation_token(shutdown.child_token())
+        .with_max_request_body_bytes(opts.max_body_bytes);
+    config = if opts.allowed_hosts.is_empty() {
+        config.disable_allowed_hosts()
+    } else {
+        config.with_allowed_hosts(opts.allowed_hosts.clone())
+    };
+    if !opts.allowed_origins.is_empty() {
+        config = config.with_allowed_origins(opts.allowed_origins.clone());
+    }
+    let streamable_executor = executor.clone();
+    let streamable = StreamableHttpService::new(
+        move || Ok(streamable_executor.clone()),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    let legacy = Router::new()
+        .route("/sse", get(sse::open))
+        .route(sse::MESSAGES_PATH, post(sse::post))
+        .with_state(SseState::new(executor, shutdown))
+        .layer(middleware::from_fn_with_state(
+            Arc::new(opts.clone()),
+            check_host,
+        ));
+    let streamable =
+        Router::new()
+            .nest_service("/mcp", streamable)
+            .layer(middleware::from_fn_with_state(
+                opts.max_body_bytes,
+                answer_parse_errors,
+            ));
+    streamable
+        .merge(legacy)
+        .layer(DefaultBodyLimit::max(opts.max_body_bytes))
+}
+
+/// rmcp answers a POST body that is not JSON with a plain-text 415; JSON-RPC clients expect
+/// a parse error (-32700). Bodies are read up to the limit (beyond it: 413) and handed on.
+async fn answer_parse_errors(State(limit): State<usize>, request: Request, next: Next) -> Response {
+    if request.method() != axum::http::Method::POST {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(_) => {
+            return (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body larger than {limit} bytes"),
+            )
+                .into_response()
+        }
+    };
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+        let error = serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": null,
+            "error": {"code": -32700, "message": format!("parse error: {e}")},
+        });
+        return (StatusCode::BAD_REQUEST, axum::Json(error)).into_response();
+    }
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await
+}
+
+/// Refuse requests whose `Host` (or, when configured, `Origin`) is not on the allowlist.
+async fn check_host(
+    State(opts): State<Arc<HttpOptions>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let host = header_str(&request, header::HOST);
+    if !opts.allowed_hosts.is_empty() && !host_allowed(&host, &opts.allowed_hosts) {
+        return (
+            StatusCode::FORBIDDEN,
+            format!("Host `{host}` is not allowed; add it with --allowed-hosts"),
+        )
+            .into_response();
+    }
+    let origin = header_str(&request, header::ORIGIN);
+    if !origin.is_empty()
+        && !opts.allowed_origins.is_empty()
+        && !origin_allowed(&origin, &opts.allowed_origins)
+    {
+        return (
+            StatusCode::FORBIDDEN,
+            format!("Origin `{origin}` is not allowed; add it with --allowed-origins"),
+        )
+            .into_response();
+    }
+    next.run(request).await
+}
+
+fn header_str(request: &Request, name: header::HeaderName) -> String {
+    request
+        .headers()
+        .get(name)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Does `origin` (`scheme://host[:port]`) match an entry (`scheme://host:*` for any port)?
+pub fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
+    let origin = origin.trim().to_ascii_lowercase();
+    allowed.iter().any(|a| {
+        let a = a.trim().to_ascii_lowercase();
+        match a.strip_suffix(":*") {
+            Some(prefix) => {
+                origin == prefix
+                    || origin
+                        .strip_prefix(prefix)
+                        .and_then(|rest| rest.strip_prefix(':'))
+                        .is_some_and(|port| {
+                            !port.is_empty() && port.chars().all(|c| c.is_ascii_digit())
+                        })
+            }
+            None => origin == a,
+        }
+    })
+}
+
+/// Does `host` (a `Host` header: `name`, `name:port`, `[v6]:port`) match an allowlist entry?
+pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let host = host.trim().to_ascii_lowercase();
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("").to_string()
+    } else {
+        host.rsplit_once(':')
+            .map(|(n, _)| n.to_string())
+            .unwrap_or_else(|| host.clone())
+    };
+    allowed.iter().any(|a| {
+        let a = a.trim().to_ascii_lowercase();
+        let a_bare = a.trim_start_matches('[').trim_end_matches(']');
+        a == host || a_bare == name
+    })
+}
+
+/// How long in-flight requests get to finish after shutdown is asked for; then their
+/// connections are dropped, which cancels their runs.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Serve `router` on `listener` until `shutdown` is cancelled.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let server = axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .into_future();
+    tokio::pin!(server);
+    tokio::select! {
+        r = &mut server => r,
+        _ = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            tracing::warn!("requests still open after the shutdown grace period; dropping them");
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origins() {
+        let allowed: Vec<String> = ["http://localhost:*", "https://app.example.com"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        for ok in [
+            "http://localhost",
+            "http://localhost:6274",
+            "https://app.example.com",
+        ] {
+            assert!(origin_allowed(ok, &allowed), "{ok}");
+        }
+        for bad in [
+            "http://evil.com",
+            "http://localhost.evil.com",
+            "http://localhost:80x",
+            "https://app.example.com:444",
+            "null",
+        ] {
+            assert!(!origin_allowed(bad, &allowed), "{bad}");
+        }
+    }
+
+    #[test]
+    fn hosts() {
+        let allowed: Vec<String> = ["localhost", "127.0.0.1", "::1", "example.com:8443"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        for ok in [
+            "localhost",
+            "localhost:4000",
+            "127.0.0.1:1234",
+            "[::1]:4000",
+            "example.com:8443",
+        ] {
+            assert!(host_allowed(ok, &allowed), "{ok}");
+        }
+        for bad in [
+            "evil.com",
+            "evil.com:4000",
+            "",
+            "example.com:80",
+            "127.0.0.1.evil.com",
+        ] {
+            assert!(!host_allowed(bad, &allowed), "{bad}");
+        }
+    }
+}

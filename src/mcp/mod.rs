@@ -1,0 +1,94 @@
+//! The MCP server: the nine code-executor tools ([`tools::CodeExecutor`]) and the transports
+//! that carry them (stdio, Streamable HTTP at `/mcp`, legacy SSE at `/sse` + `/messages`,
+//! see [`http`]). This layer only translates requests into jobs and storage calls and formats
+//! what comes back; running code is the [`Sandbox`](crate::sandbox::Sandbox)'s business.
+
+pub mod args;
+pub mod http;
+pub mod progress;
+pub mod report;
+pub mod sse;
+pub mod stdio;
+pub mod tools;
+
+use std::time::Duration;
+
+use crate::job::Limits;
+
+pub use stdio::serve_stdio;
+pub use tools::CodeExecutor;
+
+/// Environment variables of `serve` (each also has a flag; see `docs/mcp.md`).
+pub mod vars {
+    /// Where stored code lives.
+    pub const CODE_STORAGE_DIR: &str = "CODE_STORAGE_DIR";
+    /// HTTP port (default 4000).
+    pub const PORT: &str = "PORT";
+    /// HTTP bind address (default 127.0.0.1).
+    pub const HOST: &str = "MCP_EXECUTOR_HOST";
+    /// Comma-separated `Host` header values the HTTP transports accept (DNS-rebinding guard).
+    pub const ALLOWED_HOSTS: &str = "MCP_EXECUTOR_ALLOWED_HOSTS";
+    /// Comma-separated browser `Origin` values accepted (empty: not checked).
+    pub const ALLOWED_ORIGINS: &str = "MCP_EXECUTOR_ALLOWED_ORIGINS";
+    /// Longest timeout a call may ask for, seconds.
+    pub const MAX_TIMEOUT: &str = "MCP_EXECUTOR_MAX_TIMEOUT";
+    /// Runs at once; further calls queue.
+    pub const MAX_CONCURRENT: &str = "MCP_EXECUTOR_MAX_CONCURRENT";
+    /// Tenant label on this server's containers (default `local`).
+    pub const TENANT: &str = "MCP_EXECUTOR_TENANT";
+    /// Requested environment type (`conda`, `venv`, `venv-uv`): reported, not honoured yet.
+    pub const ENV_TYPE: &str = "ENV_TYPE";
+}
+
+/// Named defaults of `serve`.
+pub mod defaults {
+    use std::time::Duration;
+
+    pub const PORT: u16 = 4000;
+    pub const HOST: &str = "127.0.0.1";
+    pub const MAX_TIMEOUT: Duration = Duration::from_secs(300);
+    pub const MAX_CONCURRENT: usize = 4;
+    /// Largest HTTP request body accepted (code is capped at 1 MiB per call; JSON escaping
+    /// can grow it).
+    pub const MAX_BODY_BYTES: usize = 4 << 20;
+    pub const ALLOWED_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+}
+
+/// What the tools need to know about the server's configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Limits of each run; `timeout` is the default a call gets.
+    pub limits: Limits,
+    /// The most a call's `timeout` may ask for.
+    pub max_timeout: Duration,
+    /// Runs at once.
+    pub max_concurrent_runs: usize,
+    /// Sandbox image and interpreter, for get_environment_config.
+    pub image: String,
+    pub python: String,
+    /// ENV_TYPE as configured, reported by get_environment_config (not honoured yet).
+    pub requested_env_type: Option<String>,
+    /// Tenant label on the jobs (`local` for a single-user server).
+    pub tenant: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            limits: Limits::default(),
+            max_timeout: defaults::MAX_TIMEOUT,
+            max_concurrent_runs: defaults::MAX_CONCURRENT,
+            image: crate::sandbox::image::default_image(),
+            python: "/usr/bin/python3".into(),
+            requested_env_type: None,
+            tenant: "local".into(),
+        }
+    }
+}
+
+/// What the model is told about how the tools fit together.
+pub const INSTRUCTIONS: &str = "This server runs Python code in isolated, short-lived sandboxes (no network, limited time and memory; nothing persists between runs). \
+For a short script call execute_code. For a script too long for one call, build it in pieces: initialize_code_file (returns a file_path), \
+append_to_code_file with that file_path as often as needed, optionally read_code_file to check it, then execute_code_file. \
+Results carry stdout, stderr and a status line; a non-zero exit, timeout or out-of-memory is reported as a tool error with the output. \
+Use get_environment_config for the limits and check_installed_packages to see which libraries are available; installing packages and switching environments are not available yet.";

@@ -1,0 +1,153 @@
+//! The legacy HTTP+SSE transport (protocol 2024-11-05), which rmcp no longer ships: `GET /sse`
+//! opens an event stream whose first event, `endpoint`, names `/messages?sessionId=…`; each
+//! `POST` there carries one client message, and the server's messages come back on the stream
+//! as `message` events. Each session is an rmcp service fed by a pair of channels.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::channel::mpsc::{unbounded, UnboundedSender};
+use futures::{Stream, StreamExt};
+use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::{RoleServer, ServiceExt};
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+use super::CodeExecutor;
+
+/// Path a client POSTs its messages to (announced in the `endpoint` event).
+pub const MESSAGES_PATH: &str = "/messages";
+
+type ToServer = UnboundedSender<RxJsonRpcMessage<RoleServer>>;
+
+/// Open sessions, by id.
+pub struct SseState {
+    executor: CodeExecutor,
+    sessions: Mutex<HashMap<String, ToServer>>,
+    shutdown: CancellationToken,
+}
+
+impl SseState {
+    pub fn new(executor: CodeExecutor, shutdown: CancellationToken) -> Arc<Self> {
+        Arc::new(SseState {
+            executor,
+            sessions: Mutex::default(),
+            shutdown,
+        })
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, ToServer>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Ends a session when its event stream is dropped (the client went away, or shutdown).
+struct SessionGuard {
+    id: String,
+    state: Arc<SseState>,
+    ct: CancellationToken,
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        self.state.sessions().remove(&self.id);
+        self.ct.cancel();
+        tracing::debug!(session = %self.id, "legacy SSE session closed");
+    }
+}
+
+/// `GET /sse`: open a session and stream its messages.
+pub async fn open(
+    State(state): State<Arc<SseState>>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let (to_server, from_client) = unbounded::<RxJsonRpcMessage<RoleServer>>();
+    let (to_client, from_server) = unbounded::<TxJsonRpcMessage<RoleServer>>();
+    state.sessions().insert(id.clone(), to_server);
+    let ct = state.shutdown.child_token();
+    let executor = state.executor.clone();
+    let service_ct = ct.clone();
+    let session = id.clone();
+    tokio::spawn(async move {
+        match executor
+            .serve_with_ct((to_client, from_client), service_ct)
+            .await
+        {
+            Ok(running) => {
+                let _ = running.waiting().await;
+            }
+            Err(e) => {
+                tracing::debug!(session = %session, error = %e, "legacy SSE session ended before initialisation")
+            }
+        }
+    });
+    tracing::debug!(session = %id, "legacy SSE session opened");
+    let endpoint = Event::default()
+        .event("endpoint")
+        .data(format!("{MESSAGES_PATH}?sessionId={id}"));
+    let guard = SessionGuard {
+        id,
+        state: state.clone(),
+        ct: ct.clone(),
+    };
+    let messages = from_server.map(move |m| {
+        let _session_lives_as_long_as_the_stream = &guard;
+        let data = serde_json::to_string(&m).unwrap_or_default();
+        Ok(Event::default().event("message").data(data))
+    });
+    let stream = futures::stream::once(async { Ok(endpoint) })
+        .chain(messages)
+        .take_until(ct.cancelled_owned());
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+#[derive(Deserialize)]
+pub struct SessionQuery {
+    #[serde(rename = "sessionId")]
+    session_id: Option<String>,
+}
+
+/// `POST /messages?sessionId=…`: hand one client message to its session.
+pub async fn post(
+    State(state): State<Arc<SseState>>,
+    Query(q): Query<SessionQuery>,
+    body: Bytes,
+) -> Response {
+    let Some(id) = q.session_id else {
+        return (StatusCode::BAD_REQUEST, "missing sessionId query parameter").into_response();
+    };
+    let message: RxJsonRpcMessage<RoleServer> = match serde_json::from_slice(&body) {
+        Ok(m) => m,
+        Err(e) => {
+            let code = if serde_json::from_slice::<serde_json::Value>(&body).is_ok() {
+                -32600 // valid JSON, not a JSON-RPC message
+            } else {
+                -32700 // not JSON at all
+            };
+            let error = serde_json::json!({
+                "jsonrpc": "2.0",
+                "id": null,
+                "error": {"code": code, "message": format!("invalid JSON-RPC message: {e}")},
+            });
+            return (StatusCode::BAD_REQUEST, Json(error)).into_response();
+        }
+    };
+    let sender = state.sessions().get(&id).cloned();
+    match sender {
+        Some(tx) if tx.unbounded_send(message).is_ok() => {
+            (StatusCode::ACCEPTED, "Accepted").into_response()
+        }
+        _ => (
+            StatusCode::NOT_FOUND,
+            format!("no open SSE session `{id}`: open one with GET /sse"),
+        )
+            .into_response(),
+    }
+}

@@ -1,0 +1,520 @@
+//! The tool surface: one rmcp handler whose nine tools translate a request into a
+//! [`JobSpec`] or a storage call and format the result. Nothing here runs code itself.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::handler::server::common::schema_for_output;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::args::{self, Args};
+use super::progress::Progress;
+use super::report::{
+    tool_error, with_structured, EnvironmentReport, FileReport, LimitsReport, PackageStatus,
+    PackagesReport, RunReport,
+};
+use super::{Settings, INSTRUCTIONS};
+use crate::job::{JobSpec, Outcome};
+use crate::sandbox::{Events, Sandbox};
+use crate::storage::{self, CodeStorage};
+
+const EXECUTE_CODE: &str = "Run a complete Python script in a fresh, isolated sandbox and return its stdout, stderr and exit status. \
+Each call starts from scratch: no variables, files or installs survive between calls. There is no network access. \
+Limits per run: the timeout (default given by get_environment_config, override with `timeout` in seconds up to the server maximum), memory, CPU and 1 MiB of code per call. \
+The code is also stored under `filename` (plus a unique suffix) and the result names its file_path, which execute_code_file can run again. \
+For scripts too long to send in one call, use initialize_code_file, append_to_code_file and execute_code_file instead.";
+
+const INITIALIZE_CODE_FILE: &str = "Create a new Python file with the first part of a long script, and return its file_path. \
+Use this, then append_to_code_file (as many times as needed), then execute_code_file, when the code is too long to send in one execute_code call. \
+Pass the returned file_path unchanged to the next calls.";
+
+const APPEND_TO_CODE_FILE: &str = "Append `content` to a file created by initialize_code_file (or stored by execute_code). \
+The content is added exactly as given: include the newlines and indentation you need. At most 1 MiB per call; a file may grow to 8 MiB.";
+
+const EXECUTE_CODE_FILE: &str = "Run a stored Python file (built with initialize_code_file/append_to_code_file, or stored by execute_code) in a fresh, isolated sandbox. \
+Same limits and results as execute_code. Use read_code_file first if you are unsure the file is complete.";
+
+const READ_CODE_FILE: &str = "Return the current content of a stored Python file, to check it before appending more or running it.";
+
+const INSTALL_DEPENDENCIES: &str = "Install Python packages into the execution environment. \
+Not available yet on this server: the sandbox's environment is read-only. Use check_installed_packages to see what is available.";
+
+const CHECK_INSTALLED_PACKAGES: &str = "Check which of the given packages are installed in the execution environment, with their versions. \
+Answered by running a small script in the sandbox, so it reflects exactly what your code can import.";
+
+const CONFIGURE_ENVIRONMENT: &str = "Switch the execution environment (type `conda` with conda_name, `venv` with venv_path, or `venv-uv` with uv_venv_path). \
+Not available yet on this server: code always runs in the sandbox image's default Python (see get_environment_config).";
+
+const GET_ENVIRONMENT_CONFIG: &str = "Describe the execution environment: its type, Python interpreter, sandbox image, where code is stored, and the limits of each run.";
+
+/// Everything the tools share; cloned cheaply per session.
+struct Shared {
+    sandbox: Arc<dyn Sandbox>,
+    storage: Arc<CodeStorage>,
+    settings: Settings,
+    /// Runs at once; the rest wait (and report "queued").
+    slots: Semaphore,
+    /// Cancelled when the server shuts down: every run in flight is stopped.
+    shutdown: CancellationToken,
+}
+
+/// The MCP handler: one per session, all sharing one sandbox and storage.
+#[derive(Clone)]
+pub struct CodeExecutor {
+    shared: Arc<Shared>,
+    tool_router: ToolRouter<CodeExecutor>,
+}
+
+impl CodeExecutor {
+    pub fn new(sandbox: Arc<dyn Sandbox>, storage: Arc<CodeStorage>, settings: Settings) -> Self {
+        let slots = Semaphore::new(settings.max_concurrent_runs.max(1));
+        CodeExecutor {
+            shared: Arc::new(Shared {
+                sandbox,
+                storage,
+                settings,
+                slots,
+                shutdown: CancellationToken::new(),
+            }),
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    /// Stop every run in flight when `token` is cancelled (server shutdown). Call before the
+    /// executor is cloned into sessions.
+    pub fn with_shutdown(mut self, token: CancellationToken) -> Self {
+        Arc::get_mut(&mut self.shared)
+            .expect("with_shutdown is called before the executor is shared")
+            .shutdown = token;
+        self
+    }
+
+    /// The timeout a call gets: its own (validated, capped) or the default, plus a note
+    /// when it was capped.
+    fn timeout(&self, asked: Option<f64>) -> Result<(Duration, Option<String>), ErrorData> {
+        let s = &self.shared.settings;
+        let Some(secs) = asked else {
+            return Ok((s.limits.timeout, None));
+        };
+        if !secs.is_finite() || secs <= 0.0 {
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "invalid argument `timeout`: must be a positive number of seconds, got {secs}"
+                ),
+                None,
+            ));
+        }
+        let asked = Duration::from_secs_f64(secs.min(1e9));
+        if asked > s.max_timeout {
+            let note = format!(
+                "timeout {secs} s capped at the server maximum of {} s",
+                s.max_timeout.as_secs_f64()
+            );
+            return Ok((s.max_timeout, Some(note)));
+        }
+        Ok((asked, None))
+    }
+
+    /// Run `code` stored at `path` and format the outcome.
+    async fn run_stored(
+        &self,
+        code: String,
+        path: &std::path::Path,
+        (timeout, note): (Duration, Option<String>),
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let mut limits = self.shared.settings.limits.clone();
+        limits.timeout = timeout;
+        let mut job = JobSpec::python(code, limits);
+        job.tenant = self.shared.settings.tenant.clone();
+        if let Some(name) = entry_name(path) {
+            job.files[0].path = name.clone();
+            job.entry = name;
+        }
+        tracing::info!(job_id = %job.id, file = %path.display(), "run requested");
+        let result = self.run_job(job, &ctx).await;
+        let file_path = path.display().to_string();
+        Ok(match result {
+            Ok(outcome) => {
+                RunReport::new(&outcome, timeout.as_secs_f64(), file_path).into_result(note)
+            }
+            Err(e) => tool_error(format!(
+                "the code could not be run: {e}\nfile_path: {file_path}"
+            )),
+        })
+    }
+
+    /// Run a job with progress notifications, until it ends, the client cancels the request
+    /// or the server shuts down. The last two drop the run, which kills and removes its
+    /// container.
+    async fn run_job(
+        &self,
+        job: JobSpec,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<Outcome, String> {
+        let job_id = job.id.clone();
+        let (progress, events) = Progress::start(ctx);
+        let result = tokio::select! {
+            r = self.run_in_slot(job, events) => r,
+            _ = ctx.ct.cancelled() => {
+                tracing::info!(job_id = %job_id, "run cancelled by the client");
+                Err("the request was cancelled; the run was stopped".to_string())
+            }
+            _ = self.shared.shutdown.cancelled() => {
+                tracing::info!(job_id = %job_id, "run stopped: the server is shutting down");
+                Err("the server is shutting down; the run was stopped".to_string())
+            }
+        };
+        if let Some(p) = progress {
+            p.finish().await;
+        }
+        result
+    }
+
+    /// Wait for one of the run slots, then run.
+    async fn run_in_slot(&self, job: JobSpec, events: Events) -> Result<Outcome, String> {
+        let _slot = self
+            .shared
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| "the server is shutting down".to_string())?;
+        self.shared.sandbox.run(job, events).await.map_err(|e| {
+            tracing::warn!(error = %e, "sandbox failure");
+            e.to_string()
+        })
+    }
+
+    fn file_report(
+        &self,
+        path: &std::path::Path,
+        size: u64,
+        content: Option<String>,
+    ) -> FileReport {
+        FileReport {
+            file_path: path.display().to_string(),
+            size_bytes: size,
+            content,
+        }
+    }
+}
+
+/// The stored file's name, when it is safe to use as the entry inside the workspace (so
+/// tracebacks name the user's file); `None` falls back to `main.py`.
+fn entry_name(path: &std::path::Path) -> Option<String> {
+    let name = path.file_name()?.to_str()?;
+    let ok = !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    ok.then(|| name.to_string())
+}
+
+/// Distribution names we pass to the probe script: PyPI's allowed characters only, so the
+/// JSON list is also a safe Python literal.
+fn check_package_names(packages: &[String]) -> Result<(), ErrorData> {
+    if packages.is_empty() || packages.len() > 200 {
+        return Err(ErrorData::invalid_params(
+            "invalid argument `packages`: give between 1 and 200 package names",
+            None,
+        ));
+    }
+    for (i, p) in packages.iter().enumerate() {
+        let ok = !p.is_empty()
+            && p.len() <= 100
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+            && p.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+        if !ok {
+            return Err(ErrorData::invalid_params(
+                format!("invalid argument `packages[{i}]`: `{p}` is not a package name (letters, digits, `.`, `_`, `-`; no version specifiers)"),
+                None,
+            ));
+        }
+    }
+    Ok(())
+}
+
+const PACKAGE_PROBE: &str = r#"
+import json, re, importlib.metadata as md
+out = []
+for name in NAMES:
+    version = None
+    for candidate in (name, re.sub(r"[-_.]+", "-", name).lower(), re.sub(r"[-_.]+", "_", name).lower()):
+        try:
+            version = md.version(candidate)
+            break
+        except md.PackageNotFoundError:
+            pass
+    out.append({"name": name, "installed": version is not None, "version": version})
+print(json.dumps(out))
+"#;
+
+#[tool_router]
+impl CodeExecutor {
+    #[tool(
+        description = EXECUTE_CODE,
+        input_schema = args::schema::<args::ExecuteCode>(),
+        output_schema = schema_for_output::<RunReport>()
+    )]
+    async fn execute_code(
+        &self,
+        Args(a): Args<args::ExecuteCode>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let timeout = self.timeout(a.timeout)?;
+        let path = match self
+            .shared
+            .storage
+            .create(a.filename.as_deref(), &a.code)
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => return Ok(tool_error(e.to_string())),
+        };
+        self.run_stored(a.code, &path, timeout, ctx).await
+    }
+
+    #[tool(
+        description = INITIALIZE_CODE_FILE,
+        input_schema = args::schema::<args::InitializeCodeFile>(),
+        output_schema = schema_for_output::<FileReport>()
+    )]
+    async fn initialize_code_file(
+        &self,
+        Args(a): Args<args::InitializeCodeFile>,
+    ) -> Result<CallToolResult, ErrorData> {
+        Ok(
+            match self
+                .shared
+                .storage
+                .create(a.filename.as_deref(), &a.content)
+                .await
+            {
+                Ok(path) => {
+                    let r = self.file_report(&path, a.content.len() as u64, None);
+                    let text = format!(
+                    "created {} ({} bytes). Pass this file_path to append_to_code_file and execute_code_file.",
+                    r.file_path, r.size_bytes
+                );
+                    with_structured(text, &r, false)
+                }
+                Err(e) => tool_error(e.to_string()),
+            },
+        )
+    }
+
+    #[tool(
+        description = APPEND_TO_CODE_FILE,
+        input_schema = args::schema::<args::AppendToCodeFile>(),
+        output_schema = schema_for_output::<FileReport>()
+    )]
+    async fn append_to_code_file(
+        &self,
+        Args(a): Args<args::AppendToCodeFile>,
+    ) -> Result<CallToolResult, ErrorData> {
+        Ok(
+            match self.shared.storage.append(&a.file_path, &a.content).await {
+                Ok((path, size)) => {
+                    let r = self.file_report(&path, size, None);
+                    let text = format!(
+                        "appended {} bytes to {} (now {} bytes)",
+                        a.content.len(),
+                        r.file_path,
+                        size
+                    );
+                    with_structured(text, &r, false)
+                }
+                Err(e) => tool_error(e.to_string()),
+            },
+        )
+    }
+
+    #[tool(
+        description = EXECUTE_CODE_FILE,
+        input_schema = args::schema::<args::ExecuteCodeFile>(),
+        output_schema = schema_for_output::<RunReport>()
+    )]
+    async fn execute_code_file(
+        &self,
+        Args(a): Args<args::ExecuteCodeFile>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let timeout = self.timeout(a.timeout)?;
+        let (path, code) = match self.shared.storage.read(&a.file_path).await {
+            Ok(v) => v,
+            Err(e) => return Ok(tool_error(e.to_string())),
+        };
+        self.run_stored(code, &path, timeout, ctx).await
+    }
+
+    #[tool(
+        description = READ_CODE_FILE,
+        input_schema = args::schema::<args::ReadCodeFile>(),
+        output_schema = schema_for_output::<FileReport>()
+    )]
+    async fn read_code_file(
+        &self,
+        Args(a): Args<args::ReadCodeFile>,
+    ) -> Result<CallToolResult, ErrorData> {
+        Ok(match self.shared.storage.read(&a.file_path).await {
+            Ok((path, text)) => {
+                let r = self.file_report(&path, text.len() as u64, Some(text.clone()));
+                with_structured(text, &r, false)
+            }
+            Err(e) => tool_error(e.to_string()),
+        })
+    }
+
+    #[tool(
+        description = INSTALL_DEPENDENCIES,
+        input_schema = args::schema::<args::Packages>()
+    )]
+    async fn install_dependencies(
+        &self,
+        Args(a): Args<args::Packages>,
+    ) -> Result<CallToolResult, ErrorData> {
+        check_package_names(&a.packages)?;
+        Ok(tool_error(format!(
+            "install_dependencies is not available yet: the sandbox runs the image's default Python, mounted read-only, \
+             and installing into environments is a later feature of this server. Nothing was installed ({}). \
+             What works today: check_installed_packages tells you which packages the default environment already has \
+             (numpy and the standard library among them); write code that uses those.",
+            a.packages.join(", ")
+        )))
+    }
+
+    #[tool(
+        description = CHECK_INSTALLED_PACKAGES,
+        input_schema = args::schema::<args::Packages>(),
+        output_schema = schema_for_output::<PackagesReport>()
+    )]
+    async fn check_installed_packages(
+        &self,
+        Args(a): Args<args::Packages>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        check_package_names(&a.packages)?;
+        let names = serde_json::to_string(&a.packages).unwrap_or_default();
+        let code = PACKAGE_PROBE.replace("NAMES", &names);
+        let mut limits = self.shared.settings.limits.clone();
+        limits.timeout = Duration::from_secs(30).min(self.shared.settings.max_timeout);
+        let mut job = JobSpec::python(code, limits);
+        job.tenant = self.shared.settings.tenant.clone();
+        let outcome = match self.run_job(job, &ctx).await {
+            Ok(o) if o.success() => o,
+            Ok(o) => {
+                return Ok(tool_error(format!(
+                    "the package check failed in the sandbox: {}\n{}",
+                    o.status_line(),
+                    o.stderr_text()
+                )))
+            }
+            Err(e) => return Ok(tool_error(format!("the package check could not run: {e}"))),
+        };
+        let packages: Vec<PackageStatus> = match serde_json::from_slice(&outcome.stdout) {
+            Ok(p) => p,
+            Err(e) => {
+                return Ok(tool_error(format!(
+                    "the package check gave an unreadable answer: {e}"
+                )))
+            }
+        };
+        let text = packages
+            .iter()
+            .map(|p| match &p.version {
+                Some(v) => format!("{}: installed ({v})", p.name),
+                None => format!("{}: not installed", p.name),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let report = PackagesReport {
+            environment: "default".into(),
+            packages,
+        };
+        Ok(with_structured(text, &report, false))
+    }
+
+    #[tool(
+        description = CONFIGURE_ENVIRONMENT,
+        input_schema = args::schema::<args::ConfigureEnvironment>()
+    )]
+    async fn configure_environment(
+        &self,
+        Args(a): Args<args::ConfigureEnvironment>,
+    ) -> Result<CallToolResult, ErrorData> {
+        if !matches!(a.env_type.as_str(), "conda" | "venv" | "venv-uv") {
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "invalid argument `type`: `{}`; use `conda`, `venv` or `venv-uv`",
+                    a.env_type
+                ),
+                None,
+            ));
+        }
+        Ok(tool_error(format!(
+            "configure_environment is not available yet: switching to a `{}` environment is a later feature of this server, \
+             and the configuration was not changed. What works today: code runs in the sandbox image's default Python \
+             (see get_environment_config; check_installed_packages lists what it has).",
+            a.env_type
+        )))
+    }
+
+    #[tool(
+        description = GET_ENVIRONMENT_CONFIG,
+        output_schema = schema_for_output::<EnvironmentReport>()
+    )]
+    async fn get_environment_config(&self) -> Result<CallToolResult, ErrorData> {
+        let s = &self.shared.settings;
+        let report = EnvironmentReport {
+            env_type: "default".into(),
+            python: s.python.clone(),
+            image: s.image.clone(),
+            read_only: true,
+            code_storage_dir: self.shared.storage.dir().display().to_string(),
+            requested_env_type: s.requested_env_type.clone(),
+            limits: LimitsReport {
+                default_timeout_seconds: s.limits.timeout.as_secs_f64(),
+                max_timeout_seconds: s.max_timeout.as_secs_f64(),
+                memory_bytes: s.limits.memory_bytes,
+                cpus: s.limits.cpus,
+                output_bytes_per_stream: s.limits.output_bytes,
+                max_code_bytes: storage::defaults::MAX_CODE_BYTES as u64,
+                max_file_bytes: storage::defaults::MAX_FILE_BYTES,
+                network: false,
+            },
+        };
+        let mut text = format!(
+            "environment: default (the sandbox image's Python {}, read-only)\nimage: {}\ncode storage: {}\ntimeout: {} s by default, at most {} s; memory {} MiB; no network",
+            report.python,
+            report.image,
+            report.code_storage_dir,
+            report.limits.default_timeout_seconds,
+            report.limits.max_timeout_seconds,
+            report.limits.memory_bytes >> 20,
+        );
+        if let Some(t) = &report.requested_env_type {
+            text.push_str(&format!(
+                "\nENV_TYPE={t} is configured but not honoured yet: environments are a later feature"
+            ));
+        }
+        Ok(with_structured(text, &report, false))
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for CodeExecutor {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(
+                "mcp-code-executor",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(INSTRUCTIONS)
+    }
+}

@@ -1,0 +1,503 @@
+//! Code storage: the directory (`CODE_STORAGE_DIR`) where `execute_code` keeps what it ran and
+//! where the incremental-file tools build a script across several calls.
+//!
+//! Every `file_path` a client sends is untrusted. [`CodeStorage::resolve`] accepts a bare file
+//! name or an absolute path directly inside the storage directory and nothing else: other
+//! absolute paths, `..`, subdirectories, NUL bytes and over-long names are refused before the
+//! file system is touched. Files are then opened with `O_NOFOLLOW` (a symlink planted in the
+//! directory is refused, not followed) and must be regular files. Appends to one file run one
+//! at a time under a per-file lock, so concurrent appends never interleave or lose data.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::fs::DirBuilderExt as _;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Named defaults and caps.
+pub mod defaults {
+    /// Largest piece of code one call may send (`code` or `content`).
+    pub const MAX_CODE_BYTES: usize = 1 << 20;
+    /// Largest a stored file may grow through appends.
+    pub const MAX_FILE_BYTES: u64 = 8 << 20;
+    /// Longest file name accepted (most file systems stop at 255 bytes).
+    pub const MAX_NAME_BYTES: usize = 200;
+    /// Longest part of a file name taken from the client's `filename`.
+    pub const MAX_STEM_CHARS: usize = 64;
+    /// Storage directory when neither `CODE_STORAGE_DIR` nor a data directory is known.
+    pub const FALLBACK_DIR: &str = "/tmp/mcp_code_storage";
+}
+
+/// What went wrong with a stored file; every message names the path the client sent.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("file_path `{path}` contains a NUL byte")]
+    NulByte { path: String },
+    #[error(
+        "file_path is empty: pass the file_path returned by initialize_code_file or execute_code"
+    )]
+    Empty,
+    #[error("file_path `{path}` is too long (at most {max} bytes for a file name)")]
+    TooLong { path: String, max: usize },
+    #[error("file_path `{path}` is outside the code storage directory `{root}`: pass a file name or a path inside it, as returned by initialize_code_file")]
+    Outside { path: String, root: String },
+    #[error("file_path `{path}` is refused: `..`, `.` and subdirectories are not allowed, only files directly inside the code storage directory")]
+    Traversal { path: String },
+    #[error("file_path `{path}` is a symbolic link; links are never followed")]
+    Symlink { path: String },
+    #[error("file_path `{path}` is not a regular file")]
+    NotRegular { path: String },
+    #[error("file `{path}` does not exist in the code storage directory: create it with initialize_code_file first")]
+    NotFound { path: String },
+    #[error("{what} is {size} bytes; the limit is {max} bytes. Split the code into several append_to_code_file calls")]
+    TooLarge {
+        what: &'static str,
+        size: u64,
+        max: u64,
+    },
+    #[error("file `{path}` is not valid UTF-8 text")]
+    NotText { path: String },
+    #[error("cannot use the code storage directory `{root}`: {source}. Set CODE_STORAGE_DIR to a writable directory")]
+    Root { root: String, source: io::Error },
+    #[error("I/O error on `{path}`: {source}")]
+    Io { path: String, source: io::Error },
+}
+
+/// The storage directory and the locks that serialise appends.
+pub struct CodeStorage {
+    /// The directory as configured (clients may send paths under this spelling).
+    root: PathBuf,
+    /// The same directory with symlinks resolved (the one we actually use).
+    canonical: PathBuf,
+    max_file_bytes: u64,
+    locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// The default storage directory: `$XDG_DATA_HOME/mcp-code-executor/code`, else
+/// `$HOME/.local/share/mcp-code-executor/code`, else [`defaults::FALLBACK_DIR`].
+pub fn default_dir() -> PathBuf {
+    let data = std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".local/share"))
+        });
+    match data {
+        Some(d) => d.join("mcp-code-executor").join("code"),
+        None => PathBuf::from(defaults::FALLBACK_DIR),
+    }
+}
+
+impl CodeStorage {
+    /// Create the directory if needed (mode 700) and remember its canonical form.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Self, StorageError> {
+        let root: PathBuf = root.into();
+        let err = |source| StorageError::Root {
+            root: root.display().to_string(),
+            source,
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&root)
+            .map_err(err)?;
+        let canonical = root.canonicalize().map_err(err)?;
+        Ok(CodeStorage {
+            root,
+            canonical,
+            max_file_bytes: defaults::MAX_FILE_BYTES,
+            locks: Mutex::default(),
+        })
+    }
+
+    /// The storage directory (canonical form).
+    pub fn dir(&self) -> &Path {
+        &self.canonical
+    }
+
+    /// Map a client's `file_path` to a path directly inside the storage directory, or refuse.
+    /// Pure: looks only at the string (symlinks are refused when the file is opened).
+    pub fn resolve(&self, file_path: &str) -> Result<PathBuf, StorageError> {
+        let shown = || file_path.to_string();
+        if file_path.contains('\0') {
+            return Err(StorageError::NulByte { path: shown() });
+        }
+        if file_path.trim().is_empty() {
+            return Err(StorageError::Empty);
+        }
+        if file_path.len() > 4096 {
+            return Err(StorageError::TooLong {
+                path: format!("{}…", file_path.chars().take(64).collect::<String>()),
+                max: defaults::MAX_NAME_BYTES,
+            });
+        }
+        let p = Path::new(file_path);
+        let rest = if p.is_absolute() {
+            [&self.canonical, &self.root]
+                .iter()
+                .find_map(|r| p.strip_prefix(r).ok())
+                .ok_or_else(|| {
+                    // `/storage/../etc/passwd` starts with the root but is traversal.
+                    if p.components().any(|c| c == Component::ParentDir) {
+                        StorageError::Traversal { path: shown() }
+                    } else {
+                        StorageError::Outside {
+                            path: shown(),
+                            root: self.canonical.display().to_string(),
+                        }
+                    }
+                })?
+        } else {
+            p
+        };
+        let mut comps = rest.components();
+        let name = match (comps.next(), comps.next()) {
+            (Some(Component::Normal(name)), None) if !file_path.ends_with('/') => name,
+            _ => return Err(StorageError::Traversal { path: shown() }),
+        };
+        if name.len() > defaults::MAX_NAME_BYTES {
+            return Err(StorageError::TooLong {
+                path: shown(),
+                max: defaults::MAX_NAME_BYTES,
+            });
+        }
+        Ok(self.canonical.join(name))
+    }
+
+    /// Store `content` in a new file named from `filename` (sanitised) plus a unique suffix.
+    pub async fn create(
+        &self,
+        filename: Option<&str>,
+        content: &str,
+    ) -> Result<PathBuf, StorageError> {
+        check_code_size(content)?;
+        let stem = sanitize_stem(filename);
+        loop {
+            let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
+            let path = self.canonical.join(format!("{stem}_{suffix}.py"));
+            let opened = tokio::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)
+                .await;
+            let mut file = match opened {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(io_err(&path, e)),
+            };
+            file.write_all(content.as_bytes())
+                .await
+                .map_err(|e| io_err(&path, e))?;
+            file.flush().await.map_err(|e| io_err(&path, e))?;
+            return Ok(path);
+        }
+    }
+
+    /// Append `content` to an existing stored file in one write, under the file's lock.
+    /// Returns the resolved path and the file's new size.
+    pub async fn append(
+        &self,
+        file_path: &str,
+        content: &str,
+    ) -> Result<(PathBuf, u64), StorageError> {
+        check_code_size(content)?;
+        let path = self.resolve(file_path)?;
+        let lock = self.lock_for(&path);
+        let _guard = lock.lock().await;
+        let mut file =
+            open_checked(file_path, &path, tokio::fs::OpenOptions::new().append(true)).await?;
+        let size = file.metadata().await.map_err(|e| io_err(&path, e))?.len();
+        let new_size = size + content.len() as u64;
+        if new_size > self.max_file_bytes {
+            return Err(StorageError::TooLarge {
+                what: "the file after this append",
+                size: new_size,
+                max: self.max_file_bytes,
+            });
+        }
+        file.write_all(content.as_bytes())
+            .await
+            .map_err(|e| io_err(&path, e))?;
+        file.flush().await.map_err(|e| io_err(&path, e))?;
+        Ok((path, new_size))
+    }
+
+    /// Read a stored file as text.
+    pub async fn read(&self, file_path: &str) -> Result<(PathBuf, String), StorageError> {
+        let path = self.resolve(file_path)?;
+        let mut file =
+            open_checked(file_path, &path, tokio::fs::OpenOptions::new().read(true)).await?;
+        let mut buf = Vec::new();
+        (&mut file)
+            .take(self.max_file_bytes + 1)
+            .read_to_end(&mut buf)
+            .await
+            .map_err(|e| io_err(&path, e))?;
+        if buf.len() as u64 > self.max_file_bytes {
+            return Err(StorageError::TooLarge {
+                what: "the file",
+                size: buf.len() as u64,
+                max: self.max_file_bytes,
+            });
+        }
+        let text = String::from_utf8(buf).map_err(|_| StorageError::NotText {
+            path: file_path.to_string(),
+        })?;
+        Ok((path, text))
+    }
+
+    fn lock_for(&self, path: &Path) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+        locks.entry(path.to_path_buf()).or_default().clone()
+    }
+}
+
+/// Refuse code larger than one call may carry.
+pub fn check_code_size(code: &str) -> Result<(), StorageError> {
+    if code.len() > defaults::MAX_CODE_BYTES {
+        return Err(StorageError::TooLarge {
+            what: "the code sent in one call",
+            size: code.len() as u64,
+            max: defaults::MAX_CODE_BYTES as u64,
+        });
+    }
+    Ok(())
+}
+
+/// Open without following a final symlink and without blocking on a FIFO; then insist on a
+/// regular file. `resolve` already refused every other path component.
+async fn open_checked(
+    shown: &str,
+    path: &Path,
+    opts: &mut tokio::fs::OpenOptions,
+) -> Result<tokio::fs::File, StorageError> {
+    let file = opts
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .await
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => StorageError::Symlink {
+                path: shown.to_string(),
+            },
+            _ if e.kind() == io::ErrorKind::NotFound => StorageError::NotFound {
+                path: shown.to_string(),
+            },
+            _ => io_err(path, e),
+        })?;
+    let meta = file.metadata().await.map_err(|e| io_err(path, e))?;
+    if !meta.is_file() {
+        return Err(StorageError::NotRegular {
+            path: shown.to_string(),
+        });
+    }
+    Ok(file)
+}
+
+fn io_err(path: &Path, source: io::Error) -> StorageError {
+    StorageError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// The client's `filename` reduced to `[A-Za-z0-9_-]`, without directories or `.py`;
+/// `script` when nothing is left.
+pub fn sanitize_stem(filename: Option<&str>) -> String {
+    let raw = filename.unwrap_or("");
+    let base = raw.rsplit(['/', '\\']).next().unwrap_or("");
+    let base = base.strip_suffix(".py").unwrap_or(base);
+    let stem: String = base
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(defaults::MAX_STEM_CHARS)
+        .collect();
+    let stem = stem.trim_matches('_');
+    if stem.is_empty() {
+        "script".to_string()
+    } else {
+        stem.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp() -> (tempdir::Dir, CodeStorage) {
+        let d = tempdir::Dir::new();
+        let s = CodeStorage::open(d.path().join("code")).unwrap();
+        (d, s)
+    }
+
+    /// A throwaway directory removed on drop (no extra crate for this).
+    mod tempdir {
+        use std::path::{Path, PathBuf};
+        pub struct Dir(PathBuf);
+        impl Dir {
+            pub fn new() -> Self {
+                let p = std::env::temp_dir().join(format!(
+                    "mcp-storage-test-{}",
+                    uuid::Uuid::new_v4().simple()
+                ));
+                std::fs::create_dir_all(&p).unwrap();
+                Dir(p)
+            }
+            pub fn path(&self) -> &Path {
+                &self.0
+            }
+        }
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    #[test]
+    fn stems_are_sanitised() {
+        assert_eq!(sanitize_stem(Some("matrix_gen")), "matrix_gen");
+        assert_eq!(sanitize_stem(Some("my script.py")), "my_script");
+        assert_eq!(sanitize_stem(Some("../../etc/passwd")), "passwd");
+        assert_eq!(sanitize_stem(Some("..")), "script");
+        assert_eq!(sanitize_stem(None), "script");
+        assert_eq!(sanitize_stem(Some(&"a".repeat(500))).len(), 64);
+    }
+
+    #[test]
+    fn resolve_accepts_names_and_paths_inside() {
+        let (_d, s) = tmp();
+        let inside = s.dir().join("a_1.py");
+        assert_eq!(s.resolve("a_1.py").unwrap(), inside);
+        assert_eq!(s.resolve(inside.to_str().unwrap()).unwrap(), inside);
+    }
+
+    #[test]
+    fn resolve_refuses_traversal() {
+        let (_d, s) = tmp();
+        let root = s.dir().display().to_string();
+        let cases: Vec<(String, &str)> = vec![
+            ("/etc/passwd".into(), "outside"),
+            ("../../x".into(), "not allowed"),
+            ("..".into(), "not allowed"),
+            ("sub/x.py".into(), "not allowed"),
+            ("./x.py".into(), "not allowed"),
+            (format!("{root}/../x.py"), "not allowed"),
+            (format!("{root}/sub/x.py"), "not allowed"),
+            (format!("{root}/"), "not allowed"),
+            ("x\0.py".into(), "NUL"),
+            ("".into(), "empty"),
+            ("a".repeat(300), "too long"),
+            ("a".repeat(5000), "too long"),
+        ];
+        for (p, want) in cases {
+            let e = s.resolve(&p).unwrap_err().to_string();
+            assert!(e.contains(want), "{p:?}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn planted_symlink_is_refused_not_followed() {
+        let (d, s) = tmp();
+        let secret = d.path().join("secret.txt");
+        std::fs::write(&secret, "top secret").unwrap();
+        std::os::unix::fs::symlink(&secret, s.dir().join("evil.py")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", s.dir().join("passwd.py")).unwrap();
+        for name in ["evil.py", "passwd.py"] {
+            let e = s.read(name).await.unwrap_err().to_string();
+            assert!(e.contains("symbolic link"), "{e}");
+            let e = s.append(name, "x").await.unwrap_err().to_string();
+            assert!(e.contains("symbolic link"), "{e}");
+        }
+        assert_eq!(std::fs::read_to_string(&secret).unwrap(), "top secret");
+    }
+
+    #[tokio::test]
+    async fn a_symlinked_storage_dir_is_accepted_under_both_spellings() {
+        let d = tempdir::Dir::new();
+        std::fs::create_dir(d.path().join("real")).unwrap();
+        std::os::unix::fs::symlink(d.path().join("real"), d.path().join("link")).unwrap();
+        let s = CodeStorage::open(d.path().join("link")).unwrap();
+        let p = s.create(Some("x"), "print(1)\n").await.unwrap();
+        let name = p.file_name().unwrap().to_str().unwrap();
+        let via_link = d.path().join("link").join(name);
+        let (_, text) = s.read(via_link.to_str().unwrap()).await.unwrap();
+        assert_eq!(text, "print(1)\n");
+    }
+
+    #[tokio::test]
+    async fn create_append_read() {
+        let (_d, s) = tmp();
+        let p = s.create(Some("my_script"), "a = 1\n").await.unwrap();
+        let name = p.file_name().unwrap().to_str().unwrap().to_string();
+        assert!(
+            name.starts_with("my_script_") && name.ends_with(".py"),
+            "{name}"
+        );
+        let (_, size) = s.append(&name, "b = 2\n").await.unwrap();
+        assert_eq!(size, 12);
+        let (_, text) = s.read(p.to_str().unwrap()).await.unwrap();
+        assert_eq!(text, "a = 1\nb = 2\n");
+        let e = s.read("missing.py").await.unwrap_err().to_string();
+        assert!(e.contains("does not exist"), "{e}");
+        let p2 = s.create(Some("my_script"), "").await.unwrap();
+        assert_ne!(p, p2, "unique suffixes");
+    }
+
+    #[tokio::test]
+    async fn size_caps_hold() {
+        let (_d, s) = tmp();
+        let big = "x".repeat(defaults::MAX_CODE_BYTES + 1);
+        assert!(s.create(None, &big).await.is_err());
+        let p = s.create(None, "").await.unwrap();
+        let name = p.file_name().unwrap().to_str().unwrap().to_string();
+        let chunk = "y".repeat(defaults::MAX_CODE_BYTES);
+        for _ in 0..8 {
+            s.append(&name, &chunk).await.unwrap();
+        }
+        let e = s.append(&name, "z").await.unwrap_err().to_string();
+        assert!(e.contains("limit"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn concurrent_appends_never_interleave() {
+        let (_d, s) = tmp();
+        let s = Arc::new(s);
+        let p = s.create(Some("c"), "").await.unwrap();
+        let name = p.file_name().unwrap().to_str().unwrap().to_string();
+        let mut tasks = Vec::new();
+        for i in 0..32u8 {
+            let s = s.clone();
+            let name = name.clone();
+            tasks.push(tokio::spawn(async move {
+                let line = format!(
+                    "{}\n",
+                    ((b'a' + (i % 26)) as char).to_string().repeat(20_000)
+                );
+                s.append(&name, &line).await.unwrap();
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let (_, text) = s.read(&name).await.unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 32);
+        for l in lines {
+            assert_eq!(l.len(), 20_000);
+            let c = l.as_bytes()[0];
+            assert!(l.bytes().all(|b| b == c), "an append was interleaved");
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! Shared set-up for the MCP tests: a real server (real Docker backend, real storage dir) on
+//! 127.0.0.1 port 0, and a real rmcp client. No mocks and no skips: without Docker these fail.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mcp_code_executor::mcp::{self, http::HttpOptions, CodeExecutor, Settings};
+use mcp_code_executor::sandbox::docker::DockerSandbox;
+use mcp_code_executor::storage::CodeStorage;
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::RunningService;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+#[path = "../common/mod.rs"]
+pub mod common;
+
+/// A running HTTP server and what a test needs to check on it.
+pub struct Server {
+    pub addr: std::net::SocketAddr,
+    pub sandbox: Arc<DockerSandbox>,
+    pub storage_dir: PathBuf,
+    pub tenant: String,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Start a server whose containers carry the label `tenant`.
+pub async fn server(tenant: &str) -> Server {
+    server_with(tenant, Settings::default()).await
+}
+
+pub async fn server_with(tenant: &str, mut settings: Settings) -> Server {
+    let sandbox = common::sandbox().await;
+    let storage_dir = std::env::temp_dir().join(format!(
+        "mcp-test-{tenant}-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let storage = Arc::new(CodeStorage::open(&storage_dir).expect("storage dir"));
+    settings.tenant = tenant.to_string();
+    let shutdown = CancellationToken::new();
+    let executor =
+        CodeExecutor::new(sandbox.clone(), storage, settings).with_shutdown(shutdown.clone());
+    let router = mcp::http::router(executor, &HttpOptions::default(), shutdown.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            mcp::http::serve(listener, router, shutdown).await.unwrap();
+        }
+    });
+    Server {
+        addr,
+        sandbox,
+        storage_dir,
+        tenant: tenant.to_string(),
+        shutdown,
+        task,
+    }
+}
+
+impl Server {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// A Streamable HTTP client session.
+    pub async fn client(&self) -> RunningService<RoleClient, ()> {
+        let transport = StreamableHttpClientTransport::from_uri(self.url("/mcp"));
+        ().serve(transport)
+            .await
+            .expect("client connects over Streamable HTTP")
+    }
+
+    /// Stop the server, wait for container removals, and check none of ours is left.
+    pub async fn finish(self) {
+        self.shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(15), self.task).await;
+        common::assert_clean(&self.sandbox, &self.tenant).await;
+        let _ = std::fs::remove_dir_all(&self.storage_dir);
+    }
+}
+
+/// Call `tool` with JSON `args`; panics on protocol errors.
+pub async fn call(
+    client: &RunningService<RoleClient, ()>,
+    tool: &str,
+    args: Value,
+) -> CallToolResult {
+    try_call(client, tool, args)
+        .await
+        .unwrap_or_else(|e| panic!("{tool} failed at the protocol level: {e}"))
+}
+
+pub async fn try_call(
+    client: &RunningService<RoleClient, ()>,
+    tool: &str,
+    args: Value,
+) -> Result<CallToolResult, rmcp::ServiceError> {
+    let mut params = CallToolRequestParams::new(tool.to_string());
+    if let Value::Object(map) = args {
+        params = params.with_arguments(map);
+    }
+    client.call_tool(params).await
+}
+
+/// The text of the first content block.
+pub fn text(r: &CallToolResult) -> String {
+    r.content
+        .first()
+        .and_then(|c| c.as_text())
+        .map(|t| t.text.clone())
+        .unwrap_or_default()
+}
+
+pub fn structured(r: &CallToolResult) -> Value {
+    r.structured_content.clone().expect("structuredContent")
+}
+
+pub fn is_error(r: &CallToolResult) -> bool {
+    r.is_error == Some(true)
+}
+
+impl Server {
+    /// Wait until no container of this server's tenant exists (removal runs in the background).
+    pub async fn sandbox_drained_within(&self, limit: Duration) {
+        let t0 = std::time::Instant::now();
+        loop {
+            let left = common::containers_of(&self.tenant);
+            if left.is_empty() {
+                return;
+            }
+            assert!(
+                t0.elapsed() < limit,
+                "containers still there after {limit:?}: {left:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// A client handler that records progress notifications.
+#[derive(Clone, Default)]
+pub struct ProgressRecorder {
+    pub seen: Arc<std::sync::Mutex<Vec<rmcp::model::ProgressNotificationParam>>>,
+}
+
+impl rmcp::ClientHandler for ProgressRecorder {
+    async fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _: rmcp::service::NotificationContext<RoleClient>,
+    ) {
+        self.seen.lock().unwrap().push(params);
+    }
+}
+
+impl ProgressRecorder {
+    pub fn messages(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p.message.clone())
+            .collect()
+    }
+
+    /// Wait until a notification whose message starts with `prefix` arrived.
+    pub async fn wait_for(&self, prefix: &str, limit: Duration) {
+        let t0 = std::time::Instant::now();
+        while !self.messages().iter().any(|m| m.starts_with(prefix)) {
+            assert!(
+                t0.elapsed() < limit,
+                "no `{prefix}` notification within {limit:?}: {:?}",
+                self.messages()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
