@@ -133,6 +133,8 @@ async fn sigterm_stops_runs_removes_containers_and_exits_zero() {
 #[tokio::test]
 async fn serve_refuses_to_start_when_the_self_test_fails() {
     // an image that does not exist (and may not be built) fails the start-up self-test
+    let dir =
+        std::env::temp_dir().join(format!("mcp-test-refuse-{}", uuid::Uuid::new_v4().simple()));
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
         .args([
             "serve",
@@ -141,10 +143,7 @@ async fn serve_refuses_to_start_when_the_self_test_fails() {
             "--image",
             "mcp-code-executor/absent:none",
         ])
-        .env(
-            "CODE_STORAGE_DIR",
-            std::env::temp_dir().join("mcp-test-refuse"),
-        )
+        .env("CODE_STORAGE_DIR", &dir)
         .stdin(std::process::Stdio::null())
         .output()
         .await
@@ -162,4 +161,5 @@ async fn serve_refuses_to_start_when_the_self_test_fails() {
     assert!(stderr.contains("FAIL"), "{stderr}");
     assert!(stderr.contains("refusing to serve"), "{stderr}");
     assert!(stderr.contains("--allow-unsafe"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -52,6 +52,17 @@ Not available yet on this server: code always runs in the sandbox image's defaul
 
 const GET_ENVIRONMENT_CONFIG: &str = "Describe the execution environment: its type, Python interpreter, sandbox image, where code is stored, and the limits of each run.";
 
+/// Why a run gave no outcome. Shown to the model as a tool error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("the request was cancelled; the run was stopped")]
+    Cancelled,
+    #[error("the server is shutting down; the run was stopped")]
+    ShuttingDown,
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::SandboxError),
+}
+
 /// Everything the tools share; cloned cheaply per session.
 struct Shared {
     sandbox: Arc<dyn Sandbox>,
@@ -156,18 +167,18 @@ impl CodeExecutor {
         &self,
         job: JobSpec,
         ctx: &RequestContext<RoleServer>,
-    ) -> Result<Outcome, String> {
+    ) -> Result<Outcome, RunError> {
         let job_id = job.id.clone();
         let (progress, events) = Progress::start(ctx);
         let result = tokio::select! {
             r = self.run_in_slot(job, events) => r,
             _ = ctx.ct.cancelled() => {
                 tracing::info!(job_id = %job_id, "run cancelled by the client");
-                Err("the request was cancelled; the run was stopped".to_string())
+                Err(RunError::Cancelled)
             }
             _ = self.shared.shutdown.cancelled() => {
                 tracing::info!(job_id = %job_id, "run stopped: the server is shutting down");
-                Err("the server is shutting down; the run was stopped".to_string())
+                Err(RunError::ShuttingDown)
             }
         };
         if let Some(p) = progress {
@@ -177,16 +188,16 @@ impl CodeExecutor {
     }
 
     /// Wait for one of the run slots, then run.
-    async fn run_in_slot(&self, job: JobSpec, events: Events) -> Result<Outcome, String> {
+    async fn run_in_slot(&self, job: JobSpec, events: Events) -> Result<Outcome, RunError> {
         let _slot = self
             .shared
             .slots
             .acquire()
             .await
-            .map_err(|_| "the server is shutting down".to_string())?;
+            .map_err(|_| RunError::ShuttingDown)?;
         self.shared.sandbox.run(job, events).await.map_err(|e| {
             tracing::warn!(error = %e, "sandbox failure");
-            e.to_string()
+            RunError::Sandbox(e)
         })
     }
 
