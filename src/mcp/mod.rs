@@ -4,6 +4,7 @@
 //! what comes back; running code is the [`Sandbox`](crate::sandbox::Sandbox)'s business.
 
 pub mod args;
+pub mod figures;
 pub mod http;
 pub mod progress;
 pub mod report;

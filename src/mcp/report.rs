@@ -32,6 +32,13 @@ pub struct RunReport {
     pub timeout_seconds: f64,
     /// The stored file that was run; pass it to read_code_file or execute_code_file.
     pub file_path: String,
+    /// Figures returned as image content, in order.
+    pub figures: Vec<super::figures::FigureInfo>,
+    /// Figures over the caps, not returned.
+    pub figures_dropped: u64,
+    #[serde(skip)]
+    #[schemars(skip)]
+    images: Vec<crate::job::Artifact>,
 }
 
 impl RunReport {
@@ -52,6 +59,9 @@ impl RunReport {
             peak_memory_bytes: o.peak_memory_bytes,
             timeout_seconds,
             file_path,
+            figures: super::figures::infos(o),
+            figures_dropped: o.artifacts_dropped,
+            images: o.artifacts.clone(),
         }
     }
 
@@ -76,7 +86,10 @@ impl RunReport {
         if self.stdout.is_empty() && self.stderr.is_empty() {
             text.push_str("(no output)\n");
         }
-        with_structured(text, &self, !self.success)
+        text.push_str(&super::figures::text(&self.figures, self.figures_dropped));
+        let mut result = with_structured(text, &self, !self.success);
+        super::figures::attach(&mut result, &self.images);
+        result
     }
 }
 
