@@ -12,8 +12,8 @@ use mcp_code_executor::mcp;
 use mcp_code_executor::sandbox::docker::{DockerConfig, DockerSandbox};
 use mcp_code_executor::sandbox::image::{self, BuildOptions};
 use mcp_code_executor::sandbox::Sandbox;
-use mcp_code_executor::{bench, doctor};
 use mcp_code_executor::storage::{self, CodeStorage};
+use mcp_code_executor::{bench, doctor};
 
 #[derive(Parser)]
 #[command(
@@ -85,6 +85,18 @@ struct ServeCmd {
     /// Label put on this server's containers (`io.mcp-code-executor.tenant`).
     #[arg(long, env = mcp::vars::TENANT, default_value = "local")]
     tenant: String,
+    /// Seconds without a call after which an execute_python session is removed.
+    #[arg(long, env = mcp::vars::SESSION_IDLE, value_parser = config::parse_duration, default_value = "600")]
+    session_idle: std::time::Duration,
+    /// Seconds after which an execute_python session is removed, however busy.
+    #[arg(long, env = mcp::vars::SESSION_MAX_LIFETIME, value_parser = config::parse_duration, default_value = "3600")]
+    session_max_lifetime: std::time::Duration,
+    /// execute_python sessions alive at once.
+    #[arg(long, env = mcp::vars::MAX_SESSIONS, default_value_t = mcp::sessions::defaults::MAX_SESSIONS)]
+    max_sessions: usize,
+    /// Where the per-tenant workspaces live (default: <data dir>/workspaces).
+    #[arg(long, env = mcp::vars::WORKSPACE_DIR)]
+    workspace_dir: Option<PathBuf>,
     /// Serve even when the isolation self-test fails. Dangerous: untrusted code may then
     /// reach the host or the network.
     #[arg(long)]
@@ -427,6 +439,15 @@ async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         python: "/usr/bin/python3".into(),
         requested_env_type: cmd.env_type.clone(),
         tenant: cmd.tenant.clone(),
+        sessions: mcp::sessions::SessionOptions {
+            idle: cmd.session_idle,
+            max_lifetime: cmd.session_max_lifetime,
+            max_sessions: cmd.max_sessions,
+            workspace_root: cmd
+                .workspace_dir
+                .clone()
+                .unwrap_or_else(|| config::data_dir(|k| std::env::var(k).ok()).join("workspaces")),
+        },
     };
     let sandbox = std::sync::Arc::new(sandbox);
     let shutdown = tokio_util::sync::CancellationToken::new();

@@ -252,6 +252,88 @@ impl CodeStorage {
         Ok((path, text))
     }
 
+    /// The same checks with another per-file cap (the workspace's).
+    pub fn with_max_file_bytes(mut self, max: u64) -> Self {
+        self.max_file_bytes = max;
+        self
+    }
+
+    /// Create or replace a file directly inside the directory with `data` (same refusals as
+    /// [`CodeStorage::resolve`]; a planted symlink is refused, not followed).
+    pub async fn write_bytes(
+        &self,
+        file_path: &str,
+        data: &[u8],
+    ) -> Result<(PathBuf, u64), StorageError> {
+        if data.len() as u64 > self.max_file_bytes {
+            return Err(StorageError::TooLarge {
+                what: "the file",
+                size: data.len() as u64,
+                max: self.max_file_bytes,
+            });
+        }
+        let path = self.resolve(file_path)?;
+        let lock = self.lock_for(&path);
+        let _guard = lock.lock().await;
+        let mut file = open_checked(
+            file_path,
+            &path,
+            tokio::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .mode(0o600),
+        )
+        .await?;
+        file.set_len(0).await.map_err(|e| io_err(&path, e))?;
+        file.write_all(data).await.map_err(|e| io_err(&path, e))?;
+        file.flush().await.map_err(|e| io_err(&path, e))?;
+        Ok((path, data.len() as u64))
+    }
+
+    /// Read a file directly inside the directory as bytes.
+    pub async fn read_bytes(&self, file_path: &str) -> Result<(PathBuf, Vec<u8>), StorageError> {
+        let path = self.resolve(file_path)?;
+        let mut file =
+            open_checked(file_path, &path, tokio::fs::OpenOptions::new().read(true)).await?;
+        let mut buf = Vec::new();
+        (&mut file)
+            .take(self.max_file_bytes + 1)
+            .read_to_end(&mut buf)
+            .await
+            .map_err(|e| io_err(&path, e))?;
+        if buf.len() as u64 > self.max_file_bytes {
+            return Err(StorageError::TooLarge {
+                what: "the file",
+                size: buf.len() as u64,
+                max: self.max_file_bytes,
+            });
+        }
+        Ok((path, buf))
+    }
+
+    /// The regular files directly inside the directory (symlinks and others skipped), by
+    /// name, with their sizes.
+    pub async fn list(&self) -> Result<Vec<(String, u64)>, StorageError> {
+        let mut out = Vec::new();
+        let mut dir = tokio::fs::read_dir(&self.canonical)
+            .await
+            .map_err(|e| io_err(&self.canonical, e))?;
+        while let Some(entry) = dir
+            .next_entry()
+            .await
+            .map_err(|e| io_err(&self.canonical, e))?
+        {
+            let Ok(meta) = tokio::fs::symlink_metadata(entry.path()).await else {
+                continue;
+            };
+            if let (true, Some(name)) = (meta.is_file(), entry.file_name().to_str()) {
+                out.push((name.to_string(), meta.len()));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
     fn lock_for(&self, path: &Path) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
         locks.entry(path.to_path_buf()).or_default().clone()

@@ -8,9 +8,11 @@ pub mod figures;
 pub mod http;
 pub mod progress;
 pub mod report;
+pub mod sessions;
 pub mod sse;
 pub mod stdio;
 pub mod tools;
+pub mod workspace;
 
 use std::time::Duration;
 
@@ -39,6 +41,14 @@ pub mod vars {
     pub const TENANT: &str = "MCP_EXECUTOR_TENANT";
     /// Requested environment type (`conda`, `venv`, `venv-uv`): reported, not honoured yet.
     pub const ENV_TYPE: &str = "ENV_TYPE";
+    /// Seconds without a call after which an execute_python session is removed (default 600).
+    pub const SESSION_IDLE: &str = "MCP_EXECUTOR_SESSION_IDLE";
+    /// Seconds after which a session is removed however busy (default 3600).
+    pub const SESSION_MAX_LIFETIME: &str = "MCP_EXECUTOR_SESSION_MAX_LIFETIME";
+    /// Sessions alive at once (default 16).
+    pub const MAX_SESSIONS: &str = "MCP_EXECUTOR_MAX_SESSIONS";
+    /// Where the per-tenant workspaces live (default `<data dir>/workspaces`).
+    pub const WORKSPACE_DIR: &str = "MCP_EXECUTOR_WORKSPACE_DIR";
 }
 
 /// Named defaults of `serve`.
@@ -71,6 +81,8 @@ pub struct Settings {
     pub requested_env_type: Option<String>,
     /// Tenant label on the jobs (`local` for a single-user server).
     pub tenant: String,
+    /// Stateful sessions (execute_python) and workspaces.
+    pub sessions: sessions::SessionOptions,
 }
 
 impl Default for Settings {
@@ -83,6 +95,7 @@ impl Default for Settings {
             python: "/usr/bin/python3".into(),
             requested_env_type: None,
             tenant: "local".into(),
+            sessions: sessions::SessionOptions::default(),
         }
     }
 }

@@ -79,11 +79,14 @@ struct Shared {
 pub struct CodeExecutor {
     shared: Arc<Shared>,
     tool_router: ToolRouter<CodeExecutor>,
+    /// This connection's stateful session and the workspaces (issue 7).
+    pub(super) conn: super::sessions::Connection,
 }
 
 impl CodeExecutor {
     pub fn new(sandbox: Arc<dyn Sandbox>, storage: Arc<CodeStorage>, settings: Settings) -> Self {
         let slots = Semaphore::new(settings.max_concurrent_runs.max(1));
+        let extras = super::sessions::Extras::new(sandbox.clone(), &settings);
         CodeExecutor {
             shared: Arc::new(Shared {
                 sandbox,
@@ -92,13 +95,15 @@ impl CodeExecutor {
                 slots,
                 shutdown: CancellationToken::new(),
             }),
-            tool_router: Self::tool_router(),
+            tool_router: Self::tool_router() + Self::session_router() + Self::workspace_router(),
+            conn: super::sessions::Connection::new(extras),
         }
     }
 
     /// Stop every run in flight when `token` is cancelled (server shutdown). Call before the
     /// executor is cloned into sessions.
     pub fn with_shutdown(mut self, token: CancellationToken) -> Self {
+        self.conn.extras.set_shutdown(token.clone());
         Arc::get_mut(&mut self.shared)
             .expect("with_shutdown is called before the executor is shared")
             .shutdown = token;
@@ -107,7 +112,10 @@ impl CodeExecutor {
 
     /// The timeout a call gets: its own (validated, capped) or the default, plus a note
     /// when it was capped.
-    fn timeout(&self, asked: Option<f64>) -> Result<(Duration, Option<String>), ErrorData> {
+    pub(super) fn timeout(
+        &self,
+        asked: Option<f64>,
+    ) -> Result<(Duration, Option<String>), ErrorData> {
         let s = &self.shared.settings;
         let Some(secs) = asked else {
             return Ok((s.limits.timeout, None));
@@ -147,6 +155,7 @@ impl CodeExecutor {
             job.files[0].path = name.clone();
             job.entry = name;
         }
+        self.add_workspace_files(&mut job).await;
         tracing::info!(job_id = %job.id, file = %path.display(), "run requested");
         let result = self.run_job(job, &ctx).await;
         let file_path = path.display().to_string();

@@ -1,0 +1,429 @@
+//! Stateful execution: `execute_python` runs cells in the caller's own sandbox session
+//! (variables, imports and functions survive between calls), `reset_session` drops it.
+//!
+//! One session per MCP connection (Streamable HTTP session, legacy SSE session, or the
+//! stdio connection), scoped by tenant: rmcp serves each connection with its own clone of
+//! [`CodeExecutor`], and each clone carries a fresh [`Connection`] id; when the connection
+//! ends, the clone is dropped and so is its session's container. A [`Registry`] holds the
+//! sessions, caps how many live at once, and a background reaper removes those idle longer
+//! than the idle timeout or older than the maximum lifetime. Cells of one session run one at
+//! a time (later calls queue). Server shutdown removes every session.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rmcp::handler::server::common::schema_for_output;
+use rmcp::model::CallToolResult;
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_router, ErrorData, RoleServer};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use super::args::{self, Args};
+use super::progress::Progress;
+use super::report::{tool_error, RunReport};
+use super::workspace::Workspaces;
+use super::{CodeExecutor, Settings};
+use crate::job::{JobSpec, Limits};
+use crate::sandbox::{Sandbox, Session};
+
+/// Options of stateful sessions and workspaces (`serve` flags and variables).
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    /// A session unused this long is removed.
+    pub idle: Duration,
+    /// A session older than this is removed (at the end of its current cell).
+    pub max_lifetime: Duration,
+    /// Sessions alive at once, over all connections.
+    pub max_sessions: usize,
+    /// Where the per-tenant workspaces live (`<data dir>/workspaces`).
+    pub workspace_root: std::path::PathBuf,
+}
+
+pub mod defaults {
+    use std::time::Duration;
+    pub const IDLE: Duration = Duration::from_secs(600);
+    pub const MAX_LIFETIME: Duration = Duration::from_secs(3600);
+    pub const MAX_SESSIONS: usize = 16;
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            idle: defaults::IDLE,
+            max_lifetime: defaults::MAX_LIFETIME,
+            max_sessions: defaults::MAX_SESSIONS,
+            workspace_root: crate::config::data_dir(|k| std::env::var(k).ok()).join("workspaces"),
+        }
+    }
+}
+
+/// What every connection shares: the sandbox, the sessions, the workspaces.
+pub struct Extras {
+    sandbox: Arc<dyn Sandbox>,
+    limits: Limits,
+    pub(super) tenant: String,
+    options: SessionOptions,
+    sessions: Mutex<HashMap<u64, Arc<Slot>>>,
+    live: AtomicUsize,
+    reaper: AtomicBool,
+    shutdown: Mutex<CancellationToken>,
+    pub(super) workspaces: Workspaces,
+}
+
+/// One connection's session: the sandbox (when one is open) behind the lock that makes
+/// cells run one at a time.
+struct Slot {
+    cell: tokio::sync::Mutex<Option<Live>>,
+    /// Last use, for the idle timeout.
+    used: Mutex<Instant>,
+}
+
+/// An open session, counted while it lives.
+struct Live {
+    session: Box<dyn Session>,
+    opened: Instant,
+    /// Digest of each workspace file as the session last received it.
+    synced: HashMap<String, [u8; 32]>,
+    extras: Arc<Extras>,
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.extras.live.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Extras {
+    pub fn new(sandbox: Arc<dyn Sandbox>, settings: &Settings) -> Arc<Self> {
+        Arc::new(Extras {
+            sandbox,
+            limits: settings.limits.clone(),
+            tenant: settings.tenant.clone(),
+            options: settings.sessions.clone(),
+            sessions: Mutex::default(),
+            live: AtomicUsize::new(0),
+            reaper: AtomicBool::new(false),
+            shutdown: Mutex::new(CancellationToken::new()),
+            workspaces: Workspaces::new(settings.sessions.workspace_root.clone()),
+        })
+    }
+
+    /// Remove every session when `token` is cancelled (server shutdown).
+    pub fn set_shutdown(&self, token: CancellationToken) {
+        *self.shutdown.lock().unwrap_or_else(|e| e.into_inner()) = token;
+    }
+
+    fn shutdown(&self) -> CancellationToken {
+        self.shutdown
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Slot>>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sessions with an open sandbox.
+    pub fn live_sessions(&self) -> usize {
+        self.live.load(Ordering::SeqCst)
+    }
+
+    fn slot(&self, conn: u64) -> Arc<Slot> {
+        self.map()
+            .entry(conn)
+            .or_insert_with(|| {
+                Arc::new(Slot {
+                    cell: tokio::sync::Mutex::new(None),
+                    used: Mutex::new(Instant::now()),
+                })
+            })
+            .clone()
+    }
+
+    /// Forget a connection's session; its container is removed once no call holds it.
+    fn forget(&self, conn: u64) {
+        let slot = self.map().remove(&conn);
+        if let Some(slot) = slot {
+            if let Ok(mut cell) = slot.cell.try_lock() {
+                if cell.take().is_some() {
+                    tracing::info!(conn, "session closed with its connection");
+                }
+            }
+        }
+    }
+
+    /// Start the reaper once (from inside the runtime).
+    fn start_reaper(self: &Arc<Self>) {
+        if self.reaper.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let shutdown = self.shutdown();
+        let tick = (self.options.idle.min(self.options.max_lifetime) / 4)
+            .clamp(Duration::from_millis(100), Duration::from_secs(10));
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(tick) => {}
+                    _ = shutdown.cancelled() => {
+                        if let Some(x) = weak.upgrade() {
+                            let all: Vec<_> = x.map().drain().collect();
+                            for (_, slot) in all {
+                                if let Ok(mut c) = slot.cell.try_lock() { c.take(); }
+                            }
+                        }
+                        return;
+                    }
+                }
+                let Some(x) = weak.upgrade() else { return };
+                x.reap();
+            }
+        });
+    }
+
+    /// Remove sessions idle or alive too long (skipping those running a cell).
+    fn reap(&self) {
+        let slots: Vec<(u64, Arc<Slot>)> =
+            self.map().iter().map(|(k, v)| (*k, v.clone())).collect();
+        for (conn, slot) in slots {
+            let idle = slot
+                .used
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .elapsed();
+            let Ok(mut cell) = slot.cell.try_lock() else {
+                continue;
+            };
+            let Some(live) = cell.as_ref() else { continue };
+            let why = if idle > self.options.idle {
+                "idle timeout"
+            } else if live.opened.elapsed() > self.options.max_lifetime {
+                "maximum lifetime"
+            } else {
+                continue;
+            };
+            tracing::info!(conn, why, "session removed");
+            cell.take();
+        }
+    }
+}
+
+static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
+
+/// The identity of one connection. Cloning the executor for a new connection gives it a
+/// new identity; dropping it removes that connection's session.
+pub struct Connection {
+    pub(super) id: u64,
+    pub(super) extras: Arc<Extras>,
+}
+
+impl Connection {
+    pub fn new(extras: Arc<Extras>) -> Self {
+        Connection {
+            id: NEXT_CONNECTION.fetch_add(1, Ordering::SeqCst),
+            extras,
+        }
+    }
+}
+
+impl Clone for Connection {
+    fn clone(&self) -> Self {
+        Connection::new(self.extras.clone())
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.extras.forget(self.id);
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ExecutePython {
+    /// Python code to run in your session: statements, and optionally a final expression whose value is shown.
+    pub code: String,
+    /// Wall-clock limit of this call in seconds; capped by the server's maximum. Running over it ends the session.
+    #[serde(default)]
+    pub timeout: Option<f64>,
+}
+
+const EXECUTE_PYTHON: &str = "Run Python in your persistent session, like a notebook or REPL: variables, imports and functions defined in one call are still there in the next. \
+The value of a final expression is shown as a REPL shows it (`x + 1` shows `42`). An exception returns the traceback as an error and keeps the session. \
+matplotlib figures (plt.show() or left open) come back as PNG images. Your workspace files (write_file) are at /workspace. No network. \
+A call that runs over its timeout or out of memory ends the session: all state is lost and the next call starts fresh. \
+Sessions end after a period without calls, after a maximum lifetime, with reset_session, or when the connection closes.";
+
+const RESET_SESSION: &str = "End your persistent execute_python session: its variables, imports and sandbox are discarded. The next execute_python call starts a fresh session. Workspace files are kept.";
+
+const LOST: &str = "The session has ended: its state (variables, imports, functions) is gone. The next execute_python call starts a fresh session; re-run any setup you need.";
+
+/// Short names for the text of a cell's result.
+fn cell_path(conn: u64) -> String {
+    format!("<session {conn}>")
+}
+
+#[tool_router(router = session_router, vis = "pub(super)")]
+impl CodeExecutor {
+    #[tool(
+        description = EXECUTE_PYTHON,
+        input_schema = args::schema::<ExecutePython>(),
+        output_schema = schema_for_output::<RunReport>()
+    )]
+    async fn execute_python(
+        &self,
+        Args(a): Args<ExecutePython>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        crate::storage::check_code_size(&a.code)
+            .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
+        let (timeout, note) = self.timeout(a.timeout)?;
+        let x = self.conn.extras.clone();
+        let conn = self.conn.id;
+        x.start_reaper();
+        let slot = x.slot(conn);
+        let mut cell = slot.cell.lock().await;
+        *slot.used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        let files = match x.workspaces.input_files(&x.tenant).await {
+            Ok(f) => f,
+            Err(e) => return Ok(tool_error(e)),
+        };
+        let mut notes: Vec<String> = note.into_iter().collect();
+        if cell.as_ref().is_some_and(|l| !l.session.alive()) {
+            cell.take();
+        }
+        if cell.is_none() {
+            if x.live_sessions() >= x.options.max_sessions {
+                return Ok(tool_error(format!(
+                    "no session could be opened: the server already runs {} sessions, its maximum. Try again later, or use execute_code (no state).",
+                    x.options.max_sessions
+                )));
+            }
+            let mut job = JobSpec::python("", x.limits.clone());
+            job.tenant = x.tenant.clone();
+            job.files = files.clone();
+            let synced = files
+                .iter()
+                .map(|f| (f.path.clone(), Sha256::digest(&f.contents).into()))
+                .collect();
+            let session = tokio::select! {
+                s = x.sandbox.open_session(job) => s,
+                _ = ctx.ct.cancelled() => return Ok(tool_error("the request was cancelled")),
+            };
+            match session {
+                Ok(session) => {
+                    x.live.fetch_add(1, Ordering::SeqCst);
+                    *cell = Some(Live {
+                        session,
+                        opened: Instant::now(),
+                        synced,
+                        extras: x.clone(),
+                    });
+                    notes.push("a new session was started".into());
+                }
+                Err(e) => return Ok(tool_error(format!("the session could not be opened: {e}"))),
+            }
+        }
+        let live = cell.as_mut().expect("opened above");
+        // Files written with write_file since the session opened: copy them in first.
+        let changed: Vec<_> = files
+            .iter()
+            .filter(|f| {
+                let d: [u8; 32] = Sha256::digest(&f.contents).into();
+                live.synced.get(&f.path) != Some(&d)
+            })
+            .collect();
+        if !changed.is_empty() {
+            let code = sync_code(&changed);
+            match live.session.exec(&code, timeout, None).await {
+                Ok(o) if o.success() => {
+                    for f in changed {
+                        live.synced
+                            .insert(f.path.clone(), Sha256::digest(&f.contents).into());
+                    }
+                }
+                Ok(o) => notes.push(format!(
+                    "workspace files could not be copied into the session: {}",
+                    o.stderr_text()
+                )),
+                Err(e) => notes.push(format!(
+                    "workspace files could not be copied into the session: {e}"
+                )),
+            }
+        }
+        let (progress, events) = Progress::start(&ctx);
+        let shutdown = x.shutdown();
+        let result = tokio::select! {
+            r = live.session.exec(&a.code, timeout, events) => Some(r),
+            _ = ctx.ct.cancelled() => None,
+            _ = shutdown.cancelled() => None,
+        };
+        if let Some(p) = progress {
+            p.finish().await;
+        }
+        *slot.used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        let outcome = match result {
+            None => {
+                cell.take();
+                return Ok(tool_error(format!(
+                    "the call was cancelled while running. {LOST}"
+                )));
+            }
+            Some(Err(e)) => {
+                let ended = !live.session.alive();
+                if ended {
+                    cell.take();
+                }
+                return Ok(tool_error(format!(
+                    "the code could not be run: {e}{}",
+                    if ended {
+                        format!("\n{LOST}")
+                    } else {
+                        String::new()
+                    }
+                )));
+            }
+            Some(Ok(o)) => o,
+        };
+        if outcome.timed_out || outcome.oom_killed || !live.session.alive() {
+            cell.take();
+            notes.push(LOST.into());
+        }
+        let note = (!notes.is_empty()).then(|| notes.join("; "));
+        Ok(RunReport::new(&outcome, timeout.as_secs_f64(), cell_path(conn)).into_result(note))
+    }
+
+    #[tool(description = RESET_SESSION)]
+    async fn reset_session(&self) -> Result<CallToolResult, ErrorData> {
+        let x = &self.conn.extras;
+        let slot = x.slot(self.conn.id);
+        let mut cell = slot.cell.lock().await;
+        let had = cell.take().is_some();
+        Ok(CallToolResult::success(vec![
+            rmcp::model::ContentBlock::text(if had {
+                "the session was reset: its state is gone and its sandbox removed; the next execute_python call starts fresh"
+            } else {
+                "there was no open session; the next execute_python call starts fresh"
+            }),
+        ]))
+    }
+}
+
+/// A cell that writes `files` into /workspace without touching the session's variables.
+fn sync_code(files: &[&crate::job::InputFile]) -> String {
+    use base64::Engine as _;
+    let mut items = String::new();
+    for f in files {
+        let name = serde_json::to_string(&f.path).unwrap_or_default();
+        let data = base64::engine::general_purpose::STANDARD.encode(&f.contents);
+        items.push_str(&format!("({name}, '{data}'),"));
+    }
+    format!(
+        "__import__('builtins').exec(\"import base64\\nfor n, d in FILES:\\n    open('/workspace/' + n, 'wb').write(base64.b64decode(d))\", {{'FILES': [{items}]}})"
+    )
+}
