@@ -47,7 +47,7 @@ async fn tools_are_listed_with_schemas_and_server_info() {
             .unwrap_or_default();
         assert_eq!(req, required, "{tool}: {schema}");
     }
-    assert_eq!(tools.len(), 9, "{names:?}");
+    assert_eq!(tools.len(), 14, "{names:?}");
     let exec = tools.iter().find(|t| t.name == "execute_code").unwrap();
     let schema = serde_json::Value::Object((*exec.input_schema).clone());
     for arg in ["code", "filename", "timeout"] {

@@ -42,6 +42,7 @@ pub async fn server_with(tenant: &str, mut settings: Settings) -> Server {
     ));
     let storage = Arc::new(CodeStorage::open(&storage_dir).expect("storage dir"));
     settings.tenant = tenant.to_string();
+    settings.sessions.workspace_root = storage_dir.with_extension("ws");
     let shutdown = CancellationToken::new();
     let executor =
         CodeExecutor::new(sandbox.clone(), storage, settings).with_shutdown(shutdown.clone());
@@ -83,6 +84,7 @@ impl Server {
         let _ = tokio::time::timeout(Duration::from_secs(15), self.task).await;
         common::assert_clean(&self.sandbox, &self.tenant).await;
         let _ = std::fs::remove_dir_all(&self.storage_dir);
+        let _ = std::fs::remove_dir_all(self.storage_dir.with_extension("ws"));
     }
 }
 

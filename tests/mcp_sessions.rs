@@ -1,0 +1,239 @@
+//! Issue 7 through rmcp's real client over Streamable HTTP, against a real server with the
+//! real Docker backend: stateful sessions, figures as images, workspace files. Every test
+//! checks at the end that none of its containers is left.
+
+mod mcp_support;
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use mcp_code_executor::mcp::Settings;
+use mcp_support::{call, common, is_error, server, server_with, structured, text};
+use serde_json::json;
+
+/// Width and height from a PNG's IHDR, after checking the signature.
+fn png_size(data: &[u8]) -> (u32, u32) {
+    assert_eq!(&data[..8], b"\x89PNG\r\n\x1a\n", "PNG signature");
+    assert_eq!(&data[12..16], b"IHDR");
+    let w = u32::from_be_bytes(data[16..20].try_into().unwrap());
+    let h = u32::from_be_bytes(data[20..24].try_into().unwrap());
+    assert_eq!(&data[data.len() - 8..data.len() - 4], b"IEND", "PNG ends");
+    (w, h)
+}
+
+fn images(r: &rmcp::model::CallToolResult) -> Vec<(Vec<u8>, String)> {
+    r.content
+        .iter()
+        .filter_map(|c| c.as_image())
+        .map(|i| {
+            (
+                base64::engine::general_purpose::STANDARD
+                    .decode(&i.data)
+                    .expect("base64"),
+                i.mime_type.clone(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn state_persists_and_sessions_are_separate() {
+    let s = server("t-s7-state").await;
+    let a = s.client().await;
+    let b = s.client().await;
+    let r = call(&a, "execute_python", json!({"code": "x = 41\nimport math"})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    let r = call(&a, "execute_python", json!({"code": "x + 1"})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    assert_eq!(structured(&r)["stdout"], "42\n", "{}", text(&r));
+    assert!(text(&r).contains("42"));
+    // The other MCP session has its own interpreter.
+    let r = call(&b, "execute_python", json!({"code": "x"})).await;
+    assert!(is_error(&r), "{}", text(&r));
+    assert!(
+        structured(&r)["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("NameError"),
+        "{}",
+        text(&r)
+    );
+    // An exception keeps the session.
+    let r = call(&a, "execute_python", json!({"code": "1/0"})).await;
+    assert!(
+        is_error(&r) && text(&r).contains("ZeroDivisionError"),
+        "{}",
+        text(&r)
+    );
+    let r = call(
+        &a,
+        "execute_python",
+        json!({"code": "print(x, math.pi > 3)"}),
+    )
+    .await;
+    assert_eq!(structured(&r)["stdout"], "41 True\n", "{}", text(&r));
+    // reset_session drops it.
+    let r = call(&a, "reset_session", json!({})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    let r = call(&a, "execute_python", json!({"code": "'x' in globals()"})).await;
+    assert_eq!(structured(&r)["stdout"], "False\n", "{}", text(&r));
+    // Closing a client's MCP session removes its container.
+    a.cancel().await.unwrap();
+    b.cancel().await.unwrap();
+    s.sandbox_drained_within(Duration::from_secs(20)).await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn figures_come_back_as_png_images() {
+    let s = server("t-s7-fig").await;
+    let c = s.client().await;
+    let code = "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()";
+    for tool in ["execute_python", "execute_code"] {
+        let r = call(&c, tool, json!({ "code": code })).await;
+        assert!(!is_error(&r), "{tool}: {}", text(&r));
+        let imgs = images(&r);
+        assert_eq!(imgs.len(), 1, "{tool}: {}", text(&r));
+        assert_eq!(imgs[0].1, "image/png");
+        assert_eq!(png_size(&imgs[0].0), (640, 480), "{tool}");
+        assert!(text(&r).contains("figure-001.png"), "{tool}: {}", text(&r));
+        let v = structured(&r);
+        assert_eq!(v["figures"][0]["name"], "figure-001.png", "{v}");
+        assert_eq!(v["figures"][0]["downscaled"], false, "{v}");
+        assert_eq!(v["figures_dropped"], 0);
+    }
+    // A huge figure is downscaled and the text says so.
+    let r = call(
+        &c,
+        "execute_code",
+        json!({"code": "import matplotlib.pyplot as plt\nplt.figure(figsize=(40, 40), dpi=100)\nplt.plot([1,2])\nplt.show()"}),
+    )
+    .await;
+    assert!(text(&r).contains("downscaled"), "{}", text(&r));
+    let (w, h) = png_size(&images(&r)[0].0);
+    assert!(w as u64 * h as u64 <= 4_000_000 + 10_000, "{w}x{h}");
+    c.cancel().await.unwrap();
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn workspace_files_reach_the_code_and_traversal_is_refused() {
+    let s = server("t-s7-ws").await;
+    let c = s.client().await;
+    // A session opened before the file was written still sees it.
+    let r = call(&c, "execute_python", json!({"code": "y = 1"})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    let r = call(
+        &c,
+        "write_file",
+        json!({"path": "data.csv", "content": "a,b\n1,2\n3,4\n"}),
+    )
+    .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    assert!(text(&r).contains("/workspace/data.csv"), "{}", text(&r));
+    let code = "import pandas\ndf = pandas.read_csv('/workspace/data.csv')\nint(df['b'].sum())";
+    let r = call(&c, "execute_python", json!({ "code": code })).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    assert_eq!(structured(&r)["stdout"], "6\n", "{}", text(&r));
+    // One-shot runs see it too.
+    let r = call(
+        &c,
+        "execute_code",
+        json!({"code": "print(open('/workspace/data.csv').read().count('\\n'))"}),
+    )
+    .await;
+    assert_eq!(structured(&r)["stdout"], "3\n", "{}", text(&r));
+    // Binary round trip through base64, listing, reading.
+    let bin = base64::engine::general_purpose::STANDARD.encode([0u8, 255, 1, 254]);
+    let r = call(
+        &c,
+        "write_file",
+        json!({"path": "/workspace/blob.bin", "content": bin, "encoding": "base64"}),
+    )
+    .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    let r = call(&c, "read_file", json!({"path": "blob.bin"})).await;
+    let v = structured(&r);
+    assert_eq!(v["encoding"], "base64");
+    assert_eq!(v["content"], bin);
+    let r = call(&c, "read_file", json!({"path": "data.csv"})).await;
+    assert_eq!(text(&r), "a,b\n1,2\n3,4\n");
+    let r = call(&c, "list_files", json!({})).await;
+    let names: Vec<String> = structured(&r)["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["blob.bin", "data.csv"]);
+    // Refusals.
+    for bad in [
+        "../escape.txt",
+        "/etc/passwd",
+        "sub/dir.txt",
+        "a\0b",
+        &"n".repeat(300),
+    ] {
+        let r = call(&c, "write_file", json!({"path": bad, "content": "x"})).await;
+        assert!(is_error(&r), "{bad:?} accepted: {}", text(&r));
+        let r = call(&c, "read_file", json!({"path": bad})).await;
+        assert!(is_error(&r), "{bad:?} read: {}", text(&r));
+    }
+    assert!(!s
+        .storage_dir
+        .with_extension("ws")
+        .join("escape.txt")
+        .exists());
+    // A planted symlink is not followed.
+    let ws = s.storage_dir.with_extension("ws").join("t-s7-ws");
+    std::os::unix::fs::symlink("/etc/passwd", ws.join("link")).unwrap();
+    let r = call(&c, "read_file", json!({"path": "link"})).await;
+    assert!(
+        is_error(&r) && text(&r).contains("symbolic link"),
+        "{}",
+        text(&r)
+    );
+    c.cancel().await.unwrap();
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn idle_sessions_are_removed_and_timeouts_say_the_state_is_lost() {
+    let mut settings = Settings::default();
+    settings.sessions.idle = Duration::from_secs(2);
+    let s = server_with("t-s7-idle", settings).await;
+    let c = s.client().await;
+    let r = call(&c, "execute_python", json!({"code": "z = 5"})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    assert_eq!(common::containers_of("t-s7-idle").len(), 1);
+    s.sandbox_drained_within(Duration::from_secs(15)).await;
+    let r = call(&c, "execute_python", json!({"code": "'z' in globals()"})).await;
+    assert_eq!(structured(&r)["stdout"], "False\n", "{}", text(&r));
+    assert!(text(&r).contains("new session"), "{}", text(&r));
+
+    let r = call(&c, "execute_python", json!({"code": "z = 7"})).await;
+    assert!(!is_error(&r));
+    let r = call(
+        &c,
+        "execute_python",
+        json!({"code": "import time\ntime.sleep(30)", "timeout": 1}),
+    )
+    .await;
+    assert!(is_error(&r), "{}", text(&r));
+    assert!(structured(&r)["timed_out"].as_bool().unwrap());
+    assert!(
+        text(&r).contains("state (variables, imports, functions) is gone"),
+        "{}",
+        text(&r)
+    );
+    let r = call(
+        &c,
+        "execute_python",
+        json!({"code": "print('z' in globals())"}),
+    )
+    .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    assert_eq!(structured(&r)["stdout"], "False\n", "{}", text(&r));
+    c.cancel().await.unwrap();
+    s.finish().await;
+}
