@@ -12,8 +12,8 @@ use mcp_code_executor::mcp;
 use mcp_code_executor::sandbox::docker::{DockerConfig, DockerSandbox};
 use mcp_code_executor::sandbox::image::{self, BuildOptions};
 use mcp_code_executor::sandbox::Sandbox;
-use mcp_code_executor::{bench, doctor};
 use mcp_code_executor::storage::{self, CodeStorage};
+use mcp_code_executor::{bench, doctor};
 
 #[derive(Parser)]
 #[command(

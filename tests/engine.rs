@@ -404,3 +404,33 @@ print('left one open')
     assert!(w * h <= 4_100_000, "{w}x{h}");
     assert_clean(&s, "t-figs").await;
 }
+
+#[tokio::test]
+async fn files_the_code_writes_in_the_workspace_come_back_when_asked() {
+    let s = sandbox().await;
+    let mut job = JobSpec::python(
+        "import os\nopen('out.csv', 'w').write('a,b\\n1,2\\n')\nos.makedirs('sub', exist_ok=True)\nopen('sub/x.bin', 'wb').write(bytes(range(256)))\nopen('/tmp/not-returned', 'w').write('tmp')\nos.symlink('/etc/passwd', 'link')\nprint(open('given.txt').read())\n",
+        limits(),
+    );
+    job.tenant = "t-files".into();
+    job.return_files = true;
+    job.files.push(InputFile {
+        path: "given.txt".into(),
+        contents: b"unchanged input".to_vec(),
+    });
+    let o = s.run(job, None).await.unwrap();
+    assert!(o.success(), "{}", o.stderr_text());
+    let paths: Vec<&str> = o.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        ["out.csv", "sub/x.bin"],
+        "only new or changed regular files"
+    );
+    assert_eq!(o.files[0].data, b"a,b\n1,2\n");
+    assert_eq!(o.files[1].data, (0..=255u8).collect::<Vec<u8>>());
+
+    // Without asking, nothing comes back.
+    let o = run(&s, "t-files", "open('out.csv', 'w').write('x')", limits()).await;
+    assert!(o.files.is_empty());
+    assert_clean(&s, "t-files").await;
+}
