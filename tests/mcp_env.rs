@@ -71,6 +71,27 @@ async fn environments_configure_install_and_stay_read_only() {
     assert_eq!(pk["packages"][0]["installed"], true, "{pk}");
     assert_eq!(pk["packages"][1]["installed"], true, "{pk}");
 
+    // A failed install says why, and the environment stays usable.
+    let r = call(
+        &client,
+        "install_dependencies",
+        json!({"packages": ["surely-no-such-package-mcpx-0xdead"]}),
+    )
+    .await;
+    assert!(is_error(&r), "{}", text(&r));
+    assert!(text(&r).contains("install failed"), "{}", text(&r));
+    let r = call(
+        &client,
+        "execute_code",
+        json!({"code": "import six; print('still', six.__version__)"}),
+    )
+    .await;
+    assert!(
+        !is_error(&r) && text(&r).contains("still 1."),
+        "{}",
+        text(&r)
+    );
+
     // Switch to a host venv with a package of its own: it imports, and is read-only.
     let venv = data.join("venv-a");
     let ok = std::process::Command::new("/usr/bin/python3")
