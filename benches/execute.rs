@@ -58,6 +58,21 @@ async fn execute(c: &RunningService<RoleClient, ()>) -> Result<Duration, String>
     Ok(d)
 }
 
+/// `total` calls, `concurrency` at once, each on its own client session.
+async fn mcp_load(url: &str, total: usize, concurrency: usize) -> (Vec<Duration>, usize, Duration) {
+    let url = url.to_string();
+    load(total, concurrency, move || {
+        let url = url.clone();
+        async move {
+            let c = client(&url).await;
+            let r = execute(&c).await;
+            let _ = c.cancel().await;
+            r
+        }
+    })
+    .await
+}
+
 #[tokio::main]
 async fn main() {
     let samples = knob("BENCH_SAMPLES", 20);
@@ -141,17 +156,7 @@ async fn main() {
     println!("| --- | --- | --- | --- | --- |");
     for conc in [1usize, 4, 8] {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let url2 = url.clone();
-        let (lat, failed, wall) = load(runs, conc, move || {
-            let url = url2.clone();
-            async move {
-                let c = client(&url).await;
-                let r = execute(&c).await;
-                let _ = c.cancel().await;
-                r
-            }
-        })
-        .await;
+        let (lat, failed, wall) = mcp_load(&url, runs, conc).await;
         let s = Stats::of(lat.clone());
         println!(
             "| {conc} | {:.1} | {} | {} | {failed} |",
@@ -164,17 +169,7 @@ async fn main() {
     }
 
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let url2 = url.clone();
-    let (lat, failed, wall) = load(burst, burst, move || {
-        let url = url2.clone();
-        async move {
-            let c = client(&url).await;
-            let r = execute(&c).await;
-            let _ = c.cancel().await;
-            r
-        }
-    })
-    .await;
+    let (lat, failed, wall) = mcp_load(&url, burst, burst).await;
     let s = Stats::of(lat.clone());
     println!(
         "\nburst of {burst} concurrent MCP calls: completed {}, failed {failed}, p50 {} ms, p95 {} ms, all answered in {:.1} s",

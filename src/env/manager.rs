@@ -247,7 +247,7 @@ impl EnvManager {
                 run_env.vars.push((var.into(), ca.display().to_string()));
             }
         }
-        let mut job = JobSpec::python(INSTALL_SCRIPT, installer_limits());
+        let mut job = JobSpec::python(format!("{INSTALL_PIP}{CHECK_SCRIPT}"), installer_limits());
         job.tenant = tenant.to_string();
         job.env = run_env;
         job.files.push(json_file("packages.json", specs));
@@ -375,23 +375,15 @@ for n in names:
 print(json.dumps(out))
 "#;
 
-const INSTALL_SCRIPT: &str = r#"
+/// pip, then the versions now present (the check script appended to it).
+const INSTALL_PIP: &str = r#"
 import json, subprocess, sys
-from importlib import metadata
 pkgs = json.load(open('packages.json'))
-names = json.load(open('names.json'))
 cmd = [sys.executable, '-m', 'pip', 'install', '--no-input', '--disable-pip-version-check',
        '--progress-bar', 'off', '--no-warn-script-location'] + pkgs
 r = subprocess.run(cmd, stdout=sys.stderr)
 if r.returncode:
     sys.exit(r.returncode)
-out = []
-for n in names:
-    try:
-        out.append({'name': n, 'installed': True, 'version': metadata.version(n)})
-    except metadata.PackageNotFoundError:
-        out.append({'name': n, 'installed': False, 'version': None})
-print(json.dumps(out))
 "#;
 
 #[cfg(test)]
