@@ -106,13 +106,23 @@ impl EnvManager {
     /// Where the managed environment of `tenant` lives.
     pub fn managed_path(&self, tenant: &str) -> PathBuf {
         if tenant == "local" {
-            self.data_dir.join("envs/default")
-        } else {
-            self.data_dir
-                .join("tenants")
-                .join(tenant)
-                .join("envs/default")
+            return self.data_dir.join("envs/default");
         }
+        // A tenant id is one path component, whatever it holds.
+        let safe: String = tenant
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        self.data_dir
+            .join("tenants")
+            .join(safe)
+            .join("envs/default")
     }
 
     /// The managed environment of `tenant`, created on first use: a venv of the image's
@@ -448,6 +458,10 @@ mod tests {
         assert_eq!(
             m.managed_path("acme"),
             Path::new("/data/tenants/acme/envs/default")
+        );
+        assert_eq!(
+            m.managed_path("../../etc"),
+            Path::new("/data/tenants/______etc/envs/default")
         );
     }
 }
