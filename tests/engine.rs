@@ -434,3 +434,30 @@ async fn files_the_code_writes_in_the_workspace_come_back_when_asked() {
     assert!(o.files.is_empty());
     assert_clean(&s, "t-files").await;
 }
+
+#[tokio::test]
+async fn the_code_cannot_signal_or_read_the_runner() {
+    let s = sandbox().await;
+    let code = r#"
+import os, signal
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL, signal.SIGPIPE):
+    try:
+        os.kill(1, sig)
+    except OSError as e:
+        print('kill refused', e.errno)
+for p in ('/proc/1/fd/1', '/proc/1/mem', '/proc/1/environ'):
+    try:
+        open(p, 'rb').read(1)
+        print('READ', p)
+    except OSError as e:
+        print('refused', p)
+print('still here')
+"#;
+    let o = run(&s, "t-pid1", code, limits()).await;
+    let out = o.stdout_text();
+    assert!(o.success(), "the runner survived and reported: {o:?}");
+    assert!(out.contains("still here"), "{out}");
+    assert!(!out.contains("READ"), "{out}");
+    assert_eq!(out.matches("refused /proc/1").count(), 3, "{out}");
+    assert_clean(&s, "t-pid1").await;
+}

@@ -324,6 +324,7 @@ class Child:
                 os.closerange(5, 1 << 16)
                 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
                 os.chdir(workdir)
                 os.execv(python, [python, "-u", "-c", stub or STUB])
             except BaseException as e:
@@ -510,6 +511,9 @@ def seed_matplotlib_cache():
 def main():
     not_dumpable()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # As PID 1 the runner only receives the signals it handles: Python's own SIGINT
+    # handler would let the code interrupt it, so it goes.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     default_python = sys.argv[1] if len(sys.argv) > 1 else "/usr/bin/python3"
     seed_matplotlib_cache()
     try:
