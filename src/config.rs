@@ -29,6 +29,8 @@ pub mod vars {
     pub const DATA_DIR: &str = "MCP_EXECUTOR_DATA_DIR";
     /// CA bundle (PEM) that installer containers trust.
     pub const CA_BUNDLE: &str = "MCP_EXECUTOR_CA_BUNDLE";
+    /// Sandboxes `serve` keeps started and waiting (0: no warm pool).
+    pub const POOL_SIZE: &str = "MCP_EXECUTOR_POOL_SIZE";
 }
 
 /// The data directory: `MCP_EXECUTOR_DATA_DIR`, else `$XDG_DATA_HOME/mcp-code-executor`,

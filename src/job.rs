@@ -30,6 +30,9 @@ pub struct JobSpec {
     pub limits: Limits,
     /// The Python environment, network and identity the job runs with.
     pub env: RunEnv,
+    /// Return the files the code creates or changes under `/workspace` in
+    /// [`Outcome::files`] (capped: 100 files, 8 MiB each, 32 MiB in all).
+    pub return_files: bool,
 }
 
 /// A host directory (or file) bind-mounted into the sandbox at the same path: a venv's
@@ -69,6 +72,7 @@ impl JobSpec {
             entry: "main.py".to_string(),
             limits,
             env: RunEnv::default(),
+            return_files: false,
         }
     }
 }
@@ -181,6 +185,20 @@ pub struct Outcome {
     pub artifacts: Vec<Artifact>,
     /// Figures over the caps (10 per run, 4 MiB each), not returned.
     pub artifacts_dropped: u64,
+    /// Files the code created or changed under `/workspace`, when the job asked for them.
+    #[serde(skip)]
+    pub files: Vec<OutputFile>,
+    /// Such files over the caps, not returned.
+    pub files_dropped: u64,
+}
+
+/// A file the code wrote under `/workspace`. The path comes from the sandbox: check it
+/// (as any client path) before writing it anywhere.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OutputFile {
+    /// Relative to `/workspace`.
+    pub path: String,
+    pub data: Vec<u8>,
 }
 
 /// A file a run produced, returned with its outcome.

@@ -14,7 +14,8 @@
 //!   containers ([`env::manager`]).
 //! - [`mcp`]: the MCP server. [`mcp::tools::CodeExecutor`] holds the nine tools; they turn
 //!   requests into jobs and storage calls and format outcomes ([`mcp::report`]), with
-//!   arguments parsed in [`mcp::args`] and progress notifications sent by [`mcp::progress`].
+//!   arguments parsed in [`mcp::args`], progress notifications sent by [`mcp::progress`],
+//!   and the environment tools translated in [`mcp::environment`].
 //!   Transports: stdio ([`mcp::stdio`]), Streamable HTTP and legacy SSE ([`mcp::http`],
 //!   [`mcp::sse`]).
 //! - [`storage`]: the code storage directory; every client `file_path` is confined to it.

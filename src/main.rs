@@ -79,9 +79,19 @@ struct ServeCmd {
     /// Runs at once; further calls wait their turn.
     #[arg(long, env = mcp::vars::MAX_CONCURRENT, default_value_t = mcp::defaults::MAX_CONCURRENT)]
     max_concurrent: usize,
-    /// Requested environment type (conda, venv, venv-uv). Reported, not honoured yet.
+    /// Environment type: conda (with CONDA_ENV_NAME), venv (VENV_PATH), venv-uv
+    /// (UV_VENV_PATH); unset: the managed default environment.
     #[arg(long, env = mcp::vars::ENV_TYPE)]
     env_type: Option<String>,
+    /// Where managed environments live.
+    #[arg(long, env = vars::DATA_DIR)]
+    data_dir: Option<PathBuf>,
+    /// CA bundle (PEM) that installer containers trust (default: the host's system bundle).
+    #[arg(long, env = vars::CA_BUNDLE)]
+    ca_bundle: Option<PathBuf>,
+    /// Sandboxes kept started and waiting for a run (0 turns the warm pool off).
+    #[arg(long, env = vars::POOL_SIZE, default_value_t = 2)]
+    pool_size: usize,
     /// Label put on this server's containers (`io.mcp-code-executor.tenant`).
     #[arg(long, env = mcp::vars::TENANT, default_value = "local")]
     tenant: String,
@@ -353,9 +363,20 @@ async fn dispatch(cli: Cli) -> i32 {
 /// Connect to Docker, sweep what dead processes left, and make sure the image exists
 /// (building it on first use unless told not to).
 async fn connect(opts: &SandboxOpts) -> Result<DockerSandbox, String> {
+    connect_with_pool(opts, 0, Limits::default()).await
+}
+
+/// [`connect`], with a warm pool of `pool_size` sandboxes made with `pool_limits`.
+async fn connect_with_pool(
+    opts: &SandboxOpts,
+    pool_size: usize,
+    pool_limits: Limits,
+) -> Result<DockerSandbox, String> {
     let image = opts.image.clone().unwrap_or_else(image::default_image);
     let config = DockerConfig {
         runtime: opts.runtime.clone(),
+        pool_size,
+        pool_limits,
         ..DockerConfig::new(image.clone())
     };
     let sandbox = DockerSandbox::connect(config)
@@ -404,7 +425,9 @@ async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         code_storage.dir().display()
     );
 
-    let sandbox = connect(&cmd.sandbox).await.map_err(anyhow::Error::msg)?;
+    let sandbox = connect_with_pool(&cmd.sandbox, cmd.pool_size, limits.clone())
+        .await
+        .map_err(anyhow::Error::msg)?;
     let report = doctor::diagnose(&sandbox).await;
     if report.ok() {
         eprintln!(
@@ -424,9 +447,7 @@ async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
             );
         }
     }
-    if let Some(t) = &cmd.env_type {
-        tracing::warn!(env_type = %t, "ENV_TYPE is not honoured yet: code runs in the sandbox image's default Python");
-    }
+    let environments = environments(&cmd, &sandbox).await?;
     let settings = mcp::Settings {
         limits,
         max_timeout: cmd.max_timeout,
@@ -453,7 +474,8 @@ async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
     let shutdown = tokio_util::sync::CancellationToken::new();
     let executor =
         mcp::CodeExecutor::new(sandbox.clone(), std::sync::Arc::new(code_storage), settings)
-            .with_shutdown(shutdown.clone());
+            .with_shutdown(shutdown.clone())
+            .with_environments(std::sync::Arc::new(environments));
     tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
@@ -484,9 +506,45 @@ async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         mcp::http::serve(listener, router, shutdown.clone()).await
     };
     shutdown.cancel();
-    sandbox.drain().await;
+    sandbox.shutdown().await;
     served.context("serving")?;
     Ok(())
+}
+
+/// The environment runs start in (from ENV_TYPE and friends, or the managed default),
+/// validated in a sandbox; the warm pool is then made with it.
+async fn environments(
+    cmd: &ServeCmd,
+    sandbox: &DockerSandbox,
+) -> anyhow::Result<mcp_code_executor::env::state::Environments> {
+    use mcp_code_executor::env::manager::EnvManager;
+    use mcp_code_executor::env::state::{self, EnvState, Environments};
+    let get = |k: &str| std::env::var(k).ok();
+    let data_dir = cmd
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| config::data_dir(get));
+    let ca = cmd.ca_bundle.clone().or_else(|| config::ca_bundle(get));
+    let request = state::request_from_vars(|k| {
+        if k == state::vars::ENV_TYPE {
+            cmd.env_type.clone()
+        } else {
+            get(k)
+        }
+    })?;
+    let manager = EnvManager::new(data_dir, ca);
+    let state = EnvState::init(sandbox, &manager, &cmd.tenant, request)
+        .await
+        .map_err(|e| anyhow::anyhow!("the configured Python environment cannot be used: {e}"))?;
+    let report = state.report().await;
+    eprintln!(
+        "mcp-code-executor: environment {} at {} (Python {})",
+        report.kind,
+        report.path.display(),
+        report.python_version
+    );
+    sandbox.prewarm(&state.current().await.run_env()).await;
+    Ok(Environments { manager, state })
 }
 
 /// SIGINT or SIGTERM.

@@ -26,8 +26,6 @@ pub mod defaults {
     pub const MAX_NAME_BYTES: usize = 200;
     /// Longest part of a file name taken from the client's `filename`.
     pub const MAX_STEM_CHARS: usize = 64;
-    /// Storage directory when neither `CODE_STORAGE_DIR` nor a data directory is known.
-    pub const FALLBACK_DIR: &str = "/tmp/mcp_code_storage";
 }
 
 /// What went wrong with a stored file; every message names the path the client sent.
@@ -75,21 +73,11 @@ pub struct CodeStorage {
     locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
 }
 
-/// The default storage directory: `$XDG_DATA_HOME/mcp-code-executor/code`, else
-/// `$HOME/.local/share/mcp-code-executor/code`, else [`defaults::FALLBACK_DIR`].
+/// The default storage directory: `code/` under the data directory
+/// ([`crate::config::data_dir`]: `MCP_EXECUTOR_DATA_DIR`, `$XDG_DATA_HOME/mcp-code-executor`
+/// or `~/.local/share/mcp-code-executor`).
 pub fn default_dir() -> PathBuf {
-    let data = std::env::var_os("XDG_DATA_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".local/share"))
-        });
-    match data {
-        Some(d) => d.join("mcp-code-executor").join("code"),
-        None => PathBuf::from(defaults::FALLBACK_DIR),
-    }
+    crate::config::data_dir(|k| std::env::var(k).ok()).join("code")
 }
 
 impl CodeStorage {

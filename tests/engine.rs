@@ -404,3 +404,60 @@ print('left one open')
     assert!(w * h <= 4_100_000, "{w}x{h}");
     assert_clean(&s, "t-figs").await;
 }
+
+#[tokio::test]
+async fn files_the_code_writes_in_the_workspace_come_back_when_asked() {
+    let s = sandbox().await;
+    let mut job = JobSpec::python(
+        "import os\nopen('out.csv', 'w').write('a,b\\n1,2\\n')\nos.makedirs('sub', exist_ok=True)\nopen('sub/x.bin', 'wb').write(bytes(range(256)))\nopen('/tmp/not-returned', 'w').write('tmp')\nos.symlink('/etc/passwd', 'link')\nprint(open('given.txt').read())\n",
+        limits(),
+    );
+    job.tenant = "t-files".into();
+    job.return_files = true;
+    job.files.push(InputFile {
+        path: "given.txt".into(),
+        contents: b"unchanged input".to_vec(),
+    });
+    let o = s.run(job, None).await.unwrap();
+    assert!(o.success(), "{}", o.stderr_text());
+    let paths: Vec<&str> = o.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        ["out.csv", "sub/x.bin"],
+        "only new or changed regular files"
+    );
+    assert_eq!(o.files[0].data, b"a,b\n1,2\n");
+    assert_eq!(o.files[1].data, (0..=255u8).collect::<Vec<u8>>());
+
+    // Without asking, nothing comes back.
+    let o = run(&s, "t-files", "open('out.csv', 'w').write('x')", limits()).await;
+    assert!(o.files.is_empty());
+    assert_clean(&s, "t-files").await;
+}
+
+#[tokio::test]
+async fn the_code_cannot_signal_or_read_the_runner() {
+    let s = sandbox().await;
+    let code = r#"
+import os, signal
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL, signal.SIGPIPE):
+    try:
+        os.kill(1, sig)
+    except OSError as e:
+        print('kill refused', e.errno)
+for p in ('/proc/1/fd/1', '/proc/1/mem', '/proc/1/environ'):
+    try:
+        open(p, 'rb').read(1)
+        print('READ', p)
+    except OSError as e:
+        print('refused', p)
+print('still here')
+"#;
+    let o = run(&s, "t-pid1", code, limits()).await;
+    let out = o.stdout_text();
+    assert!(o.success(), "the runner survived and reported: {o:?}");
+    assert!(out.contains("still here"), "{out}");
+    assert!(!out.contains("READ"), "{out}");
+    assert_eq!(out.matches("refused /proc/1").count(), 3, "{out}");
+    assert_clean(&s, "t-pid1").await;
+}

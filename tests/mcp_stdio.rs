@@ -96,11 +96,20 @@ async fn raw_stdio_errors_and_dotenv() {
         std::env::temp_dir().join(format!("mcp-test-dotenv-{}", uuid::Uuid::new_v4().simple()));
     let storage = cwd.join("from-dotenv");
     std::fs::create_dir_all(&cwd).unwrap();
+    // A real venv, configured the way users of the old tools do it: ENV_TYPE + VENV_PATH.
+    let venv = cwd.join("venv");
+    let made = std::process::Command::new("/usr/bin/python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .status()
+        .unwrap();
+    assert!(made.success());
     std::fs::write(
         cwd.join(".env"),
         format!(
-            "CODE_STORAGE_DIR={}\nENV_TYPE=venv\nMCP_EXECUTOR_TENANT={TENANT}-raw\n",
-            storage.display()
+            "CODE_STORAGE_DIR={}\nENV_TYPE=venv\nVENV_PATH={}\nMCP_EXECUTOR_TENANT={TENANT}-raw\n",
+            storage.display(),
+            venv.display()
         ),
     )
     .unwrap();
@@ -109,6 +118,7 @@ async fn raw_stdio_errors_and_dotenv() {
         .current_dir(&cwd)
         .env_remove("CODE_STORAGE_DIR")
         .env_remove("ENV_TYPE")
+        .env_remove("VENV_PATH")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
@@ -175,7 +185,8 @@ async fn raw_stdio_errors_and_dotenv() {
         storage.canonicalize().unwrap().display().to_string(),
         "{v}"
     );
-    assert_eq!(cfg["requested_env_type"], "venv", "{v}");
+    assert_eq!(cfg["type"], "venv", "{v}");
+    assert_eq!(cfg["path"], venv.display().to_string(), "{v}");
 
     drop(stdin);
     let status = tokio::time::timeout(Duration::from_secs(30), child.wait())

@@ -143,3 +143,21 @@ async fn two_sessions_do_not_share_state() {
     drop((a, b));
     common::assert_clean(&sb, "t-sess-two").await;
 }
+
+#[tokio::test]
+async fn each_cell_returns_the_files_it_wrote() {
+    let sb = common::sandbox().await;
+    let mut job = spec("t-sess-files", Limits::default());
+    job.return_files = true;
+    let mut s = sb.open_session(job).await.unwrap();
+    let o = cell(&mut s, "open('a.txt', 'w').write('one')").await;
+    let names: Vec<&str> = o.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(names, ["a.txt"]);
+    let o = cell(&mut s, "1 + 1").await;
+    assert!(o.files.is_empty(), "nothing new");
+    let o = cell(&mut s, "open('a.txt', 'a').write('two')").await;
+    assert_eq!(o.files.len(), 1);
+    assert_eq!(o.files[0].data, b"onetwo");
+    drop(s);
+    common::assert_clean(&sb, "t-sess-files").await;
+}

@@ -9,6 +9,8 @@ Protocol (all integers big-endian):
             b"O"  a chunk of the user's stdout
             b"E"  a chunk of the user's stderr
             b"A"  an artifact (a figure): u16 name length, name, bytes; before `X`
+            b"W"  a file the code created or changed under the workspace (when the header
+                  asks for `return_files`): u16 path length, path, bytes; before `X`
             b"X"  the final report, JSON: exit_code, signal, cpu_ms, peak_memory_bytes,
                   oom_kills, stdout_bytes, stderr_bytes, artifacts_dropped
             b"F"  the runner could not run the job, JSON: {"error": "..."}
@@ -35,6 +37,7 @@ import resource
 import selectors
 import shutil
 import signal
+import stat
 import struct
 import sys
 import tarfile
@@ -98,6 +101,58 @@ def peak_memory():
         if v is not None:
             return v
     return None
+
+
+MAX_FILES = 100
+MAX_FILE_BYTES = 8 << 20
+MAX_FILES_TOTAL = 32 << 20
+
+
+def snapshot(root):
+    """{relative path: (size, mtime_ns)} of the regular files under root (no symlinks)."""
+    seen = {}
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if not os.path.islink(os.path.join(d, x))]
+        for f in files:
+            p = os.path.join(d, f)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                seen[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
+    return seen
+
+
+def send_files(root, before):
+    """Send the files under root that are new or changed since `before` (frames `W`:
+    u16 path length, path, bytes); return (the new snapshot, how many were dropped)."""
+    now = snapshot(root)
+    sent = total = dropped = 0
+    for rel in sorted(now):
+        if before.get(rel) == now[rel]:
+            continue
+        size = now[rel][0]
+        if sent >= MAX_FILES or size > MAX_FILE_BYTES or total + size > MAX_FILES_TOTAL:
+            dropped += 1
+            continue
+        try:
+            fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            dropped += 1
+            continue
+        raw = rel.encode("utf-8", "surrogateescape")
+        if len(raw) > 4096:
+            dropped += 1
+            continue
+        frame(b"W", struct.pack(">H", len(raw)) + raw + data)
+        sent += 1
+        total += len(data)
+    return now, dropped
 
 
 def safe_extract(data, dest):
@@ -269,6 +324,7 @@ class Child:
                 os.closerange(5, 1 << 16)
                 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
                 os.chdir(workdir)
                 os.execv(python, [python, "-u", "-c", stub or STUB])
             except BaseException as e:
@@ -334,7 +390,7 @@ def cpu_ns():
     return v
 
 
-def session(child, limit, wake_r):
+def session(child, limit, wake_r, workdir, files_before):
     """Serve cells until stdin closes or the interpreter dies: each cell is `u32 length,
     JSON {code, output_limit}` on stdin, answered by its output frames, its figures and an
     `X` report (exit_code 0, or 1 when the cell raised)."""
@@ -412,6 +468,9 @@ def session(child, limit, wake_r):
                     frame(kind, data[:room])
             os.set_blocking(fd, True)
         dropped = send_artifacts()
+        files_dropped = 0
+        if files_before is not None:
+            files_before, files_dropped = send_files(workdir, files_before)
         for name in os.listdir(FIGURES) if os.path.isdir(FIGURES) else []:
             try:
                 os.unlink(os.path.join(FIGURES, name))
@@ -427,6 +486,7 @@ def session(child, limit, wake_r):
             "stdout_bytes": counts[0],
             "stderr_bytes": counts[1],
             "artifacts_dropped": dropped,
+            "files_dropped": files_dropped,
         }
         if exited is not None:
             report["exit_code"] = os.WEXITSTATUS(exited) if os.WIFEXITED(exited) else None
@@ -451,6 +511,9 @@ def seed_matplotlib_cache():
 def main():
     not_dumpable()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # As PID 1 the runner only receives the signals it handles: Python's own SIGINT
+    # handler would let the code interrupt it, so it goes.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     default_python = sys.argv[1] if len(sys.argv) > 1 else "/usr/bin/python3"
     seed_matplotlib_cache()
     try:
@@ -472,6 +535,8 @@ def main():
     except OSError as e:
         fail("could not unpack the job into %s: %s (the workspace size limit?)" % (workdir, e))
     del archive
+    return_files = bool(header.get("return_files"))
+    files_before = snapshot(workdir) if return_files else None
 
     limit = int(header.get("output_limit", 1 << 20))
     python = header.get("python", default_python)
@@ -489,7 +554,7 @@ def main():
             repl = Child(python, workdir, REPL_STUB)
         except OSError as e:
             fail("could not start %s: %s" % (python, e))
-        session(repl, limit, wake_r)
+        session(repl, limit, wake_r, workdir, files_before)
         return
 
     if python != child.python:
@@ -554,6 +619,9 @@ def main():
                 status = wstatus
 
     dropped = send_artifacts()
+    files_dropped = 0
+    if files_before is not None:
+        files_dropped = send_files(workdir, files_before)[1]
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
@@ -566,6 +634,7 @@ def main():
         "stdout_bytes": counts[0],
         "stderr_bytes": counts[1],
         "artifacts_dropped": dropped,
+        "files_dropped": files_dropped,
     }
     frame(b"X", json.dumps(report).encode())
 

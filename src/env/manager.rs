@@ -106,13 +106,23 @@ impl EnvManager {
     /// Where the managed environment of `tenant` lives.
     pub fn managed_path(&self, tenant: &str) -> PathBuf {
         if tenant == "local" {
-            self.data_dir.join("envs/default")
-        } else {
-            self.data_dir
-                .join("tenants")
-                .join(tenant)
-                .join("envs/default")
+            return self.data_dir.join("envs/default");
         }
+        // A tenant id is one path component, whatever it holds.
+        let safe: String = tenant
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        self.data_dir
+            .join("tenants")
+            .join(safe)
+            .join("envs/default")
     }
 
     /// The managed environment of `tenant`, created on first use: a venv of the image's
@@ -247,7 +257,7 @@ impl EnvManager {
                 run_env.vars.push((var.into(), ca.display().to_string()));
             }
         }
-        let mut job = JobSpec::python(INSTALL_SCRIPT, installer_limits());
+        let mut job = JobSpec::python(format!("{INSTALL_PIP}{CHECK_SCRIPT}"), installer_limits());
         job.tenant = tenant.to_string();
         job.env = run_env;
         job.files.push(json_file("packages.json", specs));
@@ -375,23 +385,15 @@ for n in names:
 print(json.dumps(out))
 "#;
 
-const INSTALL_SCRIPT: &str = r#"
+/// pip, then the versions now present (the check script appended to it).
+const INSTALL_PIP: &str = r#"
 import json, subprocess, sys
-from importlib import metadata
 pkgs = json.load(open('packages.json'))
-names = json.load(open('names.json'))
 cmd = [sys.executable, '-m', 'pip', 'install', '--no-input', '--disable-pip-version-check',
        '--progress-bar', 'off', '--no-warn-script-location'] + pkgs
 r = subprocess.run(cmd, stdout=sys.stderr)
 if r.returncode:
     sys.exit(r.returncode)
-out = []
-for n in names:
-    try:
-        out.append({'name': n, 'installed': True, 'version': metadata.version(n)})
-    except metadata.PackageNotFoundError:
-        out.append({'name': n, 'installed': False, 'version': None})
-print(json.dumps(out))
 "#;
 
 #[cfg(test)]
@@ -456,6 +458,10 @@ mod tests {
         assert_eq!(
             m.managed_path("acme"),
             Path::new("/data/tenants/acme/envs/default")
+        );
+        assert_eq!(
+            m.managed_path("../../etc"),
+            Path::new("/data/tenants/______etc/envs/default")
         );
     }
 }

@@ -63,6 +63,13 @@ pub struct EnvReport {
     pub installs: &'static str,
 }
 
+/// What a server needs for environments: the manager (managed envs, installs, locks) and
+/// the current environment.
+pub struct Environments {
+    pub manager: EnvManager,
+    pub state: EnvState,
+}
+
 /// The current environment of one tenant.
 pub struct EnvState {
     tenant: String,

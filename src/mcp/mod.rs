@@ -4,6 +4,7 @@
 //! what comes back; running code is the [`Sandbox`](crate::sandbox::Sandbox)'s business.
 
 pub mod args;
+pub mod environment;
 pub mod figures;
 pub mod http;
 pub mod progress;
@@ -105,4 +106,5 @@ pub const INSTRUCTIONS: &str = "This server runs Python code in isolated, short-
 For a short script call execute_code. For a script too long for one call, build it in pieces: initialize_code_file (returns a file_path), \
 append_to_code_file with that file_path as often as needed, optionally read_code_file to check it, then execute_code_file. \
 Results carry stdout, stderr and a status line; a non-zero exit, timeout or out-of-memory is reported as a tool error with the output. \
-Use get_environment_config for the limits and check_installed_packages to see which libraries are available; installing packages and switching environments are not available yet.";
+Use get_environment_config for the environment and the limits, check_installed_packages to see which libraries are available (numpy, pandas and matplotlib are in the default environment), \
+install_dependencies to add packages from PyPI, and configure_environment to switch to another venv, uv venv or conda environment on the server.";

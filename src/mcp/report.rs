@@ -130,6 +130,12 @@ pub struct EnvironmentReport {
     pub env_type: String,
     /// The interpreter that runs the code, inside the sandbox.
     pub python: String,
+    /// The environment's directory (`sys.prefix` in runs), when environments are on.
+    pub path: Option<String>,
+    /// Its Python version, as the environment's own interpreter reports it.
+    pub python_version: Option<String>,
+    /// The base interpreter mounted (read-only) beside a venv.
+    pub base_prefix: Option<String>,
     /// The sandbox image.
     pub image: String,
     /// The environment is mounted read-only: code cannot install into it.

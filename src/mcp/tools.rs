@@ -18,7 +18,8 @@ use super::report::{
     tool_error, with_structured, EnvironmentReport, FileReport, LimitsReport, PackageStatus,
     PackagesReport, RunReport,
 };
-use super::{Settings, INSTRUCTIONS};
+use super::{environment, Settings, INSTRUCTIONS};
+use crate::env::state::Environments;
 use crate::job::{JobSpec, Outcome};
 use crate::sandbox::{Events, Sandbox};
 use crate::storage::{self, CodeStorage};
@@ -41,14 +42,17 @@ Same limits and results as execute_code. Use read_code_file first if you are uns
 
 const READ_CODE_FILE: &str = "Return the current content of a stored Python file, to check it before appending more or running it.";
 
-const INSTALL_DEPENDENCIES: &str = "Install Python packages into the execution environment. \
-Not available yet on this server: the sandbox's environment is read-only. Use check_installed_packages to see what is available.";
+const INSTALL_DEPENDENCIES: &str = "Install Python packages (from PyPI, with pip) into the current execution environment, for the runs that follow. \
+Give plain requirement specifiers such as `six`, `pandas>=2` or `requests[socks]==2.31.0`; URLs, paths and pip options are refused. \
+The install runs in a separate installer container with network access (runs themselves have none) and may take a minute; the result lists the installed versions. \
+Check first with check_installed_packages: numpy, pandas and matplotlib are already there in the default environment.";
 
 const CHECK_INSTALLED_PACKAGES: &str = "Check which of the given packages are installed in the execution environment, with their versions. \
 Answered by running a small script in the sandbox, so it reflects exactly what your code can import.";
 
-const CONFIGURE_ENVIRONMENT: &str = "Switch the execution environment (type `conda` with conda_name, `venv` with venv_path, or `venv-uv` with uv_venv_path). \
-Not available yet on this server: code always runs in the sandbox image's default Python (see get_environment_config).";
+const CONFIGURE_ENVIRONMENT: &str = "Switch the Python environment the following runs use: type `venv` with venv_path, `venv-uv` with uv_venv_path, `conda` with conda_name (a name or a prefix path), or `default` for the server's managed environment. \
+Paths are on the server. The environment is checked first (its Python is started in a sandbox); if it is not usable the previous one stays and the error says why. \
+Environments are mounted read-only into runs; use install_dependencies to add packages.";
 
 const GET_ENVIRONMENT_CONFIG: &str = "Describe the execution environment: its type, Python interpreter, sandbox image, where code is stored, and the limits of each run.";
 
@@ -72,6 +76,8 @@ struct Shared {
     slots: Semaphore,
     /// Cancelled when the server shuts down: every run in flight is stopped.
     shutdown: CancellationToken,
+    /// Python environments, when the server has them (runs use the current one).
+    environments: Option<Arc<Environments>>,
 }
 
 /// The MCP handler: one per session, all sharing one sandbox and storage.
@@ -94,6 +100,7 @@ impl CodeExecutor {
                 settings,
                 slots,
                 shutdown: CancellationToken::new(),
+                environments: None,
             }),
             tool_router: Self::tool_router() + Self::session_router() + Self::workspace_router(),
             conn: super::sessions::Connection::new(extras),
@@ -107,6 +114,15 @@ impl CodeExecutor {
         Arc::get_mut(&mut self.shared)
             .expect("with_shutdown is called before the executor is shared")
             .shutdown = token;
+        self
+    }
+
+    /// Run in (and install into) the environments of `envs`. Call before the executor is
+    /// cloned into sessions.
+    pub fn with_environments(mut self, envs: Arc<Environments>) -> Self {
+        Arc::get_mut(&mut self.shared)
+            .expect("with_environments is called before the executor is shared")
+            .environments = Some(envs);
         self
     }
 
@@ -197,13 +213,21 @@ impl CodeExecutor {
     }
 
     /// Wait for one of the run slots, then run.
-    async fn run_in_slot(&self, job: JobSpec, events: Events) -> Result<Outcome, RunError> {
+    async fn run_in_slot(&self, mut job: JobSpec, events: Events) -> Result<Outcome, RunError> {
         let _slot = self
             .shared
             .slots
             .acquire()
             .await
             .map_err(|_| RunError::ShuttingDown)?;
+        // The current environment, held for the run: an install waits for it, and it waits
+        // for an install, so a run never sees an environment halfway through an install.
+        let mut _env_lock = None;
+        if let Some(envs) = &self.shared.environments {
+            let env = envs.state.current().await;
+            _env_lock = Some(envs.manager.read_lock(&env).await);
+            job.env = env.run_env();
+        }
         self.shared.sandbox.run(job, events).await.map_err(|e| {
             tracing::warn!(error = %e, "sandbox failure");
             RunError::Sandbox(e)
@@ -398,10 +422,16 @@ impl CodeExecutor {
     async fn install_dependencies(
         &self,
         Args(a): Args<args::Packages>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        if let Some(envs) = &self.shared.environments {
+            let tenant = self.shared.settings.tenant.clone();
+            return environment::install(envs, &*self.shared.sandbox, &tenant, a.packages, &ctx)
+                .await;
+        }
         check_package_names(&a.packages)?;
         Ok(tool_error(format!(
-            "install_dependencies is not available yet: the sandbox runs the image's default Python, mounted read-only, \
+            "install_dependencies is not available on this server instance (it runs without environments): the sandbox runs the image's default Python, mounted read-only, \
              and installing into environments is a later feature of this server. Nothing was installed ({}). \
              What works today: check_installed_packages tells you which packages the default environment already has \
              (numpy and the standard library among them); write code that uses those.",
@@ -468,6 +498,9 @@ impl CodeExecutor {
         &self,
         Args(a): Args<args::ConfigureEnvironment>,
     ) -> Result<CallToolResult, ErrorData> {
+        if let Some(envs) = &self.shared.environments {
+            return environment::configure(envs, &*self.shared.sandbox, a).await;
+        }
         if !matches!(a.env_type.as_str(), "conda" | "venv" | "venv-uv") {
             return Err(ErrorData::invalid_params(
                 format!(
@@ -478,7 +511,7 @@ impl CodeExecutor {
             ));
         }
         Ok(tool_error(format!(
-            "configure_environment is not available yet: switching to a `{}` environment is a later feature of this server, \
+            "configure_environment is not available on this server instance (it runs without environments): switching to a `{}` environment is not possible here, \
              and the configuration was not changed. What works today: code runs in the sandbox image's default Python \
              (see get_environment_config; check_installed_packages lists what it has).",
             a.env_type
@@ -491,9 +524,24 @@ impl CodeExecutor {
     )]
     async fn get_environment_config(&self) -> Result<CallToolResult, ErrorData> {
         let s = &self.shared.settings;
+        let current = match &self.shared.environments {
+            Some(envs) => Some(envs.state.report().await),
+            None => None,
+        };
         let report = EnvironmentReport {
-            env_type: "default".into(),
-            python: s.python.clone(),
+            env_type: current
+                .as_ref()
+                .map(|c| c.kind.as_str().to_string())
+                .unwrap_or_else(|| "default".into()),
+            python: current
+                .as_ref()
+                .map(|c| c.python.display().to_string())
+                .unwrap_or_else(|| s.python.clone()),
+            path: current.as_ref().map(|c| c.path.display().to_string()),
+            python_version: current.as_ref().map(|c| c.python_version.clone()),
+            base_prefix: current
+                .as_ref()
+                .and_then(|c| c.base_prefix.as_ref().map(|b| b.display().to_string())),
             image: s.image.clone(),
             read_only: true,
             code_storage_dir: self.shared.storage.dir().display().to_string(),
@@ -518,10 +566,25 @@ impl CodeExecutor {
             report.limits.max_timeout_seconds,
             report.limits.memory_bytes >> 20,
         );
-        if let Some(t) = &report.requested_env_type {
-            text.push_str(&format!(
-                "\nENV_TYPE={t} is configured but not honoured yet: environments are a later feature"
-            ));
+        match &current {
+            Some(c) => text = format!(
+                "environment: {} at {} (Python {}{}), mounted read-only in every run; install_dependencies installs into it with pip in a separate installer container\n{}",
+                c.kind,
+                c.path.display(),
+                c.python_version,
+                c.base_prefix
+                    .as_ref()
+                    .map(|b| format!(", base interpreter {} mounted beside it", b.display()))
+                    .unwrap_or_default(),
+                text.split_once('\n').map(|(_, rest)| rest).unwrap_or("")
+            ),
+            None => {
+                if let Some(t) = &report.requested_env_type {
+                    text.push_str(&format!(
+                        "\nENV_TYPE={t} is configured but not honoured by this server instance"
+                    ));
+                }
+            }
         }
         Ok(with_structured(text, &report, false))
     }

@@ -14,7 +14,7 @@ pub const WORKDIR: &str = "/workspace";
 
 /// Largest frame the server accepts: output comes in 64 KiB chunks, artifacts are capped
 /// at 4 MiB by the runner.
-const MAX_FRAME: usize = 8 << 20;
+const MAX_FRAME: usize = 9 << 20;
 
 /// The job description the runner reads before the archive.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -27,6 +27,9 @@ pub struct JobHeader {
     pub entry: String,
     pub workdir: String,
     pub output_limit: u64,
+    /// Send back the files the code creates or changes under the workspace.
+    #[serde(default)]
+    pub return_files: bool,
     /// `run` (one file, then exit) or `session` (cells until stdin closes).
     #[serde(default = "run_mode")]
     pub mode: String,
@@ -67,6 +70,7 @@ fn encode(job: &JobSpec, python: &str, mode: &str) -> Result<Vec<u8>, ArchiveErr
         entry: job.entry.clone(),
         workdir: WORKDIR.to_string(),
         output_limit: job.limits.output_bytes,
+        return_files: job.return_files,
         mode: mode.to_string(),
     };
     let header = serde_json::to_vec(&header).expect("header serializes");
@@ -93,6 +97,9 @@ pub struct Report {
     /// Figures over the runner's caps (count or size), not sent.
     #[serde(default)]
     pub artifacts_dropped: u64,
+    /// Workspace files over the runner's caps, not sent.
+    #[serde(default)]
+    pub files_dropped: u64,
 }
 
 /// One message from the runner.
@@ -106,6 +113,8 @@ pub enum Frame {
     Stderr(Vec<u8>),
     /// `A`: a file the code produced (a figure).
     Artifact { name: String, data: Vec<u8> },
+    /// `W`: a file the code created or changed under the workspace.
+    File { path: String, data: Vec<u8> },
     /// `X`: the code has ended.
     Exit(Report),
     /// `F`: the runner could not run the job.
@@ -154,17 +163,12 @@ impl FrameDecoder {
             b'O' => Frame::Stdout(payload),
             b'E' => Frame::Stderr(payload),
             b'A' => {
-                if payload.len() < 2 {
-                    return Err(ProtocolError::BadReport("short artifact frame".into()));
-                }
-                let n = u16::from_be_bytes([payload[0], payload[1]]) as usize;
-                if payload.len() < 2 + n {
-                    return Err(ProtocolError::BadReport("artifact name overruns".into()));
-                }
-                Frame::Artifact {
-                    name: String::from_utf8_lossy(&payload[2..2 + n]).into_owned(),
-                    data: payload[2 + n..].to_vec(),
-                }
+                let (name, data) = named(&payload)?;
+                Frame::Artifact { name, data }
+            }
+            b'W' => {
+                let (path, data) = named(&payload)?;
+                Frame::File { path, data }
             }
             b'X' => Frame::Exit(
                 serde_json::from_slice(&payload)
@@ -188,6 +192,21 @@ impl FrameDecoder {
     pub fn pending(&self) -> usize {
         self.buf.len()
     }
+}
+
+/// `u16 name length, name, bytes`.
+fn named(payload: &[u8]) -> Result<(String, Vec<u8>), ProtocolError> {
+    if payload.len() < 2 {
+        return Err(ProtocolError::BadReport("short named frame".into()));
+    }
+    let n = u16::from_be_bytes([payload[0], payload[1]]) as usize;
+    if payload.len() < 2 + n {
+        return Err(ProtocolError::BadReport("name overruns the frame".into()));
+    }
+    Ok((
+        String::from_utf8_lossy(&payload[2..2 + n]).into_owned(),
+        payload[2 + n..].to_vec(),
+    ))
 }
 
 #[cfg(test)]

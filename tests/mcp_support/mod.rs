@@ -34,7 +34,32 @@ pub async fn server(tenant: &str) -> Server {
     server_with(tenant, Settings::default()).await
 }
 
-pub async fn server_with(tenant: &str, mut settings: Settings) -> Server {
+pub async fn server_with(tenant: &str, settings: Settings) -> Server {
+    server_full(tenant, settings, None).await
+}
+
+/// A server with Python environments: the managed default under `data_dir`.
+pub async fn server_with_environments(tenant: &str, data_dir: &std::path::Path) -> Server {
+    use mcp_code_executor::env::manager::EnvManager;
+    use mcp_code_executor::env::state::{EnvState, Environments};
+    let sandbox = common::sandbox().await;
+    let manager = EnvManager::new(data_dir.to_path_buf(), EnvManager::default_ca_bundle());
+    let state = EnvState::init(&*sandbox, &manager, tenant, None)
+        .await
+        .expect("the managed environment");
+    server_full(
+        tenant,
+        Settings::default(),
+        Some(Arc::new(Environments { manager, state })),
+    )
+    .await
+}
+
+async fn server_full(
+    tenant: &str,
+    mut settings: Settings,
+    envs: Option<Arc<mcp_code_executor::env::state::Environments>>,
+) -> Server {
     let sandbox = common::sandbox().await;
     let storage_dir = std::env::temp_dir().join(format!(
         "mcp-test-{tenant}-{}",
@@ -44,8 +69,11 @@ pub async fn server_with(tenant: &str, mut settings: Settings) -> Server {
     settings.tenant = tenant.to_string();
     settings.sessions.workspace_root = storage_dir.with_extension("ws");
     let shutdown = CancellationToken::new();
-    let executor =
+    let mut executor =
         CodeExecutor::new(sandbox.clone(), storage, settings).with_shutdown(shutdown.clone());
+    if let Some(envs) = envs {
+        executor = executor.with_environments(envs);
+    }
     let router = mcp::http::router(executor, &HttpOptions::default(), shutdown.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -11,7 +11,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::classify;
 use super::guard::ContainerGuard;
-use crate::job::{Artifact, Limits, Outcome, RunEvent, StreamKind};
+use crate::job::{Artifact, Limits, Outcome, OutputFile, RunEvent, StreamKind};
 use crate::sandbox::protocol::{Frame, FrameDecoder, Report};
 use crate::sandbox::{emit, Events, SandboxError};
 
@@ -49,6 +49,7 @@ pub(super) struct Collected {
     stdout_seen: u64,
     stderr_seen: u64,
     artifacts: Vec<Artifact>,
+    files: Vec<OutputFile>,
     /// The output cap it was gathered under.
     cap: u64,
 }
@@ -70,6 +71,8 @@ impl Collected {
             peak_memory_bytes: report.peak_memory_bytes,
             artifacts: self.artifacts,
             artifacts_dropped: report.artifacts_dropped,
+            files: self.files,
+            files_dropped: report.files_dropped,
         }
     }
 }
@@ -277,6 +280,11 @@ impl Live {
                         );
                     }
                     Frame::Artifact { name, data } => out.artifacts.push(Artifact { name, data }),
+                    Frame::File { path, data } => {
+                        if crate::sandbox::archive::check_relative_path(&path).is_ok() {
+                            out.files.push(OutputFile { path, data });
+                        }
+                    }
                     Frame::Exit(report) => return Ok(Ended::Report(report, out)),
                     Frame::Failed(msg) => return Err(SandboxError::Rejected(msg)),
                 }

@@ -1,0 +1,200 @@
+//! `cargo bench --bench execute`: the whole benchmark in one run. First the engine rows of
+//! `mcp-code-executor bench` (plain `docker run --rm` as the baseline, the engine with the
+//! pool off and on, throughput, the Docker ceiling, a burst), then the same code through
+//! a real MCP client calling `execute_code` over Streamable HTTP on a real `serve`
+//! process, with that server's resident memory idle and under load.
+//!
+//! Knobs (environment): BENCH_SAMPLES (20), BENCH_RUNS (40), BENCH_BURST (100).
+
+use std::time::{Duration, Instant};
+
+use mcp_code_executor::bench::{self, latency_row, load, BenchOptions, Stats};
+use mcp_code_executor::sandbox::image;
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::RunningService;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{RoleClient, ServiceExt};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+fn knob(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn rss_of(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+async fn client(url: &str) -> RunningService<RoleClient, ()> {
+    ().serve(StreamableHttpClientTransport::from_uri(url.to_string()))
+        .await
+        .expect("the MCP client connects")
+}
+
+async fn execute(c: &RunningService<RoleClient, ()>) -> Result<Duration, String> {
+    let t = Instant::now();
+    let mut args = serde_json::Map::new();
+    args.insert("code".into(), bench::CODE.into());
+    let r = c
+        .call_tool(CallToolRequestParams::new("execute_code").with_arguments(args))
+        .await
+        .map_err(|e| e.to_string())?;
+    let d = t.elapsed();
+    if r.is_error == Some(true) {
+        return Err(format!("tool error: {:?}", r.content));
+    }
+    Ok(d)
+}
+
+/// `total` calls, `concurrency` at once, each on its own client session.
+async fn mcp_load(url: &str, total: usize, concurrency: usize) -> (Vec<Duration>, usize, Duration) {
+    let url = url.to_string();
+    load(total, concurrency, move || {
+        let url = url.clone();
+        async move {
+            let c = client(&url).await;
+            let r = execute(&c).await;
+            let _ = c.cancel().await;
+            r
+        }
+    })
+    .await
+}
+
+#[tokio::main]
+async fn main() {
+    let samples = knob("BENCH_SAMPLES", 20);
+    let runs = knob("BENCH_RUNS", 40);
+    let burst = knob("BENCH_BURST", 100);
+    let pool_size = 4;
+    println!("# mcp-code-executor benchmark\n");
+    println!(
+        "machine: {} cores, {}; code: `{}`\n",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim(),
+        bench::CODE
+    );
+    let opts = BenchOptions {
+        image: image::default_image(),
+        runtime: None,
+        samples,
+        pool_size,
+        throughput_runs: runs,
+        concurrency: vec![1, 4, 8],
+        burst,
+    };
+    let baseline = bench::engine(&opts).await.expect("engine benchmark");
+
+    // A real server process, on a free port, with its own data and storage.
+    let scratch = std::env::temp_dir().join(format!("mcpx-bench-{}", std::process::id()));
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--pool-size",
+            &pool_size.to_string(),
+        ])
+        .env("MCP_EXECUTOR_DATA_DIR", scratch.join("data"))
+        .env("CODE_STORAGE_DIR", scratch.join("code"))
+        .env("MCP_EXECUTOR_MAX_CONCURRENT", "8")
+        .env("RUST_LOG", "mcp_code_executor=warn")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("serve starts");
+    let pid = server.id().expect("pid");
+    let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = tokio::time::timeout(Duration::from_secs(300), lines.next_line())
+            .await
+            .expect("serve prints its address")
+            .unwrap()
+            .expect("serve is running");
+        if let Some(rest) = line.split("Streamable HTTP at ").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    tokio::time::sleep(Duration::from_secs(3)).await; // the pool fills
+    let (idle_rss, _) = rss_of(pid);
+
+    println!("\n## MCP `execute_code` over Streamable HTTP (real client, real `serve`, pool of {pool_size})\n");
+    println!("| path | n | min ms | median ms | p95 ms | ratio to docker run |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    let c = client(&url).await;
+    execute(&c).await.expect("warm-up call");
+    let mut lat = Vec::new();
+    for _ in 0..samples {
+        tokio::time::sleep(Duration::from_millis(600)).await; // steady state: pool refilled
+        lat.push(execute(&c).await.expect("call"));
+    }
+    if let Some(s) = Stats::of(lat) {
+        println!(
+            "{}",
+            latency_row("MCP execute_code, pool on", &s, baseline.as_ref())
+        );
+    }
+
+    println!("\n| concurrency | calls/s | p50 ms | p95 ms | failed |");
+    println!("| --- | --- | --- | --- | --- |");
+    for conc in [1usize, 4, 8] {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (lat, failed, wall) = mcp_load(&url, runs, conc).await;
+        let s = Stats::of(lat.clone());
+        println!(
+            "| {conc} | {:.1} | {} | {} | {failed} |",
+            lat.len() as f64 / wall.as_secs_f64(),
+            s.map(|s| format!("{:.0}", s.median.as_secs_f64() * 1000.0))
+                .unwrap_or_default(),
+            s.map(|s| format!("{:.0}", s.p95.as_secs_f64() * 1000.0))
+                .unwrap_or_default(),
+        );
+    }
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (lat, failed, wall) = mcp_load(&url, burst, burst).await;
+    let s = Stats::of(lat.clone());
+    println!(
+        "\nburst of {burst} concurrent MCP calls: completed {}, failed {failed}, p50 {} ms, p95 {} ms, all answered in {:.1} s",
+        lat.len(),
+        s.map(|s| format!("{:.0}", s.median.as_secs_f64() * 1000.0)).unwrap_or_default(),
+        s.map(|s| format!("{:.0}", s.p95.as_secs_f64() * 1000.0)).unwrap_or_default(),
+        wall.as_secs_f64()
+    );
+    let (_, peak) = rss_of(pid);
+    println!("\nserver resident memory: idle {idle_rss:.1} MiB, peak under load {peak:.1} MiB");
+
+    let _ = c.cancel().await;
+    // SIGTERM: the server stops its runs, removes its containers (pool included), exits 0.
+    sigterm(pid);
+    let status = tokio::time::timeout(Duration::from_secs(60), server.wait())
+        .await
+        .expect("serve exits after SIGTERM")
+        .unwrap();
+    println!("server exited with {status}");
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// SIGTERM through the `kill` command (no unsafe libc call needed).
+fn sigterm(pid: u32) {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+}
