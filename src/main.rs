@@ -27,6 +27,8 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+// Parsed once at start-up: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Run Python files, each in its own sandbox (for CI pipelines). `-` reads stdin.
     Run(RunCmd),
