@@ -165,7 +165,40 @@ async fn workspace_files_reach_the_code_and_traversal_is_refused() {
         .iter()
         .map(|f| f["path"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(names, ["blob.bin", "data.csv"]);
+    for n in ["blob.bin", "data.csv"] {
+        assert!(names.iter().any(|x| x == n), "{n} missing from {names:?}");
+    }
+    // Files the code writes come back into the workspace, from sessions and one-shot runs.
+    let r = call(
+        &c,
+        "execute_python",
+        json!({"code": "df.to_csv('/workspace/out.csv', index=False)\nopen('/workspace/raw.bin', 'wb').write(bytes([0, 200]))"}),
+    )
+    .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    assert!(text(&r).contains("out.csv"), "{}", text(&r));
+    let r = call(&c, "read_file", json!({"path": "out.csv"})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    assert_eq!(text(&r), "a,b\n1,2\n3,4\n");
+    let r = call(&c, "read_file", json!({"path": "raw.bin"})).await;
+    assert_eq!(structured(&r)["encoding"], "base64", "{}", text(&r));
+    let r = call(
+        &c,
+        "execute_code",
+        json!({"code": "open('/workspace/note.txt', 'w').write('from a run')"}),
+    )
+    .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    let r = call(&c, "read_file", json!({"path": "/workspace/note.txt"})).await;
+    assert_eq!(text(&r), "from a run");
+    // The session sees what the one-shot run wrote (synced before the next cell).
+    let r = call(
+        &c,
+        "execute_python",
+        json!({"code": "open('/workspace/note.txt').read()"}),
+    )
+    .await;
+    assert_eq!(structured(&r)["stdout"], "'from a run'\n", "{}", text(&r));
     // Refusals.
     for bad in [
         "../escape.txt",

@@ -307,6 +307,7 @@ impl CodeExecutor {
             let mut job = JobSpec::python("", x.limits.clone());
             job.tenant = x.tenant.clone();
             job.files = files.clone();
+            job.return_files = true;
             let synced = files
                 .iter()
                 .map(|f| (f.path.clone(), Sha256::digest(&f.contents).into()))
@@ -390,6 +391,16 @@ impl CodeExecutor {
             }
             Some(Ok(o)) => o,
         };
+        // Files the cell wrote are saved to the workspace; the session already has them.
+        for f in &outcome.files {
+            live.synced
+                .insert(f.path.clone(), Sha256::digest(&f.data).into());
+        }
+        if let Some(saved) =
+            super::workspace::save_returned(&x.workspaces, &x.tenant, &outcome).await
+        {
+            notes.push(saved);
+        }
         if outcome.timed_out || outcome.oom_killed || !live.session.alive() {
             cell.take();
             notes.push(LOST.into());

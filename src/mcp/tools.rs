@@ -177,6 +177,7 @@ impl CodeExecutor {
         let file_path = path.display().to_string();
         Ok(match result {
             Ok(outcome) => {
+                let note = self.save_workspace_files(&outcome, note).await;
                 RunReport::new(&outcome, timeout.as_secs_f64(), file_path).into_result(note)
             }
             Err(e) => tool_error(format!(

@@ -78,6 +78,57 @@ impl Workspaces {
     }
 }
 
+/// Save `o.files` into the tenant's workspace within its caps; a sentence saying what was
+/// saved and what was not, or `None` when the code wrote nothing.
+pub async fn save_returned(
+    workspaces: &Workspaces,
+    tenant: &str,
+    o: &crate::job::Outcome,
+) -> Option<String> {
+    if o.files.is_empty() && o.files_dropped == 0 {
+        return None;
+    }
+    let ws = match workspaces.of(tenant) {
+        Ok(w) => w,
+        Err(e) => return Some(e),
+    };
+    let mut saved = Vec::new();
+    let mut refused = Vec::new();
+    for f in &o.files {
+        let existing = ws.list().await.unwrap_or_default();
+        let others: Vec<_> = existing.iter().filter(|(n, _)| *n != f.path).collect();
+        let total = others.iter().map(|(_, s)| s).sum::<u64>() + f.data.len() as u64;
+        let why = if f.path.contains('/') {
+            Some("in a subdirectory; the workspace keeps only top-level files".to_string())
+        } else if others.len() + 1 > caps::FILES || total > caps::TOTAL_BYTES {
+            Some("over the workspace caps".to_string())
+        } else {
+            ws.write_bytes(&f.path, &f.data).await.err().map(ws_error)
+        };
+        match why {
+            None => saved.push(f.path.clone()),
+            Some(w) => refused.push(format!("{} ({w})", f.path)),
+        }
+    }
+    let mut parts = Vec::new();
+    if !saved.is_empty() {
+        parts.push(format!(
+            "files written to /workspace saved to your workspace (read_file): {}",
+            saved.join(", ")
+        ));
+    }
+    if !refused.is_empty() {
+        parts.push(format!("not saved: {}", refused.join(", ")));
+    }
+    if o.files_dropped > 0 {
+        parts.push(format!(
+            "{} more files were not returned (over 100 files, 8 MiB each or 32 MiB in all)",
+            o.files_dropped
+        ));
+    }
+    Some(parts.join("; "))
+}
+
 /// A client's path as a workspace file name: `/workspace/x` and `./x` mean `x`.
 fn name_of(path: &str) -> &str {
     let p = path.strip_prefix("/workspace/").unwrap_or(path);
@@ -313,6 +364,22 @@ impl CodeExecutor {
                     .extend(files.into_iter().filter(|f| f.path != entry));
             }
             Err(e) => tracing::warn!(error = %e, "workspace files not sent"),
+        }
+        job.return_files = true;
+    }
+
+    /// Save the files the code wrote under /workspace into the tenant's workspace, and add
+    /// what happened to `note`.
+    pub(super) async fn save_workspace_files(
+        &self,
+        o: &crate::job::Outcome,
+        note: Option<String>,
+    ) -> Option<String> {
+        let x = &self.conn.extras;
+        let said = save_returned(&x.workspaces, &x.tenant, o).await;
+        match (note, said) {
+            (Some(n), Some(s)) => Some(format!("{n}; {s}")),
+            (n, s) => n.or(s),
         }
     }
 }
