@@ -466,10 +466,12 @@ async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
             idle: cmd.session_idle,
             max_lifetime: cmd.session_max_lifetime,
             max_sessions: cmd.max_sessions,
-            workspace_root: cmd
-                .workspace_dir
-                .clone()
-                .unwrap_or_else(|| config::data_dir(|k| std::env::var(k).ok()).join("workspaces")),
+            workspace_root: cmd.workspace_dir.clone().unwrap_or_else(|| {
+                cmd.data_dir
+                    .clone()
+                    .unwrap_or_else(|| config::data_dir(|k| std::env::var(k).ok()))
+                    .join("workspaces")
+            }),
         },
     };
     let sandbox = std::sync::Arc::new(sandbox);
