@@ -102,7 +102,9 @@ impl Default for Settings {
 }
 
 /// What the model is told about how the tools fit together.
-pub const INSTRUCTIONS: &str = "This server runs Python code in isolated, short-lived sandboxes (no network, limited time and memory; nothing persists between runs). \
+pub const INSTRUCTIONS: &str = "This server runs Python code in isolated, short-lived sandboxes (no network, limited time and memory; execute_code keeps nothing between runs). \
+For notebook-style work where variables persist between calls, use execute_python (reset_session starts over). \
+Files written with write_file are at /workspace for the code; files the code writes there can be read back with read_file (list_files lists them); matplotlib figures come back as images. \
 For a short script call execute_code. For a script too long for one call, build it in pieces: initialize_code_file (returns a file_path), \
 append_to_code_file with that file_path as often as needed, optionally read_code_file to check it, then execute_code_file. \
 Results carry stdout, stderr and a status line; a non-zero exit, timeout or out-of-memory is reported as a tool error with the output. \
