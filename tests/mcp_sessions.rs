@@ -270,3 +270,49 @@ async fn idle_sessions_are_removed_and_timeouts_say_the_state_is_lost() {
     c.cancel().await.unwrap();
     s.finish().await;
 }
+
+#[tokio::test]
+async fn cells_queue_sessions_are_capped_and_expire() {
+    let mut settings = Settings::default();
+    settings.sessions.max_sessions = 1;
+    settings.sessions.max_lifetime = Duration::from_secs(3);
+    let s = server_with("t-s7-cap", settings).await;
+    let a = s.client().await;
+    let b = s.client().await;
+    // Two concurrent calls in one session run one after the other, in one interpreter.
+    let slow = call(
+        &a,
+        "execute_python",
+        json!({"code": "import time\nlog = globals().setdefault('log', [])\nlog.append('a')\ntime.sleep(1)\nlog.append('a')"}),
+    );
+    let fast = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        call(
+            &a,
+            "execute_python",
+            json!({"code": "log = globals().setdefault('log', [])\nlog.append('b')"}),
+        )
+        .await
+    };
+    let (r1, r2) = tokio::join!(slow, fast);
+    assert!(
+        !is_error(&r1) && !is_error(&r2),
+        "{} {}",
+        text(&r1),
+        text(&r2)
+    );
+    let r = call(&a, "execute_python", json!({"code": "''.join(log)"})).await;
+    assert_eq!(structured(&r)["stdout"], "'aab'\n", "{}", text(&r));
+    // The cap: a second MCP session gets no sandbox while the first lives.
+    let r = call(&b, "execute_python", json!({"code": "1"})).await;
+    assert!(is_error(&r) && text(&r).contains("maximum"), "{}", text(&r));
+    // After its maximum lifetime the session is removed, even though it was used recently.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    s.sandbox_drained_within(Duration::from_secs(10)).await;
+    let r = call(&b, "execute_python", json!({"code": "1 + 1"})).await;
+    assert_eq!(structured(&r)["stdout"], "2\n", "{}", text(&r));
+    // Server shutdown removes the live session (clients still connected).
+    assert_eq!(common::containers_of("t-s7-cap").len(), 1);
+    s.finish().await;
+    drop((a, b));
+}
