@@ -259,7 +259,7 @@ matplotlib figures (plt.show() or left open) come back as PNG images. Your works
 A call that runs over its timeout or out of memory ends the session: all state is lost and the next call starts fresh. \
 Sessions end after a period without calls, after a maximum lifetime, with reset_session, or when the connection closes.";
 
-const RESET_SESSION: &str = "End your persistent execute_python session: its variables, imports and sandbox are discarded. The next execute_python call starts a fresh session. Workspace files are kept.";
+const RESET_SESSION: &str = "End your persistent execute_python session: its variables, imports and sandbox are discarded. The next execute_python call starts a fresh session (with the current environment, e.g. after install_dependencies or configure_environment). Workspace files are kept.";
 
 const LOST: &str = "The session has ended: its state (variables, imports, functions) is gone. The next execute_python call starts a fresh session; re-run any setup you need.";
 
@@ -308,6 +308,7 @@ impl CodeExecutor {
             job.tenant = x.tenant.clone();
             job.files = files.clone();
             job.return_files = true;
+            job.env = self.current_run_env().await;
             let synced = files
                 .iter()
                 .map(|f| (f.path.clone(), Sha256::digest(&f.contents).into()))

@@ -235,6 +235,14 @@ impl CodeExecutor {
         })
     }
 
+    /// The current environment as a session opens with it (issue 7).
+    pub(super) async fn current_run_env(&self) -> crate::job::RunEnv {
+        match &self.shared.environments {
+            Some(envs) => envs.state.current().await.run_env(),
+            None => crate::job::RunEnv::default(),
+        }
+    }
+
     fn file_report(
         &self,
         path: &std::path::Path,
