@@ -109,6 +109,10 @@ struct ServeCmd {
     /// Where the per-tenant workspaces live (default: <data dir>/workspaces).
     #[arg(long, env = mcp::vars::WORKSPACE_DIR)]
     workspace_dir: Option<PathBuf>,
+    /// One workspace per tenant, shared by its MCP sessions and kept across them (default:
+    /// one per MCP session, deleted when it ends).
+    #[arg(long, env = mcp::vars::SHARED_WORKSPACE)]
+    shared_workspace: bool,
     /// Serve even when the isolation self-test fails. Dangerous: untrusted code may then
     /// reach the host or the network.
     #[arg(long)]
@@ -466,6 +470,7 @@ async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
             idle: cmd.session_idle,
             max_lifetime: cmd.session_max_lifetime,
             max_sessions: cmd.max_sessions,
+            shared_workspace: cmd.shared_workspace,
             workspace_root: cmd.workspace_dir.clone().unwrap_or_else(|| {
                 cmd.data_dir
                     .clone()

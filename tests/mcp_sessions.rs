@@ -218,7 +218,10 @@ async fn workspace_files_reach_the_code_and_traversal_is_refused() {
         .join("escape.txt")
         .exists());
     // A planted symlink is not followed.
-    let ws = s.storage_dir.with_extension("ws").join("t-s7-ws");
+    let sessions = s.storage_dir.with_extension("ws").join("t-s7-ws.sessions");
+    let dirs: Vec<_> = std::fs::read_dir(&sessions).unwrap().collect();
+    assert_eq!(dirs.len(), 1, "one MCP session, one workspace");
+    let ws = dirs[0].as_ref().unwrap().path();
     std::os::unix::fs::symlink("/etc/passwd", ws.join("link")).unwrap();
     let r = call(&c, "read_file", json!({"path": "link"})).await;
     assert!(
@@ -226,7 +229,30 @@ async fn workspace_files_reach_the_code_and_traversal_is_refused() {
         "{}",
         text(&r)
     );
+    // Another MCP session has its own, empty workspace.
+    let other = s.client().await;
+    let r = call(&other, "list_files", json!({})).await;
+    assert_eq!(structured(&r)["files"], json!([]), "{}", text(&r));
+    let r = call(&other, "read_file", json!({"path": "data.csv"})).await;
+    assert!(is_error(&r), "{}", text(&r));
+    let r = call(
+        &other,
+        "execute_code",
+        json!({"code": "import os; print(os.path.exists('/workspace/data.csv'))"}),
+    )
+    .await;
+    assert_eq!(structured(&r)["stdout"], "False\n", "{}", text(&r));
+    other.cancel().await.unwrap();
+    // Closing the MCP session deletes its workspace.
     c.cancel().await.unwrap();
+    let t0 = std::time::Instant::now();
+    while ws.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "workspace kept: {ws:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     s.finish().await;
 }
 
@@ -315,4 +341,27 @@ async fn cells_queue_sessions_are_capped_and_expire() {
     assert_eq!(common::containers_of("t-s7-cap").len(), 1);
     s.finish().await;
     drop((a, b));
+}
+
+#[tokio::test]
+async fn a_shared_workspace_is_the_tenants_and_outlives_sessions() {
+    let mut settings = Settings::default();
+    settings.sessions.shared_workspace = true;
+    let s = server_with("t-s7-shared", settings).await;
+    let a = s.client().await;
+    let r = call(
+        &a,
+        "write_file",
+        json!({"path": "keep.txt", "content": "kept"}),
+    )
+    .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    a.cancel().await.unwrap();
+    let b = s.client().await;
+    let r = call(&b, "read_file", json!({"path": "keep.txt"})).await;
+    assert_eq!(text(&r), "kept");
+    let dir = s.storage_dir.with_extension("ws").join("t-s7-shared");
+    assert!(dir.join("keep.txt").is_file());
+    b.cancel().await.unwrap();
+    s.finish().await;
 }

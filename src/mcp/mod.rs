@@ -50,6 +50,9 @@ pub mod vars {
     pub const MAX_SESSIONS: &str = "MCP_EXECUTOR_MAX_SESSIONS";
     /// Where the per-tenant workspaces live (default `<data dir>/workspaces`).
     pub const WORKSPACE_DIR: &str = "MCP_EXECUTOR_WORKSPACE_DIR";
+    /// `1`/`true`: one workspace per tenant, shared by its MCP sessions and kept; default:
+    /// one per MCP session, deleted when it ends.
+    pub const SHARED_WORKSPACE: &str = "MCP_EXECUTOR_SHARED_WORKSPACE";
 }
 
 /// Named defaults of `serve`.

@@ -40,8 +40,11 @@ pub struct SessionOptions {
     pub max_lifetime: Duration,
     /// Sessions alive at once, over all connections.
     pub max_sessions: usize,
-    /// Where the per-tenant workspaces live (`<data dir>/workspaces`).
+    /// Where the workspaces live (`<data dir>/workspaces`).
     pub workspace_root: std::path::PathBuf,
+    /// One workspace per tenant, shared by its MCP sessions and kept across them; otherwise
+    /// (the default) each MCP session has its own, deleted when it ends.
+    pub shared_workspace: bool,
 }
 
 pub mod defaults {
@@ -58,6 +61,7 @@ impl Default for SessionOptions {
             max_lifetime: defaults::MAX_LIFETIME,
             max_sessions: defaults::MAX_SESSIONS,
             workspace_root: crate::config::data_dir(|k| std::env::var(k).ok()).join("workspaces"),
+            shared_workspace: false,
         }
     }
 }
@@ -220,6 +224,8 @@ static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
 /// new identity; dropping it removes that connection's session.
 pub struct Connection {
     pub(super) id: u64,
+    /// Random: names the connection's own workspace directory.
+    key: String,
     pub(super) extras: Arc<Extras>,
 }
 
@@ -227,7 +233,19 @@ impl Connection {
     pub fn new(extras: Arc<Extras>) -> Self {
         Connection {
             id: NEXT_CONNECTION.fetch_add(1, Ordering::SeqCst),
+            key: crate::job::new_job_id(),
             extras,
+        }
+    }
+
+    /// The workspace directory of this connection, under the workspace root:
+    /// `<tenant>` when shared, else `<tenant>.sessions/<random>`.
+    pub(super) fn workspace_key(&self) -> String {
+        let tenant = crate::storage::sanitize_stem(Some(&self.extras.tenant));
+        if self.extras.options.shared_workspace {
+            tenant
+        } else {
+            format!("{tenant}.sessions/{}", self.key)
         }
     }
 }
@@ -241,6 +259,9 @@ impl Clone for Connection {
 impl Drop for Connection {
     fn drop(&mut self) {
         self.extras.forget(self.id);
+        if !self.extras.options.shared_workspace {
+            self.extras.workspaces.remove(&self.workspace_key());
+        }
     }
 }
 
@@ -289,7 +310,7 @@ impl CodeExecutor {
         let slot = x.slot(conn);
         let mut cell = slot.cell.lock().await;
         *slot.used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
-        let files = match x.workspaces.input_files(&x.tenant).await {
+        let files = match x.workspaces.input_files(&self.conn.workspace_key()).await {
             Ok(f) => f,
             Err(e) => return Ok(tool_error(e)),
         };
@@ -398,7 +419,8 @@ impl CodeExecutor {
                 .insert(f.path.clone(), Sha256::digest(&f.data).into());
         }
         if let Some(saved) =
-            super::workspace::save_returned(&x.workspaces, &x.tenant, &outcome).await
+            super::workspace::save_returned(&x.workspaces, &self.conn.workspace_key(), &outcome)
+                .await
         {
             notes.push(saved);
         }

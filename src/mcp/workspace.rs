@@ -1,5 +1,6 @@
-//! Workspace file tools: `write_file`, `read_file`, `list_files` on a per-tenant directory on
-//! the host (`<data dir>/workspaces/<tenant>`). Its files are sent into every run and session
+//! Workspace file tools: `write_file`, `read_file`, `list_files` on a directory on the host:
+//! one per MCP session (`<root>/<tenant>.sessions/<random>`, deleted when the session ends) or,
+//! with `shared_workspace`, one per tenant (`<root>/<tenant>`). Its files are sent into every run and session
 //! at `/workspace`. Paths get the same refusals as code storage ([`CodeStorage::resolve`]:
 //! no traversal, no absolute paths outside, no subdirectories, no NUL, no over-long names,
 //! symlinks never followed), plus caps on file size, file count and total size.
@@ -54,13 +55,27 @@ impl Workspaces {
         if let Some(s) = open.get(tenant) {
             return Ok(s.clone());
         }
-        let dir = self.root.join(crate::storage::sanitize_stem(Some(tenant)));
+        let dir = self.root.join(tenant);
         let s = CodeStorage::open(&dir)
             .map_err(|e| format!("the workspace is not available: {e}"))?
             .with_max_file_bytes(caps::FILE_BYTES);
         let s = Arc::new(s);
         open.insert(tenant.to_string(), s.clone());
         Ok(s)
+    }
+
+    /// Forget a workspace and delete its directory (a session's, when its MCP session ends).
+    pub fn remove(&self, key: &str) {
+        self.open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+        let dir = self.root.join(key);
+        if dir.exists() {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "session workspace not removed");
+            }
+        }
     }
 
     /// Every file of the tenant's workspace, to unpack at `/workspace`.
@@ -230,7 +245,7 @@ impl CodeExecutor {
                 ))
             }
         };
-        let ws = match self.conn.extras.workspaces.of(&self.conn.extras.tenant) {
+        let ws = match self.conn.extras.workspaces.of(&self.conn.workspace_key()) {
             Ok(w) => w,
             Err(e) => return Ok(tool_error(e)),
         };
@@ -275,7 +290,7 @@ impl CodeExecutor {
         output_schema = schema_for_output::<WorkspaceFile>()
     )]
     async fn read_file(&self, Args(a): Args<ReadFile>) -> Result<CallToolResult, ErrorData> {
-        let ws = match self.conn.extras.workspaces.of(&self.conn.extras.tenant) {
+        let ws = match self.conn.extras.workspaces.of(&self.conn.workspace_key()) {
             Ok(w) => w,
             Err(e) => return Ok(tool_error(e)),
         };
@@ -313,7 +328,7 @@ impl CodeExecutor {
         output_schema = schema_for_output::<FileList>()
     )]
     async fn list_files(&self, Args(a): Args<ListFiles>) -> Result<CallToolResult, ErrorData> {
-        let ws = match self.conn.extras.workspaces.of(&self.conn.extras.tenant) {
+        let ws = match self.conn.extras.workspaces.of(&self.conn.workspace_key()) {
             Ok(w) => w,
             Err(e) => return Ok(tool_error(e)),
         };
@@ -357,7 +372,7 @@ impl CodeExecutor {
     /// entry is left out: the code wins).
     pub(super) async fn add_workspace_files(&self, job: &mut crate::job::JobSpec) {
         let x = &self.conn.extras;
-        match x.workspaces.input_files(&x.tenant).await {
+        match x.workspaces.input_files(&self.conn.workspace_key()).await {
             Ok(files) => {
                 let entry = job.entry.clone();
                 job.files
@@ -376,7 +391,7 @@ impl CodeExecutor {
         note: Option<String>,
     ) -> Option<String> {
         let x = &self.conn.extras;
-        let said = save_returned(&x.workspaces, &x.tenant, o).await;
+        let said = save_returned(&x.workspaces, &self.conn.workspace_key(), o).await;
         match (note, said) {
             (Some(n), Some(s)) => Some(format!("{n}; {s}")),
             (n, s) => n.or(s),
