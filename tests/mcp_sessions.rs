@@ -365,3 +365,30 @@ async fn a_shared_workspace_is_the_tenants_and_outlives_sessions() {
     b.cancel().await.unwrap();
     s.finish().await;
 }
+
+#[tokio::test]
+async fn out_of_memory_ends_the_session_and_says_so() {
+    let mut settings = Settings::default();
+    settings.limits.memory_bytes = 96 << 20;
+    let s = server_with("t-s7-oom", settings).await;
+    let c = s.client().await;
+    let r = call(&c, "execute_python", json!({"code": "keep = 1"})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    let r = call(
+        &c,
+        "execute_python",
+        json!({"code": "big = bytearray(400 << 20)\nbig[::4096] = b'x' * len(big[::4096])"}),
+    )
+    .await;
+    assert!(is_error(&r), "{}", text(&r));
+    assert_eq!(structured(&r)["oom_killed"], true, "{}", text(&r));
+    assert!(
+        text(&r).contains("state (variables, imports, functions) is gone"),
+        "{}",
+        text(&r)
+    );
+    let r = call(&c, "execute_python", json!({"code": "'keep' in globals()"})).await;
+    assert_eq!(structured(&r)["stdout"], "False\n", "{}", text(&r));
+    c.cancel().await.unwrap();
+    s.finish().await;
+}

@@ -212,7 +212,8 @@ pub struct FileList {
 
 const WRITE_FILE: &str = "Write a file into your workspace (created or replaced). Your code sees workspace files at /workspace/<path> \
 in every execute_code, execute_code_file and execute_python call (e.g. pandas.read_csv('/workspace/data.csv')). \
-`encoding`: `text` (default) or `base64` for binary data. Flat: a file name without directories. At most 8 MiB per file, 100 files and 32 MiB in all.";
+`encoding`: `text` (default) or `base64` for binary data. Flat: a file name without directories. At most 8 MiB per file, 100 files and 32 MiB in all. \
+The workspace belongs to your MCP session and is deleted when it ends (unless the server shares one workspace per tenant).";
 
 const READ_FILE: &str = "Read a file from your workspace: files you wrote with write_file and files your code wrote to /workspace. \
 Returns text, or base64 (encoding `base64`) when the file is not UTF-8.";
