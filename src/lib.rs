@@ -18,6 +18,9 @@
 //!   and the environment tools translated in [`mcp::environment`].
 //!   Transports: stdio ([`mcp::stdio`]), Streamable HTTP and legacy SSE ([`mcp::http`],
 //!   [`mcp::sse`]).
+//!   Beside them (issue 7): stateful `execute_python` sessions ([`mcp::sessions`]), the
+//!   workspace file tools ([`mcp::workspace`]) and figures as image content
+//!   ([`mcp::figures`]).
 //! - [`storage`]: the code storage directory; every client `file_path` is confined to it.
 //! - [`config`]: environment variables, sizes and durations, limit validation.
 //! - [`doctor`]: live self-test that isolation is really enforced on this host.
