@@ -5,7 +5,7 @@
 //! stdio connection), scoped by tenant: rmcp serves each connection with its own clone of
 //! [`CodeExecutor`], and each clone carries a fresh [`Connection`] id; when the connection
 //! ends, the clone is dropped and so is its session's container. The shared [`Extras`] hold the
-//! sessions, caps how many live at once, and a background reaper removes those idle longer
+//! sessions and cap how many live at once; a background reaper removes those idle longer
 //! than the idle timeout or older than the maximum lifetime. Cells of one session run one at
 //! a time (later calls queue). Server shutdown removes every session.
 
