@@ -177,6 +177,19 @@ async fn workspace_files_reach_the_code_and_traversal_is_refused() {
     .await;
     assert!(!is_error(&r), "{}", text(&r));
     assert!(text(&r).contains("out.csv"), "{}", text(&r));
+    // ...and are embedded in the result as resources.
+    let embedded: Vec<serde_json::Value> = r
+        .content
+        .iter()
+        .filter_map(|c| c.as_resource())
+        .map(|e| serde_json::to_value(e).unwrap())
+        .collect();
+    let csv = embedded
+        .iter()
+        .find(|e| e["resource"]["uri"] == "file:///workspace/out.csv")
+        .unwrap_or_else(|| panic!("out.csv not embedded: {embedded:?}"));
+    assert_eq!(csv["resource"]["text"], "a,b\n1,2\n3,4\n");
+    assert_eq!(csv["resource"]["mimeType"], "text/csv");
     let r = call(&c, "read_file", json!({"path": "out.csv"})).await;
     assert!(!is_error(&r), "{}", text(&r));
     assert_eq!(text(&r), "a,b\n1,2\n3,4\n");

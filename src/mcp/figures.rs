@@ -6,7 +6,11 @@ use rmcp::model::{CallToolResult, ContentBlock};
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use crate::job::{Artifact, Outcome};
+use crate::job::{Artifact, Outcome, OutputFile};
+
+/// Files written under /workspace are embedded in the result up to this many bytes in all;
+/// the rest are named, to be read with read_file.
+pub const MAX_EMBEDDED_BYTES: usize = 1 << 20;
 
 /// One figure returned with a run (its bytes travel as an image content block).
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -66,5 +70,103 @@ pub fn attach(result: &mut CallToolResult, artifacts: &[Artifact]) {
     for a in artifacts {
         let data = base64::engine::general_purpose::STANDARD.encode(&a.data);
         result.content.push(ContentBlock::image(data, a.mime()));
+    }
+}
+
+/// Embedded resources for the files the code wrote under /workspace (text as text, the
+/// rest base64), within [`MAX_EMBEDDED_BYTES`]; and a line for the text block.
+pub fn embed_files(files: &[OutputFile]) -> (Vec<ContentBlock>, String) {
+    use rmcp::model::ResourceContents;
+    let mut blocks = Vec::new();
+    let mut embedded = Vec::new();
+    let mut skipped = Vec::new();
+    let mut total = 0usize;
+    for f in files {
+        if total + f.data.len() > MAX_EMBEDDED_BYTES {
+            skipped.push(f.path.clone());
+            continue;
+        }
+        total += f.data.len();
+        let uri = format!("file:///workspace/{}", f.path);
+        let mime = mime_of(&f.path);
+        let contents = match std::str::from_utf8(&f.data) {
+            Ok(t) if !mime.starts_with("image/") => ResourceContents::text(t, uri),
+            _ => ResourceContents::blob(
+                base64::engine::general_purpose::STANDARD.encode(&f.data),
+                uri,
+            ),
+        }
+        .with_mime_type(mime);
+        blocks.push(ContentBlock::resource(contents));
+        embedded.push(f.path.clone());
+    }
+    let mut line = String::new();
+    if !embedded.is_empty() {
+        line.push_str(&format!(
+            "files written under /workspace, embedded after this text: {}\n",
+            embedded.join(", ")
+        ));
+    }
+    if !skipped.is_empty() {
+        line.push_str(&format!(
+            "files not embedded (over {} KiB in all; use read_file): {}\n",
+            MAX_EMBEDDED_BYTES >> 10,
+            skipped.join(", ")
+        ));
+    }
+    (blocks, line)
+}
+
+fn mime_of(path: &str) -> &'static str {
+    let ext = path.rsplit('.').next().unwrap_or("").to_ascii_lowercase();
+    match ext.as_str() {
+        "csv" => "text/csv",
+        "json" => "application/json",
+        "txt" | "log" | "md" | "py" => "text/plain",
+        "html" => "text/html",
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "svg" => "image/svg+xml",
+        _ => "application/octet-stream",
+    }
+}
+
+#[cfg(test)]
+mod embed_tests {
+    use super::*;
+
+    #[test]
+    fn files_are_embedded_within_the_cap() {
+        let files = vec![
+            OutputFile {
+                path: "out.csv".into(),
+                data: b"a,b\n1,2\n".to_vec(),
+            },
+            OutputFile {
+                path: "raw.bin".into(),
+                data: vec![0xff, 0x00],
+            },
+            OutputFile {
+                path: "big.txt".into(),
+                data: vec![b'x'; MAX_EMBEDDED_BYTES],
+            },
+        ];
+        let (blocks, line) = embed_files(&files);
+        assert_eq!(blocks.len(), 2);
+        let first = blocks[0].as_resource().unwrap();
+        let json = serde_json::to_value(first).unwrap();
+        assert_eq!(json["resource"]["uri"], "file:///workspace/out.csv");
+        assert_eq!(json["resource"]["mimeType"], "text/csv");
+        assert_eq!(json["resource"]["text"], "a,b\n1,2\n");
+        let second = serde_json::to_value(blocks[1].as_resource().unwrap()).unwrap();
+        assert_eq!(second["resource"]["blob"], "/wA=");
+        assert!(
+            line.contains("embedded after this text: out.csv, raw.bin"),
+            "{line}"
+        );
+        assert!(
+            line.contains("not embedded") && line.contains("big.txt"),
+            "{line}"
+        );
     }
 }

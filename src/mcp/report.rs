@@ -39,6 +39,9 @@ pub struct RunReport {
     #[serde(skip)]
     #[schemars(skip)]
     images: Vec<crate::job::Artifact>,
+    #[serde(skip)]
+    #[schemars(skip)]
+    files: Vec<crate::job::OutputFile>,
 }
 
 impl RunReport {
@@ -62,6 +65,7 @@ impl RunReport {
             figures: super::figures::infos(o),
             figures_dropped: o.artifacts_dropped,
             images: o.artifacts.clone(),
+            files: o.files.clone(),
         }
     }
 
@@ -87,8 +91,11 @@ impl RunReport {
             text.push_str("(no output)\n");
         }
         text.push_str(&super::figures::text(&self.figures, self.figures_dropped));
+        let (blocks, files_note) = super::figures::embed_files(&self.files);
+        text.push_str(&files_note);
         let mut result = with_structured(text, &self, !self.success);
         super::figures::attach(&mut result, &self.images);
+        result.content.extend(blocks);
         result
     }
 }
