@@ -9,7 +9,7 @@
 //!   [`sandbox::protocol`] the wire format spoken with the runner inside the container
 //!   (`images/sandbox/runner.py`), [`sandbox::archive`] the tar packing of input files,
 //!   [`sandbox::image`] the build of the sandbox image from the embedded `images/`.
-//! - [`env`]: Python environments (venv, uv venv, conda, the managed default): resolution
+//! - [`env`](mod@env): Python environments (venv, uv venv, conda, the managed default): resolution
 //!   into read-only mounts, package-spec validation, installs in sandboxed installer
 //!   containers ([`env::manager`]).
 //! - [`mcp`]: the MCP server. [`mcp::tools::CodeExecutor`] holds the nine tools; they turn
@@ -25,9 +25,10 @@
 //! - [`config`]: environment variables, sizes and durations, limit validation.
 //! - [`doctor`]: live self-test that isolation is really enforced on this host.
 //! - [`cli`]: the `run` command for CI pipelines (output, JSON, JUnit, exit codes).
-//! - [`bench`]: latency and throughput against a `docker run` baseline from the same run.
+//! - [`bench`](mod@bench): latency and throughput against a `docker run` baseline from the same run.
 //!
-//! `src/main.rs` only parses the command line, sets up logging to stderr and calls in here.
+//! The binary (`src/bin/mcp-code-executor/`) only parses the command line (`args.rs`), sets
+//! up logging to stderr and calls in here; `serve.rs` wires the server together.
 
 pub mod bench;
 pub mod cli;

@@ -1,0 +1,210 @@
+//! The `mcp-code-executor` binary: parses the command line ([`args`]), sets up logging to
+//! stderr, and calls into the library; `serve` is wired up in [`serve`].
+
+mod args;
+mod serve;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use mcp_code_executor::cli::run::{self, RunArgs};
+use mcp_code_executor::config;
+use mcp_code_executor::job::Limits;
+use mcp_code_executor::sandbox::docker::{DockerConfig, DockerSandbox};
+use mcp_code_executor::sandbox::image::{self, BuildOptions};
+use mcp_code_executor::sandbox::Sandbox;
+use mcp_code_executor::{bench, doctor};
+
+use args::{Cli, Command, ImageCmd, SandboxOpts};
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "mcp_code_executor=warn".into()),
+        )
+        .init();
+    let mut cli = Cli::parse();
+    if matches!(cli.command, Command::Serve(_)) {
+        // `.env` fills in what the environment does not set; parse again to see it.
+        match dotenvy::dotenv() {
+            Ok(path) => {
+                tracing::info!(path = %path.display(), "read .env");
+                cli = Cli::parse();
+            }
+            Err(e) if e.not_found() => {}
+            Err(e) => {
+                eprintln!("mcp-code-executor: cannot read .env: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let code = rt.block_on(dispatch(cli));
+    ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+async fn dispatch(cli: Cli) -> i32 {
+    match cli.command {
+        Command::Serve(cmd) => match serve::serve(*cmd).await {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("mcp-code-executor: {e:#}");
+                1
+            }
+        },
+        Command::Image(ImageCmd::Name) => {
+            println!("{}", image::default_image());
+            0
+        }
+        Command::Image(ImageCmd::Build {
+            ca_bundle,
+            offline,
+            mirror,
+            force,
+            image,
+        }) => {
+            let opts = BuildOptions {
+                ca_bundle,
+                offline,
+                mirror: Some(mirror),
+                force,
+            };
+            let tag = image.unwrap_or_else(image::default_image);
+            match image::ensure(&tag, &opts, &mut |l| eprintln!("{l}")).await {
+                Ok(true) => 0,
+                Ok(false) => {
+                    eprintln!("{tag} is already built (use --force to rebuild)");
+                    0
+                }
+                Err(e) => {
+                    eprintln!("mcp-code-executor: {e}");
+                    run::exit::INFRA
+                }
+            }
+        }
+        Command::Bench(cmd) => {
+            let sandbox = match connect(&cmd.sandbox).await {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("mcp-code-executor: {e}");
+                    return run::exit::INFRA;
+                }
+            };
+            drop(sandbox);
+            let opts = bench::BenchOptions {
+                image: cmd
+                    .sandbox
+                    .image
+                    .clone()
+                    .unwrap_or_else(image::default_image),
+                runtime: cmd.sandbox.runtime.clone(),
+                samples: cmd.samples,
+                pool_size: cmd.pool_size,
+                throughput_runs: cmd.throughput_runs,
+                concurrency: cmd.concurrency,
+                burst: cmd.burst,
+            };
+            match bench::engine(&opts).await {
+                Ok(_) => 0,
+                Err(e) => {
+                    eprintln!("mcp-code-executor: bench failed: {e}");
+                    1
+                }
+            }
+        }
+        Command::Doctor(opts) => {
+            let sandbox = match connect(&opts).await {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("FAIL  docker reachable  {e}");
+                    return 1;
+                }
+            };
+            let report = doctor::diagnose(&sandbox).await;
+            sandbox.drain().await;
+            print!("{}", report.table());
+            if report.ok() {
+                0
+            } else {
+                1
+            }
+        }
+        Command::Run(cmd) => {
+            let limits = Limits {
+                timeout: cmd.timeout,
+                memory_bytes: cmd.memory,
+                cpus: cmd.cpus,
+                pids: cmd.pids,
+                output_bytes: cmd.output_limit,
+                workspace_bytes: cmd.workspace_size,
+                ..Limits::default()
+            };
+            if let Err(e) = config::validate_limits(&limits) {
+                eprintln!("mcp-code-executor: {e}");
+                return run::exit::USAGE;
+            }
+            let sandbox = match connect(&cmd.sandbox).await {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("mcp-code-executor: {e}");
+                    return run::exit::INFRA;
+                }
+            };
+            let args = RunArgs {
+                files: cmd.files,
+                limits,
+                json: cmd.json,
+                junit: cmd.junit,
+            };
+            let code = tokio::select! {
+                c = run::run_files(&sandbox, args) => c,
+                _ = tokio::signal::ctrl_c() => {
+                    eprintln!("mcp-code-executor: interrupted; removing the sandbox");
+                    130
+                }
+            };
+            sandbox.drain().await;
+            code
+        }
+    }
+}
+
+/// Connect to Docker, sweep what dead processes left, and make sure the image exists
+/// (building it on first use unless told not to).
+async fn connect(opts: &SandboxOpts) -> Result<DockerSandbox, String> {
+    connect_with_pool(opts, 0, Limits::default()).await
+}
+
+/// [`connect`], with a warm pool of `pool_size` sandboxes made with `pool_limits`.
+async fn connect_with_pool(
+    opts: &SandboxOpts,
+    pool_size: usize,
+    pool_limits: Limits,
+) -> Result<DockerSandbox, String> {
+    let image = opts.image.clone().unwrap_or_else(image::default_image);
+    let config = DockerConfig {
+        runtime: opts.runtime.clone(),
+        pool_size,
+        pool_limits,
+        ..DockerConfig::new(image.clone())
+    };
+    let sandbox = DockerSandbox::connect(config)
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Err(e) = sandbox.sweep_leftovers().await {
+        tracing::warn!(error = %e, "sweep of leftover containers failed");
+    }
+    if !opts.no_build {
+        let built = image::ensure(&image, &BuildOptions::default(), &mut |l| {
+            eprintln!("[image] {l}")
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        if built {
+            eprintln!("[image] the sandbox image {image} was built on first use");
+        }
+    }
+    Ok(sandbox)
+}

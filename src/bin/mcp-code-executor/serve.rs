@@ -1,0 +1,181 @@
+//! `serve`: the MCP server on stdio or HTTP, after the isolation self-test, with the
+//! configured environment and a warm pool; stops cleanly on SIGINT/SIGTERM.
+
+use mcp_code_executor::config;
+use mcp_code_executor::doctor;
+use mcp_code_executor::job::Limits;
+use mcp_code_executor::mcp;
+use mcp_code_executor::sandbox::docker::DockerSandbox;
+use mcp_code_executor::sandbox::image;
+use mcp_code_executor::sandbox::Sandbox;
+use mcp_code_executor::storage::{self, CodeStorage};
+
+use crate::args::ServeCmd;
+
+/// `serve`: check the sandbox is safe, then serve until the client leaves or a signal comes;
+/// then cancel runs, wait for their containers to be removed, and exit 0.
+pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let limits = Limits {
+        timeout: cmd.timeout,
+        memory_bytes: cmd.memory,
+        cpus: cmd.cpus,
+        ..Limits::default()
+    };
+    config::validate_limits(&limits)?;
+    anyhow::ensure!(
+        cmd.max_timeout >= cmd.timeout,
+        "--max-timeout ({:?}) is below --timeout ({:?})",
+        cmd.max_timeout,
+        cmd.timeout
+    );
+    let dir = cmd
+        .code_storage_dir
+        .clone()
+        .unwrap_or_else(storage::default_dir);
+    let code_storage = CodeStorage::open(&dir)?;
+    eprintln!(
+        "mcp-code-executor: code storage {}",
+        code_storage.dir().display()
+    );
+
+    let sandbox = crate::connect_with_pool(&cmd.sandbox, cmd.pool_size, limits.clone())
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let report = doctor::diagnose(&sandbox).await;
+    if report.ok() {
+        eprintln!(
+            "mcp-code-executor: isolation self-test passed ({} checks)",
+            report.checks.len()
+        );
+    } else {
+        eprint!("{}", report.table());
+        if cmd.allow_unsafe {
+            eprintln!("WARNING: the isolation self-test FAILED and --allow-unsafe was given.");
+            eprintln!("WARNING: untrusted code may reach the host or the network. Do not expose this server.");
+        } else {
+            sandbox.drain().await;
+            anyhow::bail!(
+                "refusing to serve: the isolation self-test failed (see the table above). \
+                 Fix the host (`mcp-code-executor doctor`), or pass --allow-unsafe to serve anyway"
+            );
+        }
+    }
+    let environments = environments(&cmd, &sandbox).await?;
+    let settings = mcp::Settings {
+        limits,
+        max_timeout: cmd.max_timeout,
+        max_concurrent_runs: cmd.max_concurrent,
+        image: cmd
+            .sandbox
+            .image
+            .clone()
+            .unwrap_or_else(image::default_image),
+        python: "/usr/bin/python3".into(),
+        requested_env_type: cmd.env_type.clone(),
+        tenant: cmd.tenant.clone(),
+        sessions: mcp::sessions::SessionOptions {
+            idle: cmd.session_idle,
+            max_lifetime: cmd.session_max_lifetime,
+            max_sessions: cmd.max_sessions,
+            shared_workspace: cmd.shared_workspace,
+            workspace_root: cmd.workspace_dir.clone().unwrap_or_else(|| {
+                cmd.data_dir
+                    .clone()
+                    .unwrap_or_else(|| config::data_dir(|k| std::env::var(k).ok()))
+                    .join("workspaces")
+            }),
+        },
+    };
+    let sandbox = std::sync::Arc::new(sandbox);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let executor =
+        mcp::CodeExecutor::new(sandbox.clone(), std::sync::Arc::new(code_storage), settings)
+            .with_shutdown(shutdown.clone())
+            .with_environments(std::sync::Arc::new(environments));
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            wait_for_signal().await;
+            eprintln!("mcp-code-executor: shutting down; stopping runs");
+            shutdown.cancel();
+        }
+    });
+    let served = if cmd.stdio {
+        mcp::serve_stdio(executor, shutdown.clone()).await
+    } else {
+        let listener = tokio::net::TcpListener::bind((cmd.host.as_str(), cmd.port))
+            .await
+            .with_context(|| format!("cannot listen on {}:{}", cmd.host, cmd.port))?;
+        let addr = listener.local_addr()?;
+        let allowed = if cmd.allowed_hosts.iter().any(|h| h.trim() == "*") {
+            Vec::new()
+        } else {
+            cmd.allowed_hosts.clone()
+        };
+        let opts = mcp::http::HttpOptions {
+            allowed_hosts: allowed,
+            allowed_origins: cmd.allowed_origins.clone(),
+            ..Default::default()
+        };
+        eprintln!("mcp-code-executor: serving Streamable HTTP at http://{addr}/mcp and legacy SSE at http://{addr}/sse");
+        let router = mcp::http::router(executor, &opts, shutdown.clone());
+        mcp::http::serve(listener, router, shutdown.clone()).await
+    };
+    shutdown.cancel();
+    sandbox.shutdown().await;
+    served.context("serving")?;
+    Ok(())
+}
+
+/// The environment runs start in (from ENV_TYPE and friends, or the managed default),
+/// validated in a sandbox; the warm pool is then made with it.
+async fn environments(
+    cmd: &ServeCmd,
+    sandbox: &DockerSandbox,
+) -> anyhow::Result<mcp_code_executor::env::state::Environments> {
+    use mcp_code_executor::env::manager::EnvManager;
+    use mcp_code_executor::env::state::{self, EnvState, Environments};
+    let get = |k: &str| std::env::var(k).ok();
+    let data_dir = cmd
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| config::data_dir(get));
+    let ca = cmd.ca_bundle.clone().or_else(|| config::ca_bundle(get));
+    let request = state::request_from_vars(|k| {
+        if k == state::vars::ENV_TYPE {
+            cmd.env_type.clone()
+        } else {
+            get(k)
+        }
+    })?;
+    let manager = EnvManager::new(data_dir, ca);
+    let state = EnvState::init(sandbox, &manager, &cmd.tenant, request)
+        .await
+        .map_err(|e| anyhow::anyhow!("the configured Python environment cannot be used: {e}"))?;
+    let report = state.report().await;
+    eprintln!(
+        "mcp-code-executor: environment {} at {} (Python {})",
+        report.kind,
+        report.path.display(),
+        report.python_version
+    );
+    sandbox.prewarm(&state.current().await.run_env()).await;
+    Ok(Environments { manager, state })
+}
+
+/// SIGINT or SIGTERM.
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
