@@ -142,7 +142,7 @@ async fn main() {
     execute(&c).await.expect("warm-up call");
     let mut lat = Vec::new();
     for _ in 0..samples {
-        tokio::time::sleep(Duration::from_millis(600)).await; // steady state: pool refilled
+        tokio::time::sleep(Duration::from_millis(1000)).await; // steady state: pool refilled, removals done
         lat.push(execute(&c).await.expect("call"));
     }
     if let Some(s) = Stats::of(lat) {
