@@ -218,22 +218,7 @@ impl CodeStorage {
 
     /// Read a stored file as text.
     pub async fn read(&self, file_path: &str) -> Result<(PathBuf, String), StorageError> {
-        let path = self.resolve(file_path)?;
-        let mut file =
-            open_checked(file_path, &path, tokio::fs::OpenOptions::new().read(true)).await?;
-        let mut buf = Vec::new();
-        (&mut file)
-            .take(self.max_file_bytes + 1)
-            .read_to_end(&mut buf)
-            .await
-            .map_err(|e| io_err(&path, e))?;
-        if buf.len() as u64 > self.max_file_bytes {
-            return Err(StorageError::TooLarge {
-                what: "the file",
-                size: buf.len() as u64,
-                max: self.max_file_bytes,
-            });
-        }
+        let (path, buf) = self.read_bytes(file_path).await?;
         let text = String::from_utf8(buf).map_err(|_| StorageError::NotText {
             path: file_path.to_string(),
         })?;
