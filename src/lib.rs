@@ -39,3 +39,4 @@ pub mod job;
 pub mod mcp;
 pub mod sandbox;
 pub mod storage;
+pub mod tenancy;

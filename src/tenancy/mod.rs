@@ -1,0 +1,356 @@
+//! Tenants of a hosted server: who may call ([`token`]), with which limits (this module,
+//! read from a TOML file), how fast ([`rate`]) and in which order ([`scheduler`]).
+//!
+//! Without a tenants file a server has one tenant, `local`, with the server's own limits and
+//! no authentication (the single-user setups of the tools we replace). With one, every HTTP
+//! call carries `Authorization: Bearer <token>`; the token's SHA-256 names the tenant, and
+//! everything the call touches (code storage, workspace, sessions, environment, containers)
+//! is that tenant's alone.
+
+pub mod rate;
+pub mod scheduler;
+pub mod token;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config;
+
+/// The tenant of a server without a tenants file.
+pub const LOCAL: &str = "local";
+
+/// One tenant: its id, the hash of its token, and its limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tenant {
+    pub id: String,
+    /// SHA-256 of the bearer token (the token itself is never stored).
+    pub token_sha256: [u8; 32],
+    pub limits: TenantLimits,
+}
+
+/// A tenant's limits; `None` leaves the server's own.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TenantLimits {
+    /// Runs of this tenant at once (its further calls queue).
+    pub max_concurrent_runs: Option<usize>,
+    /// Runs (execute_code, execute_code_file, execute_python cells, package checks) started
+    /// per minute.
+    pub runs_per_minute: Option<u32>,
+    /// The longest timeout a call may ask for.
+    pub max_timeout: Option<Duration>,
+    /// Memory of each run (swap included).
+    pub max_memory: Option<u64>,
+    /// CPU quota of each run, cores.
+    pub max_cpus: Option<f64>,
+    /// Bytes kept of stdout and of stderr, each.
+    pub output_limit: Option<u64>,
+    /// Bytes of stored code and workspace files, together.
+    pub storage_limit: Option<u64>,
+    /// execute_python sessions alive at once.
+    pub max_sessions: Option<usize>,
+    /// May `install_dependencies` reach the network (PyPI)? Without it installs are refused.
+    pub install_network: bool,
+    /// Server paths of environments this tenant may switch to with configure_environment
+    /// (an environment must lie under one of them). Empty: only its own managed environment.
+    pub env_paths: Vec<PathBuf>,
+}
+
+impl TenantLimits {
+    /// The limits of the single local tenant: the server's own, every environment allowed.
+    pub fn local() -> Self {
+        TenantLimits {
+            install_network: true,
+            ..Default::default()
+        }
+    }
+}
+
+/// Why the tenants file cannot be used. Each names the file and what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum TenantsError {
+    #[error("cannot read the tenants file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the tenants file {path} is not valid: {detail}")]
+    Invalid { path: PathBuf, detail: String },
+}
+
+/// The file as written: `[[tenants]]` tables.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    tenants: Vec<Entry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    id: String,
+    token_sha256: String,
+    max_concurrent_runs: Option<usize>,
+    runs_per_minute: Option<u32>,
+    max_timeout: Option<Amount>,
+    max_memory: Option<Amount>,
+    max_cpus: Option<f64>,
+    output_limit: Option<Amount>,
+    storage_limit: Option<Amount>,
+    max_sessions: Option<usize>,
+    #[serde(default = "yes")]
+    install_network: bool,
+    #[serde(default)]
+    env_paths: Vec<PathBuf>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A size or a duration: a number (bytes, seconds) or a string with a unit (`512m`, `90s`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Amount {
+    Int(u64),
+    Float(f64),
+    Text(String),
+}
+
+impl Amount {
+    fn size(&self) -> Result<u64, String> {
+        match self {
+            Amount::Int(n) => Ok(*n),
+            Amount::Float(f) if *f >= 0.0 && f.fract() == 0.0 => Ok(*f as u64),
+            Amount::Float(f) => Err(format!("{f} is not a whole number of bytes")),
+            Amount::Text(s) => config::parse_size(s).map_err(|e| e.to_string()),
+        }
+    }
+
+    fn duration(&self) -> Result<Duration, String> {
+        match self {
+            Amount::Int(n) => Ok(Duration::from_secs(*n)),
+            Amount::Float(f) if f.is_finite() && *f > 0.0 => Ok(Duration::from_secs_f64(*f)),
+            Amount::Float(f) => Err(format!("{f} is not a positive number of seconds")),
+            Amount::Text(s) => config::parse_duration(s).map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// Is `id` usable as a tenant id: one path component and label value, never `pool` (the
+/// label of waiting pool containers)?
+pub fn valid_id(id: &str) -> bool {
+    let mut chars = id.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    first_ok
+        && id.len() <= 63
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+        && id != "pool"
+}
+
+/// Read and check a tenants file.
+pub fn load(path: &Path) -> Result<Vec<Tenant>, TenantsError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TenantsError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(&text).map_err(|detail| TenantsError::Invalid {
+        path: path.to_path_buf(),
+        detail,
+    })
+}
+
+/// Parse the text of a tenants file: ids valid and unique, hashes 64 hex digits and unique,
+/// limits positive.
+pub fn parse(text: &str) -> Result<Vec<Tenant>, String> {
+    let file: File = toml::from_str(text).map_err(|e| e.to_string())?;
+    if file.tenants.is_empty() {
+        return Err("no [[tenants]] table: give at least one tenant".into());
+    }
+    let mut out: Vec<Tenant> = Vec::new();
+    for e in file.tenants {
+        let id = e.id.clone();
+        let at = |what: &str| format!("tenant `{id}`: {what}");
+        if !valid_id(&e.id) {
+            return Err(at(
+                "the id must be 1 to 63 of a-z, 0-9, `_`, `-`, starting with a letter or digit (and not `pool`)",
+            ));
+        }
+        let token_sha256 = token::parse_hex(&e.token_sha256).ok_or_else(|| {
+            at("token_sha256 must be 64 hex digits (make one with `mcp-code-executor tenant token`)")
+        })?;
+        if out.iter().any(|t| t.id == e.id) {
+            return Err(at("the id appears twice"));
+        }
+        if out.iter().any(|t| t.token_sha256 == token_sha256) {
+            return Err(at("its token_sha256 is another tenant's too"));
+        }
+        let positive = |name: &str, v: Option<u64>| -> Result<(), String> {
+            if v == Some(0) {
+                Err(at(&format!("{name} must be above 0")))
+            } else {
+                Ok(())
+            }
+        };
+        positive("max_concurrent_runs", e.max_concurrent_runs.map(|v| v as u64))?;
+        positive("runs_per_minute", e.runs_per_minute.map(u64::from))?;
+        positive("max_sessions", e.max_sessions.map(|v| v as u64))?;
+        if let Some(c) = e.max_cpus {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(at("max_cpus must be a positive number of cores"));
+            }
+        }
+        let size = |name: &str, a: &Option<Amount>| -> Result<Option<u64>, String> {
+            let v = a
+                .as_ref()
+                .map(|a| a.size())
+                .transpose()
+                .map_err(|d| at(&format!("{name}: {d}")))?;
+            positive(name, v)?;
+            Ok(v)
+        };
+        let limits = TenantLimits {
+            max_concurrent_runs: e.max_concurrent_runs,
+            runs_per_minute: e.runs_per_minute,
+            max_timeout: e
+                .max_timeout
+                .as_ref()
+                .map(|a| a.duration())
+                .transpose()
+                .map_err(|d| at(&format!("max_timeout: {d}")))?,
+            max_memory: size("max_memory", &e.max_memory)?,
+            max_cpus: e.max_cpus,
+            output_limit: size("output_limit", &e.output_limit)?,
+            storage_limit: size("storage_limit", &e.storage_limit)?,
+            max_sessions: e.max_sessions,
+            install_network: e.install_network,
+            env_paths: e.env_paths,
+        };
+        if let Some(p) = limits.env_paths.iter().find(|p| !p.is_absolute()) {
+            return Err(at(&format!(
+                "env_paths entry `{}` is not an absolute path",
+                p.display()
+            )));
+        }
+        out.push(Tenant {
+            id: e.id,
+            token_sha256,
+            limits,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HASH_A: &str = "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824";
+    const HASH_B: &str = "486ea46224d1bb4fb680f34f7c9ad96a8f24ec88be73ea8e5a6c65260e9cb8a7";
+
+    #[test]
+    fn parses_a_full_file() {
+        let text = format!(
+            r#"
+            [[tenants]]
+            id = "alice"
+            token_sha256 = "{HASH_A}"
+            max_concurrent_runs = 2
+            runs_per_minute = 60
+            max_timeout = "60s"
+            max_memory = "256m"
+            max_cpus = 0.5
+            output_limit = 65536
+            storage_limit = "10m"
+            max_sessions = 1
+            install_network = false
+            env_paths = ["/opt/envs"]
+
+            [[tenants]]
+            id = "bob"
+            token_sha256 = "{}"
+            "#,
+            HASH_B.to_uppercase()
+        );
+        let t = parse(&text).unwrap();
+        assert_eq!(t.len(), 2);
+        let a = &t[0].limits;
+        assert_eq!(t[0].id, "alice");
+        assert_eq!(a.max_concurrent_runs, Some(2));
+        assert_eq!(a.max_timeout, Some(Duration::from_secs(60)));
+        assert_eq!(a.max_memory, Some(256 << 20));
+        assert_eq!(a.output_limit, Some(65536));
+        assert_eq!(a.storage_limit, Some(10 << 20));
+        assert!(!a.install_network);
+        assert_eq!(a.env_paths, vec![PathBuf::from("/opt/envs")]);
+        let b = &t[1].limits;
+        assert_eq!(b.max_memory, None);
+        assert!(b.install_network, "installs may use the network by default");
+        assert_eq!(
+            t[1].token_sha256,
+            token::parse_hex(HASH_B).unwrap(),
+            "hex is case-insensitive"
+        );
+    }
+
+    #[test]
+    fn refuses_bad_files_with_the_reason() {
+        let cases = [
+            ("", "no [[tenants]]"),
+            (
+                &format!("[[tenants]]\nid = \"Alice\"\ntoken_sha256 = \"{HASH_A}\""),
+                "the id must be",
+            ),
+            (
+                &format!("[[tenants]]\nid = \"pool\"\ntoken_sha256 = \"{HASH_A}\""),
+                "not `pool`",
+            ),
+            (
+                "[[tenants]]\nid = \"a\"\ntoken_sha256 = \"secret\"",
+                "64 hex digits",
+            ),
+            (
+                &format!("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH_A}\"\n[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH_B}\""),
+                "appears twice",
+            ),
+            (
+                &format!("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH_A}\"\n[[tenants]]\nid = \"b\"\ntoken_sha256 = \"{HASH_A}\""),
+                "another tenant's",
+            ),
+            (
+                &format!("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH_A}\"\nruns_per_minute = 0"),
+                "runs_per_minute must be above 0",
+            ),
+            (
+                &format!("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH_A}\"\nmax_memory = \"lots\""),
+                "max_memory",
+            ),
+            (
+                &format!("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH_A}\"\ntoken = \"x\""),
+                "unknown field",
+            ),
+            (
+                &format!("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH_A}\"\nenv_paths = [\"envs\"]"),
+                "not an absolute path",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = parse(text).expect_err(text);
+            assert!(err.contains(want), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn ids() {
+        for ok in ["a", "acme", "team-1", "x_y", "0abc"] {
+            assert!(valid_id(ok), "{ok}");
+        }
+        for bad in ["", "-a", "A", "a.b", "a/b", "../x", "pool", &"a".repeat(64)] {
+            assert!(!valid_id(bad), "{bad}");
+        }
+    }
+}

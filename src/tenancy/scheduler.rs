@@ -1,0 +1,347 @@
+//! The run queue: a fixed number of run slots shared by all tenants, each tenant capped at
+//! its own concurrency, waiting calls served round-robin between tenants (FIFO within one),
+//! and a bounded queue per tenant. A tenant that floods the server fills its own queue and
+//! is refused past it; the others' calls still get every other free slot.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+/// Why a call got no place in the queue.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum QueueError {
+    #[error("the queue of tenant `{tenant}` is full ({waiting} calls already wait for a run slot; {running} of its runs are going). Retry when one of them ends")]
+    Full {
+        tenant: String,
+        waiting: usize,
+        running: usize,
+    },
+    #[error("the server is shutting down")]
+    Closed,
+}
+
+/// Fair scheduling of run slots between tenants.
+#[derive(Debug)]
+pub struct Scheduler {
+    capacity: usize,
+    max_queue: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    running: usize,
+    closed: bool,
+    tenants: HashMap<String, Queue>,
+    /// Tenants with waiting calls, in the order they are served.
+    turn: VecDeque<String>,
+}
+
+#[derive(Debug)]
+struct Queue {
+    running: usize,
+    cap: usize,
+    waiting: VecDeque<oneshot::Sender<()>>,
+}
+
+/// A run slot; dropping it frees the slot for the next waiting call.
+#[derive(Debug)]
+pub struct Permit {
+    scheduler: Arc<Scheduler>,
+    tenant: String,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.scheduler.release(&self.tenant);
+    }
+}
+
+/// Counts for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Depth {
+    pub running: usize,
+    pub waiting: usize,
+}
+
+impl Scheduler {
+    /// `capacity` runs at once over all tenants; at most `max_queue` waiting calls per tenant.
+    pub fn new(capacity: usize, max_queue: usize) -> Arc<Self> {
+        Arc::new(Scheduler {
+            capacity: capacity.max(1),
+            max_queue,
+            state: Mutex::default(),
+        })
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wait for a run slot for `tenant`, which may hold at most `cap` at once. Refused at once
+    /// when the tenant's queue is full. Dropping the future gives up its place (or the slot,
+    /// if it had just been granted).
+    pub async fn acquire(self: &Arc<Self>, tenant: &str, cap: usize) -> Result<Permit, QueueError> {
+        let rx = {
+            let mut s = self.lock();
+            if s.closed {
+                return Err(QueueError::Closed);
+            }
+            let free = s.running < self.capacity;
+            let q = s.tenants.entry(tenant.to_string()).or_insert(Queue {
+                running: 0,
+                cap,
+                waiting: VecDeque::new(),
+            });
+            q.cap = cap.max(1);
+            q.waiting.retain(|tx| !tx.is_closed());
+            if free && q.running < q.cap && q.waiting.is_empty() {
+                q.running += 1;
+                s.running += 1;
+                return Ok(self.permit(tenant));
+            }
+            if q.waiting.len() >= self.max_queue {
+                return Err(QueueError::Full {
+                    tenant: tenant.to_string(),
+                    waiting: q.waiting.len(),
+                    running: q.running,
+                });
+            }
+            let (tx, rx) = oneshot::channel();
+            q.waiting.push_back(tx);
+            if !s.turn.iter().any(|t| t == tenant) {
+                s.turn.push_back(tenant.to_string());
+            }
+            rx
+        };
+        let mut waiting = Waiting {
+            rx: Some(rx),
+            scheduler: self.clone(),
+            tenant: tenant.to_string(),
+        };
+        let rx = waiting.rx.as_mut().expect("set above");
+        match rx.await {
+            Ok(()) => {
+                waiting.rx = None;
+                Ok(self.permit(tenant))
+            }
+            Err(_) => Err(QueueError::Closed),
+        }
+    }
+
+    fn permit(self: &Arc<Self>, tenant: &str) -> Permit {
+        Permit {
+            scheduler: self.clone(),
+            tenant: tenant.to_string(),
+        }
+    }
+
+    fn release(&self, tenant: &str) {
+        let mut s = self.lock();
+        s.running = s.running.saturating_sub(1);
+        if let Some(q) = s.tenants.get_mut(tenant) {
+            q.running = q.running.saturating_sub(1);
+        }
+        Self::dispatch(&mut s, self.capacity);
+    }
+
+    /// Hand free slots to waiting calls, one tenant after another.
+    fn dispatch(s: &mut State, capacity: usize) {
+        let mut passes = s.turn.len();
+        while s.running < capacity && passes > 0 {
+            let Some(tenant) = s.turn.pop_front() else {
+                break;
+            };
+            let Some(q) = s.tenants.get_mut(&tenant) else {
+                passes = s.turn.len();
+                continue;
+            };
+            q.waiting.retain(|tx| !tx.is_closed());
+            if q.waiting.is_empty() {
+                passes = s.turn.len();
+                continue;
+            }
+            if q.running >= q.cap {
+                s.turn.push_back(tenant);
+                passes -= 1;
+                continue;
+            }
+            let tx = q.waiting.pop_front().expect("not empty");
+            if tx.send(()).is_ok() {
+                q.running += 1;
+                s.running += 1;
+            }
+            if !q.waiting.is_empty() {
+                s.turn.push_back(tenant);
+            }
+            passes = s.turn.len();
+        }
+    }
+
+    /// Runs going and calls waiting, over all tenants.
+    pub fn depth(&self) -> Depth {
+        let s = self.lock();
+        Depth {
+            running: s.running,
+            waiting: s
+                .tenants
+                .values()
+                .map(|q| q.waiting.iter().filter(|tx| !tx.is_closed()).count())
+                .sum(),
+        }
+    }
+
+    /// Refuse new calls and wake the waiting ones with [`QueueError::Closed`].
+    pub fn close(&self) {
+        let mut s = self.lock();
+        s.closed = true;
+        for q in s.tenants.values_mut() {
+            q.waiting.clear();
+        }
+        s.turn.clear();
+    }
+}
+
+/// A place in the queue. Dropped before it is served: the place is given up. Dropped after
+/// the slot was granted but before the caller saw it: the slot is given back.
+struct Waiting {
+    rx: Option<oneshot::Receiver<()>>,
+    scheduler: Arc<Scheduler>,
+    tenant: String,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if let Some(mut rx) = self.rx.take() {
+            rx.close();
+            if rx.try_recv().is_ok() {
+                self.scheduler.release(&self.tenant);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    async fn settle() {
+        for _ in 0..5 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn grants_at_once_within_capacity_and_caps() {
+        let s = Scheduler::new(2, 4);
+        let a1 = s.acquire("a", 1).await.unwrap();
+        // `a` is at its own cap: its next call waits although a slot is free.
+        let a2 = tokio::spawn({
+            let s = s.clone();
+            async move { s.acquire("a", 1).await.map(|_| ()) }
+        });
+        settle().await;
+        assert!(!a2.is_finished());
+        let b1 = s.acquire("b", 2).await.unwrap();
+        assert_eq!(s.depth(), Depth { running: 2, waiting: 1 });
+        drop(a1);
+        a2.await.unwrap().unwrap();
+        drop(b1);
+        assert_eq!(s.depth(), Depth::default());
+    }
+
+    #[tokio::test]
+    async fn serves_tenants_in_turn_not_in_arrival_order() {
+        let s = Scheduler::new(1, 100);
+        let first = s.acquire("noisy", 8).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        // Ten calls of the noisy tenant queue up, then one of the quiet tenant.
+        for i in 0..11 {
+            let tenant = if i < 10 { "noisy" } else { "quiet" };
+            let (s, order) = (s.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let p = s.acquire(tenant, 8).await.unwrap();
+                order.lock().unwrap().push(tenant);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                drop(p);
+            }));
+            settle().await;
+        }
+        drop(first);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let order = order.lock().unwrap().clone();
+        let quiet_at = order.iter().position(|t| *t == "quiet").unwrap();
+        assert!(
+            quiet_at <= 1,
+            "the quiet tenant waited behind the noisy one's queue: {order:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_and_says_why() {
+        let s = Scheduler::new(1, 2);
+        let _held = s.acquire("a", 1).await.unwrap();
+        let w1 = tokio::spawn({
+            let s = s.clone();
+            async move { s.acquire("a", 1).await.map(|_| ()) }
+        });
+        let w2 = tokio::spawn({
+            let s = s.clone();
+            async move { s.acquire("a", 1).await.map(|_| ()) }
+        });
+        settle().await;
+        let err = s.acquire("a", 1).await.unwrap_err();
+        assert_eq!(
+            err,
+            QueueError::Full {
+                tenant: "a".into(),
+                waiting: 2,
+                running: 1
+            }
+        );
+        assert!(err.to_string().contains("Retry"));
+        // Another tenant still gets a place.
+        let b = tokio::spawn({
+            let s = s.clone();
+            async move { s.acquire("b", 1).await.map(|_| ()) }
+        });
+        settle().await;
+        assert_eq!(s.depth().waiting, 3);
+        s.close();
+        for t in [w1, w2, b] {
+            assert_eq!(t.await.unwrap(), Err(QueueError::Closed));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_waiter_loses_its_place_not_a_slot() {
+        let s = Scheduler::new(1, 4);
+        let held = s.acquire("a", 1).await.unwrap();
+        let gone = tokio::spawn({
+            let s = s.clone();
+            async move { s.acquire("b", 1).await.map(|_| ()) }
+        });
+        settle().await;
+        gone.abort();
+        let _ = gone.await;
+        assert_eq!(s.depth().waiting, 0);
+        drop(held);
+        // The slot is free again, not leaked to the cancelled call.
+        let again = tokio::time::timeout(Duration::from_secs(1), s.acquire("c", 1))
+            .await
+            .expect("slot leaked")
+            .unwrap();
+        assert_eq!(s.depth().running, 1);
+        drop(again);
+        assert_eq!(s.depth().running, 0);
+    }
+}
