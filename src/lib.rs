@@ -37,6 +37,7 @@ pub mod doctor;
 pub mod env;
 pub mod job;
 pub mod mcp;
+pub mod metrics;
 pub mod sandbox;
 pub mod storage;
 pub mod tenancy;

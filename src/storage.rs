@@ -55,6 +55,8 @@ pub enum StorageError {
         size: u64,
         max: u64,
     },
+    #[error("quota exceeded: the tenant's stored code and workspace files take {used} bytes, and {adding} more would pass its storage_limit of {limit} bytes. Free space first (write_file an empty file, or ask the operator), then retry")]
+    Quota { used: u64, adding: u64, limit: u64 },
     #[error("file `{path}` is not valid UTF-8 text")]
     NotText { path: String },
     #[error("cannot use the code storage directory `{root}`: {source}. Set CODE_STORAGE_DIR to a writable directory")]
@@ -71,6 +73,60 @@ pub struct CodeStorage {
     canonical: PathBuf,
     max_file_bytes: u64,
     locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
+    /// The tenant's storage quota, shared with its workspaces.
+    quota: std::sync::OnceLock<Arc<StorageQuota>>,
+}
+
+/// A cap on the bytes under some directories together (a tenant's code storage and
+/// workspaces), checked before each write. Two writes racing may pass it by one write.
+#[derive(Debug)]
+pub struct StorageQuota {
+    limit: u64,
+    roots: Vec<PathBuf>,
+}
+
+impl StorageQuota {
+    pub fn new(limit: u64, roots: Vec<PathBuf>) -> Self {
+        StorageQuota { limit, roots }
+    }
+
+    /// Bytes of the regular files under the roots (symlinks not followed).
+    pub fn used(&self) -> u64 {
+        fn walk(dir: &Path, depth: usize) -> u64 {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return 0;
+            };
+            let mut sum = 0;
+            for e in entries.flatten() {
+                let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+                    continue;
+                };
+                if meta.is_file() {
+                    sum += meta.len();
+                } else if meta.is_dir() && depth < 4 {
+                    sum += walk(&e.path(), depth + 1);
+                }
+            }
+            sum
+        }
+        self.roots.iter().map(|r| walk(r, 0)).sum()
+    }
+
+    /// Would `adding` bytes more (replacing a file of `replacing` bytes) fit?
+    pub async fn check(self: &Arc<Self>, adding: u64, replacing: u64) -> Result<(), StorageError> {
+        let me = self.clone();
+        let used = tokio::task::spawn_blocking(move || me.used())
+            .await
+            .unwrap_or(0);
+        if used.saturating_sub(replacing) + adding > self.limit {
+            return Err(StorageError::Quota {
+                used,
+                adding,
+                limit: self.limit,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// The default storage directory: `code/` under the data directory
@@ -99,7 +155,20 @@ impl CodeStorage {
             canonical,
             max_file_bytes: defaults::MAX_FILE_BYTES,
             locks: Mutex::default(),
+            quota: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Count every write against `quota` from now on (set once; later calls are ignored).
+    pub fn set_quota(&self, quota: Arc<StorageQuota>) {
+        let _ = self.quota.set(quota);
+    }
+
+    async fn check_quota(&self, adding: u64, replacing: u64) -> Result<(), StorageError> {
+        match self.quota.get() {
+            Some(q) => q.check(adding, replacing).await,
+            None => Ok(()),
+        }
     }
 
     /// The storage directory (canonical form).
@@ -163,6 +232,7 @@ impl CodeStorage {
         content: &str,
     ) -> Result<PathBuf, StorageError> {
         check_code_size(content)?;
+        self.check_quota(content.len() as u64, 0).await?;
         let stem = sanitize_stem(filename);
         loop {
             let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
@@ -209,6 +279,7 @@ impl CodeStorage {
                 max: self.max_file_bytes,
             });
         }
+        self.check_quota(content.len() as u64, 0).await?;
         file.write_all(content.as_bytes())
             .await
             .map_err(|e| io_err(&path, e))?;
@@ -257,6 +328,8 @@ impl CodeStorage {
                 .mode(0o600),
         )
         .await?;
+        let replacing = file.metadata().await.map_err(|e| io_err(&path, e))?.len();
+        self.check_quota(data.len() as u64, replacing).await?;
         file.set_len(0).await.map_err(|e| io_err(&path, e))?;
         file.write_all(data).await.map_err(|e| io_err(&path, e))?;
         file.flush().await.map_err(|e| io_err(&path, e))?;

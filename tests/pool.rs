@@ -167,7 +167,7 @@ async fn a_changed_environment_never_gets_a_stale_pool_container() {
         vars: vec![("MCPX_MARK".into(), "new".into())],
         ..Default::default()
     };
-    s.prewarm(&env).await;
+    s.prewarm("any", &env).await;
     wait_ready(&s, 2).await;
     let mut job = JobSpec::python(
         "import os; print(os.environ.get('MCPX_MARK'))",

@@ -34,6 +34,8 @@ pub enum ManagerError {
         status: String,
         stderr: String,
     },
+    #[error("not allowed: {0}")]
+    NotAllowed(String),
     #[error("cannot prepare {path}: {detail}")]
     Io { path: PathBuf, detail: String },
 }

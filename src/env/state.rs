@@ -74,6 +74,9 @@ pub struct Environments {
 pub struct EnvState {
     tenant: String,
     current: RwLock<(Environment, Probe)>,
+    /// On a multi-tenant server: the roots under which this tenant may configure an
+    /// environment (its managed one is always allowed); `None`: anywhere on the server.
+    allowed: Option<Vec<PathBuf>>,
 }
 
 impl EnvState {
@@ -87,6 +90,7 @@ impl EnvState {
         let both = validate(sandbox, manager, tenant, request.as_ref()).await?;
         Ok(EnvState {
             tenant: tenant.to_string(),
+            allowed: None,
             current: RwLock::new(both),
         })
     }
@@ -96,6 +100,19 @@ impl EnvState {
         self.current.read().await.0.clone()
     }
 
+    /// Let configure_environment choose only environments under `roots` (and the tenant's
+    /// managed one); installs then go only into the managed one, the others being shared.
+    pub fn restrict_to(mut self, roots: Vec<PathBuf>) -> Self {
+        self.allowed = Some(roots);
+        self
+    }
+
+    /// May install_dependencies write into `env`? Everywhere on a single-tenant server; on a
+    /// multi-tenant one only into the tenant's own managed environment.
+    pub fn installs_allowed(&self, env: &Environment) -> bool {
+        self.allowed.is_none() || env.kind == EnvKind::Managed
+    }
+
     /// Switch to `request` if it validates; otherwise keep the current one and say why.
     pub async fn configure(
         &self,
@@ -103,9 +120,28 @@ impl EnvState {
         manager: &EnvManager,
         request: Option<EnvRequest>,
     ) -> Result<EnvReport, ManagerError> {
+        if let (Some(roots), Some(r)) = (&self.allowed, &request) {
+            if r.kind != EnvKind::Managed {
+                let env = resolve(r, &Context::from_host())?;
+                let dirs = std::iter::once(&env.prefix).chain(env.base.as_ref());
+                for dir in dirs {
+                    if !roots.iter().any(|root| dir.starts_with(root)) {
+                        return Err(ManagerError::NotAllowed(format!(
+                            "{} is outside the environments this tenant may use ({}); the operator lists them in `env_paths` of the tenants file",
+                            dir.display(),
+                            if roots.is_empty() {
+                                "none: only `default`, the tenant's own managed environment".to_string()
+                            } else {
+                                roots.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", ")
+                            }
+                        )));
+                    }
+                }
+            }
+        }
         let both = validate(sandbox, manager, &self.tenant, request.as_ref()).await?;
         let report = report_of(&both.0, &both.1);
-        sandbox.prewarm(&both.0.run_env()).await;
+        sandbox.prewarm(&self.tenant, &both.0.run_env()).await;
         *self.current.write().await = both;
         Ok(report)
     }

@@ -1,7 +1,13 @@
 //! The HTTP front: Streamable HTTP at `/mcp` (rmcp's service) and the legacy SSE transport at
 //! `/sse` + `/messages` ([`super::sse`]), behind a `Host` allowlist (the guard of a local
-//! server against DNS rebinding) and a request body limit.
+//! server against DNS rebinding) and a request body limit; beside them `/healthz`, `/readyz`
+//! and Prometheus `/metrics`, open without a token.
+//!
+//! Each tenant has its own set of MCP routes over its own [`CodeExecutor`] (own session
+//! managers, storage, workspaces, environment). With tenants configured, a call's bearer
+//! token picks the set; a session id minted for one tenant is unknown to every other's.
 
+use std::collections::HashMap;
 use std::future::IntoFuture as _;
 use std::sync::Arc;
 
@@ -14,9 +20,11 @@ use axum::Router;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
 
 use super::sse::{self, SseState};
 use super::CodeExecutor;
+use crate::tenancy::token::Authenticator;
 
 /// Options of the HTTP transports.
 #[derive(Debug, Clone)]
@@ -29,6 +37,8 @@ pub struct HttpOptions {
     pub allowed_origins: Vec<String>,
     /// Largest request body, bytes; larger requests get 413.
     pub max_body_bytes: usize,
+    /// Serve Prometheus metrics at `/metrics`.
+    pub metrics: bool,
 }
 
 impl Default for HttpOptions {
@@ -40,12 +50,185 @@ impl Default for HttpOptions {
                 .collect(),
             allowed_origins: Vec::new(),
             max_body_bytes: super::defaults::MAX_BODY_BYTES,
+            metrics: true,
         }
     }
 }
 
-/// The routes. `shutdown` ends every session and stream.
+/// The routes of a single-user server: one tenant, no token. `shutdown` ends every session
+/// and stream.
 pub fn router(executor: CodeExecutor, opts: &HttpOptions, shutdown: CancellationToken) -> Router {
+    hosted(vec![executor], None, opts, shutdown)
+}
+
+/// The routes of a server with one executor per tenant. With `auth`, every MCP request
+/// needs a bearer token, which picks the tenant; without, `executors` holds one.
+pub fn hosted(
+    executors: Vec<CodeExecutor>,
+    auth: Option<Authenticator>,
+    opts: &HttpOptions,
+    shutdown: CancellationToken,
+) -> Router {
+    assert!(!executors.is_empty(), "a server has at least one tenant");
+    assert!(
+        auth.is_some() || executors.len() == 1,
+        "several tenants need authentication to tell them apart"
+    );
+    let front = Arc::new(Front {
+        routers: executors
+            .iter()
+            .map(|e| {
+                (
+                    e.tenant().to_string(),
+                    tenant_routes(e.clone(), opts, shutdown.clone()),
+                )
+            })
+            .collect(),
+        executors,
+        auth,
+    });
+    let mut router = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz));
+    if opts.metrics {
+        router = router.route("/metrics", get(metrics));
+    }
+    router.fallback(dispatch).with_state(front)
+}
+
+/// What the top-level routes share.
+struct Front {
+    executors: Vec<CodeExecutor>,
+    routers: HashMap<String, Router>,
+    auth: Option<Authenticator>,
+}
+
+/// Hand the request to its tenant's routes, after checking its token when there are tenants.
+async fn dispatch(State(front): State<Arc<Front>>, request: Request) -> Response {
+    let tenant = match &front.auth {
+        None => front.executors[0].tenant().to_string(),
+        Some(auth) => {
+            let header = header_str(&request, header::AUTHORIZATION);
+            match Authenticator::bearer(&header).and_then(|t| auth.tenant_of(t)) {
+                Some(t) => t.to_string(),
+                None => {
+                    tracing::info!(
+                        path = %request.uri().path(),
+                        token_given = !header.is_empty(),
+                        "refused: no valid bearer token"
+                    );
+                    return unauthorized(!header.is_empty());
+                }
+            }
+        }
+    };
+    let router = front.routers[&tenant].clone();
+    match router.oneshot(request).await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    }
+}
+
+/// 401 with the challenge RFC 6750 asks for.
+fn unauthorized(token_given: bool) -> Response {
+    let (challenge, message) = if token_given {
+        (
+            r#"Bearer realm="mcp-code-executor", error="invalid_token""#,
+            "the bearer token is not valid for any tenant",
+        )
+    } else {
+        (
+            r#"Bearer realm="mcp-code-executor""#,
+            "this server needs `Authorization: Bearer <token>`; ask its operator for a tenant token",
+        )
+    };
+    let body = serde_json::json!({"error": "unauthorized", "message": message});
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, challenge)],
+        axum::Json(body),
+    )
+        .into_response()
+}
+
+/// Alive: the process answers.
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// Ready: Docker answers, the sandbox image is there, the warm pool has a sandbox waiting
+/// (when there is a pool). 503 with the same JSON otherwise.
+async fn readyz(State(front): State<Arc<Front>>) -> Response {
+    let sandbox = front.executors[0].sandbox();
+    let info = tokio::time::timeout(std::time::Duration::from_secs(3), sandbox.info()).await;
+    let stats = sandbox.stats();
+    let (docker, image_present, problem) = match info {
+        Ok(Ok(i)) => {
+            let problem =
+                (!i.image_present).then(|| format!("the sandbox image {} is missing", i.image));
+            (Some(i.version), i.image_present, problem)
+        }
+        Ok(Err(e)) => (None, false, Some(e.to_string())),
+        Err(_) => (
+            None,
+            false,
+            Some("the Docker daemon did not answer within 3 s".into()),
+        ),
+    };
+    let pool_ok = stats.pool_target == 0 || stats.pool_ready > 0;
+    let problem =
+        problem.or_else(|| (!pool_ok).then(|| "the warm pool has no sandbox ready yet".into()));
+    let body = serde_json::json!({
+        "ready": problem.is_none(),
+        "problem": problem,
+        "docker": docker,
+        "image_present": image_present,
+        "pool_ready": stats.pool_ready,
+        "pool_target": stats.pool_target,
+        "live_containers": stats.live_containers,
+    });
+    let status = if problem.is_none() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+/// Prometheus text format.
+async fn metrics(State(front): State<Arc<Front>>) -> Response {
+    let first = &front.executors[0];
+    let depth = first.scheduler().depth();
+    let stats = first.sandbox().stats();
+    let gauges = crate::metrics::Gauges {
+        runs_going: depth.running,
+        queue_waiting: depth.waiting,
+        run_slots: first.scheduler().capacity(),
+        pool_ready: stats.pool_ready,
+        pool_target: stats.pool_target,
+        live_containers: stats.live_containers,
+        sessions: front
+            .executors
+            .iter()
+            .map(|e| (e.tenant().to_string(), e.live_sessions()))
+            .collect(),
+    };
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        first.metrics().render(&gauges),
+    )
+        .into_response()
+}
+
+/// One tenant's MCP routes.
+fn tenant_routes(
+    executor: CodeExecutor,
+    opts: &HttpOptions,
+    shutdown: CancellationToken,
+) -> Router {
     let mut config = StreamableHttpServerConfig::default()
         .with_cancellation_token(shutdown.child_token())
         .with_max_request_body_bytes(opts.max_body_bytes);

@@ -53,6 +53,12 @@ pub mod vars {
     /// `1`/`true`: one workspace per tenant, shared by its MCP sessions and kept; default:
     /// one per MCP session, deleted when it ends.
     pub const SHARED_WORKSPACE: &str = "MCP_EXECUTOR_SHARED_WORKSPACE";
+    /// The tenants file (TOML); unset: one local tenant, no authentication.
+    pub const TENANTS: &str = "MCP_EXECUTOR_TENANTS";
+    /// Calls of one tenant that may wait for a run slot; past it calls are refused.
+    pub const MAX_QUEUE: &str = "MCP_EXECUTOR_MAX_QUEUE";
+    /// `0`/`false`: no `/metrics` route.
+    pub const METRICS: &str = "MCP_EXECUTOR_METRICS";
 }
 
 /// Named defaults of `serve`.
@@ -67,6 +73,7 @@ pub mod defaults {
     /// can grow it).
     pub const MAX_BODY_BYTES: usize = 4 << 20;
     pub const ALLOWED_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+    pub const MAX_QUEUE: usize = 64;
 }
 
 /// What the tools need to know about the server's configuration.
@@ -87,6 +94,65 @@ pub struct Settings {
     pub tenant: String,
     /// Stateful sessions (execute_python) and workspaces.
     pub sessions: sessions::SessionOptions,
+    /// The tenant's quotas beyond the run limits above.
+    pub quota: Quota,
+}
+
+/// What a tenant may do beyond the limits of each run; all checked before a container exists.
+#[derive(Debug, Clone)]
+pub struct Quota {
+    /// Runs of this tenant at once (`None`: up to the server's run slots).
+    pub max_concurrent_runs: Option<usize>,
+    /// Runs started per minute (`None`: unlimited).
+    pub runs_per_minute: Option<u32>,
+    /// May install_dependencies use the network?
+    pub install_network: bool,
+    /// Bytes of stored code and workspace files together (`None`: only the per-file caps).
+    pub storage_bytes: Option<u64>,
+}
+
+impl Default for Quota {
+    fn default() -> Self {
+        Quota {
+            max_concurrent_runs: None,
+            runs_per_minute: None,
+            install_network: true,
+            storage_bytes: None,
+        }
+    }
+}
+
+impl Settings {
+    /// The settings of `tenant`: the server's, with each of the tenant's limits applied
+    /// where it is lower (a tenant never gets more than the server allows).
+    pub fn for_tenant(&self, tenant: &crate::tenancy::Tenant) -> Settings {
+        let t = &tenant.limits;
+        let mut s = self.clone();
+        s.tenant = tenant.id.clone();
+        if let Some(m) = t.max_timeout {
+            s.max_timeout = s.max_timeout.min(m);
+            s.limits.timeout = s.limits.timeout.min(m);
+        }
+        if let Some(m) = t.max_memory {
+            s.limits.memory_bytes = s.limits.memory_bytes.min(m);
+        }
+        if let Some(c) = t.max_cpus {
+            s.limits.cpus = s.limits.cpus.min(c);
+        }
+        if let Some(o) = t.output_limit {
+            s.limits.output_bytes = s.limits.output_bytes.min(o);
+        }
+        if let Some(n) = t.max_sessions {
+            s.sessions.max_sessions = s.sessions.max_sessions.min(n);
+        }
+        s.quota = Quota {
+            max_concurrent_runs: t.max_concurrent_runs,
+            runs_per_minute: t.runs_per_minute,
+            install_network: t.install_network,
+            storage_bytes: t.storage_limit,
+        };
+        s
+    }
 }
 
 impl Default for Settings {
@@ -100,6 +166,7 @@ impl Default for Settings {
             requested_env_type: None,
             tenant: "local".into(),
             sessions: sessions::SessionOptions::default(),
+            quota: Quota::default(),
         }
     }
 }

@@ -304,8 +304,12 @@ impl CodeExecutor {
         crate::storage::check_code_size(&a.code)
             .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
         let (timeout, note) = self.timeout(a.timeout)?;
+        if let Err(e) = self.admit() {
+            return Ok(tool_error(format!("the cell was not run: {e}")));
+        }
         let x = self.conn.extras.clone();
         let conn = self.conn.id;
+        let started = Instant::now();
         x.start_reaper();
         let slot = x.slot(conn);
         let mut cell = slot.cell.lock().await;
@@ -321,8 +325,8 @@ impl CodeExecutor {
         if cell.is_none() {
             if x.live_sessions() >= x.options.max_sessions {
                 return Ok(tool_error(format!(
-                    "no session could be opened: the server already runs {} sessions, its maximum. Try again later, or use execute_code (no state).",
-                    x.options.max_sessions
+                    "no session could be opened: tenant `{}` already has {} sessions open, its maximum (max_sessions). Close one (reset_session ends this connection's), wait for idle ones to expire, or use execute_code (no state).",
+                    x.tenant, x.options.max_sessions
                 )));
             }
             let mut job = JobSpec::python("", x.limits.clone());
@@ -390,6 +394,19 @@ impl CodeExecutor {
             p.finish().await;
         }
         *slot.used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        let label = match &result {
+            None => "cancelled",
+            Some(Err(_)) => "failed",
+            Some(Ok(o)) => crate::metrics::outcome_label(o),
+        };
+        let secs = started.elapsed().as_secs_f64();
+        self.metrics().run(&x.tenant, label, secs);
+        tracing::info!(
+            tenant = %x.tenant,
+            code_sha256 = %super::tools::code_digest(a.code.as_bytes()),
+            outcome = label,
+            "session cell ran"
+        );
         let outcome = match result {
             None => {
                 cell.take();

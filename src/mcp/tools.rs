@@ -9,7 +9,6 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::args::{self, Args};
@@ -21,8 +20,11 @@ use super::report::{
 use super::{environment, Settings, INSTRUCTIONS};
 use crate::env::state::Environments;
 use crate::job::{JobSpec, Outcome};
+use crate::metrics::{self, Metrics};
 use crate::sandbox::{Events, Sandbox};
 use crate::storage::{self, CodeStorage};
+use crate::tenancy::rate::RateLimiter;
+use crate::tenancy::scheduler::{QueueError, Scheduler};
 
 const EXECUTE_CODE: &str = "Run a complete Python script in a fresh, isolated sandbox and return its stdout, stderr and exit status. \
 Each call starts from scratch: no variables, files or installs survive between calls. There is no network access. \
@@ -63,6 +65,9 @@ pub enum RunError {
     Cancelled,
     #[error("the server is shutting down; the run was stopped")]
     ShuttingDown,
+    /// A quota said no before any container existed; the text says which and when to retry.
+    #[error("{0}")]
+    Refused(String),
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
 }
@@ -72,8 +77,12 @@ struct Shared {
     sandbox: Arc<dyn Sandbox>,
     storage: Arc<CodeStorage>,
     settings: Settings,
-    /// Runs at once; the rest wait (and report "queued").
-    slots: Semaphore,
+    /// Run slots, shared fairly with the server's other tenants.
+    scheduler: Arc<Scheduler>,
+    /// Runs per minute of this tenant, when limited.
+    rate: Option<RateLimiter>,
+    /// The server's counters.
+    pub(super) metrics: Arc<Metrics>,
     /// Cancelled when the server shuts down: every run in flight is stopped.
     shutdown: CancellationToken,
     /// Python environments, when the server has them (runs use the current one).
@@ -91,14 +100,31 @@ pub struct CodeExecutor {
 
 impl CodeExecutor {
     pub fn new(sandbox: Arc<dyn Sandbox>, storage: Arc<CodeStorage>, settings: Settings) -> Self {
-        let slots = Semaphore::new(settings.max_concurrent_runs.max(1));
+        let scheduler = Scheduler::new(settings.max_concurrent_runs, super::defaults::MAX_QUEUE);
         let extras = super::sessions::Extras::new(sandbox.clone(), &settings);
+        if let Some(limit) = settings.quota.storage_bytes {
+            // Code storage and every workspace of the tenant count together.
+            let ws = extras.workspaces.root();
+            let tenant = storage::sanitize_stem(Some(&settings.tenant));
+            let quota = Arc::new(storage::StorageQuota::new(
+                limit,
+                vec![
+                    storage.dir().to_path_buf(),
+                    ws.join(&tenant),
+                    ws.join(format!("{tenant}.sessions")),
+                ],
+            ));
+            storage.set_quota(quota.clone());
+            extras.workspaces.set_quota(quota);
+        }
         CodeExecutor {
             shared: Arc::new(Shared {
                 sandbox,
                 storage,
+                rate: settings.quota.runs_per_minute.map(RateLimiter::new),
                 settings,
-                slots,
+                scheduler,
+                metrics: Arc::default(),
                 shutdown: CancellationToken::new(),
                 environments: None,
             }),
@@ -115,6 +141,64 @@ impl CodeExecutor {
             .expect("with_shutdown is called before the executor is shared")
             .shutdown = token;
         self
+    }
+
+    /// Share run slots (and their fair queue) with other tenants' executors. Call before the
+    /// executor is cloned into sessions.
+    pub fn with_scheduler(mut self, scheduler: Arc<Scheduler>) -> Self {
+        Arc::get_mut(&mut self.shared)
+            .expect("with_scheduler is called before the executor is shared")
+            .scheduler = scheduler;
+        self
+    }
+
+    /// Count into the server's metrics. Call before the executor is cloned into sessions.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        Arc::get_mut(&mut self.shared)
+            .expect("with_metrics is called before the executor is shared")
+            .metrics = metrics;
+        self
+    }
+
+    /// The backend runs go to.
+    pub fn sandbox(&self) -> &Arc<dyn Sandbox> {
+        &self.shared.sandbox
+    }
+
+    /// The tenant this executor serves.
+    pub fn tenant(&self) -> &str {
+        &self.shared.settings.tenant
+    }
+
+    /// The server's counters, and the run queue.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.shared.metrics
+    }
+
+    pub fn scheduler(&self) -> &Arc<Scheduler> {
+        &self.shared.scheduler
+    }
+
+    /// Open execute_python sessions of this tenant.
+    pub fn live_sessions(&self) -> usize {
+        self.conn.extras.live_sessions()
+    }
+
+    /// Take one run from the tenant's runs-per-minute quota, or say when to retry. Checked
+    /// before anything is started.
+    pub(super) fn admit(&self) -> Result<(), RunError> {
+        let Some(rate) = &self.shared.rate else {
+            return Ok(());
+        };
+        rate.try_take().map_err(|wait| {
+            self.shared.metrics.rejected(self.tenant(), "rate");
+            RunError::Refused(format!(
+                "quota exceeded: tenant `{}` may start {} runs per minute (runs_per_minute). Retry in {} s",
+                self.tenant(),
+                rate.per_minute(),
+                wait.as_secs_f64().ceil().max(1.0)
+            ))
+        })
     }
 
     /// Run in (and install into) the environments of `envs`. Call before the executor is
@@ -172,7 +256,13 @@ impl CodeExecutor {
             job.entry = name;
         }
         self.add_workspace_files(&mut job).await;
-        tracing::info!(job_id = %job.id, file = %path.display(), "run requested");
+        tracing::info!(
+            job_id = %job.id,
+            tenant = %job.tenant,
+            code_sha256 = %code_digest(&job.files[0].contents),
+            file = %path.display(),
+            "run requested"
+        );
         let result = self.run_job(job, &ctx).await;
         let file_path = path.display().to_string();
         Ok(match result {
@@ -195,6 +285,8 @@ impl CodeExecutor {
         ctx: &RequestContext<RoleServer>,
     ) -> Result<Outcome, RunError> {
         let job_id = job.id.clone();
+        self.admit()?;
+        let started = std::time::Instant::now();
         let (progress, events) = Progress::start(ctx);
         let result = tokio::select! {
             r = self.run_in_slot(job, events) => r,
@@ -210,17 +302,34 @@ impl CodeExecutor {
         if let Some(p) = progress {
             p.finish().await;
         }
+        let label = match &result {
+            Ok(o) => Some(metrics::outcome_label(o)),
+            Err(RunError::Cancelled | RunError::ShuttingDown) => Some("cancelled"),
+            Err(RunError::Sandbox(_)) => Some("failed"),
+            Err(RunError::Refused(_)) => None,
+        };
+        if let Some(label) = label {
+            let secs = started.elapsed().as_secs_f64();
+            self.shared.metrics.run(self.tenant(), label, secs);
+        }
         result
     }
 
-    /// Wait for one of the run slots, then run.
+    /// Wait for one of the run slots (fairly shared between tenants), then run.
     async fn run_in_slot(&self, mut job: JobSpec, events: Events) -> Result<Outcome, RunError> {
-        let _slot = self
-            .shared
-            .slots
-            .acquire()
+        let s = &self.shared;
+        let cap = s.settings.quota.max_concurrent_runs.unwrap_or(usize::MAX);
+        let _slot = s
+            .scheduler
+            .acquire(&s.settings.tenant, cap)
             .await
-            .map_err(|_| RunError::ShuttingDown)?;
+            .map_err(|e| match e {
+                QueueError::Closed => RunError::ShuttingDown,
+                full @ QueueError::Full { .. } => {
+                    s.metrics.rejected(&s.settings.tenant, "queue_full");
+                    RunError::Refused(full.to_string())
+                }
+            })?;
         // The current environment, held for the run: an install waits for it, and it waits
         // for an install, so a run never sees an environment halfway through an install.
         let mut _env_lock = None;
@@ -255,6 +364,15 @@ impl CodeExecutor {
             content,
         }
     }
+}
+
+/// A short digest of the code for logs, which never carry the code itself.
+pub(super) fn code_digest(code: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(code)[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The stored file's name, when it is safe to use as the entry inside the workspace (so
@@ -434,9 +552,33 @@ impl CodeExecutor {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         if let Some(envs) = &self.shared.environments {
-            let tenant = self.shared.settings.tenant.clone();
-            return environment::install(envs, &*self.shared.sandbox, &tenant, a.packages, &ctx)
-                .await;
+            let s = &self.shared;
+            let tenant = s.settings.tenant.clone();
+            let refused = |why: String| {
+                s.metrics.install(&tenant, "refused");
+                Ok(tool_error(format!(
+                    "nothing was installed ({}): {why}",
+                    a.packages.join(", ")
+                )))
+            };
+            if !s.settings.quota.install_network {
+                return refused(format!(
+                    "tenant `{tenant}` may not install packages (install_network = false in the tenants file; installs need the network). \
+                     Use what the environment has: check_installed_packages lists it"
+                ));
+            }
+            let env = envs.state.current().await;
+            if !envs.state.installs_allowed(&env) {
+                return refused(format!(
+                    "the current environment ({}) is shared by the operator and read-only for tenants; \
+                     switch to your own with configure_environment type `default`, then install",
+                    env.prefix.display()
+                ));
+            }
+            let result = environment::install(envs, &*s.sandbox, &tenant, a.packages, &ctx).await;
+            let ok = matches!(&result, Ok(r) if r.is_error != Some(true));
+            s.metrics.install(&tenant, if ok { "ok" } else { "failed" });
+            return result;
         }
         check_package_names(&a.packages)?;
         Ok(tool_error(format!(

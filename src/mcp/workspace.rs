@@ -39,6 +39,8 @@ pub const MOUNT: &str = "/workspace";
 pub struct Workspaces {
     root: PathBuf,
     open: Mutex<HashMap<String, Arc<CodeStorage>>>,
+    /// The tenant's storage quota, when it has one.
+    quota: std::sync::OnceLock<Arc<crate::storage::StorageQuota>>,
 }
 
 impl Workspaces {
@@ -46,7 +48,17 @@ impl Workspaces {
         Workspaces {
             root,
             open: Mutex::default(),
+            quota: std::sync::OnceLock::new(),
         }
+    }
+
+    pub fn root(&self) -> &std::path::Path {
+        &self.root
+    }
+
+    /// Count workspace writes against `quota` (set once, before first use).
+    pub fn set_quota(&self, quota: Arc<crate::storage::StorageQuota>) {
+        let _ = self.quota.set(quota);
     }
 
     /// The tenant's workspace, created on first use.
@@ -59,6 +71,9 @@ impl Workspaces {
         let s = CodeStorage::open(&dir)
             .map_err(|e| format!("the workspace is not available: {e}"))?
             .with_max_file_bytes(caps::FILE_BYTES);
+        if let Some(q) = self.quota.get() {
+            s.set_quota(q.clone());
+        }
         let s = Arc::new(s);
         open.insert(tenant.to_string(), s.clone());
         Ok(s)

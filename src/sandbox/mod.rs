@@ -70,6 +70,16 @@ pub struct BackendInfo {
     pub image_present: bool,
 }
 
+/// Gauges of a backend, for metrics and readiness.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SandboxStats {
+    /// Containers this process made that are not removed yet.
+    pub live_containers: usize,
+    /// Warm sandboxes waiting for a run, and how many the pool aims at (0: no pool).
+    pub pool_ready: usize,
+    pub pool_target: usize,
+}
+
 /// Runs jobs, one fresh sandbox each. Dropping the future of [`Sandbox::run`] cancels the
 /// run: its container is killed and removed in the background.
 #[async_trait]
@@ -93,7 +103,13 @@ pub trait Sandbox: Send + Sync {
         ))
     }
 
-    /// Runs will mostly use `env` from now on: a backend with a warm pool makes its waiting
-    /// sandboxes with it (and discards those made for the previous one).
-    async fn prewarm(&self, _env: &RunEnv) {}
+    /// `tenant`'s runs will mostly use `env` from now on: a backend with a warm pool makes
+    /// its waiting sandboxes (the tenant's, or the shared ones) with it and discards those
+    /// made for the previous one.
+    async fn prewarm(&self, _tenant: &str, _env: &RunEnv) {}
+
+    /// Gauges right now (cheap: no call to the backend).
+    fn stats(&self) -> SandboxStats {
+        SandboxStats::default()
+    }
 }

@@ -139,14 +139,16 @@ impl Amount {
     }
 }
 
-/// Is `id` usable as a tenant id: one path component and label value, never `pool` (the
-/// label of waiting pool containers)?
+/// Is `id` usable as a tenant id: one path component and label value that no sanitising
+/// changes (so two ids never share a directory), never `pool` (the label of waiting pool
+/// containers)?
 pub fn valid_id(id: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let first_ok = id.chars().next().is_some_and(alnum);
+    let last_ok = id.chars().last().is_some_and(alnum);
     let mut chars = id.chars();
-    let first_ok = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
     first_ok
+        && last_ok
         && id.len() <= 63
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
         && id != "pool"
@@ -177,7 +179,7 @@ pub fn parse(text: &str) -> Result<Vec<Tenant>, String> {
         let at = |what: &str| format!("tenant `{id}`: {what}");
         if !valid_id(&e.id) {
             return Err(at(
-                "the id must be 1 to 63 of a-z, 0-9, `_`, `-`, starting with a letter or digit (and not `pool`)",
+                "the id must be 1 to 63 of a-z, 0-9, `_`, `-`, starting and ending with a letter or digit (and not `pool`)",
             ));
         }
         let token_sha256 = token::parse_hex(&e.token_sha256).ok_or_else(|| {
@@ -196,7 +198,10 @@ pub fn parse(text: &str) -> Result<Vec<Tenant>, String> {
                 Ok(())
             }
         };
-        positive("max_concurrent_runs", e.max_concurrent_runs.map(|v| v as u64))?;
+        positive(
+            "max_concurrent_runs",
+            e.max_concurrent_runs.map(|v| v as u64),
+        )?;
         positive("runs_per_minute", e.runs_per_minute.map(u64::from))?;
         positive("max_sessions", e.max_sessions.map(|v| v as u64))?;
         if let Some(c) = e.max_cpus {
@@ -349,7 +354,17 @@ mod tests {
         for ok in ["a", "acme", "team-1", "x_y", "0abc"] {
             assert!(valid_id(ok), "{ok}");
         }
-        for bad in ["", "-a", "A", "a.b", "a/b", "../x", "pool", &"a".repeat(64)] {
+        for bad in [
+            "",
+            "-a",
+            "a_",
+            "A",
+            "a.b",
+            "a/b",
+            "../x",
+            "pool",
+            &"a".repeat(64),
+        ] {
             assert!(!valid_id(bad), "{bad}");
         }
     }

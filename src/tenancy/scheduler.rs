@@ -249,7 +249,13 @@ mod tests {
         settle().await;
         assert!(!a2.is_finished());
         let b1 = s.acquire("b", 2).await.unwrap();
-        assert_eq!(s.depth(), Depth { running: 2, waiting: 1 });
+        assert_eq!(
+            s.depth(),
+            Depth {
+                running: 2,
+                waiting: 1
+            }
+        );
         drop(a1);
         a2.await.unwrap().unwrap();
         drop(b1);

@@ -117,18 +117,14 @@ impl Server {
 }
 
 /// Call `tool` with JSON `args`; panics on protocol errors.
-pub async fn call(
-    client: &RunningService<RoleClient, ()>,
-    tool: &str,
-    args: Value,
-) -> CallToolResult {
+pub async fn call(client: &rmcp::Peer<RoleClient>, tool: &str, args: Value) -> CallToolResult {
     try_call(client, tool, args)
         .await
         .unwrap_or_else(|e| panic!("{tool} failed at the protocol level: {e}"))
 }
 
 pub async fn try_call(
-    client: &RunningService<RoleClient, ()>,
+    client: &rmcp::Peer<RoleClient>,
     tool: &str,
     args: Value,
 ) -> Result<CallToolResult, rmcp::ServiceError> {

@@ -31,6 +31,9 @@ pub enum Command {
     /// Build or name the sandbox image.
     #[command(subcommand)]
     Image(ImageCmd),
+    /// Tenants of a hosted server: make tokens.
+    #[command(subcommand)]
+    Tenant(TenantCmd),
     /// Serve the MCP tools: over stdio (`--stdio`) or HTTP (Streamable HTTP at /mcp, legacy
     /// SSE at /sse). Reads a `.env` file in the working directory if there is one.
     Serve(Box<ServeCmd>),
@@ -105,12 +108,35 @@ pub struct ServeCmd {
     /// one per MCP session, deleted when it ends).
     #[arg(long, env = mcp::vars::SHARED_WORKSPACE)]
     pub shared_workspace: bool,
+    /// Tenants file (TOML, see README "Hosting it"): each tenant's token hash and limits.
+    /// With it, the HTTP transports require `Authorization: Bearer <token>`; without it the
+    /// server has one tenant (`--tenant`) and no authentication.
+    #[arg(long, env = mcp::vars::TENANTS)]
+    pub tenants: Option<PathBuf>,
+    /// Calls of one tenant that may wait for a run slot; further calls are refused with a
+    /// retry hint.
+    #[arg(long, env = mcp::vars::MAX_QUEUE, default_value_t = mcp::defaults::MAX_QUEUE)]
+    pub max_queue: usize,
+    /// Serve Prometheus metrics at /metrics (open without a token); `false` turns it off.
+    #[arg(long, env = mcp::vars::METRICS, default_value = "true", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub metrics: bool,
     /// Serve even when the isolation self-test fails. Dangerous: untrusted code may then
     /// reach the host or the network.
     #[arg(long)]
     pub allow_unsafe: bool,
     #[command(flatten)]
     pub sandbox: SandboxOpts,
+}
+
+#[derive(Subcommand)]
+pub enum TenantCmd {
+    /// Make a new random token and print it with the `[[tenants]]` entry that holds its
+    /// SHA-256 (the token itself is shown once and stored nowhere).
+    Token {
+        /// The tenant id to put in the entry.
+        #[arg(default_value = "my-tenant")]
+        id: String,
+    },
 }
 
 #[derive(Args, Clone)]

@@ -15,11 +15,14 @@ use mcp_code_executor::sandbox::image::{self, BuildOptions};
 use mcp_code_executor::sandbox::Sandbox;
 use mcp_code_executor::{bench, doctor};
 
-use args::{Cli, Command, ImageCmd, SandboxOpts};
+use args::{Cli, Command, ImageCmd, SandboxOpts, TenantCmd};
 
 fn main() -> ExitCode {
+    use std::io::IsTerminal as _;
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: logs collected by Docker or a file stay plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "mcp_code_executor=warn".into()),
@@ -54,6 +57,20 @@ async fn dispatch(cli: Cli) -> i32 {
                 1
             }
         },
+        Command::Tenant(TenantCmd::Token { id }) => {
+            use mcp_code_executor::tenancy::{self, token};
+            if !tenancy::valid_id(&id) {
+                eprintln!("mcp-code-executor: `{id}` is not a valid tenant id (1 to 63 of a-z, 0-9, `_`, `-`, starting and ending with a letter or digit)");
+                return 2;
+            }
+            let t = token::generate();
+            eprintln!("# Give this token to the tenant (it is not stored anywhere):\n#   {t}");
+            println!(
+                "[[tenants]]\nid = \"{id}\"\ntoken_sha256 = \"{}\"",
+                token::to_hex(&token::hash(&t))
+            );
+            0
+        }
         Command::Image(ImageCmd::Name) => {
             println!("{}", image::default_image());
             0
@@ -174,20 +191,23 @@ async fn dispatch(cli: Cli) -> i32 {
 /// Connect to Docker, sweep what dead processes left, and make sure the image exists
 /// (building it on first use unless told not to).
 async fn connect(opts: &SandboxOpts) -> Result<DockerSandbox, String> {
-    connect_with_pool(opts, 0, Limits::default()).await
+    connect_with_pool(opts, 0, Limits::default(), false).await
 }
 
-/// [`connect`], with a warm pool of `pool_size` sandboxes made with `pool_limits`.
+/// [`connect`], with a warm pool of `pool_size` sandboxes made with `pool_limits` (or, with
+/// `per_tenant`, one such pool per tenant, made at its first run).
 async fn connect_with_pool(
     opts: &SandboxOpts,
     pool_size: usize,
     pool_limits: Limits,
+    per_tenant: bool,
 ) -> Result<DockerSandbox, String> {
     let image = opts.image.clone().unwrap_or_else(image::default_image);
     let config = DockerConfig {
         runtime: opts.runtime.clone(),
         pool_size,
         pool_limits,
+        pool_per_tenant: per_tenant,
         ..DockerConfig::new(image.clone())
     };
     let sandbox = DockerSandbox::connect(config)

@@ -9,6 +9,7 @@ use mcp_code_executor::sandbox::docker::DockerSandbox;
 use mcp_code_executor::sandbox::image;
 use mcp_code_executor::sandbox::Sandbox;
 use mcp_code_executor::storage::{self, CodeStorage};
+use mcp_code_executor::tenancy::{self, scheduler::Scheduler, token::Authenticator, Tenant};
 
 use crate::args::ServeCmd;
 
@@ -33,15 +34,38 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         .code_storage_dir
         .clone()
         .unwrap_or_else(storage::default_dir);
-    let code_storage = CodeStorage::open(&dir)?;
+    let tenants = match &cmd.tenants {
+        Some(path) => {
+            anyhow::ensure!(
+                !cmd.stdio,
+                "--tenants is for the HTTP transports; over stdio the server has one client and no tokens"
+            );
+            let t = tenancy::load(path)?;
+            eprintln!(
+                "mcp-code-executor: {} tenants from {} ({}); every MCP request needs a bearer token",
+                t.len(),
+                path.display(),
+                t.iter().map(|t| t.id.as_str()).collect::<Vec<_>>().join(", ")
+            );
+            Some(t)
+        }
+        None => None,
+    };
+    let code_root = CodeStorage::open(&dir)?;
     eprintln!(
-        "mcp-code-executor: code storage {}",
-        code_storage.dir().display()
+        "mcp-code-executor: code storage {}{}",
+        code_root.dir().display(),
+        if tenants.is_some() { "/<tenant>" } else { "" }
     );
 
-    let sandbox = crate::connect_with_pool(&cmd.sandbox, cmd.pool_size, limits.clone())
-        .await
-        .map_err(anyhow::Error::msg)?;
+    let sandbox = crate::connect_with_pool(
+        &cmd.sandbox,
+        cmd.pool_size,
+        limits.clone(),
+        tenants.is_some(),
+    )
+    .await
+    .map_err(anyhow::Error::msg)?;
     let report = doctor::diagnose(&sandbox).await;
     if report.ok() {
         eprintln!(
@@ -61,7 +85,6 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
             );
         }
     }
-    let environments = environments(&cmd, &sandbox).await?;
     let settings = mcp::Settings {
         limits,
         max_timeout: cmd.max_timeout,
@@ -86,13 +109,50 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
                     .join("workspaces")
             }),
         },
+        quota: mcp::Quota::default(),
     };
     let sandbox = std::sync::Arc::new(sandbox);
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let executor =
-        mcp::CodeExecutor::new(sandbox.clone(), std::sync::Arc::new(code_storage), settings)
-            .with_shutdown(shutdown.clone())
-            .with_environments(std::sync::Arc::new(environments));
+    // One executor per tenant: its own code storage, workspaces, sessions and environment;
+    // run slots and metrics shared, slots handed out fairly between tenants.
+    let scheduler = Scheduler::new(cmd.max_concurrent, cmd.max_queue);
+    let metrics = std::sync::Arc::new(mcp_code_executor::metrics::Metrics::default());
+    let local = [Tenant {
+        id: cmd.tenant.clone(),
+        token_sha256: [0; 32],
+        limits: tenancy::TenantLimits::local(),
+    }];
+    let mut executors = Vec::new();
+    for tenant in tenants.as_deref().unwrap_or(&local) {
+        let storage = match tenants {
+            Some(_) => CodeStorage::open(dir.join(&tenant.id))?,
+            None => CodeStorage::open(&dir)?,
+        };
+        let restrict = tenants.as_ref().map(|_| {
+            tenant
+                .limits
+                .env_paths
+                .iter()
+                .map(|p| p.canonicalize().unwrap_or_else(|_| p.clone()))
+                .collect()
+        });
+        let environments = environments(&cmd, &sandbox, &tenant.id, restrict).await?;
+        // The shared pool of a single-tenant server is made with its environment; tenants'
+        // pools are made at their first run.
+        sandbox
+            .prewarm(&tenant.id, &environments.state.current().await.run_env())
+            .await;
+        let executor = mcp::CodeExecutor::new(
+            sandbox.clone(),
+            std::sync::Arc::new(storage),
+            settings.for_tenant(tenant),
+        )
+        .with_shutdown(shutdown.clone())
+        .with_environments(std::sync::Arc::new(environments))
+        .with_scheduler(scheduler.clone())
+        .with_metrics(metrics.clone());
+        executors.push(executor);
+    }
     tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
@@ -102,6 +162,7 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         }
     });
     let served = if cmd.stdio {
+        let executor = executors.pop().expect("one tenant over stdio");
         mcp::serve_stdio(executor, shutdown.clone()).await
     } else {
         let listener = tokio::net::TcpListener::bind((cmd.host.as_str(), cmd.port))
@@ -116,10 +177,19 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         let opts = mcp::http::HttpOptions {
             allowed_hosts: allowed,
             allowed_origins: cmd.allowed_origins.clone(),
+            metrics: cmd.metrics,
             ..Default::default()
         };
-        eprintln!("mcp-code-executor: serving Streamable HTTP at http://{addr}/mcp and legacy SSE at http://{addr}/sse");
-        let router = mcp::http::router(executor, &opts, shutdown.clone());
+        eprintln!("mcp-code-executor: serving Streamable HTTP at http://{addr}/mcp and legacy SSE at http://{addr}/sse; health at /healthz and /readyz{}",
+            if cmd.metrics { ", metrics at /metrics" } else { "" });
+        if tenants.is_none() && !addr.ip().is_loopback() {
+            eprintln!(
+                "WARNING: listening on {addr}, beyond loopback, with ONE local tenant and NO authentication: \
+                 anyone who can reach this port can run code. Give a tenants file (--tenants) to require tokens."
+            );
+        }
+        let auth = tenants.as_deref().map(Authenticator::new);
+        let router = mcp::http::hosted(executors, auth, &opts, shutdown.clone());
         mcp::http::serve(listener, router, shutdown.clone()).await
     };
     shutdown.cancel();
@@ -128,11 +198,14 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The environment runs start in (from ENV_TYPE and friends, or the managed default),
-/// validated in a sandbox; the warm pool is then made with it.
+/// The environment `tenant`'s runs start in (from ENV_TYPE and friends, or its managed
+/// default), validated in a sandbox. `restrict`: the roots it may configure environments
+/// under (multi-tenant servers).
 async fn environments(
     cmd: &ServeCmd,
     sandbox: &DockerSandbox,
+    tenant: &str,
+    restrict: Option<Vec<std::path::PathBuf>>,
 ) -> anyhow::Result<mcp_code_executor::env::state::Environments> {
     use mcp_code_executor::env::manager::EnvManager;
     use mcp_code_executor::env::state::{self, EnvState, Environments};
@@ -150,17 +223,19 @@ async fn environments(
         }
     })?;
     let manager = EnvManager::new(data_dir, ca);
-    let state = EnvState::init(sandbox, &manager, &cmd.tenant, request)
+    let mut state = EnvState::init(sandbox, &manager, tenant, request)
         .await
         .map_err(|e| anyhow::anyhow!("the configured Python environment cannot be used: {e}"))?;
+    if let Some(roots) = restrict {
+        state = state.restrict_to(roots);
+    }
     let report = state.report().await;
     eprintln!(
-        "mcp-code-executor: environment {} at {} (Python {})",
+        "mcp-code-executor: tenant {tenant}: environment {} at {} (Python {})",
         report.kind,
         report.path.display(),
         report.python_version
     );
-    sandbox.prewarm(&state.current().await.run_env()).await;
     Ok(Environments { manager, state })
 }
 

@@ -18,9 +18,17 @@ use crate::sandbox::SandboxError;
 pub(super) struct Cleanup {
     pending: AtomicUsize,
     done: Notify,
+    /// Containers guarded and not yet removed (waiting in the pool, running, or being
+    /// removed).
+    live: AtomicUsize,
 }
 
 impl Cleanup {
+    /// Containers of this process that exist or are being made or removed.
+    pub(super) fn live(&self) -> usize {
+        self.live.load(Ordering::SeqCst)
+    }
+
     /// Wait until no removal is in flight.
     pub(super) async fn drain(&self) {
         loop {
@@ -51,6 +59,7 @@ pub(super) struct ContainerGuard {
 impl ContainerGuard {
     /// A guard for the container about to be created under `name`.
     pub(super) fn new(docker: &Docker, name: &str, cleanup: &Arc<Cleanup>) -> Self {
+        cleanup.live.fetch_add(1, Ordering::SeqCst);
         ContainerGuard {
             docker: docker.clone(),
             id: name.to_string(),
@@ -85,6 +94,7 @@ impl Drop for ContainerGuard {
         let cleanup = self.cleanup.clone();
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             // No runtime left (process exit): the next start-up sweep removes it.
+            cleanup.live.fetch_sub(1, Ordering::SeqCst);
             return;
         };
         cleanup.pending.fetch_add(1, Ordering::SeqCst);
@@ -95,6 +105,7 @@ impl Drop for ContainerGuard {
             } else if let Err(e) = remove_now(&docker, &id).await {
                 tracing::warn!(container = %id, error = %e, "could not remove a sandbox container; the next start-up sweep will");
             }
+            cleanup.live.fetch_sub(1, Ordering::SeqCst);
             cleanup.pending.fetch_sub(1, Ordering::SeqCst);
             cleanup.done.notify_waiters();
         });

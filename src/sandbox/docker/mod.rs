@@ -72,7 +72,17 @@ pub struct DockerConfig {
     pub pool_limits: Limits,
     /// The environment pool containers are made with (see [`DockerSandbox::reconfigure_pool`]).
     pub pool_env: RunEnv,
+    /// One pool per tenant (multi-tenant servers): no shared pool is made at start; a
+    /// tenant's pool is made, with its limits and environment, at its first run and
+    /// removed after [`POOL_IDLE`] without a run. Its containers carry the tenant's label.
+    pub pool_per_tenant: bool,
 }
+
+/// A tenant's pool unused this long is removed (per-tenant pools only).
+pub const POOL_IDLE: Duration = Duration::from_secs(600);
+
+/// The key of the shared pool in [`DockerSandbox`]'s pool map, and its containers' label.
+const SHARED_POOL: &str = "pool";
 
 impl DockerConfig {
     /// The image, runc, the image's Python, no pool.
@@ -84,6 +94,7 @@ impl DockerConfig {
             pool_size: 0,
             pool_limits: Limits::default(),
             pool_env: RunEnv::default(),
+            pool_per_tenant: false,
         }
     }
 }
@@ -99,7 +110,9 @@ pub(super) struct Inner {
 /// The real backend.
 pub struct DockerSandbox {
     inner: Arc<Inner>,
-    pool: std::sync::Mutex<Option<PoolHandle>>,
+    /// Warm pools by key: [`SHARED_POOL`], or tenant ids with `pool_per_tenant`; each with
+    /// the time a run last took from it.
+    pools: std::sync::Mutex<HashMap<String, (PoolHandle, Instant)>>,
     /// Pools replaced by a reconfiguration, still stopping.
     retiring: std::sync::Mutex<Vec<JoinHandle<()>>>,
 }
@@ -111,8 +124,14 @@ struct PoolHandle {
 }
 
 impl PoolHandle {
-    fn start(inner: &Arc<Inner>, limits: Limits, env: RunEnv, size: usize) -> PoolHandle {
-        let pool = Arc::new(Pool::new(limits, env, size));
+    fn start(
+        inner: &Arc<Inner>,
+        limits: Limits,
+        env: RunEnv,
+        size: usize,
+        label: &str,
+    ) -> PoolHandle {
+        let pool = Arc::new(Pool::new(limits, env, size, label));
         let workers = (0..pool::REFILL_WORKERS)
             .map(|_| tokio::spawn(pool::refill(inner.clone(), pool.clone())))
             .collect();
@@ -146,17 +165,20 @@ impl DockerSandbox {
             config,
         });
         let c = &inner.config;
-        let pool = (c.pool_size > 0).then(|| {
-            PoolHandle::start(
+        let mut pools = HashMap::new();
+        if c.pool_size > 0 && !c.pool_per_tenant {
+            let h = PoolHandle::start(
                 &inner,
                 c.pool_limits.clone(),
                 c.pool_env.clone(),
                 c.pool_size,
-            )
-        });
+                SHARED_POOL,
+            );
+            pools.insert(SHARED_POOL.to_string(), (h, Instant::now()));
+        }
         Ok(DockerSandbox {
             inner,
-            pool: std::sync::Mutex::new(pool),
+            pools: std::sync::Mutex::new(pools),
             retiring: std::sync::Mutex::default(),
         })
     }
@@ -167,40 +189,95 @@ impl DockerSandbox {
         guard::sweep(&self.inner.docker).await
     }
 
-    /// Pool figures; `None` when the pool is off.
-    pub fn pool_stats(&self) -> Option<PoolStats> {
-        self.pool
-            .lock()
-            .expect("pool lock")
-            .as_ref()
-            .map(|h| h.pool.stats())
+    fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<String, (PoolHandle, Instant)>> {
+        self.pools.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Make the pool's containers with another environment (a configuration change): the
-    /// waiting containers of the old one are removed, never handed to a run.
+    /// Pool figures, all pools together; `None` when the pool is off.
+    pub fn pool_stats(&self) -> Option<PoolStats> {
+        if self.inner.config.pool_size == 0 {
+            return None;
+        }
+        Some(
+            self.pools()
+                .values()
+                .map(|(h, _)| h.pool.stats())
+                .fold(PoolStats::default(), |a, b| a + b),
+        )
+    }
+
+    /// Make the shared pool's containers with another environment (a configuration
+    /// change): the waiting containers of the old one are removed, never handed to a run.
     pub fn reconfigure_pool(&self, limits: Limits, env: RunEnv) {
+        self.replace_pool(SHARED_POOL, limits, env);
+    }
+
+    /// Start the pool `key` (a tenant, or the shared one) anew with this shape; the old
+    /// one, if any, is stopped in the background.
+    fn replace_pool(&self, key: &str, limits: Limits, env: RunEnv) {
         let size = self.inner.config.pool_size;
         if size == 0 {
             return;
         }
-        let new = PoolHandle::start(&self.inner, limits, env, size);
-        let old = self.pool.lock().expect("pool lock").replace(new);
-        if let Some(old) = old {
-            old.pool.close();
-            let stopping = tokio::spawn(old.stop());
-            self.retiring.lock().expect("retiring lock").push(stopping);
+        let new = PoolHandle::start(&self.inner, limits, env, size, key);
+        let old = self.pools().insert(key.to_string(), (new, Instant::now()));
+        if let Some((old, _)) = old {
+            self.retire(old);
         }
     }
 
-    fn take_warm(&self, job: &JobSpec) -> Option<Live> {
-        let guard = self.pool.lock().expect("pool lock");
-        guard.as_ref()?.pool.take(&job.limits, &job.env)
+    fn retire(&self, old: PoolHandle) {
+        old.pool.close();
+        let stopping = tokio::spawn(old.stop());
+        self.retiring.lock().expect("retiring lock").push(stopping);
     }
 
-    /// Stop the pool, remove its containers, and wait for every removal.
+    /// A waiting container for `job`, if its pool has one of its shape. With per-tenant
+    /// pools, a tenant's first run also starts its pool (with that run's shape), and pools
+    /// unused for [`POOL_IDLE`] are removed.
+    fn take_warm(&self, job: &JobSpec) -> Option<Live> {
+        if self.inner.config.pool_size == 0 {
+            return None;
+        }
+        if !self.inner.config.pool_per_tenant {
+            let pools = self.pools();
+            return pools.get(SHARED_POOL)?.0.pool.take(&job.limits, &job.env);
+        }
+        let mut pools = self.pools();
+        let idle: Vec<String> = pools
+            .iter()
+            .filter(|(k, (_, used))| **k != job.tenant && used.elapsed() > POOL_IDLE)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in idle {
+            if let Some((h, _)) = pools.remove(&k) {
+                tracing::debug!(tenant = %k, "idle tenant pool removed");
+                self.retire(h);
+            }
+        }
+        match pools.get_mut(&job.tenant) {
+            Some((h, used)) => {
+                *used = Instant::now();
+                h.pool.take(&job.limits, &job.env)
+            }
+            None => {
+                let h = PoolHandle::start(
+                    &self.inner,
+                    job.limits.clone(),
+                    job.env.clone(),
+                    self.inner.config.pool_size,
+                    &job.tenant,
+                );
+                pools.insert(job.tenant.clone(), (h, Instant::now()));
+                None
+            }
+        }
+    }
+
+    /// Stop the pools, remove their containers, and wait for every removal.
     pub async fn shutdown(&self) {
-        let handle = self.pool.lock().expect("pool lock").take();
-        if let Some(h) = handle {
+        let handles: Vec<PoolHandle> = self.pools().drain().map(|(_, (h, _))| h).collect();
+        for h in handles {
             h.stop().await;
         }
         let retiring = std::mem::take(&mut *self.retiring.lock().expect("retiring lock"));
@@ -213,7 +290,7 @@ impl DockerSandbox {
 
 impl Drop for DockerSandbox {
     fn drop(&mut self) {
-        if let Some(h) = self.pool.lock().expect("pool lock").as_ref() {
+        for (h, _) in self.pools().values() {
             // Workers stop by themselves once they see the pool closed.
             h.pool.close();
         }
@@ -470,16 +547,27 @@ impl Sandbox for DockerSandbox {
         self.inner.cleanup.drain().await;
     }
 
-    async fn prewarm(&self, env: &RunEnv) {
+    fn stats(&self) -> crate::sandbox::SandboxStats {
+        crate::sandbox::SandboxStats {
+            live_containers: self.inner.cleanup.live(),
+            pool_ready: self.pool_stats().map(|p| p.ready).unwrap_or(0),
+            pool_target: self.pool_stats().map(|p| p.target).unwrap_or(0),
+        }
+    }
+
+    async fn prewarm(&self, tenant: &str, env: &RunEnv) {
+        let key = if self.inner.config.pool_per_tenant {
+            tenant
+        } else {
+            SHARED_POOL
+        };
         let current = self
-            .pool
-            .lock()
-            .expect("pool lock")
-            .as_ref()
-            .map(|h| (h.pool.limits.clone(), h.pool.env.clone()));
+            .pools()
+            .get(key)
+            .map(|(h, _)| (h.pool.limits.clone(), h.pool.env.clone()));
         if let Some((limits, old)) = current {
             if &old != env {
-                self.reconfigure_pool(limits, env.clone());
+                self.replace_pool(key, limits, env.clone());
             }
         }
     }

@@ -1,7 +1,8 @@
 //! A pool of pre-started, single-use containers. The request path takes a container whose
 //! runner already waits on stdin; killing, removing and refilling happen in the
 //! background. A container is never given a second job: taking it removes it from the
-//! pool for good. Pool containers carry no tenant data until a job is dispatched to them.
+//! pool for good. Pool containers carry no tenant data until a job is dispatched to them;
+//! on a multi-tenant server each tenant has its own pool, so they carry its label from birth.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -51,6 +52,8 @@ impl Shape {
 /// Figures for benchmarks and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolStats {
+    /// Containers the pools aim to keep waiting (all pools together).
+    pub target: usize,
     /// Jobs served by a waiting container.
     pub hits: u64,
     /// Jobs that found the pool empty (or of another shape) and took the cold path.
@@ -64,6 +67,8 @@ pub struct PoolStats {
 pub(super) struct Pool {
     pub(super) limits: Limits,
     pub(super) env: RunEnv,
+    /// The tenant label of its containers (`pool` for a pool any tenant may take from).
+    pub(super) label: String,
     shape: Shape,
     target: usize,
     ready: Mutex<VecDeque<Live>>,
@@ -77,11 +82,12 @@ pub(super) struct Pool {
 }
 
 impl Pool {
-    pub(super) fn new(limits: Limits, env: RunEnv, target: usize) -> Self {
+    pub(super) fn new(limits: Limits, env: RunEnv, target: usize, label: &str) -> Self {
         Pool {
             shape: Shape::of(&limits, &env),
             limits,
             env,
+            label: label.to_string(),
             target,
             ready: Mutex::new(VecDeque::new()),
             wake: Notify::new(),
@@ -123,6 +129,7 @@ impl Pool {
 
     pub(super) fn stats(&self) -> PoolStats {
         PoolStats {
+            target: self.target,
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             discarded: self.discarded.load(Ordering::Relaxed),
@@ -169,7 +176,12 @@ pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
         if claimed {
             let made = async {
                 let mut live = inner
-                    .launch(&pool.limits, &pool.env, "pool", &crate::job::new_job_id())
+                    .launch(
+                        &pool.limits,
+                        &pool.env,
+                        &pool.label,
+                        &crate::job::new_job_id(),
+                    )
                     .await?;
                 live.wait_ready().await?;
                 Ok::<_, crate::sandbox::SandboxError>(live)
@@ -201,6 +213,19 @@ pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
         tokio::select! {
             _ = pool.wake.notified() => {}
             _ = tokio::time::sleep(PRUNE_EVERY) => {}
+        }
+    }
+}
+
+impl std::ops::Add for PoolStats {
+    type Output = PoolStats;
+    fn add(self, o: PoolStats) -> PoolStats {
+        PoolStats {
+            target: self.target + o.target,
+            hits: self.hits + o.hits,
+            misses: self.misses + o.misses,
+            discarded: self.discarded + o.discarded,
+            ready: self.ready + o.ready,
         }
     }
 }

@@ -1,0 +1,286 @@
+//! Prometheus metrics, in the text exposition format: runs by tenant and outcome, run
+//! latency, refusals, installs, and gauges of the queue, the pool and live containers.
+//! A handful of counters under one lock: not worth a metrics crate.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+
+use crate::job::Outcome;
+
+/// Upper bounds (seconds) of the run-latency histogram.
+pub const LATENCY_BUCKETS: [f64; 12] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// How a run ended, as a label value.
+pub fn outcome_label(o: &Outcome) -> &'static str {
+    if o.timed_out {
+        "timeout"
+    } else if o.oom_killed {
+        "oom"
+    } else if o.exit_code == Some(0) {
+        "ok"
+    } else if o.signal.is_some() {
+        "killed"
+    } else {
+        "error"
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+struct Histogram {
+    buckets: [u64; LATENCY_BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    fn observe(&mut self, secs: f64) {
+        for (b, le) in self.buckets.iter_mut().zip(LATENCY_BUCKETS) {
+            if secs <= le {
+                *b += 1;
+            }
+        }
+        self.count += 1;
+        self.sum += secs;
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    runs: BTreeMap<(String, &'static str), u64>,
+    latency: BTreeMap<String, Histogram>,
+    rejected: BTreeMap<(String, &'static str), u64>,
+    installs: BTreeMap<(String, &'static str), u64>,
+}
+
+/// Gauges read when the metrics are scraped.
+#[derive(Debug, Clone, Default)]
+pub struct Gauges {
+    pub runs_going: usize,
+    pub queue_waiting: usize,
+    pub run_slots: usize,
+    pub pool_ready: usize,
+    pub pool_target: usize,
+    pub live_containers: usize,
+    /// Open execute_python sessions, by tenant.
+    pub sessions: Vec<(String, usize)>,
+}
+
+/// The server's counters.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    c: Mutex<Counters>,
+}
+
+impl Metrics {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Counters> {
+        self.c.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A run of `tenant` ended with `outcome` (`ok`, `error`, `timeout`, `oom`, `killed`, or
+    /// `failed`/`cancelled` when there was no outcome) after `secs`.
+    pub fn run(&self, tenant: &str, outcome: &'static str, secs: f64) {
+        let mut c = self.lock();
+        *c.runs.entry((tenant.to_string(), outcome)).or_default() += 1;
+        c.latency
+            .entry(tenant.to_string())
+            .or_default()
+            .observe(secs);
+    }
+
+    /// A call of `tenant` was refused before any container existed, for `reason`
+    /// (`rate`, `queue_full`, `storage`).
+    pub fn rejected(&self, tenant: &str, reason: &'static str) {
+        *self
+            .lock()
+            .rejected
+            .entry((tenant.to_string(), reason))
+            .or_default() += 1;
+    }
+
+    /// An install of `tenant` ended (`ok`, `failed`, `refused`).
+    pub fn install(&self, tenant: &str, result: &'static str) {
+        *self
+            .lock()
+            .installs
+            .entry((tenant.to_string(), result))
+            .or_default() += 1;
+    }
+
+    /// Everything, in the Prometheus text format (version 0.0.4).
+    pub fn render(&self, g: &Gauges) -> String {
+        let c = self.lock();
+        let mut out = String::new();
+        family(
+            &mut out,
+            "mcp_executor_runs_total",
+            "counter",
+            "Runs by tenant and outcome (ok, error, timeout, oom, killed, failed, cancelled).",
+        );
+        for ((tenant, outcome), n) in &c.runs {
+            let _ = writeln!(
+                out,
+                "mcp_executor_runs_total{{tenant=\"{}\",outcome=\"{outcome}\"}} {n}",
+                escape(tenant)
+            );
+        }
+        family(
+            &mut out,
+            "mcp_executor_run_duration_seconds",
+            "histogram",
+            "Wall time of runs from the call to the result, queueing included.",
+        );
+        for (tenant, h) in &c.latency {
+            let t = escape(tenant);
+            for (le, n) in LATENCY_BUCKETS.iter().zip(h.buckets) {
+                let _ = writeln!(
+                    out,
+                    "mcp_executor_run_duration_seconds_bucket{{tenant=\"{t}\",le=\"{le}\"}} {n}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "mcp_executor_run_duration_seconds_bucket{{tenant=\"{t}\",le=\"+Inf\"}} {}",
+                h.count
+            );
+            let _ = writeln!(
+                out,
+                "mcp_executor_run_duration_seconds_sum{{tenant=\"{t}\"}} {}",
+                h.sum
+            );
+            let _ = writeln!(
+                out,
+                "mcp_executor_run_duration_seconds_count{{tenant=\"{t}\"}} {}",
+                h.count
+            );
+        }
+        family(
+            &mut out,
+            "mcp_executor_rejected_total",
+            "counter",
+            "Calls refused before a container existed, by tenant and reason (rate, queue_full, storage).",
+        );
+        for ((tenant, reason), n) in &c.rejected {
+            let _ = writeln!(
+                out,
+                "mcp_executor_rejected_total{{tenant=\"{}\",reason=\"{reason}\"}} {n}",
+                escape(tenant)
+            );
+        }
+        family(
+            &mut out,
+            "mcp_executor_installs_total",
+            "counter",
+            "install_dependencies calls by tenant and result (ok, failed, refused).",
+        );
+        for ((tenant, result), n) in &c.installs {
+            let _ = writeln!(
+                out,
+                "mcp_executor_installs_total{{tenant=\"{}\",result=\"{result}\"}} {n}",
+                escape(tenant)
+            );
+        }
+        drop(c);
+        for (name, help, v) in [
+            (
+                "mcp_executor_runs_in_progress",
+                "Runs holding a run slot.",
+                g.runs_going,
+            ),
+            (
+                "mcp_executor_queue_depth",
+                "Calls waiting for a run slot.",
+                g.queue_waiting,
+            ),
+            ("mcp_executor_run_slots", "Run slots in all.", g.run_slots),
+            (
+                "mcp_executor_pool_ready",
+                "Warm sandboxes waiting for a run.",
+                g.pool_ready,
+            ),
+            (
+                "mcp_executor_pool_target",
+                "Warm sandboxes the pool aims at.",
+                g.pool_target,
+            ),
+            (
+                "mcp_executor_live_containers",
+                "Sandbox containers of this server not removed yet.",
+                g.live_containers,
+            ),
+        ] {
+            family(&mut out, name, "gauge", help);
+            let _ = writeln!(out, "{name} {v}");
+        }
+        family(
+            &mut out,
+            "mcp_executor_sessions",
+            "gauge",
+            "Open execute_python sessions by tenant.",
+        );
+        for (tenant, n) in &g.sessions {
+            let _ = writeln!(
+                out,
+                "mcp_executor_sessions{{tenant=\"{}\"}} {n}",
+                escape(tenant)
+            );
+        }
+        out
+    }
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// A label value as the format wants it.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_histograms_and_gauges() {
+        let m = Metrics::default();
+        m.run("alice", "ok", 0.2);
+        m.run("alice", "ok", 3.0);
+        m.run("bob", "timeout", 31.0);
+        m.rejected("bob", "rate");
+        m.install("alice", "ok");
+        let text = m.render(&Gauges {
+            runs_going: 1,
+            queue_waiting: 3,
+            run_slots: 4,
+            pool_ready: 2,
+            pool_target: 2,
+            live_containers: 3,
+            sessions: vec![("alice".into(), 1)],
+        });
+        for line in [
+            "mcp_executor_runs_total{tenant=\"alice\",outcome=\"ok\"} 2",
+            "mcp_executor_runs_total{tenant=\"bob\",outcome=\"timeout\"} 1",
+            "mcp_executor_run_duration_seconds_bucket{tenant=\"alice\",le=\"0.25\"} 1",
+            "mcp_executor_run_duration_seconds_bucket{tenant=\"alice\",le=\"5\"} 2",
+            "mcp_executor_run_duration_seconds_bucket{tenant=\"bob\",le=\"30\"} 0",
+            "mcp_executor_run_duration_seconds_bucket{tenant=\"bob\",le=\"+Inf\"} 1",
+            "mcp_executor_run_duration_seconds_count{tenant=\"alice\"} 2",
+            "mcp_executor_rejected_total{tenant=\"bob\",reason=\"rate\"} 1",
+            "mcp_executor_installs_total{tenant=\"alice\",result=\"ok\"} 1",
+            "mcp_executor_queue_depth 3",
+            "mcp_executor_live_containers 3",
+            "mcp_executor_sessions{tenant=\"alice\"} 1",
+            "# TYPE mcp_executor_run_duration_seconds histogram",
+        ] {
+            assert!(text.contains(line), "missing `{line}` in:\n{text}");
+        }
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}
