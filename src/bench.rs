@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use crate::job::{JobSpec, Limits};
 use crate::sandbox::docker::{DockerConfig, DockerSandbox};
 use crate::sandbox::{Sandbox, SandboxError};
+use crate::tenancy::scheduler::Scheduler;
 
 /// The code every measurement runs.
 pub const CODE: &str = "print(1)";
@@ -307,7 +308,99 @@ pub async fn engine(opts: &BenchOptions) -> Result<Option<Stats>, String> {
         peak_rss as f64 / 1048576.0
     );
     warm.shutdown().await;
+    fairness(opts).await?;
     Ok(baseline)
+}
+
+/// One run of `code` for `tenant` through `scheduler`, as the MCP tools run it; the time
+/// from asking for a slot to the outcome.
+async fn scheduled_run(
+    s: &DockerSandbox,
+    scheduler: &Arc<Scheduler>,
+    tenant: &str,
+    code: &str,
+) -> Result<Duration, String> {
+    let t = Instant::now();
+    let _slot = scheduler
+        .acquire(tenant, usize::MAX)
+        .await
+        .map_err(|e| e.to_string())?;
+    let o = s
+        .run(JobSpec::python(code, Limits::default()), None)
+        .await
+        .map_err(|e| e.to_string())?;
+    if !o.success() {
+        return Err(format!("unexpected outcome {}", o.status_line()));
+    }
+    Ok(t.elapsed())
+}
+
+/// Fairness between tenants: a quiet tenant's sequential runs while a noisy one keeps
+/// [`FLOOD_DEPTH`] calls waiting, with the server's scheduler (turns between tenants) and
+/// with a first-come-first-served queue as the baseline (both tenants under one key).
+pub async fn fairness(opts: &BenchOptions) -> Result<(), String> {
+    const SLOTS: usize = 2;
+    const FLOOD_DEPTH: usize = 8;
+    const QUIET_SAMPLES: usize = 5;
+    const NOISY_CODE: &str = "import time\ntime.sleep(1)";
+    let sandbox = Arc::new(
+        DockerSandbox::connect(DockerConfig {
+            runtime: opts.runtime.clone(),
+            ..DockerConfig::new(opts.image.clone())
+        })
+        .await
+        .map_err(|e| e.to_string())?,
+    );
+    println!(
+        "\n## Fairness: a quiet tenant's `{CODE}` while a noisy tenant keeps {} calls of 1 s on {SLOTS} run slots\n",
+        FLOOD_DEPTH + SLOTS
+    );
+    println!("| scheduling | n | min ms | median ms | p95 ms | ratio to quiet alone |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    let scheduler = Scheduler::new(SLOTS, 64);
+    let mut alone = Vec::new();
+    for _ in 0..QUIET_SAMPLES {
+        alone.push(scheduled_run(&sandbox, &scheduler, "quiet", CODE).await?);
+    }
+    let alone = Stats::of(alone).expect("samples");
+    println!("{}", latency_row("quiet tenant alone", &alone, None));
+    for (name, fair) in [
+        ("first come, first served (baseline)", false),
+        ("turns between tenants (this server)", true),
+    ] {
+        let scheduler = Scheduler::new(SLOTS, 64);
+        let (noisy_key, quiet_key) = if fair {
+            ("noisy", "quiet")
+        } else {
+            ("all", "all")
+        };
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let workers: Vec<_> = (0..FLOOD_DEPTH + SLOTS)
+            .map(|_| {
+                let (s, sch, stop) = (sandbox.clone(), scheduler.clone(), stop.clone());
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::SeqCst) {
+                        if let Err(e) = scheduled_run(&s, &sch, noisy_key, NOISY_CODE).await {
+                            eprintln!("bench: noisy run failed: {e}");
+                        }
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let mut quiet = Vec::new();
+        for _ in 0..QUIET_SAMPLES {
+            quiet.push(scheduled_run(&sandbox, &scheduler, quiet_key, CODE).await?);
+        }
+        stop.store(true, Ordering::SeqCst);
+        for w in workers {
+            let _ = w.await;
+        }
+        let q = Stats::of(quiet).expect("samples");
+        println!("{}", latency_row(name, &q, Some(&alone)));
+    }
+    sandbox.drain().await;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -202,6 +202,9 @@ pub struct BenchCmd {
     /// Concurrent calls in the burst.
     #[arg(long, default_value_t = 100)]
     pub burst: usize,
+    /// Only the fairness rows (a quiet tenant's latency while a noisy one floods).
+    #[arg(long)]
+    pub fairness_only: bool,
     #[command(flatten)]
     pub sandbox: SandboxOpts,
 }

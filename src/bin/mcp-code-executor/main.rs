@@ -123,7 +123,12 @@ async fn dispatch(cli: Cli) -> i32 {
                 concurrency: cmd.concurrency,
                 burst: cmd.burst,
             };
-            match bench::engine(&opts).await {
+            let result = if cmd.fairness_only {
+                bench::fairness(&opts).await.map(|_| None)
+            } else {
+                bench::engine(&opts).await
+            };
+            match result {
                 Ok(_) => 0,
                 Err(e) => {
                     eprintln!("mcp-code-executor: bench failed: {e}");
