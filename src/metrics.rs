@@ -113,19 +113,13 @@ impl Metrics {
     pub fn render(&self, g: &Gauges) -> String {
         let c = self.lock();
         let mut out = String::new();
-        family(
+        counter(
             &mut out,
             "mcp_executor_runs_total",
-            "counter",
             "Runs by tenant and outcome (ok, error, timeout, oom, killed, failed, cancelled).",
+            "outcome",
+            &c.runs,
         );
-        for ((tenant, outcome), n) in &c.runs {
-            let _ = writeln!(
-                out,
-                "mcp_executor_runs_total{{tenant=\"{}\",outcome=\"{outcome}\"}} {n}",
-                escape(tenant)
-            );
-        }
         family(
             &mut out,
             "mcp_executor_run_duration_seconds",
@@ -156,32 +150,20 @@ impl Metrics {
                 h.count
             );
         }
-        family(
+        counter(
             &mut out,
             "mcp_executor_rejected_total",
-            "counter",
             "Calls refused before a container existed, by tenant and reason (rate, queue_full, storage).",
+            "reason",
+            &c.rejected,
         );
-        for ((tenant, reason), n) in &c.rejected {
-            let _ = writeln!(
-                out,
-                "mcp_executor_rejected_total{{tenant=\"{}\",reason=\"{reason}\"}} {n}",
-                escape(tenant)
-            );
-        }
-        family(
+        counter(
             &mut out,
             "mcp_executor_installs_total",
-            "counter",
             "install_dependencies calls by tenant and result (ok, failed, refused).",
+            "result",
+            &c.installs,
         );
-        for ((tenant, result), n) in &c.installs {
-            let _ = writeln!(
-                out,
-                "mcp_executor_installs_total{{tenant=\"{}\",result=\"{result}\"}} {n}",
-                escape(tenant)
-            );
-        }
         drop(c);
         for (name, help, v) in [
             (
@@ -228,6 +210,24 @@ impl Metrics {
             );
         }
         out
+    }
+}
+
+/// A counter family labelled by tenant and one more label.
+fn counter(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: &BTreeMap<(String, &'static str), u64>,
+) {
+    family(out, name, "counter", help);
+    for ((tenant, value), n) in values {
+        let _ = writeln!(
+            out,
+            "{name}{{tenant=\"{}\",{label}=\"{value}\"}} {n}",
+            escape(tenant)
+        );
     }
 }
 

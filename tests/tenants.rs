@@ -426,6 +426,7 @@ async fn tenants_are_authenticated_isolated_and_held_to_their_quotas() {
         format!("mcp_executor_runs_total{{tenant=\"{ALICE}\",outcome=\"ok\"}}"),
         format!("mcp_executor_runs_total{{tenant=\"{CAROL}\",outcome=\"ok\"}} 2"),
         format!("mcp_executor_rejected_total{{tenant=\"{CAROL}\",reason=\"rate\"}} 2"),
+        format!("mcp_executor_rejected_total{{tenant=\"{ALICE}\",reason=\"storage\"}} 1"),
         format!("mcp_executor_installs_total{{tenant=\"{CAROL}\",result=\"refused\"}} 1"),
         "mcp_executor_queue_depth 0".to_string(),
     ] {

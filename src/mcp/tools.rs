@@ -184,6 +184,19 @@ impl CodeExecutor {
         self.conn.extras.live_sessions()
     }
 
+    /// A storage error as a tool error; a refusal by the storage quota is counted.
+    pub(super) fn storage_error(&self, e: storage::StorageError) -> CallToolResult {
+        self.count_quota(&e);
+        tool_error(e.to_string())
+    }
+
+    /// Count a refusal by the storage quota.
+    pub(super) fn count_quota(&self, e: &storage::StorageError) {
+        if matches!(e, storage::StorageError::Quota { .. }) {
+            self.shared.metrics.rejected(self.tenant(), "storage");
+        }
+    }
+
     /// Take one run from the tenant's runs-per-minute quota, or say when to retry. Checked
     /// before anything is started.
     pub(super) fn admit(&self) -> Result<(), RunError> {
@@ -446,7 +459,7 @@ impl CodeExecutor {
             .await
         {
             Ok(p) => p,
-            Err(e) => return Ok(tool_error(e.to_string())),
+            Err(e) => return Ok(self.storage_error(e)),
         };
         self.run_stored(a.code, &path, timeout, ctx).await
     }
@@ -475,7 +488,7 @@ impl CodeExecutor {
                 );
                     with_structured(text, &r, false)
                 }
-                Err(e) => tool_error(e.to_string()),
+                Err(e) => self.storage_error(e),
             },
         )
     }
@@ -501,7 +514,7 @@ impl CodeExecutor {
                     );
                     with_structured(text, &r, false)
                 }
-                Err(e) => tool_error(e.to_string()),
+                Err(e) => self.storage_error(e),
             },
         )
     }
@@ -519,7 +532,7 @@ impl CodeExecutor {
         let timeout = self.timeout(a.timeout)?;
         let (path, code) = match self.shared.storage.read(&a.file_path).await {
             Ok(v) => v,
-            Err(e) => return Ok(tool_error(e.to_string())),
+            Err(e) => return Ok(self.storage_error(e)),
         };
         self.run_stored(code, &path, timeout, ctx).await
     }
@@ -538,7 +551,7 @@ impl CodeExecutor {
                 let r = self.file_report(&path, text.len() as u64, Some(text.clone()));
                 with_structured(text, &r, false)
             }
-            Err(e) => tool_error(e.to_string()),
+            Err(e) => self.storage_error(e),
         })
     }
 

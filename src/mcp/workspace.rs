@@ -296,7 +296,10 @@ impl CodeExecutor {
                     format!("wrote {size} bytes to {name}; your code sees it at {MOUNT}/{name}");
                 with_structured(text, &r, false)
             }
-            Err(e) => tool_error(ws_error(e)),
+            Err(e) => {
+                self.count_quota(&e);
+                tool_error(ws_error(e))
+            }
         })
     }
 
