@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Make sure a Docker daemon answers on this machine: install docker.io and debootstrap
-# (for the offline base image) when they are missing, and start dockerd when `docker info`
+# Make sure a Docker daemon answers on this machine: install docker.io, debootstrap (for
+# the offline base image) and docker-compose (the deployment and its test) when missing, and start dockerd when `docker info`
 # fails. Idempotent; needs root only when something is missing.
 set -euo pipefail
 
@@ -8,6 +8,7 @@ need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v docker >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 if ((${#need[@]})); then
   if [ "$(id -u)" != 0 ]; then
     echo "setup-docker: ${need[*]} missing and not root: install them (apt-get install ${need[*]})" >&2

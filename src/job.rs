@@ -33,6 +33,10 @@ pub struct JobSpec {
     /// Return the files the code creates or changes under `/workspace` in
     /// [`Outcome::files`] (capped: 100 files, 8 MiB each, 32 MiB in all).
     pub return_files: bool,
+    /// Jobs like this one (tenant, limits, environment) are the tenant's usual runs: a
+    /// backend with per-tenant warm pools keeps one ready for them. Internal jobs (probes,
+    /// installs, the self-test) leave it off.
+    pub keep_warm: bool,
 }
 
 /// A host directory (or file) bind-mounted into the sandbox at the same path: a venv's
@@ -73,6 +77,7 @@ impl JobSpec {
             limits,
             env: RunEnv::default(),
             return_files: false,
+            keep_warm: false,
         }
     }
 }

@@ -24,6 +24,11 @@
 //! - [`storage`]: the code storage directory; every client `file_path` is confined to it.
 //! - [`config`]: environment variables, sizes and durations, limit validation.
 //! - [`doctor`]: live self-test that isolation is really enforced on this host.
+//! - [`tenancy`]: tenants of a hosted server (issue 6): the tenants file, bearer tokens
+//!   (stored as SHA-256), runs-per-minute buckets and the fair run scheduler. Each tenant
+//!   gets its own [`mcp::CodeExecutor`]; [`mcp::http`] picks it by token.
+//! - [`metrics`]: Prometheus counters and gauges (`/metrics`); [`health`]: the client
+//!   side of the container healthcheck.
 //! - [`cli`]: the `run` command for CI pipelines (output, JSON, JUnit, exit codes).
 //! - [`bench`](mod@bench): latency and throughput against a `docker run` baseline from the same run.
 //!
@@ -35,6 +40,7 @@ pub mod cli;
 pub mod config;
 pub mod doctor;
 pub mod env;
+pub mod health;
 pub mod job;
 pub mod mcp;
 pub mod metrics;

@@ -333,6 +333,7 @@ impl CodeExecutor {
             job.tenant = x.tenant.clone();
             job.files = files.clone();
             job.return_files = true;
+            job.keep_warm = true;
             job.env = self.current_run_env().await;
             let synced = files
                 .iter()

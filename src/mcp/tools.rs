@@ -264,6 +264,7 @@ impl CodeExecutor {
         limits.timeout = timeout;
         let mut job = JobSpec::python(code, limits);
         job.tenant = self.shared.settings.tenant.clone();
+        job.keep_warm = true;
         if let Some(name) = entry_name(path) {
             job.files[0].path = name.clone();
             job.entry = name;

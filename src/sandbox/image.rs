@@ -101,17 +101,32 @@ pub async fn ensure(
         None => Vec::new(),
     };
     progress(&format!("building {image} from {base}"));
-    let context = build_context(&ca);
-    let args = HashMap::from([("BASE_IMAGE", base.as_str())]);
-    let labels = HashMap::from([(LABEL_MANAGED, "true")]);
+    let labels = [(LABEL_MANAGED, "true")];
+    build(&docker, build_context(&ca), image, &base, &labels, progress).await?;
+    Ok(true)
+}
+
+/// Build `tag` from a context tar whose Dockerfile takes `BASE_IMAGE`, showing the build's
+/// output line by line.
+async fn build(
+    docker: &Docker,
+    context: Vec<u8>,
+    tag: &str,
+    base: &str,
+    labels: &[(&str, &str)],
+    progress: &mut (dyn FnMut(&str) + Send),
+) -> Result<(), ImageError> {
+    let args = HashMap::from([("BASE_IMAGE", base)]);
+    let labels: HashMap<&str, &str> = labels.iter().copied().collect();
     let options = BuildImageOptionsBuilder::default()
-        .t(image)
+        .t(tag)
         .buildargs(&args)
         .labels(&labels)
         .rm(true)
         .forcerm(true)
         .build();
     let mut stream = docker.build_image(options, None, Some(bollard::body_full(context.into())));
+    let mut last = String::new();
     while let Some(item) = stream.next().await {
         match item {
             Ok(info) => {
@@ -119,19 +134,64 @@ pub async fn ensure(
                     let line = line.trim_end();
                     if !line.is_empty() {
                         progress(line);
+                        last = line.to_string();
                     }
                 }
             }
-            Err(e) => return Err(ImageError::Build(e.to_string())),
+            Err(e) => {
+                let detail = e.to_string();
+                if detail.contains("GLIBC") || last.contains("GLIBC") {
+                    return Err(ImageError::Build(format!(
+                        "{detail} {last}: the binary was built against a newer glibc than the image's base has. \
+                         Build the image from source with images/server/Dockerfile (`docker-compose build`), \
+                         or build the binary on a Debian bookworm host"
+                    )));
+                }
+                return Err(ImageError::Build(detail));
+            }
         }
     }
-    if docker.inspect_image(image).await.is_err() {
+    if docker.inspect_image(tag).await.is_err() {
         return Err(ImageError::Build(format!(
-            "the build ended but {image} is not there"
+            "the build ended but {tag} is not there"
         )));
     }
-    progress(&format!("built {image}"));
-    Ok(true)
+    progress(&format!("built {tag}"));
+    Ok(())
+}
+
+/// The Dockerfile of the server image made from a built binary.
+pub const SERVER_DOCKERFILE: &str = include_str!("../../images/server/prebuilt.Dockerfile");
+/// The tag `image server` gives by default, and docker-compose.yml uses.
+pub const SERVER_IMAGE: &str = "mcp-code-executor/server:local";
+
+/// Build the server image (for docker-compose) from `binary`, on the same base as the
+/// sandbox (pulled, or bootstrapped offline). The build runs the binary once: a binary
+/// linked against a newer glibc than the base's fails here, with a message saying so.
+pub async fn build_server(
+    binary: &Path,
+    tag: &str,
+    opts: &BuildOptions,
+    progress: &mut (dyn FnMut(&str) + Send),
+) -> Result<(), ImageError> {
+    let docker = connect_docker().await?;
+    let exe = tokio::fs::read(binary)
+        .await
+        .map_err(|e| ImageError::Build(format!("cannot read {}: {e}", binary.display())))?;
+    let base = base_image(&docker, opts, progress).await?;
+    progress(&format!(
+        "building {tag} from {base} with {} ({} MiB)",
+        binary.display(),
+        exe.len() >> 20
+    ));
+    let context = tar_of(&[
+        ("Dockerfile", SERVER_DOCKERFILE.as_bytes(), 0o644),
+        ("mcp-code-executor", &exe, 0o755),
+    ]);
+    // Not the `managed` label of sandboxes: containers inherit image labels, and the server's
+    // own container must never look like a sandbox to sweeps and leak checks.
+    let labels = [("io.mcp-code-executor.server", "true")];
+    build(&docker, context, tag, &base, &labels, progress).await
 }
 
 /// The base to build on: pulled, already bootstrapped, or bootstrapped now.
@@ -270,18 +330,23 @@ async fn bootstrap_into(
 
 /// The build context: the embedded files, plus the CA bundle (empty when none).
 fn build_context(ca: &[u8]) -> Vec<u8> {
+    tar_of(&[
+        ("Dockerfile", DOCKERFILE.as_bytes(), 0o644),
+        ("runner.py", RUNNER.as_bytes(), 0o644),
+        ("mcp_backend.py", MPL_BACKEND.as_bytes(), 0o644),
+        ("extra-ca.crt", ca, 0o644),
+    ])
+}
+
+/// An in-memory tar of (name, contents, mode).
+fn tar_of(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in [
-        ("Dockerfile", DOCKERFILE.as_bytes()),
-        ("runner.py", RUNNER.as_bytes()),
-        ("mcp_backend.py", MPL_BACKEND.as_bytes()),
-        ("extra-ca.crt", ca),
-    ] {
+    for (name, data, mode) in files {
         let mut h = tar::Header::new_gnu();
         h.set_size(data.len() as u64);
-        h.set_mode(0o644);
+        h.set_mode(*mode);
         h.set_mtime(0);
-        b.append_data(&mut h, name, data).expect("in-memory tar");
+        b.append_data(&mut h, name, *data).expect("in-memory tar");
     }
     b.into_inner().expect("in-memory tar")
 }

@@ -350,6 +350,15 @@ mod tests {
     }
 
     #[test]
+    fn the_example_file_parses() {
+        let t = parse(include_str!("../../deploy/tenants.example.toml")).unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[0].token_sha256, token::hash("demo-alice-CHANGE-ME"));
+        assert_eq!(t[0].limits.max_memory, Some(512 << 20));
+        assert!(!t[1].limits.install_network);
+    }
+
+    #[test]
     fn ids() {
         for ok in ["a", "acme", "team-1", "x_y", "0abc"] {
             assert!(valid_id(ok), "{ok}");

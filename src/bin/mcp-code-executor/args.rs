@@ -31,6 +31,12 @@ pub enum Command {
     /// Build or name the sandbox image.
     #[command(subcommand)]
     Image(ImageCmd),
+    /// Exit 0 when the server answers 2xx at URL (the container healthcheck of
+    /// docker-compose.yml; the server image has no curl).
+    Healthcheck {
+        #[arg(default_value = "http://127.0.0.1:4000/healthz")]
+        url: String,
+    },
     /// Tenants of a hosted server: make tokens.
     #[command(subcommand)]
     Tenant(TenantCmd),
@@ -228,6 +234,19 @@ pub enum ImageCmd {
         /// Image tag to build (default: the tag matching this binary).
         #[arg(long, env = vars::IMAGE)]
         image: Option<String>,
+    },
+    /// Build the server image for docker-compose from this very binary (offline-capable;
+    /// online, `docker-compose build` builds from source instead).
+    Server {
+        /// Tag of the server image (docker-compose.yml uses the default).
+        #[arg(long, default_value = image::SERVER_IMAGE)]
+        tag: String,
+        /// Do not try to pull the base; use (or bootstrap) the offline base.
+        #[arg(long)]
+        offline: bool,
+        /// Debian mirror for the offline bootstrap.
+        #[arg(long, default_value = image::DEFAULT_MIRROR)]
+        mirror: String,
     },
     /// Print the image tag this binary uses.
     Name,

@@ -71,6 +71,41 @@ async fn dispatch(cli: Cli) -> i32 {
             );
             0
         }
+        Command::Image(ImageCmd::Server {
+            tag,
+            offline,
+            mirror,
+        }) => {
+            let opts = BuildOptions {
+                offline,
+                mirror: Some(mirror),
+                ..BuildOptions::default()
+            };
+            let exe = match std::env::current_exe() {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("mcp-code-executor: cannot find this binary: {e}");
+                    return run::exit::INFRA;
+                }
+            };
+            match image::build_server(&exe, &tag, &opts, &mut |l| eprintln!("{l}")).await {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("mcp-code-executor: {e}");
+                    run::exit::INFRA
+                }
+            }
+        }
+        Command::Healthcheck { url } => match mcp_code_executor::health::check(&url).await {
+            Ok(status) => {
+                println!("{url}: {status}");
+                0
+            }
+            Err(e) => {
+                eprintln!("unhealthy: {url}: {e}");
+                1
+            }
+        },
         Command::Image(ImageCmd::Name) => {
             println!("{}", image::default_image());
             0

@@ -233,8 +233,9 @@ impl DockerSandbox {
     }
 
     /// A waiting container for `job`, if its pool has one of its shape. With per-tenant
-    /// pools, a tenant's first run also starts its pool (with that run's shape), and pools
-    /// unused for [`POOL_IDLE`] are removed.
+    /// pools, a tenant's usual run ([`JobSpec::keep_warm`]) starts its pool when it has
+    /// none or one of another shape (limits or environment changed), and pools unused for
+    /// [`POOL_IDLE`] are removed.
     fn take_warm(&self, job: &JobSpec) -> Option<Live> {
         if self.inner.config.pool_size == 0 {
             return None;
@@ -255,23 +256,25 @@ impl DockerSandbox {
                 self.retire(h);
             }
         }
-        match pools.get_mut(&job.tenant) {
-            Some((h, used)) => {
-                *used = Instant::now();
-                h.pool.take(&job.limits, &job.env)
-            }
-            None => {
-                let h = PoolHandle::start(
-                    &self.inner,
-                    job.limits.clone(),
-                    job.env.clone(),
-                    self.inner.config.pool_size,
-                    &job.tenant,
-                );
-                pools.insert(job.tenant.clone(), (h, Instant::now()));
-                None
+        if let Some((h, used)) = pools.get_mut(&job.tenant) {
+            *used = Instant::now();
+            if h.pool.fits(&job.limits, &job.env) || !job.keep_warm {
+                return h.pool.take(&job.limits, &job.env);
             }
         }
+        if job.keep_warm {
+            let h = PoolHandle::start(
+                &self.inner,
+                job.limits.clone(),
+                job.env.clone(),
+                self.inner.config.pool_size,
+                &job.tenant,
+            );
+            if let Some((old, _)) = pools.insert(job.tenant.clone(), (h, Instant::now())) {
+                self.retire(old);
+            }
+        }
+        None
     }
 
     /// Stop the pools, remove their containers, and wait for every removal.

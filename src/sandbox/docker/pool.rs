@@ -99,6 +99,11 @@ impl Pool {
         }
     }
 
+    /// Are this pool's containers of the shape a job with `limits` and `env` needs?
+    pub(super) fn fits(&self, limits: &Limits, env: &RunEnv) -> bool {
+        Shape::of(limits, env) == self.shape
+    }
+
     /// A live, waiting container for a job with `limits`, if one fits.
     pub(super) fn take(&self, limits: &Limits, env: &RunEnv) -> Option<Live> {
         if self.closed.load(Ordering::SeqCst) || Shape::of(limits, env) != self.shape {
