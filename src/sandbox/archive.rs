@@ -11,6 +11,8 @@ pub enum ArchiveError {
     BadPath(String),
     #[error("file path `{0}` appears twice")]
     Duplicate(String),
+    #[error("file path `{file}` is also a directory of `{inside}`: one of them must be renamed")]
+    FileIsDirectory { file: String, inside: String },
 }
 
 /// Check that `path` is relative, `/`-separated, without `.`/`..` components or NUL.
@@ -33,12 +35,27 @@ pub fn check_relative_path(path: &str) -> Result<(), ArchiveError> {
 /// Pack `files` into an uncompressed tar of regular files (mode 0644, owner 0, mtime 0).
 pub fn pack(files: &[InputFile]) -> Result<Vec<u8>, ArchiveError> {
     let mut seen = std::collections::HashSet::new();
-    let mut builder = tar::Builder::new(Vec::new());
     for f in files {
         check_relative_path(&f.path)?;
         if !seen.insert(f.path.as_str()) {
             return Err(ArchiveError::Duplicate(f.path.clone()));
         }
+    }
+    // `a` and `a/b` cannot both be unpacked: `a` would have to be a file and a directory.
+    for f in files {
+        let mut dir = f.path.as_str();
+        while let Some((parent, _)) = dir.rsplit_once('/') {
+            if seen.contains(parent) {
+                return Err(ArchiveError::FileIsDirectory {
+                    file: parent.to_string(),
+                    inside: f.path.clone(),
+                });
+            }
+            dir = parent;
+        }
+    }
+    let mut builder = tar::Builder::new(Vec::new());
+    for f in files {
         let mut header = tar::Header::new_gnu();
         header.set_entry_type(tar::EntryType::Regular);
         header.set_size(f.contents.len() as u64);
@@ -103,5 +120,19 @@ mod tests {
             pack(&[file("a", b""), file("a", b"")]),
             Err(ArchiveError::Duplicate("a".into()))
         );
+    }
+
+    #[test]
+    fn refuses_a_file_that_is_also_a_directory() {
+        for files in [
+            vec![file("a", b""), file("a/b/c.py", b"")],
+            vec![file("a/b/c.py", b""), file("a/b", b"")],
+        ] {
+            assert!(
+                matches!(pack(&files), Err(ArchiveError::FileIsDirectory { .. })),
+                "{files:?}"
+            );
+        }
+        assert!(pack(&[file("a/b.py", b""), file("a/c.py", b""), file("ab", b"")]).is_ok());
     }
 }
