@@ -11,8 +11,9 @@ Protocol (all integers big-endian):
             b"A"  an artifact (a figure): u16 name length, name, bytes; before `X`
             b"W"  a file the code created or changed under the workspace (when the header
                   asks for `return_files`): u16 path length, path, bytes; before `X`
-            b"X"  the final report, JSON: exit_code, signal, cpu_ms, peak_memory_bytes,
-                  oom_kills, stdout_bytes, stderr_bytes, artifacts_dropped
+            b"X"  the final report, JSON: exit_code, signal, timed_out, cpu_ms,
+                  peak_memory_bytes, oom_kills, stdout_bytes, stderr_bytes,
+                  artifacts_dropped, files_dropped
             b"F"  the runner could not run the job, JSON: {"error": "..."}
 
 The user's code runs as a child process whose stdout/stderr are pipes read here, so
@@ -20,6 +21,13 @@ nothing it writes can forge a frame: the runner is not dumpable (its /proc entri
 root-owned, unreachable for the same uid) and, as PID 1 of its pid namespace, it
 cannot be signalled by its children. Past `output_limit` bytes a stream is drained
 and counted but not forwarded, so a flood costs the user's CPU quota and nothing else.
+
+The server enforces the run's deadline (it kills the container). The runner keeps a
+backstop of its own, so that a container never outlives a server that died (kill -9, OOM,
+a recreated compose service): the header's `deadline_s` (the timeout plus a grace), past
+which every process of the sandbox is killed and the run reported as timed out; and
+`MCPX_WAIT_LIMIT` (environment, seconds), past which a runner still waiting for its job
+exits. A session's stdin closes when the server's attach connection goes away.
 
 To keep interpreter start-up off the request path, the child Python is started before
 the job arrives, with a tiny stub that waits on fd 3 for the name of the file to run and
@@ -41,6 +49,7 @@ import stat
 import struct
 import sys
 import tarfile
+import time
 
 OUT = sys.stdout.buffer
 CHUNK = 65536
@@ -103,6 +112,24 @@ def peak_memory():
     return None
 
 
+def open_regular(path):
+    """Open `path` for reading if it is a regular file: never follows a symlink, never
+    blocks on a FIFO the code left there. None otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        os.set_blocking(fd, True)
+    except OSError:
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
 MAX_FILES = 100
 MAX_FILE_BYTES = 8 << 20
 MAX_FILES_TOTAL = 32 << 20
@@ -136,11 +163,10 @@ def send_files(root, before):
         if sent >= MAX_FILES or size > MAX_FILE_BYTES or total + size > MAX_FILES_TOTAL:
             dropped += 1
             continue
-        try:
-            fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
+        f = open_regular(os.path.join(root, rel))
+        if f is None:
             continue
-        with os.fdopen(fd, "rb") as f:
+        with f:
             data = f.read(MAX_FILE_BYTES + 1)
         if len(data) > MAX_FILE_BYTES:
             dropped += 1
@@ -364,11 +390,10 @@ def send_artifacts():
         return 0
     sent = dropped = 0
     for name in names:
-        try:
-            fd = os.open(os.path.join(FIGURES, name), os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
+        f = open_regular(os.path.join(FIGURES, name))
+        if f is None:
             continue
-        with os.fdopen(fd, "rb") as f:
+        with f:
             data = f.read(MAX_ARTIFACT_BYTES + 1)
         if sent >= MAX_ARTIFACTS or len(data) > MAX_ARTIFACT_BYTES:
             dropped += 1
@@ -508,6 +533,22 @@ def seed_matplotlib_cache():
             pass
 
 
+# After the code exits, what it left running may hold its pipes open: this long at most.
+EXIT_GRACE = 0.5
+
+
+def wait_for_job(limit):
+    """Block until stdin has data; exit quietly if none comes within `limit` seconds (a
+    pool container whose server is gone)."""
+    if limit is None:
+        return
+    import select
+
+    ready, _, _ = select.select([sys.stdin.buffer.fileno()], [], [], limit)
+    if not ready:
+        os._exit(0)
+
+
 def main():
     not_dumpable()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -515,12 +556,17 @@ def main():
     # handler would let the code interrupt it, so it goes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     default_python = sys.argv[1] if len(sys.argv) > 1 else "/usr/bin/python3"
+    try:
+        wait_limit = float(os.environ.pop("MCPX_WAIT_LIMIT"))
+    except (KeyError, ValueError):
+        wait_limit = None
     seed_matplotlib_cache()
     try:
         child = Child(default_python, "/workspace")
     except OSError as e:
         fail("could not start the interpreter: %s" % e)
     frame(b"R")
+    wait_for_job(wait_limit)
     stdin = sys.stdin.buffer
     try:
         (hlen,) = struct.unpack(">I", read_exact(stdin, 4))
@@ -540,6 +586,7 @@ def main():
 
     limit = int(header.get("output_limit", 1 << 20))
     python = header.get("python", default_python)
+    deadline_s = header.get("deadline_s")
     oom_before = oom_kills() or 0
 
     # Wake the select loop on SIGCHLD so the exit is seen at once.
@@ -564,6 +611,9 @@ def main():
         except OSError as e:
             fail("could not start %s: %s" % (python, e))
     pid, out_r, err_r = child.pid, child.out_r, child.err_r
+    deadline = time.monotonic() + float(deadline_s) if deadline_s else None
+    timed_out = False
+    exited_at = None
     try:
         child.go(header["entry"])
     except OSError:
@@ -594,9 +644,26 @@ def main():
         open_pipes = [k for k in sel.get_map().values() if k.data is not None]
         if status is not None and not open_pipes:
             break
+        now = time.monotonic()
+        if status is not None and now - exited_at > EXIT_GRACE:
+            break
+        if deadline is not None and not timed_out and now >= deadline:
+            # Nobody killed the sandbox at its deadline: the server is gone. Kill every
+            # process but this one (PID 1), then report as the server would have.
+            timed_out = True
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except OSError:
+                pass
         # Once the code has exited, whatever it left running may hold the pipes open:
         # give them a short grace to flush, then report.
-        events = sel.select(timeout=None if status is None else 0.05)
+        if status is not None:
+            wait = 0.05
+        elif deadline is not None and not timed_out:
+            wait = max(0.0, deadline - now)
+        else:
+            wait = None
+        events = sel.select(timeout=wait)
         if status is not None and not events:
             break
         for key, _ in events:
@@ -617,6 +684,7 @@ def main():
                 break
             if wpid == pid:
                 status = wstatus
+                exited_at = time.monotonic()
 
     dropped = send_artifacts()
     files_dropped = 0
@@ -628,6 +696,7 @@ def main():
     report = {
         "exit_code": exit_code,
         "signal": sig,
+        "timed_out": timed_out,
         "cpu_ms": int((usage.ru_utime + usage.ru_stime) * 1000),
         "peak_memory_bytes": peak_memory() or usage.ru_maxrss * 1024,
         "oom_kills": max(0, (oom_kills() or 0) - oom_before),

@@ -16,6 +16,15 @@ pub const WORKDIR: &str = "/workspace";
 /// at 4 MiB by the runner.
 const MAX_FRAME: usize = 9 << 20;
 
+/// How long past its timeout the runner waits for the server to kill the sandbox before it
+/// kills the code itself (the server is gone: a crash, `kill -9`, a recreated service).
+pub const BACKSTOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long a started runner waits for its job before it exits by itself: longer than a
+/// pool container may wait ([`crate::sandbox::docker`]'s pool replaces them sooner), so
+/// only the containers of a server that died ever reach it.
+pub const WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(900);
+
 /// The job description the runner reads before the archive.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
 pub struct JobHeader {
@@ -33,6 +42,10 @@ pub struct JobHeader {
     /// `run` (one file, then exit) or `session` (cells until stdin closes).
     #[serde(default = "run_mode")]
     pub mode: String,
+    /// Seconds after which the runner kills the code itself: the timeout plus
+    /// [`BACKSTOP_GRACE`]. The server normally kills the sandbox first, at the timeout.
+    #[serde(default)]
+    pub deadline_s: Option<f64>,
 }
 
 fn run_mode() -> String {
@@ -72,6 +85,7 @@ fn encode(job: &JobSpec, python: &str, mode: &str) -> Result<Vec<u8>, ArchiveErr
         output_limit: job.limits.output_bytes,
         return_files: job.return_files,
         mode: mode.to_string(),
+        deadline_s: (mode == "run").then(|| (job.limits.timeout + BACKSTOP_GRACE).as_secs_f64()),
     };
     let header = serde_json::to_vec(&header).expect("header serializes");
     let mut out = Vec::with_capacity(4 + header.len() + tar.len());
@@ -86,6 +100,9 @@ fn encode(job: &JobSpec, python: &str, mode: &str) -> Result<Vec<u8>, ArchiveErr
 pub struct Report {
     pub exit_code: Option<i64>,
     pub signal: Option<i32>,
+    /// The runner's own backstop deadline killed the code (the server did not).
+    #[serde(default)]
+    pub timed_out: bool,
     pub cpu_ms: Option<u64>,
     pub peak_memory_bytes: Option<u64>,
     #[serde(default)]
@@ -289,6 +306,7 @@ mod tests {
         assert_eq!(header.entry, "main.py");
         assert_eq!(header.tar_len as usize, bytes.len() - 4 - hlen);
         assert_eq!(header.output_limit, 1 << 20);
+        assert_eq!(header.deadline_s, Some(35.0));
         let mut bad = job.clone();
         bad.entry = "../x.py".into();
         assert!(encode_job(&bad, "python3").is_err());

@@ -215,11 +215,20 @@ async fn dispatch(cli: Cli) -> i32 {
                 json: cmd.json,
                 junit: cmd.junit,
             };
+            // SIGINT (Ctrl-C) or SIGTERM (a CI job cancelled): the run's future is dropped,
+            // which kills and removes its sandbox; then wait for the removal.
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
             let code = tokio::select! {
                 c = run::run_files(&sandbox, args) => c,
                 _ = tokio::signal::ctrl_c() => {
                     eprintln!("mcp-code-executor: interrupted; removing the sandbox");
                     130
+                }
+                _ = term.recv() => {
+                    eprintln!("mcp-code-executor: terminated; removing the sandbox");
+                    143
                 }
             };
             sandbox.drain().await;

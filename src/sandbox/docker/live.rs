@@ -55,12 +55,20 @@ pub(super) struct Collected {
 }
 
 impl Collected {
+    /// Nothing came back at all: no output, no figure, no file.
+    pub(super) fn is_empty(&self) -> bool {
+        self.stdout_seen == 0
+            && self.stderr_seen == 0
+            && self.artifacts.is_empty()
+            && self.files.is_empty()
+    }
+
     pub(super) fn into_outcome(self, report: &Report) -> Outcome {
         let cap = self.cap;
         Outcome {
             exit_code: report.exit_code,
             signal: report.signal,
-            timed_out: false,
+            timed_out: report.timed_out,
             oom_killed: report.oom_kills > 0 && report.signal == Some(9),
             stdout_truncated: self.stdout_seen.max(report.stdout_bytes) > cap,
             stderr_truncated: self.stderr_seen.max(report.stderr_bytes) > cap,

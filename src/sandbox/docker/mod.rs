@@ -81,6 +81,10 @@ pub struct DockerConfig {
 /// A tenant's pool unused this long is removed (per-tenant pools only).
 pub const POOL_IDLE: Duration = Duration::from_secs(600);
 
+/// How long [`DockerSandbox::shutdown`] waits for the containers still held by runs being
+/// cancelled.
+const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(30);
+
 /// The key of the shared pool in [`DockerSandbox`]'s pool map, and its containers' label.
 const SHARED_POOL: &str = "pool";
 
@@ -115,6 +119,10 @@ pub struct DockerSandbox {
     pools: std::sync::Mutex<HashMap<String, (PoolHandle, Instant)>>,
     /// Pools replaced by a reconfiguration, still stopping.
     retiring: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    /// [`DockerSandbox::shutdown`] has begun: no pool is started any more.
+    closed: std::sync::atomic::AtomicBool,
+    /// The periodic sweep of a long-lived server, stopped at shutdown.
+    sweeper: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
 /// A running pool and its refill workers.
@@ -180,6 +188,8 @@ impl DockerSandbox {
             inner,
             pools: std::sync::Mutex::new(pools),
             retiring: std::sync::Mutex::default(),
+            closed: std::sync::atomic::AtomicBool::new(false),
+            sweeper: std::sync::Mutex::default(),
         })
     }
 
@@ -187,6 +197,23 @@ impl DockerSandbox {
     /// `kill -9`). Containers of live processes, and of other hosts, are left alone.
     pub async fn sweep_leftovers(&self) -> Result<usize, SandboxError> {
         guard::sweep(&self.inner.docker).await
+    }
+
+    /// Sweep every `every` as well as at start-up (a long-lived server): containers of
+    /// servers that died meanwhile, on this host or in a recreated service, go too.
+    pub fn sweep_periodically(&self, every: Duration) {
+        let docker = self.inner.docker.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = guard::sweep(&docker).await {
+                    tracing::warn!(error = %e, "periodic sweep of leftover containers failed");
+                }
+            }
+        });
+        if let Some(old) = self.sweeper.lock().expect("sweeper lock").replace(task) {
+            old.abort();
+        }
     }
 
     fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<String, (PoolHandle, Instant)>> {
@@ -216,7 +243,7 @@ impl DockerSandbox {
     /// one, if any, is stopped in the background.
     fn replace_pool(&self, key: &str, limits: Limits, env: RunEnv) {
         let size = self.inner.config.pool_size;
-        if size == 0 {
+        if size == 0 || self.is_closed() {
             return;
         }
         let new = PoolHandle::start(&self.inner, limits, env, size, key);
@@ -237,7 +264,7 @@ impl DockerSandbox {
     /// none or one of another shape (limits or environment changed), and pools unused for
     /// [`POOL_IDLE`] are removed.
     fn take_warm(&self, job: &JobSpec) -> Option<Live> {
-        if self.inner.config.pool_size == 0 {
+        if self.inner.config.pool_size == 0 || self.is_closed() {
             return None;
         }
         if !self.inner.config.pool_per_tenant {
@@ -277,8 +304,18 @@ impl DockerSandbox {
         None
     }
 
-    /// Stop the pools, remove their containers, and wait for every removal.
+    fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Stop the pools, remove their containers, and wait until every container this
+    /// backend made is removed (runs being cancelled drop theirs a moment later), for at
+    /// most [`SHUTDOWN_DEADLINE`]; what is left then goes to the next start-up sweep.
     pub async fn shutdown(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.sweeper.lock().expect("sweeper lock").take() {
+            t.abort();
+        }
         let handles: Vec<PoolHandle> = self.pools().drain().map(|(_, (h, _))| h).collect();
         for h in handles {
             h.stop().await;
@@ -287,7 +324,13 @@ impl DockerSandbox {
         for r in retiring {
             let _ = r.await;
         }
-        self.inner.cleanup.drain().await;
+        let left = self.inner.cleanup.drain_all(SHUTDOWN_DEADLINE).await;
+        if left > 0 {
+            tracing::warn!(
+                left,
+                "containers still held at shutdown; the next start-up sweep removes them"
+            );
+        }
     }
 }
 
@@ -329,7 +372,16 @@ impl Inner {
                     .map(|s| s.to_string())
                     .collect(),
             ),
-            env: Some(env.vars.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            env: Some(
+                env.vars
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .chain([format!(
+                        "MCPX_WAIT_LIMIT={}",
+                        protocol::WAIT_LIMIT.as_secs()
+                    )])
+                    .collect(),
+            ),
             user: Some(env.user.clone().unwrap_or_else(|| SANDBOX_USER.to_string())),
             working_dir: Some(protocol::WORKDIR.to_string()),
             hostname: Some("sandbox".to_string()),
@@ -383,9 +435,16 @@ impl Inner {
         Ok(Live::new(guard, attached.input, attached.output))
     }
 
-    /// Turn how a conversation ended into the user's outcome.
-    async fn outcome_of(&self, ended: Ended, guard: &ContainerGuard) -> Outcome {
-        match ended {
+    /// Turn how a conversation ended into the user's outcome, or into an infrastructure
+    /// error when the sandbox ended without its runner reporting and Docker does not say
+    /// the code ran out of memory: then something outside stopped it (`docker kill`, a
+    /// daemon restart) and nothing is known of the code's own outcome.
+    async fn outcome_of(
+        &self,
+        ended: Ended,
+        guard: &ContainerGuard,
+    ) -> Result<Outcome, SandboxError> {
+        Ok(match ended {
             Ended::Report(report, out) => out.into_outcome(&report),
             Ended::TimedOut(out) => {
                 // Kill now rather than in the background: the CPU is the next run's.
@@ -396,18 +455,27 @@ impl Inner {
                 o
             }
             Ended::Vanished(out) => {
-                // The runner died before it could report (the OOM killer chose it, or
-                // something killed the container): ask Docker what happened.
+                // The runner died before it could report: the OOM killer chose it, or
+                // something outside killed the container. Ask Docker which.
                 let (exit_code, oom) = self.post_mortem(guard.id()).await;
-                let mut o = out.into_outcome(&Report::default());
-                o.oom_killed = oom;
-                match exit_code {
-                    Some(c) if c > 128 => o.signal = Some((c - 128) as i32),
-                    c => o.exit_code = c,
+                if !oom {
+                    let how = match exit_code {
+                        Some(c) if c > 128 => format!("killed by signal {}", c - 128),
+                        Some(c) => format!("exit status {c}"),
+                        None => "the container is gone".to_string(),
+                    };
+                    return Err(SandboxError::Runner(format!(
+                        "the sandbox stopped before its runner reported ({how}): it was \
+                         stopped from outside (docker kill or rm, a daemon restart) or the \
+                         runner crashed; the code's own outcome is unknown, run it again"
+                    )));
                 }
+                let mut o = out.into_outcome(&Report::default());
+                o.oom_killed = true;
+                o.signal = Some(9);
                 o
             }
-        }
+        })
     }
 
     async fn post_mortem(&self, id: &str) -> (Option<i64>, bool) {
@@ -498,8 +566,22 @@ impl Sandbox for DockerSandbox {
             },
         );
 
-        let ended = live.execute(input, true, &job.limits, &events).await?;
-        let mut outcome = self.inner.outcome_of(ended, &live.guard).await;
+        let retry = pooled.then(|| input.clone());
+        let mut ended = live.execute(input, true, &job.limits, &events).await?;
+        if let (Some(input), Ended::Vanished(out)) = (retry, &ended) {
+            if out.is_empty() {
+                // A pool container that died while it waited (a daemon restart, a kill
+                // from outside) and slipped past the pool's liveness check: the job never
+                // started. Run it once more, in a fresh container.
+                tracing::warn!(job_id = %job.id, container = %container, "pool container was dead at dispatch; running the job in a fresh container");
+                live = self
+                    .inner
+                    .launch(&job.limits, &job.env, &job.tenant, &job.id)
+                    .await?;
+                ended = live.execute(input, true, &job.limits, &events).await?;
+            }
+        }
+        let mut outcome = self.inner.outcome_of(ended, &live.guard).await?;
         outcome.duration_ms = started.elapsed().as_millis() as u64;
         tracing::debug!(job_id = %job.id, status = %outcome.status_line(), "run finished");
         // `live` drops here: its guard removes the container in the background.
@@ -632,7 +714,13 @@ impl Session for DockerSession {
             }
         };
         let report_ok = matches!(&ended, Ended::Report(r, _) if r.signal.is_none() && r.exit_code.is_some_and(|c| c <= 1));
-        let mut outcome = self.inner.outcome_of(ended, &self.live.guard).await;
+        let mut outcome = match self.inner.outcome_of(ended, &self.live.guard).await {
+            Ok(o) => o,
+            Err(e) => {
+                self.alive = false;
+                return Err(e);
+            }
+        };
         // A timeout, an OOM kill or a dead interpreter ends the session: its state is gone.
         if !report_ok || outcome.timed_out || outcome.oom_killed {
             self.alive = false;
