@@ -112,6 +112,7 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         quota: mcp::Quota::default(),
     };
     let sandbox = std::sync::Arc::new(sandbox);
+    sandbox.sweep_periodically(std::time::Duration::from_secs(600));
     let shutdown = tokio_util::sync::CancellationToken::new();
     // One executor per tenant: its own code storage, workspaces, sessions and environment;
     // run slots and metrics shared, slots handed out fairly between tenants.

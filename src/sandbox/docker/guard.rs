@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bollard::errors::Error as BollardError;
+use bollard::models::ContainerSummaryStateEnum;
 use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder};
 use bollard::Docker;
 use tokio::sync::Notify;
@@ -37,6 +38,27 @@ impl Cleanup {
                 return;
             }
             notified.await;
+        }
+    }
+
+    /// Wait until every guarded container is removed: those still held by runs being
+    /// cancelled too, not only removals already started. Gives up after `deadline` (what
+    /// is left then is found by the next start-up sweep); returns how many were left.
+    pub(super) async fn drain_all(&self, deadline: Duration) -> usize {
+        let until = tokio::time::Instant::now() + deadline;
+        loop {
+            let notified = self.done.notified();
+            let left = self.live.load(Ordering::SeqCst);
+            if left == 0 {
+                return 0;
+            }
+            // A guard dropped without a removal in flight wakes nobody: look again soon.
+            let tick = tokio::time::sleep(Duration::from_millis(50));
+            tokio::select! {
+                _ = notified => {}
+                _ = tick => {}
+                _ = tokio::time::sleep_until(until) => return left,
+            }
         }
     }
 }
@@ -134,9 +156,10 @@ pub(super) async fn remove_now(docker: &Docker, id: &str) -> Result<(), BollardE
     Err(last.expect("loop ran"))
 }
 
-/// Remove a container whose creation was cancelled midway: it may appear a moment later.
+/// Remove a container whose creation was cancelled midway: it may appear a while later (a
+/// `create` takes seconds on a daemon busy with a burst), so look for a minute.
 async fn remove_unconfirmed(docker: &Docker, name: &str) {
-    for delay_ms in [0u64, 200, 500, 1000, 2000] {
+    for delay_ms in [0u64, 200, 500, 1000, 2000, 4000, 8000, 15000, 30000] {
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
         match docker.inspect_container(name, None).await {
             Ok(_) => {
@@ -150,8 +173,17 @@ async fn remove_unconfirmed(docker: &Docker, name: &str) {
     }
 }
 
+/// A container of ours that is not running and was created this long ago is garbage,
+/// whoever made it: containers are never started a second time, and a live server removes
+/// its own within moments of their end.
+pub(super) const STALE_AFTER: Duration = Duration::from_secs(3600);
+
 /// Remove containers of ours whose owning process on this host is gone (a crash, a
-/// `kill -9`). Containers of live processes, and of other hosts, are left alone.
+/// `kill -9`), and containers of any owner that ended (or never started) over
+/// [`STALE_AFTER`] ago: those of a server that ran elsewhere or in a container that was
+/// recreated under another host name. Their runners stop them by themselves (a backstop
+/// deadline, a limit on waiting for a job). Running containers of live processes, and of
+/// other hosts, are left alone.
 pub(super) async fn sweep(docker: &Docker) -> Result<usize, SandboxError> {
     let filters = HashMap::from([("label".to_string(), vec![format!("{LABEL_MANAGED}=true")])]);
     let list = docker
@@ -164,6 +196,10 @@ pub(super) async fn sweep(docker: &Docker) -> Result<usize, SandboxError> {
         .await
         .map_err(|e| classify("listing containers", e))?;
     let host = hostname();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
     let mut removed = 0;
     for c in list {
         let owner = c
@@ -172,7 +208,16 @@ pub(super) async fn sweep(docker: &Docker) -> Result<usize, SandboxError> {
             .and_then(|l| l.get(LABEL_OWNER))
             .cloned()
             .unwrap_or_default();
-        if !owner_is_dead(&owner, &host) {
+        let ended = matches!(
+            c.state,
+            Some(ContainerSummaryStateEnum::EXITED)
+                | Some(ContainerSummaryStateEnum::DEAD)
+                | Some(ContainerSummaryStateEnum::CREATED)
+        );
+        let age = c
+            .created
+            .map(|t| Duration::from_secs(now.saturating_sub(t).max(0) as u64));
+        if !is_leftover(&owner, &host, ended, age) {
             continue;
         }
         if let Some(id) = c.id {
@@ -185,6 +230,12 @@ pub(super) async fn sweep(docker: &Docker) -> Result<usize, SandboxError> {
         tracing::info!(removed, "swept containers left by a process that is gone");
     }
     Ok(removed)
+}
+
+/// Should the sweep remove a container of ours? Yes when its owner on this host is dead,
+/// or when it is not running and older than [`STALE_AFTER`], whoever owns it.
+fn is_leftover(owner: &str, host: &str, ended: bool, age: Option<Duration>) -> bool {
+    owner_is_dead(owner, host) || (ended && age.is_some_and(|a| a > STALE_AFTER))
 }
 
 fn hostname() -> String {
@@ -237,5 +288,32 @@ mod tests {
         assert!(owner_is_dead(&format!("{host}/{pid}/1"), &host));
         assert!(!owner_is_dead(&format!("elsewhere/{pid}/1"), &host));
         assert!(!owner_is_dead("garbage", &host));
+    }
+
+    #[test]
+    fn the_sweep_takes_dead_owners_and_stale_ended_containers_only() {
+        let host = hostname();
+        let me = owner_id(std::process::id()).unwrap();
+        let dead = format!("{host}/{}/1", std::process::id());
+        let hour = Some(STALE_AFTER + Duration::from_secs(1));
+        let fresh = Some(Duration::from_secs(60));
+        // (owner, ended, age) -> removed?
+        let table = [
+            (dead.as_str(), false, fresh, true),
+            (me.as_str(), false, hour, false), // running, however old: a live session
+            (me.as_str(), true, fresh, false), // just ended: its own guard removes it
+            (me.as_str(), true, hour, true),
+            ("elsewhere/1/1", true, hour, true), // a recreated service's leftovers
+            ("elsewhere/1/1", true, fresh, false),
+            ("elsewhere/1/1", false, hour, false), // another host's live run
+            ("", true, None, false),
+        ];
+        for (owner, ended, age, want) in table {
+            assert_eq!(
+                is_leftover(owner, &host, ended, age),
+                want,
+                "{owner} {ended} {age:?}"
+            );
+        }
     }
 }

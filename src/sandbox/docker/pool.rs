@@ -153,14 +153,20 @@ impl Pool {
         self.wake.notify_waiters();
     }
 
-    /// Drop waiting containers that died or aged; returns how many are left.
-    fn prune(&self) -> usize {
+    /// Drop waiting containers that died or aged, then claim a slot for one more if
+    /// waiting + being made stays within the target. All under the pool lock, which is
+    /// also where a made container moves from "being made" to "waiting".
+    fn claim(&self) -> bool {
         let mut q = self.ready.lock().expect("pool lock");
         let before = q.len();
         q.retain_mut(|live| live.born.elapsed() < MAX_IDLE && live.still_waiting());
         self.discarded
             .fetch_add((before - q.len()) as u64, Ordering::Relaxed);
-        q.len()
+        let claimed = q.len() + self.in_flight.load(Ordering::SeqCst) < self.target;
+        if claimed {
+            self.in_flight.fetch_add(1, Ordering::SeqCst);
+        }
+        claimed
     }
 }
 
@@ -173,12 +179,7 @@ pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
         if pool.closed.load(Ordering::SeqCst) {
             return;
         }
-        // Claim a slot: waiting + being made must stay within the target.
-        let claimed = pool.prune() + pool.in_flight.fetch_add(1, Ordering::SeqCst) < pool.target;
-        if !claimed {
-            pool.in_flight.fetch_sub(1, Ordering::SeqCst);
-        }
-        if claimed {
+        if pool.claim() {
             let made = async {
                 let mut live = inner
                     .launch(
@@ -192,12 +193,14 @@ pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
                 Ok::<_, crate::sandbox::SandboxError>(live)
             }
             .await;
-            pool.in_flight.fetch_sub(1, Ordering::SeqCst);
             match made {
                 Ok(live) => {
                     failures = 0;
                     // Checked under the lock that `close` takes: nothing is pushed after it.
+                    // The slot is released under the same lock, so that another worker
+                    // never counts this container neither as waiting nor as being made.
                     let mut q = pool.ready.lock().expect("pool lock");
+                    pool.in_flight.fetch_sub(1, Ordering::SeqCst);
                     if pool.closed.load(Ordering::SeqCst) {
                         drop(q);
                         drop(live);
@@ -207,6 +210,7 @@ pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
                     continue;
                 }
                 Err(e) => {
+                    pool.in_flight.fetch_sub(1, Ordering::SeqCst);
                     failures = failures.saturating_add(1);
                     let backoff = Duration::from_millis(100 << failures.min(7));
                     tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "could not refill the warm pool");
