@@ -73,7 +73,9 @@ pub mod defaults {
     /// can grow it).
     pub const MAX_BODY_BYTES: usize = 4 << 20;
     pub const ALLOWED_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
-    pub const MAX_QUEUE: usize = 64;
+    /// Large enough that a burst of 100 calls from one client all wait their turn; each
+    /// waiting call holds only its request (at most [`MAX_BODY_BYTES`]).
+    pub const MAX_QUEUE: usize = 256;
 }
 
 /// What the tools need to know about the server's configuration.
