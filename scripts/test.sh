@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
 # The test command: Docker up, the sandbox image built (offline when no registry answers),
-# the whole suite against the real daemon, then a check that no container of ours is left.
+# the whole suite against the real daemon, then a check that no container of ours is left
+# (made whether the suite passed or not: a leftover fails the run, and is then removed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup-docker.sh
 # uv (from PyPI) makes the uv venv of the environment tests.
-python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet --disable-pip-version-check uv
+if ! python3 -m uv --version >/dev/null 2>&1; then
+  python3 -m pip install --quiet --disable-pip-version-check uv 2>/dev/null \
+    || python3 -m pip install --quiet --disable-pip-version-check --user --break-system-packages uv
+fi
 cargo build --all-targets
 cargo run --quiet -- image build
-cargo test -- --test-threads=2
+
+status=0
+cargo test -- --test-threads=2 || status=$?
 
 left=$(docker ps -aq --filter label=io.mcp-code-executor.managed=true)
 if [ -n "$left" ]; then
   echo "test.sh: containers left behind by the tests:" >&2
-  docker ps -a --filter label=io.mcp-code-executor.managed=true >&2
-  exit 1
+  docker ps -a --filter label=io.mcp-code-executor.managed=true \
+    --format '{{.Names}} {{.Status}} tenant={{.Label "io.mcp-code-executor.tenant"}}' >&2
+  docker rm -f $left >/dev/null
+  [ "$status" -ne 0 ] || status=1
+else
+  echo "test.sh: no container of ours is left" >&2
 fi
-echo "test.sh: no container of ours is left" >&2
+exit "$status"
