@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mcp_code_executor::job::{JobSpec, Limits, RunEvent};
-use mcp_code_executor::sandbox::docker::{DockerConfig, DockerSandbox, PoolStats};
+use mcp_code_executor::sandbox::docker::{DockerConfig, DockerSandbox, PoolStats, LABEL_OWNER};
 use mcp_code_executor::sandbox::image;
 use mcp_code_executor::sandbox::Sandbox;
 
@@ -57,8 +57,23 @@ async fn run_seen(s: &DockerSandbox, code: &str) -> (String, String) {
     (o.stdout_text(), container)
 }
 
+/// Waiting or used pool containers made by this test process (a `serve` elsewhere on the
+/// daemon labels its pool containers `pool` too).
 fn pool_containers() -> Vec<String> {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let mine = format!("{}/{}/", host.trim(), std::process::id());
     common::containers_of("pool")
+        .into_iter()
+        .filter(|id| {
+            let out = Command::new("docker")
+                .args(["inspect", "-f"])
+                .arg(format!("{{{{index .Config.Labels \"{LABEL_OWNER}\"}}}}"))
+                .arg(id)
+                .output()
+                .expect("docker inspect runs");
+            String::from_utf8_lossy(&out.stdout).starts_with(&mine)
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -186,6 +201,70 @@ async fn a_changed_environment_never_gets_a_stale_pool_container() {
         }
     }
     assert!(s.pool_stats().unwrap().hits >= 1);
+    s.shutdown().await;
+    assert!(
+        pool_containers().is_empty(),
+        "left: {:?}",
+        pool_containers()
+    );
+}
+
+#[tokio::test]
+async fn a_job_of_another_environment_never_takes_a_pool_container() {
+    let _g = SERIAL.lock().await;
+    let s = pooled(1).await;
+    wait_ready(&s, 1).await;
+    let waiting = pool_containers();
+    // No prewarm: the pool still holds containers of the default environment.
+    let mut job = JobSpec::python(
+        "import os; print(os.environ.get('MCPX_MARK'))",
+        Limits::default(),
+    );
+    job.env = mcp_code_executor::job::RunEnv {
+        vars: vec![("MCPX_MARK".into(), "other".into())],
+        ..Default::default()
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let o = s.run(job, Some(tx)).await.unwrap();
+    assert_eq!(o.stdout_text(), "other\n");
+    while let Ok(ev) = rx.try_recv() {
+        if let RunEvent::Created { container } = ev {
+            assert!(
+                !waiting.iter().any(|c| container.starts_with(c)),
+                "a container of the pool's environment ran a job of another"
+            );
+        }
+    }
+    let st = s.pool_stats().unwrap();
+    assert_eq!((st.hits, st.misses), (0, 1), "{st:?}");
+    s.shutdown().await;
+    assert!(
+        pool_containers().is_empty(),
+        "left: {:?}",
+        pool_containers()
+    );
+}
+
+#[tokio::test]
+async fn a_pool_container_killed_just_before_dispatch_still_gives_the_right_result() {
+    let _g = SERIAL.lock().await;
+    let s = pooled(1).await;
+    for i in 0..3 {
+        wait_ready(&s, 1).await;
+        s.drain().await; // the previous round's container is removed, not just dropped
+        let waiting = pool_containers();
+        assert_eq!(waiting.len(), 1, "{waiting:?}");
+        let killed = Command::new("docker")
+            .args(["kill", &waiting[0]])
+            .output()
+            .unwrap();
+        assert!(killed.status.success(), "{killed:?}");
+        // No pause: the pool may not have seen the death yet. Either it replaces the
+        // container, or the job finds it dead and runs again in a fresh one; never a
+        // result of the dead one.
+        let (out, _) = run_seen(&s, &format!("print({i})")).await;
+        assert_eq!(out, format!("{i}\n"));
+    }
     s.shutdown().await;
     assert!(
         pool_containers().is_empty(),
