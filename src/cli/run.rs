@@ -60,19 +60,23 @@ pub fn exit_code_for(o: &Outcome) -> i32 {
 pub async fn run_files(sandbox: &dyn Sandbox, args: RunArgs) -> i32 {
     let mut results: Vec<(String, Result<Outcome, String>)> = Vec::new();
     let several = args.files.len() > 1;
+    // Every file is read before any runs: a typo in the last name fails the job at once,
+    // not after the others ran (and without a half-written report).
+    let mut sources = Vec::with_capacity(args.files.len());
     for name in &args.files {
-        let result = match read_source(name).await {
+        match read_source(name).await {
+            Ok(code) => sources.push(code),
             Err(e) => {
                 eprintln!("mcp-code-executor: {e}");
                 return exit::USAGE;
             }
-            Ok(code) => {
-                if several && !args.json {
-                    eprintln!("==> {name} <==");
-                }
-                run_one(sandbox, name, code, &args).await
-            }
-        };
+        }
+    }
+    for (name, code) in args.files.iter().zip(sources) {
+        if several && !args.json {
+            eprintln!("==> {name} <==");
+        }
+        let result = run_one(sandbox, name, code, &args).await;
         match &result {
             Ok(o) if args.json => {
                 let mut v = serde_json::to_value(o).expect("outcome serializes");
