@@ -88,6 +88,13 @@ pub async fn ensure(
 ) -> Result<bool, ImageError> {
     let docker = connect_docker().await?;
     if !opts.force && docker.inspect_image(image).await.is_ok() {
+        if let Some(ca) = &opts.ca_bundle {
+            progress(&format!(
+                "{image} is present, built without reading {}: the CA bundle only counts \
+                 when the image is built; add --force to rebuild with it",
+                ca.display()
+            ));
+        }
         return Ok(false);
     }
     let base = base_image(&docker, opts, progress).await?;
