@@ -90,8 +90,8 @@ pub async fn ensure(
     if !opts.force && docker.inspect_image(image).await.is_ok() {
         if let Some(ca) = &opts.ca_bundle {
             progress(&format!(
-                "{image} is present, built without reading {}: the CA bundle only counts \
-                 when the image is built; add --force to rebuild with it",
+                "{image} is present: the CA bundle {} is only read when the image is \
+                 built; add --force to rebuild with it",
                 ca.display()
             ));
         }
