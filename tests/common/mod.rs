@@ -6,7 +6,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use mcp_code_executor::job::{JobSpec, Limits, Outcome};
-use mcp_code_executor::sandbox::docker::{DockerConfig, DockerSandbox, LABEL_TENANT};
+use mcp_code_executor::sandbox::docker::{DockerConfig, DockerSandbox, LABEL_OWNER, LABEL_TENANT};
 use mcp_code_executor::sandbox::image;
 use mcp_code_executor::sandbox::Sandbox;
 
@@ -34,11 +34,33 @@ pub async fn run(s: &DockerSandbox, tenant: &str, code: &str, limits: Limits) ->
         .unwrap_or_else(|e| panic!("infrastructure error running {code:?}: {e}"))
 }
 
-/// Containers of ours carrying this tenant label, running or not.
+/// The owner label the backend puts on what this process makes (`host/pid/start-time`,
+/// as in the start-up sweep). Tests of several worktrees share one daemon and the same
+/// tenant labels: containers are told apart by it.
+pub fn owner_id() -> String {
+    owner_of(std::process::id(), &process_start_time(std::process::id()))
+}
+
+/// `host/pid/start` for any pid and start time (the sweep test makes up dead ones).
+pub fn owner_of(pid: u32, start: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname");
+    format!("{}/{pid}/{start}", host.trim())
+}
+
+/// Field 22 of /proc/PID/stat, counted after the parenthesised command name.
+pub fn process_start_time(pid: u32) -> String {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let after = &stat[stat.rfind(')').expect("comm") + 2..];
+    after.split(' ').nth(19).expect("starttime").to_string()
+}
+
+/// Containers this process made for this tenant label, running or not.
 pub fn containers_of(tenant: &str) -> Vec<String> {
     let out = Command::new("docker")
         .args(["ps", "-aq", "--filter"])
         .arg(format!("label={LABEL_TENANT}={tenant}"))
+        .arg("--filter")
+        .arg(format!("label={LABEL_OWNER}={}", owner_id()))
         .output()
         .expect("the docker CLI runs");
     assert!(out.status.success(), "docker ps failed: {out:?}");
@@ -46,6 +68,34 @@ pub fn containers_of(tenant: &str) -> Vec<String> {
         .split_whitespace()
         .map(str::to_string)
         .collect()
+}
+
+/// Force-remove containers by id (a test's own, on its way out).
+pub fn remove_containers(ids: &[String]) {
+    if ids.is_empty() {
+        return;
+    }
+    let _ = Command::new("docker")
+        .args(["rm", "-f", "-v"])
+        .args(ids)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
+/// Removes what this process made for `tenant` when dropped, also when the test panics
+/// (a panicking test's runtime is gone before the backend's background removals ran).
+/// Hold one for the whole test: `let _clean = common::remove_on_drop("t-x");`.
+pub struct RemoveOnDrop(pub String);
+
+pub fn remove_on_drop(tenant: &str) -> RemoveOnDrop {
+    RemoveOnDrop(tenant.to_string())
+}
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        remove_containers(&containers_of(&self.0));
+    }
 }
 
 /// Wait for background removals, then check that nothing of `tenant` is left.
