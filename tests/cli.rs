@@ -244,8 +244,12 @@ fn an_unreachable_daemon_is_exit_125_and_says_what_to_do() {
 
 #[test]
 fn run_prints_output_as_it_arrives() {
+    // The code prints a line, then waits until the test, having read that line, tells it to
+    // go on (a file it makes in the sandbox's /tmp through `docker exec`). Output printed
+    // only at the end could never arrive before the go: no timing is compared.
+    let code = "import os, time\nprint('first', flush=True)\nwhile not os.path.exists('/tmp/go'):\n    time.sleep(0.1)\nprint('second', flush=True)\n";
     let child = Command::new(BIN)
-        .args(["run", "-"])
+        .args(["run", "--timeout", "600", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -254,9 +258,7 @@ fn run_prints_output_as_it_arrives() {
     let mut child = Running(child);
     let pid = child.0.id();
     let mut stdin = child.0.stdin.take().unwrap();
-    stdin
-        .write_all(b"import time\nprint('first', flush=True)\ntime.sleep(5)\nprint('second', flush=True)\n")
-        .unwrap();
+    stdin.write_all(code.as_bytes()).unwrap();
     drop(stdin);
     let (tx, rx) = mpsc::channel();
     let stdout = child.0.stdout.take().unwrap();
@@ -269,20 +271,19 @@ fn run_prints_output_as_it_arrives() {
     });
     let first = rx
         .recv_timeout(Duration::from_secs(60))
-        .expect("a first line");
+        .expect("the first line arrives while the code still runs");
     assert_eq!(first, "first");
-    // The line came while the code was still sleeping: its sandbox is still running and
-    // the command has not exited. (Output printed only at the end would arrive after the
-    // sandbox stopped.)
-    assert_eq!(
-        containers_left_by(pid, false).len(),
-        1,
-        "the sandbox is still running"
-    );
     assert!(
         child.0.try_wait().unwrap().is_none(),
         "run is still running"
     );
+    let running = containers_left_by(pid, false);
+    assert_eq!(running.len(), 1, "one sandbox running: {running:?}");
+    let go = Command::new("docker")
+        .args(["exec", &running[0], "touch", "/tmp/go"])
+        .output()
+        .unwrap();
+    assert!(go.status.success(), "docker exec: {go:?}");
     let second = rx
         .recv_timeout(Duration::from_secs(60))
         .expect("a second line");
