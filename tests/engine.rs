@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use std::process::Command;
 
 use common::{
-    assert_clean, containers_of, docker_disk_free, limits, owner_id, owner_of, remove_containers,
-    remove_on_drop, run, sandbox,
+    assert_clean, docker_disk_free, limits, own_containers_of, owner_id, owner_of,
+    remove_containers, remove_on_drop, run, sandbox,
 };
 use mcp_code_executor::job::{InputFile, JobSpec, Limits, RunEvent, StreamKind};
 use mcp_code_executor::sandbox::docker::{
@@ -432,7 +432,7 @@ async fn a_cancelled_run_leaves_no_container() {
             break;
         }
     }
-    assert_eq!(containers_of("t-cancel").len(), 1);
+    assert_eq!(own_containers_of("t-cancel").len(), 1);
     handle.abort();
     let _ = handle.await;
     assert_clean(&s, "t-cancel").await;
@@ -465,7 +465,7 @@ async fn bad_paths_are_refused_before_any_container_exists() {
     });
     let err = s.run(job, None).await.unwrap_err();
     assert!(matches!(err, SandboxError::Rejected(_)), "{err:?}");
-    assert!(containers_of("t-paths").is_empty());
+    assert!(own_containers_of("t-paths").is_empty());
 }
 
 #[tokio::test]

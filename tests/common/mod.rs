@@ -54,15 +54,27 @@ pub fn process_start_time(pid: u32) -> String {
     after.split(' ').nth(19).expect("starttime").to_string()
 }
 
-/// Containers this process made for this tenant label, running or not.
+/// Containers of ours carrying this tenant label, running or not, whoever made them (a
+/// server child process, say). Other test processes on this daemon may use the same label.
 pub fn containers_of(tenant: &str) -> Vec<String> {
-    let out = Command::new("docker")
-        .args(["ps", "-aq", "--filter"])
-        .arg(format!("label={LABEL_TENANT}={tenant}"))
-        .arg("--filter")
-        .arg(format!("label={LABEL_OWNER}={}", owner_id()))
-        .output()
-        .expect("the docker CLI runs");
+    list_containers(&[format!("label={LABEL_TENANT}={tenant}")])
+}
+
+/// Containers this very process made for this tenant label, running or not.
+pub fn own_containers_of(tenant: &str) -> Vec<String> {
+    list_containers(&[
+        format!("label={LABEL_TENANT}={tenant}"),
+        format!("label={LABEL_OWNER}={}", owner_id()),
+    ])
+}
+
+fn list_containers(filters: &[String]) -> Vec<String> {
+    let mut cmd = Command::new("docker");
+    cmd.args(["ps", "-aq"]);
+    for f in filters {
+        cmd.arg("--filter").arg(f);
+    }
+    let out = cmd.output().expect("the docker CLI runs");
     assert!(out.status.success(), "docker ps failed: {out:?}");
     String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
@@ -94,14 +106,16 @@ pub fn remove_on_drop(tenant: &str) -> RemoveOnDrop {
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
-        remove_containers(&containers_of(&self.0));
+        remove_containers(&own_containers_of(&self.0));
     }
 }
 
-/// Wait for background removals, then check that nothing of `tenant` is left.
+/// Wait for background removals, then check that nothing `s` made for `tenant` is left
+/// (`s` is this process's: containers of other test processes with the same label do not
+/// count).
 pub async fn assert_clean(s: &DockerSandbox, tenant: &str) {
     s.drain().await;
-    let left = containers_of(tenant);
+    let left = own_containers_of(tenant);
     assert!(
         left.is_empty(),
         "containers left behind for {tenant}: {left:?}"
