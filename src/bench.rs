@@ -1,6 +1,7 @@
 //! `mcp-code-executor bench`: latency and throughput of the engine, measured in one run
-//! against a baseline measured in the same run (plain `docker run --rm`), so that the
-//! figures are ratios on the same noisy machine rather than absolute promises.
+//! against baselines measured in the same run (plain `docker run --rm`, and `docker run
+//! --rm` with the engine's hardening flags), so that the figures are ratios on the same
+//! noisy machine rather than absolute promises. Ratios are to the plain one.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -90,20 +91,64 @@ pub fn rss() -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-/// `docker run --rm` of the same code, through the CLI, as users compare against.
-async fn docker_run_once(image: &str) -> Result<Duration, String> {
+/// The `docker run` flags that give a container the engine's hardening (see `host_config`
+/// in [`crate::sandbox::docker`]) with the default [`Limits`].
+pub fn hardening_flags(runtime: Option<&str>) -> Vec<String> {
+    let l = Limits::default();
+    let tmpfs =
+        |path: &str, size: u64| format!("{path}:rw,nosuid,nodev,noexec,size={size},mode=1777");
+    let mut flags: Vec<String> = [
+        "--read-only",
+        "--network",
+        "none",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "--user",
+        "65534:65534",
+        "--log-driver",
+        "none",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    flags.extend([
+        "--tmpfs".into(),
+        tmpfs("/workspace", l.workspace_bytes),
+        "--tmpfs".into(),
+        tmpfs("/tmp", l.tmp_bytes),
+        "--pids-limit".into(),
+        l.pids.to_string(),
+        "--memory".into(),
+        l.memory_bytes.to_string(),
+        "--memory-swap".into(),
+        l.memory_bytes.to_string(),
+        "--cpus".into(),
+        l.cpus.to_string(),
+        "--ulimit".into(),
+        format!("nofile={0}:{0}", l.nofile),
+        "--shm-size".into(),
+        (16u64 << 20).to_string(),
+    ]);
+    if let Some(r) = runtime {
+        flags.extend(["--runtime".into(), r.to_string()]);
+    }
+    flags
+}
+
+/// `docker run --rm` of the same code, through the CLI, as users compare against: plain
+/// (`--network none` only), or with the engine's hardening flags.
+async fn docker_run_once(image: &str, hardening: Option<&[String]>) -> Result<Duration, String> {
     let t = Instant::now();
-    let out = tokio::process::Command::new("docker")
-        .args([
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            image,
-            "/usr/bin/python3",
-            "-c",
-            CODE,
-        ])
+    let mut cmd = tokio::process::Command::new("docker");
+    cmd.args(["run", "--rm"]);
+    match hardening {
+        Some(flags) => cmd.args(flags),
+        None => cmd.args(["--network", "none"]),
+    };
+    let out = cmd
+        .args([image, "/usr/bin/python3", "-c", CODE])
         .output()
         .await
         .map_err(|e| format!("cannot run the docker CLI: {e}"))?;
@@ -186,13 +231,30 @@ pub async fn engine(opts: &BenchOptions) -> Result<Option<Stats>, String> {
     println!("| --- | --- | --- | --- | --- | --- |");
 
     let mut base = Vec::new();
-    docker_run_once(&opts.image).await?; // warm-up
+    docker_run_once(&opts.image, None).await?; // warm-up
     for _ in 0..opts.samples {
-        base.push(docker_run_once(&opts.image).await?);
+        base.push(docker_run_once(&opts.image, None).await?);
     }
     let baseline = Stats::of(base);
     if let Some(b) = &baseline {
         println!("{}", latency_row("`docker run --rm` (CLI)", b, None));
+    }
+    // The same with the engine's hardening, so that the engine is seen against both.
+    let flags = hardening_flags(opts.runtime.as_deref());
+    let mut hardened = Vec::new();
+    docker_run_once(&opts.image, Some(&flags)).await?; // warm-up
+    for _ in 0..opts.samples {
+        hardened.push(docker_run_once(&opts.image, Some(&flags)).await?);
+    }
+    if let Some(h) = Stats::of(hardened) {
+        println!(
+            "{}",
+            latency_row(
+                "`docker run --rm` (CLI) with the engine's hardening flags",
+                &h,
+                baseline.as_ref()
+            )
+        );
     }
 
     let cfg = |pool_size| DockerConfig {
@@ -417,5 +479,37 @@ mod tests {
         assert!(Stats::of(vec![]).is_none());
         let row = latency_row("x", &s, Some(&s));
         assert!(row.ends_with("| 1.000 |"), "{row}");
+    }
+
+    #[test]
+    fn the_hardened_baseline_has_every_flag() {
+        let f = hardening_flags(None).join(" ");
+        let l = Limits::default();
+        for flag in [
+            "--read-only".to_string(),
+            "--network none".into(),
+            "--cap-drop ALL".into(),
+            "--security-opt no-new-privileges".into(),
+            "--user 65534:65534".into(),
+            "--log-driver none".into(),
+            format!("--pids-limit {}", l.pids),
+            format!("--memory {0} --memory-swap {0}", l.memory_bytes),
+            format!("--cpus {}", l.cpus),
+            format!("--ulimit nofile={0}:{0}", l.nofile),
+            format!(
+                "--tmpfs /workspace:rw,nosuid,nodev,noexec,size={},mode=1777",
+                l.workspace_bytes
+            ),
+            format!(
+                "--tmpfs /tmp:rw,nosuid,nodev,noexec,size={},mode=1777",
+                l.tmp_bytes
+            ),
+        ] {
+            assert!(f.contains(&flag), "{flag} missing in {f}");
+        }
+        assert!(!f.contains("--runtime"));
+        assert!(hardening_flags(Some("crun"))
+            .join(" ")
+            .ends_with("--runtime crun"));
     }
 }

@@ -42,18 +42,108 @@ impl Report {
 
 const PIDS_FOR_TEST: i64 = 32;
 
+/// The limits the probe runs with. The CPU quota and `nofile` are values no host uses by
+/// default, so a limit the backend forgot to apply cannot pass by coincidence; the memory is
+/// the bombs' 128 MiB, so that the swap limit can be compared with it.
+fn probe_limits() -> Limits {
+    Limits {
+        timeout: Duration::from_secs(20),
+        memory_bytes: 128 << 20,
+        cpus: 0.5,
+        pids: PIDS_FOR_TEST,
+        nofile: 200,
+        ..Limits::default()
+    }
+}
+
+/// What the probe reports: facts only, judged in [`evaluate`].
 const PROBE: &str = r#"
-import json, os, errno
-def rofs():
+import errno, json, os, resource, socket, stat
+
+def read(p):
     try:
-        open("/usr/lib/mcp-doctor-probe", "w")
-        return "wrote to the root filesystem"
+        with open(p) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+def status():
+    s = {}
+    for line in open("/proc/self/status"):
+        k, _, v = line.partition(":")
+        s[k] = v.strip()
+    return {k: s.get(k) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp")}
+
+def try_create(d):
+    try:
+        fd = os.open(os.path.join(d, "mcp-doctor-probe"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as e:
-        return "ok" if e.errno in (errno.EROFS, errno.EACCES) else str(e)
-ifaces = sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:])
-routes = open("/proc/net/route").read().strip().splitlines()[1:]
-caps = [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0]
-print(json.dumps({"uid": os.getuid(), "rofs": rofs(), "ifaces": ifaces, "routes": len(routes), "caps": caps}))
+        return errno.errorcode.get(e.errno, str(e.errno))
+    os.close(fd)
+    os.unlink(os.path.join(d, "mcp-doctor-probe"))
+    return "created"
+
+def rofs():
+    # A world-writable directory on the root filesystem itself (not a tmpfs): only a
+    # read-only root refuses a write there, and then with EROFS, not EACCES.
+    root = os.stat("/").st_dev
+    for d in ("/var/tmp", "/run/lock", "/var/lock"):
+        try:
+            st = os.stat(d)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_dev == root and st.st_mode & 0o1777 == 0o1777:
+            return {"dir": d, "mode": oct(st.st_mode & 0o7777), "result": try_create(d)}
+    return {"dir": None}
+
+def cpu():
+    v2 = read("/sys/fs/cgroup/cpu.max")
+    if v2 is not None:
+        q, p = v2.split()
+        return {"source": "/sys/fs/cgroup/cpu.max", "quota": None if q == "max" else int(q), "period": int(p)}
+    for d in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"):
+        q, p = read(d + "/cpu.cfs_quota_us"), read(d + "/cpu.cfs_period_us")
+        if q is not None and p is not None:
+            return {"source": d + "/cpu.cfs_quota_us", "quota": None if int(q) < 0 else int(q), "period": int(p)}
+    return {"source": None}
+
+def memory():
+    swap_total = None
+    for line in open("/proc/meminfo"):
+        if line.startswith("SwapTotal:"):
+            swap_total = int(line.split()[1]) * 1024
+    v2 = read("/sys/fs/cgroup/memory.max")
+    if v2 is not None:
+        return {"cgroup": 2, "limit": v2, "swap": read("/sys/fs/cgroup/memory.swap.max"), "host_swap": swap_total}
+    d = "/sys/fs/cgroup/memory/"
+    return {"cgroup": 1, "limit": read(d + "memory.limit_in_bytes"), "swap": read(d + "memory.memsw.limit_in_bytes"), "host_swap": swap_total}
+
+def connect(host, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(3)
+    try:
+        s.connect((host, port))
+        return "connected"
+    except socket.timeout:
+        return "timed out"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+    finally:
+        s.close()
+
+print(json.dumps({
+    "uid": os.getuid(),
+    "gid": os.getgid(),
+    "rofs": rofs(),
+    "rofs_root_owned": {d: try_create(d) for d in ("/", "/etc", "/usr/lib")},
+    "status": status(),
+    "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
+    "cpu": cpu(),
+    "memory": memory(),
+    "ifaces": sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:]),
+    "routes": len(open("/proc/net/route").read().strip().splitlines()[1:]),
+    "connect": {"169.254.169.254:80": connect("169.254.169.254", 80), "1.1.1.1:53": connect("1.1.1.1", 53)},
+}))
 "#;
 
 const MEMORY_BOMB: &str = "s = 'x' * (1 << 30)\nprint(len(s))\n";
@@ -114,8 +204,9 @@ pub async fn diagnose(sandbox: &dyn Sandbox) -> Report {
         pids: PIDS_FOR_TEST,
         ..Limits::default()
     };
+    let limits = probe_limits();
     let (probe, oom, fork) = tokio::join!(
-        sandbox.run(JobSpec::python(PROBE, small.clone()), None),
+        sandbox.run(JobSpec::python(PROBE, limits.clone()), None),
         sandbox.run(JobSpec::python(MEMORY_BOMB, small.clone()), None),
         sandbox.run(JobSpec::python(FORK_BOMB, small.clone()), None),
     );
@@ -124,37 +215,12 @@ pub async fn diagnose(sandbox: &dyn Sandbox) -> Report {
         Ok(o) if o.success() => {
             let v: serde_json::Value =
                 serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
-            let uid = v["uid"].as_i64().unwrap_or(0);
             checks.push(Check {
                 name: "python runs",
                 ok: true,
                 detail: format!("in {} ms", o.duration_ms),
             });
-            checks.push(Check {
-                name: "non-root uid",
-                ok: uid != 0,
-                detail: format!("uid {uid}"),
-            });
-            checks.push(Check {
-                name: "read-only root",
-                ok: v["rofs"] == "ok",
-                detail: v["rofs"]
-                    .as_str()
-                    .unwrap_or("?")
-                    .replace("ok", "writes refused"),
-            });
-            let only_lo = v["ifaces"] == serde_json::json!(["lo"]) && v["routes"] == 0;
-            checks.push(Check {
-                name: "network unreachable",
-                ok: only_lo,
-                detail: format!("interfaces {}, routes {}", v["ifaces"], v["routes"]),
-            });
-            let caps = v["caps"].as_str().unwrap_or("?");
-            checks.push(Check {
-                name: "no capabilities",
-                ok: caps.trim_start_matches('0').is_empty(),
-                detail: format!("CapEff {caps}"),
-            });
+            checks.extend(evaluate(&v, &limits));
         }
         other => checks.push(Check {
             name: "python runs",
@@ -192,9 +258,316 @@ pub async fn diagnose(sandbox: &dyn Sandbox) -> Report {
     Report { checks }
 }
 
+/// Judge the probe's report against the limits it ran with. Each check is one a sandbox
+/// without the matching piece of hardening fails.
+fn evaluate(v: &serde_json::Value, l: &Limits) -> Vec<Check> {
+    use serde_json::Value;
+    let mut checks = Vec::new();
+    let text = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "?".to_string(),
+        v => v.to_string(),
+    };
+
+    let (uid, gid) = (v["uid"].as_i64(), v["gid"].as_i64());
+    checks.push(Check {
+        name: "non-root uid",
+        ok: uid.is_some_and(|u| u != 0) && gid.is_some_and(|g| g != 0),
+        detail: format!("uid {}, gid {}", text(&v["uid"]), text(&v["gid"])),
+    });
+
+    // EROFS, not just any error: a non-root uid gets EACCES in root-owned directories of a
+    // writable root too, and in a world-writable directory the write would succeed.
+    let r = &v["rofs"];
+    let root_owned = v["rofs_root_owned"].as_object();
+    let all_erofs = root_owned.is_some_and(|m| !m.is_empty() && m.values().all(|e| e == "EROFS"));
+    checks.push(Check {
+        name: "read-only root",
+        ok: r["dir"].is_string() && r["result"] == "EROFS" && all_erofs,
+        detail: match r["dir"].as_str() {
+            None => "no world-writable directory on the root filesystem to test with \
+                     (the image needs one, e.g. /var/tmp mode 1777)"
+                .to_string(),
+            Some(d) => format!(
+                "creating a file in {d} (mode {}, root filesystem): {}; in {}",
+                text(&r["mode"]),
+                text(&r["result"]),
+                root_owned
+                    .map(|m| m
+                        .iter()
+                        .map(|(k, e)| format!("{k}: {}", text(e)))
+                        .collect::<Vec<_>>()
+                        .join(", "))
+                    .unwrap_or_else(|| "?".into())
+            ),
+        },
+    });
+
+    let status = &v["status"];
+    let zero = |k: &str| {
+        status[k]
+            .as_str()
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+            == Some(0)
+    };
+    // CapBnd is the telling one: CapEff is 0 for any non-root uid whatever was dropped,
+    // the bounding set is empty only when `cap_drop ALL` applied.
+    checks.push(Check {
+        name: "no capabilities",
+        ok: ["CapBnd", "CapEff", "CapPrm", "CapAmb", "CapInh"]
+            .iter()
+            .all(|k| zero(k)),
+        detail: format!(
+            "CapBnd {} CapEff {} CapPrm {} CapAmb {}",
+            text(&status["CapBnd"]),
+            text(&status["CapEff"]),
+            text(&status["CapPrm"]),
+            text(&status["CapAmb"])
+        ),
+    });
+    checks.push(Check {
+        name: "no-new-privileges",
+        ok: status["NoNewPrivs"] == "1",
+        detail: format!("NoNewPrivs {}", text(&status["NoNewPrivs"])),
+    });
+    checks.push(Check {
+        name: "seccomp filter",
+        ok: status["Seccomp"] == "2",
+        detail: format!("Seccomp {} (2: filtering)", text(&status["Seccomp"])),
+    });
+
+    let only_lo = v["ifaces"] == serde_json::json!(["lo"]) && v["routes"] == 0;
+    checks.push(Check {
+        name: "network unreachable",
+        ok: only_lo,
+        detail: format!("interfaces {}, routes {}", v["ifaces"], v["routes"]),
+    });
+    // ENETUNREACH, not a timeout: a timeout only says nothing answered in time.
+    let connects = v["connect"].as_object();
+    checks.push(Check {
+        name: "no outbound connections",
+        ok: connects.is_some_and(|m| !m.is_empty() && m.values().all(|e| e == "ENETUNREACH")),
+        detail: connects
+            .map(|m| {
+                m.iter()
+                    .map(|(k, e)| format!("{k}: {}", text(e)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_else(|| "?".into()),
+    });
+
+    let nofile = [v["nofile"][0].as_u64(), v["nofile"][1].as_u64()];
+    checks.push(Check {
+        name: "nofile limit",
+        ok: nofile == [Some(l.nofile), Some(l.nofile)],
+        detail: format!(
+            "RLIMIT_NOFILE {}/{} (configured {})",
+            text(&v["nofile"][0]),
+            text(&v["nofile"][1]),
+            l.nofile
+        ),
+    });
+
+    let cpu = &v["cpu"];
+    let cores = match (cpu["quota"].as_f64(), cpu["period"].as_f64()) {
+        (Some(q), Some(p)) if p > 0.0 => Some(q / p),
+        _ => None,
+    };
+    checks.push(Check {
+        name: "cpu quota",
+        ok: cores.is_some_and(|c| (c - l.cpus).abs() < 0.01),
+        detail: match (cpu["source"].as_str(), cores) {
+            (None, _) => "no CPU controller readable in the sandbox".to_string(),
+            (Some(src), None) => format!("{src}: no quota (configured {} cores)", l.cpus),
+            (Some(src), Some(c)) => format!(
+                "{src}: {} / {} = {c} cores (configured {})",
+                text(&cpu["quota"]),
+                text(&cpu["period"]),
+                l.cpus
+            ),
+        },
+    });
+    checks.push(swap_check(&v["memory"], l.memory_bytes));
+    checks
+}
+
+/// Memory with no swap on top: memory.memsw.limit_in_bytes equal to the memory limit (cgroup
+/// v1) or memory.swap.max 0 (v2). Where neither is readable (swap accounting off), only a
+/// host without swap passes, and the memory bomb check is all that covers memory.
+fn swap_check(m: &serde_json::Value, memory: u64) -> Check {
+    let name = "no swap beyond memory";
+    let limit = m["limit"].as_str().and_then(|s| s.parse::<u64>().ok());
+    let swap = m["swap"].as_str();
+    let host_swap = m["host_swap"].as_u64();
+    match (m["cgroup"].as_u64(), swap) {
+        (Some(1), Some(s)) => Check {
+            name,
+            ok: limit == Some(memory) && s.parse::<u64>().ok() == Some(memory),
+            detail: format!(
+                "cgroup v1: memory.limit_in_bytes {}, memory.memsw.limit_in_bytes {s} (configured {memory})",
+                limit.map(|l| l.to_string()).unwrap_or_else(|| "?".into())
+            ),
+        },
+        (Some(2), Some(s)) => Check {
+            name,
+            ok: limit == Some(memory) && s == "0",
+            detail: format!(
+                "cgroup v2: memory.max {}, memory.swap.max {s} (configured {memory}, swap 0)",
+                limit.map(|l| l.to_string()).unwrap_or_else(|| "?".into())
+            ),
+        },
+        _ => Check {
+            name,
+            ok: host_swap == Some(0) && limit == Some(memory),
+            detail: format!(
+                "the swap limit is not readable in the sandbox (swap accounting off?); host swap {} bytes: {}",
+                host_swap.map(|s| s.to_string()).unwrap_or_else(|| "?".into()),
+                if host_swap == Some(0) {
+                    "none to use; only the memory bomb check covers memory"
+                } else {
+                    "the sandbox may swap beyond its memory limit (enable swap accounting: swapaccount=1 or cgroup v2)"
+                }
+            ),
+        },
+    }
+}
+
 fn describe(r: Result<crate::job::Outcome, crate::sandbox::SandboxError>) -> String {
     match r {
         Ok(o) => format!("{}: {}", o.status_line(), o.stderr_text().trim()),
         Err(e) => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    /// What the probe printed in a correctly hardened sandbox on this project's CI host.
+    fn healthy() -> Value {
+        json!({
+            "uid": 65534, "gid": 65534,
+            "rofs": {"dir": "/var/tmp", "mode": "0o1777", "result": "EROFS"},
+            "rofs_root_owned": {"/": "EROFS", "/etc": "EROFS", "/usr/lib": "EROFS"},
+            "status": {"CapInh": "0000000000000000", "CapPrm": "0000000000000000",
+                       "CapEff": "0000000000000000", "CapBnd": "0000000000000000",
+                       "CapAmb": "0000000000000000", "NoNewPrivs": "1", "Seccomp": "2"},
+            "nofile": [200, 200],
+            "cpu": {"source": "/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "quota": 50000, "period": 100000},
+            "memory": {"cgroup": 1, "limit": "134217728", "swap": "134217728", "host_swap": 0},
+            "ifaces": ["lo"], "routes": 0,
+            "connect": {"169.254.169.254:80": "ENETUNREACH", "1.1.1.1:53": "ENETUNREACH"},
+        })
+    }
+
+    fn failing(v: &Value) -> Vec<&'static str> {
+        evaluate(v, &probe_limits())
+            .into_iter()
+            .filter(|c| !c.ok)
+            .map(|c| c.name)
+            .collect()
+    }
+
+    #[test]
+    fn a_hardened_sandbox_passes_every_check() {
+        assert_eq!(failing(&healthy()), Vec::<&str>::new());
+    }
+
+    /// What each missing piece of hardening looks like from inside, and the one check it
+    /// must fail.
+    #[test]
+    fn each_missing_hardening_fails_its_check() {
+        let cases: &[(&str, &str, Value, &str)] = &[
+            ("/uid", "", json!(0), "non-root uid"),
+            ("/rofs", "result", json!("created"), "read-only root"),
+            // A writable root refuses a non-root uid in root-owned directories too, but
+            // with EACCES.
+            (
+                "/rofs_root_owned",
+                "/etc",
+                json!("EACCES"),
+                "read-only root",
+            ),
+            ("/rofs", "dir", Value::Null, "read-only root"),
+            // cap_drop missing, non-root uid: CapEff is 0 anyway, the bounding set is not.
+            (
+                "/status",
+                "CapBnd",
+                json!("00000000a80425fb"),
+                "no capabilities",
+            ),
+            (
+                "/status",
+                "CapAmb",
+                json!("0000000000000400"),
+                "no capabilities",
+            ),
+            ("/status", "NoNewPrivs", json!("0"), "no-new-privileges"),
+            ("/status", "Seccomp", json!("0"), "seccomp filter"),
+            ("", "ifaces", json!(["eth0", "lo"]), "network unreachable"),
+            (
+                "/connect",
+                "1.1.1.1:53",
+                json!("timed out"),
+                "no outbound connections",
+            ),
+            (
+                "/connect",
+                "169.254.169.254:80",
+                json!("connected"),
+                "no outbound connections",
+            ),
+            ("", "nofile", json!([1048576, 1048576]), "nofile limit"),
+            ("/cpu", "quota", Value::Null, "cpu quota"),
+            ("/cpu", "quota", json!(100000), "cpu quota"),
+            // memory_swap unset: Docker gives twice the memory.
+            (
+                "/memory",
+                "swap",
+                json!("268435456"),
+                "no swap beyond memory",
+            ),
+            (
+                "/memory",
+                "limit",
+                json!("9223372036854771712"),
+                "no swap beyond memory",
+            ),
+        ];
+        for (at, key, value, check) in cases {
+            let mut v = healthy();
+            let target = v.pointer_mut(at).unwrap();
+            if key.is_empty() {
+                *target = value.clone();
+            } else {
+                target[*key] = value.clone();
+            }
+            assert_eq!(failing(&v), vec![*check], "{at}/{key} = {value}");
+        }
+    }
+
+    #[test]
+    fn swap_on_cgroup_v2_and_where_unreadable() {
+        let mem = 128 << 20;
+        let v2 = |swap: &str| json!({"cgroup": 2, "limit": "134217728", "swap": swap, "host_swap": 1 << 30});
+        assert!(swap_check(&v2("0"), mem).ok);
+        assert!(!swap_check(&v2("max"), mem).ok);
+        let unreadable = |host_swap: u64| json!({"cgroup": 1, "limit": "134217728", "swap": null, "host_swap": host_swap});
+        assert!(swap_check(&unreadable(0), mem).ok);
+        let c = swap_check(&unreadable(1 << 30), mem);
+        assert!(
+            !c.ok && c.detail.contains("swap accounting"),
+            "{}",
+            c.detail
+        );
+    }
+
+    #[test]
+    fn the_probe_limits_are_not_common_defaults() {
+        let l = probe_limits();
+        assert!(![1024, 4096, 65536, 524288, 1048576].contains(&l.nofile));
+        assert!(l.cpus < 1.0, "a quota below one core exists on every host");
     }
 }

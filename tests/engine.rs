@@ -5,13 +5,22 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{assert_clean, containers_of, docker_disk_free, limits, run, sandbox};
+use std::process::Command;
+
+use common::{
+    assert_clean, docker_disk_free, limits, own_containers_of, owner_id, owner_of,
+    remove_containers, remove_on_drop, run, sandbox,
+};
 use mcp_code_executor::job::{InputFile, JobSpec, Limits, RunEvent, StreamKind};
-use mcp_code_executor::sandbox::docker::{DockerConfig, DockerSandbox};
+use mcp_code_executor::sandbox::docker::{
+    DockerConfig, DockerSandbox, LABEL_JOB, LABEL_MANAGED, LABEL_OWNER, LABEL_TENANT,
+};
+use mcp_code_executor::sandbox::image;
 use mcp_code_executor::sandbox::{Sandbox, SandboxError};
 
 #[tokio::test]
 async fn hello_world_with_usage_figures() {
+    let _clean = remove_on_drop("t-hello");
     let s = sandbox().await;
     let o = run(&s, "t-hello", "print('hello')", limits()).await;
     assert_eq!(o.stdout_text(), "hello\n");
@@ -24,6 +33,7 @@ async fn hello_world_with_usage_figures() {
 
 #[tokio::test]
 async fn stdout_and_stderr_are_kept_apart_and_exit_codes_pass_through() {
+    let _clean = remove_on_drop("t-streams");
     let s = sandbox().await;
     let code = "import sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.exit(3)\n";
     let o = run(&s, "t-streams", code, limits()).await;
@@ -41,6 +51,7 @@ async fn stdout_and_stderr_are_kept_apart_and_exit_codes_pass_through() {
 
 #[tokio::test]
 async fn sleep_and_busy_loop_stop_at_the_deadline() {
+    let _clean = remove_on_drop("t-deadline");
     let s = sandbox().await;
     let short = Limits {
         timeout: Duration::from_secs(2),
@@ -66,6 +77,7 @@ async fn sleep_and_busy_loop_stop_at_the_deadline() {
 
 #[tokio::test]
 async fn memory_bomb_is_reported_as_oom_killed() {
+    let _clean = remove_on_drop("t-oom");
     let s = sandbox().await;
     let l = Limits {
         memory_bytes: 64 << 20,
@@ -81,6 +93,7 @@ async fn memory_bomb_is_reported_as_oom_killed() {
 
 #[tokio::test]
 async fn fork_bomb_is_contained_by_the_pids_limit() {
+    let _clean = remove_on_drop("t-fork");
     let s = sandbox().await;
     let l = Limits {
         pids: 32,
@@ -114,6 +127,7 @@ except OSError as e:
 
 #[tokio::test]
 async fn output_flood_is_cut_at_the_cap_without_touching_host_disk() {
+    let _clean = remove_on_drop("t-flood");
     let s = sandbox().await;
     let l = Limits {
         output_bytes: 1 << 20,
@@ -168,6 +182,7 @@ async fn output_flood_is_cut_at_the_cap_without_touching_host_disk() {
 
 #[tokio::test]
 async fn filling_the_workspace_stops_at_its_size() {
+    let _clean = remove_on_drop("t-fill");
     let s = sandbox().await;
     let l = Limits {
         workspace_bytes: 8 << 20,
@@ -188,57 +203,161 @@ async fn filling_the_workspace_stops_at_its_size() {
 
 #[tokio::test]
 async fn network_is_unreachable_even_to_the_hosts_loopback() {
+    let _clean = remove_on_drop("t-net");
     let s = sandbox().await;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
+    // Refused or unreachable at once: a timeout would only say that nothing answered yet.
     let code = format!(
         r#"
-import socket
+import errno, socket
 ifaces = sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:])
 print(ifaces)
-try:
-    socket.create_connection(('127.0.0.1', {port}), timeout=3)
-    print('connected')
-except OSError as e:
-    print('refused', type(e).__name__)
+for host, port in [('127.0.0.1', {port}), ('169.254.169.254', 80), ('1.1.1.1', 53)]:
+    s = socket.socket()
+    s.settimeout(3)
+    try:
+        s.connect((host, port))
+        print(host, 'connected')
+    except socket.timeout:
+        print(host, 'timed out')
+    except OSError as e:
+        print(host, errno.errorcode.get(e.errno, e.errno))
 "#
     );
     let o = run(&s, "t-net", &code, limits()).await;
     let out = o.stdout_text();
     assert!(out.contains("['lo']"), "{out}");
-    assert!(out.contains("refused ConnectionRefusedError"), "{out}");
+    assert!(out.contains("127.0.0.1 ECONNREFUSED"), "{out}");
+    assert!(out.contains("169.254.169.254 ENETUNREACH"), "{out}");
+    assert!(out.contains("1.1.1.1 ENETUNREACH"), "{out}");
     assert!(listener.accept().is_err(), "nothing reached the host");
     assert_clean(&s, "t-net").await;
 }
 
 #[tokio::test]
-async fn only_the_workspace_and_tmp_are_writable_and_the_user_is_unprivileged() {
+async fn the_root_is_read_only_even_where_anyone_may_write() {
+    let _clean = remove_on_drop("t-rofs");
     let s = sandbox().await;
+    // /var/tmp is mode 1777 on the image's root filesystem (no tmpfs over it): only a
+    // read-only root refuses a write there. Everywhere the refusal must be EROFS: a
+    // writable root gives a non-root uid EACCES in root-owned directories too.
     let code = r#"
-import os
-for p in ['/etc/x', '/usr/lib/x', '/opt/mcp-code-executor/x', '/root/x', '/x']:
+import errno, os
+st = os.stat('/var/tmp')
+print('var-tmp', oct(st.st_mode & 0o7777), 'root-fs' if st.st_dev == os.stat('/').st_dev else 'other-fs')
+for p in ['/var/tmp/x', '/etc/x', '/usr/lib/x', '/opt/mcp-code-executor/x', '/root/x', '/x']:
     try:
         open(p, 'w'); print('WROTE', p)
     except OSError as e:
-        print('refused', p, e.errno)
+        print('refused', p, errno.errorcode.get(e.errno, e.errno))
 for p in ['/workspace/ok', '/tmp/ok']:
     open(p, 'w').write('fine'); print('wrote', p)
-print('uid', os.getuid())
-print([l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')][0])
+print('uid', os.getuid(), 'gid', os.getgid())
 "#;
     let o = run(&s, "t-rofs", code, limits()).await;
     let out = o.stdout_text();
+    assert!(out.contains("var-tmp 0o1777 root-fs"), "{out}");
     assert!(!out.contains("WROTE"), "{out}");
-    assert_eq!(out.matches("refused").count(), 5, "{out}");
+    assert_eq!(out.matches(" EROFS\n").count(), 6, "{out}");
     assert!(out.contains("wrote /workspace/ok") && out.contains("wrote /tmp/ok"));
-    assert!(out.contains("uid 65534"), "{out}");
-    assert!(out.contains("0000000000000000"), "no capabilities: {out}");
+    assert!(out.contains("uid 65534 gid 65534"), "{out}");
     assert_clean(&s, "t-rofs").await;
 }
 
 #[tokio::test]
+async fn no_capabilities_no_new_privileges_and_seccomp() {
+    let _clean = remove_on_drop("t-caps");
+    let s = sandbox().await;
+    let code = r#"
+for line in open('/proc/self/status'):
+    k, _, v = line.partition(':')
+    if k.startswith('Cap') or k in ('NoNewPrivs', 'Seccomp'):
+        print(k, v.strip())
+"#;
+    let o = run(&s, "t-caps", code, limits()).await;
+    let out = o.stdout_text();
+    // CapEff is 0 for any non-root uid; the bounding set is empty only with cap_drop ALL.
+    for cap in ["CapBnd", "CapEff", "CapPrm", "CapAmb", "CapInh"] {
+        assert!(
+            out.contains(&format!("{cap} 0000000000000000\n")),
+            "{cap}: {out}"
+        );
+    }
+    assert!(out.contains("NoNewPrivs 1\n"), "{out}");
+    assert!(out.contains("Seccomp 2\n"), "{out}");
+    assert_clean(&s, "t-caps").await;
+}
+
+#[tokio::test]
+async fn nofile_cpu_and_swap_limits_are_the_configured_ones() {
+    let _clean = remove_on_drop("t-limits");
+    let s = sandbox().await;
+    // Values no host has by default, so that a limit not applied cannot pass.
+    let l = Limits {
+        nofile: 200,
+        cpus: 0.5,
+        memory_bytes: 96 << 20,
+        ..limits()
+    };
+    let code = r#"
+import resource
+def read(p):
+    try:
+        return open(p).read().strip()
+    except OSError:
+        return None
+print('nofile', *resource.getrlimit(resource.RLIMIT_NOFILE))
+v2 = read('/sys/fs/cgroup/cpu.max')
+if v2 is not None:
+    q, p = v2.split()
+    print('cpu', q, p)
+    print('memory', read('/sys/fs/cgroup/memory.max'))
+    print('swap-v2', read('/sys/fs/cgroup/memory.swap.max'))
+else:
+    for d in ('/sys/fs/cgroup/cpu', '/sys/fs/cgroup/cpu,cpuacct'):
+        q = read(d + '/cpu.cfs_quota_us')
+        if q is not None:
+            print('cpu', q, read(d + '/cpu.cfs_period_us'))
+            break
+    print('memory', read('/sys/fs/cgroup/memory/memory.limit_in_bytes'))
+    print('swap-v1', read('/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes'))
+print('host-swap', [l.split()[1] for l in open('/proc/meminfo') if l.startswith('SwapTotal')][0])
+"#;
+    let o = run(&s, "t-limits", code, l).await;
+    let out = o.stdout_text();
+    let field = |k: &str| -> Vec<String> {
+        out.lines()
+            .find_map(|line| line.strip_prefix(&format!("{k} ")))
+            .unwrap_or_else(|| panic!("no {k} in {out}"))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(field("nofile"), ["200", "200"], "{out}");
+    let cpu = field("cpu");
+    let (quota, period): (f64, f64) = (cpu[0].parse().unwrap_or(-1.0), cpu[1].parse().unwrap());
+    assert!((quota / period - 0.5).abs() < 0.01, "cpu quota: {out}");
+    let memory = (96u64 << 20).to_string();
+    assert_eq!(field("memory"), [memory.as_str()], "{out}");
+    // No swap on top of the memory: memsw equal to it (v1), swap.max 0 (v2). Where the
+    // kernel has no swap accounting neither is readable; then only a host without swap
+    // passes (the OOM test covers the memory itself).
+    match (
+        out.lines().find_map(|l| l.strip_prefix("swap-v1 ")),
+        out.lines().find_map(|l| l.strip_prefix("swap-v2 ")),
+    ) {
+        (Some(v1), _) if v1 != "None" => assert_eq!(v1, memory, "memsw: {out}"),
+        (_, Some(v2)) if v2 != "None" => assert_eq!(v2, "0", "swap.max: {out}"),
+        _ => assert_eq!(field("host-swap"), ["0"], "swap not limited: {out}"),
+    }
+    assert_clean(&s, "t-limits").await;
+}
+
+#[tokio::test]
 async fn a_one_mebibyte_source_and_several_input_files() {
+    let _clean = remove_on_drop("t-big");
     let s = sandbox().await;
     let mut code = String::from("x = 0\n");
     while code.len() < (1 << 20) {
@@ -269,6 +388,7 @@ async fn a_one_mebibyte_source_and_several_input_files() {
 
 #[tokio::test]
 async fn unicode_and_invalid_utf8_come_back_byte_for_byte() {
+    let _clean = remove_on_drop("t-utf8");
     let s = sandbox().await;
     let code = "import sys\nprint('héllo ✓ 日本')\nsys.stdout.flush()\nsys.stdout.buffer.write(b'\\xff\\xfe\\n')\n";
     let o = run(&s, "t-utf8", code, limits()).await;
@@ -281,6 +401,7 @@ async fn unicode_and_invalid_utf8_come_back_byte_for_byte() {
 
 #[tokio::test]
 async fn eight_runs_at_once() {
+    let _clean = remove_on_drop("t-eight");
     let s = sandbox().await;
     let runs = (0..8).map(|i| {
         let s = s.clone();
@@ -295,6 +416,7 @@ async fn eight_runs_at_once() {
 
 #[tokio::test]
 async fn a_cancelled_run_leaves_no_container() {
+    let _clean = remove_on_drop("t-cancel");
     let s = sandbox().await;
     let mut job = JobSpec::python(
         "import time\nprint('up', flush=True)\ntime.sleep(600)",
@@ -310,7 +432,7 @@ async fn a_cancelled_run_leaves_no_container() {
             break;
         }
     }
-    assert_eq!(containers_of("t-cancel").len(), 1);
+    assert_eq!(own_containers_of("t-cancel").len(), 1);
     handle.abort();
     let _ = handle.await;
     assert_clean(&s, "t-cancel").await;
@@ -333,6 +455,7 @@ async fn a_missing_image_is_an_infrastructure_error_with_a_hint() {
 
 #[tokio::test]
 async fn bad_paths_are_refused_before_any_container_exists() {
+    let _clean = remove_on_drop("t-paths");
     let s = sandbox().await;
     let mut job = JobSpec::python("print(1)", limits());
     job.tenant = "t-paths".into();
@@ -342,11 +465,12 @@ async fn bad_paths_are_refused_before_any_container_exists() {
     });
     let err = s.run(job, None).await.unwrap_err();
     assert!(matches!(err, SandboxError::Rejected(_)), "{err:?}");
-    assert!(containers_of("t-paths").is_empty());
+    assert!(own_containers_of("t-paths").is_empty());
 }
 
 #[tokio::test]
 async fn input_larger_than_the_workspace_is_refused_with_a_reason() {
+    let _clean = remove_on_drop("t-toobig");
     let s = sandbox().await;
     let l = Limits {
         workspace_bytes: 1 << 20,
@@ -373,6 +497,7 @@ fn png_size(data: &[u8]) -> (u32, u32) {
 
 #[tokio::test]
 async fn matplotlib_figures_come_back_as_pngs() {
+    let _clean = remove_on_drop("t-figs");
     let s = sandbox().await;
     let code = r#"
 import matplotlib.pyplot as plt
@@ -407,6 +532,7 @@ print('left one open')
 
 #[tokio::test]
 async fn files_the_code_writes_in_the_workspace_come_back_when_asked() {
+    let _clean = remove_on_drop("t-files");
     let s = sandbox().await;
     let mut job = JobSpec::python(
         "import os\nopen('out.csv', 'w').write('a,b\\n1,2\\n')\nos.makedirs('sub', exist_ok=True)\nopen('sub/x.bin', 'wb').write(bytes(range(256)))\nopen('/tmp/not-returned', 'w').write('tmp')\nos.symlink('/etc/passwd', 'link')\nprint(open('given.txt').read())\n",
@@ -437,6 +563,7 @@ async fn files_the_code_writes_in_the_workspace_come_back_when_asked() {
 
 #[tokio::test]
 async fn the_code_cannot_signal_or_read_the_runner() {
+    let _clean = remove_on_drop("t-pid1");
     let s = sandbox().await;
     let code = r#"
 import os, signal
@@ -460,4 +587,116 @@ print('still here')
     assert!(!out.contains("READ"), "{out}");
     assert_eq!(out.matches("refused /proc/1").count(), 3, "{out}");
     assert_clean(&s, "t-pid1").await;
+}
+
+/// A socket path where no daemon listens.
+const NO_DAEMON: &str = "unix:///nonexistent/mcpx-test/docker.sock";
+
+/// Runs in a child process (see the next test) with `DOCKER_HOST` pointing at nothing: the
+/// environment is shared by the tests running at once in this one.
+#[tokio::test]
+#[ignore = "run in a child process with DOCKER_HOST set by an_unreachable_daemon_is_an_infrastructure_error_that_says_what_to_do"]
+async fn connect_through_docker_host() {
+    assert_eq!(
+        std::env::var("DOCKER_HOST").as_deref(),
+        Ok(NO_DAEMON),
+        "only meaningful in the child process the other test starts"
+    );
+    let err = match DockerSandbox::connect(DockerConfig::new(image::default_image())).await {
+        Err(e) => e,
+        Ok(_) => panic!("connected through {NO_DAEMON}"),
+    };
+    assert!(
+        matches!(err, SandboxError::DaemonUnreachable { .. }),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(msg.contains("cannot reach the Docker daemon"), "{msg}");
+    assert!(
+        msg.contains("Start it") && msg.contains("DOCKER_HOST"),
+        "says what to do: {msg}"
+    );
+}
+
+#[test]
+fn an_unreachable_daemon_is_an_infrastructure_error_that_says_what_to_do() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "connect_through_docker_host",
+            "--test-threads=1",
+        ])
+        .env("DOCKER_HOST", NO_DAEMON)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Removes the listed containers when dropped (also when the test fails).
+struct RemoveIds(Vec<String>);
+
+impl Drop for RemoveIds {
+    fn drop(&mut self) {
+        remove_containers(&self.0);
+    }
+}
+
+/// Make a stopped container from the sandbox image carrying the project's labels.
+fn create_labelled(owner: &str, job: &str) -> String {
+    let out = Command::new("docker")
+        .args(["create", "--network", "none", "--read-only"])
+        .arg("--label")
+        .arg(format!("{LABEL_MANAGED}=true"))
+        .arg("--label")
+        .arg(format!("{LABEL_TENANT}=t-sweep"))
+        .arg("--label")
+        .arg(format!("{LABEL_JOB}={job}"))
+        .arg("--label")
+        .arg(format!("{LABEL_OWNER}={owner}"))
+        .arg(image::default_image())
+        .output()
+        .expect("the docker CLI runs");
+    assert!(out.status.success(), "docker create: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn exists(id: &str) -> bool {
+    Command::new("docker")
+        .args(["inspect", "--format", "{{.Id}}", id])
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+#[tokio::test]
+async fn the_start_up_sweep_removes_only_what_dead_processes_left() {
+    let s = sandbox().await;
+    let pid = std::process::id();
+    let mut made = RemoveIds(Vec::new());
+    // This host, this pid, but another start time: a process that is gone (its pid reused).
+    let dead = create_labelled(&owner_of(pid, "1"), "sweep-dead");
+    made.0.push(dead.clone());
+    // This very process: alive.
+    let live = create_labelled(&owner_id(), "sweep-live");
+    made.0.push(live.clone());
+    // Another host: not ours to judge.
+    let elsewhere = create_labelled(&format!("some-other-host/{pid}/1"), "sweep-elsewhere");
+    made.0.push(elsewhere.clone());
+    assert!(exists(&dead) && exists(&live) && exists(&elsewhere));
+
+    s.sweep_leftovers().await.expect("sweep");
+    // (Another test process's sweep may have removed the dead one first; either way it
+    // is gone, and the others are not.)
+    assert!(!exists(&dead), "the dead owner's container is still there");
+    assert!(exists(&live), "the live owner's container was removed");
+    assert!(exists(&elsewhere), "another host's container was removed");
+    drop(made);
+    assert!(!exists(&live) && !exists(&elsewhere));
 }

@@ -6,7 +6,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use mcp_code_executor::job::{JobSpec, Limits, Outcome};
-use mcp_code_executor::sandbox::docker::{DockerConfig, DockerSandbox, LABEL_TENANT};
+use mcp_code_executor::sandbox::docker::{DockerConfig, DockerSandbox, LABEL_OWNER, LABEL_TENANT};
 use mcp_code_executor::sandbox::image;
 use mcp_code_executor::sandbox::Sandbox;
 
@@ -34,13 +34,47 @@ pub async fn run(s: &DockerSandbox, tenant: &str, code: &str, limits: Limits) ->
         .unwrap_or_else(|e| panic!("infrastructure error running {code:?}: {e}"))
 }
 
-/// Containers of ours carrying this tenant label, running or not.
+/// The owner label the backend puts on what this process makes (`host/pid/start-time`,
+/// as in the start-up sweep). Tests of several worktrees share one daemon and the same
+/// tenant labels: containers are told apart by it.
+pub fn owner_id() -> String {
+    owner_of(std::process::id(), &process_start_time(std::process::id()))
+}
+
+/// `host/pid/start` for any pid and start time (the sweep test makes up dead ones).
+pub fn owner_of(pid: u32, start: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname");
+    format!("{}/{pid}/{start}", host.trim())
+}
+
+/// Field 22 of /proc/PID/stat, counted after the parenthesised command name.
+pub fn process_start_time(pid: u32) -> String {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let after = &stat[stat.rfind(')').expect("comm") + 2..];
+    after.split(' ').nth(19).expect("starttime").to_string()
+}
+
+/// Containers of ours carrying this tenant label, running or not, whoever made them (a
+/// server child process, say). Other test processes on this daemon may use the same label.
 pub fn containers_of(tenant: &str) -> Vec<String> {
-    let out = Command::new("docker")
-        .args(["ps", "-aq", "--filter"])
-        .arg(format!("label={LABEL_TENANT}={tenant}"))
-        .output()
-        .expect("the docker CLI runs");
+    list_containers(&[format!("label={LABEL_TENANT}={tenant}")])
+}
+
+/// Containers this very process made for this tenant label, running or not.
+pub fn own_containers_of(tenant: &str) -> Vec<String> {
+    list_containers(&[
+        format!("label={LABEL_TENANT}={tenant}"),
+        format!("label={LABEL_OWNER}={}", owner_id()),
+    ])
+}
+
+fn list_containers(filters: &[String]) -> Vec<String> {
+    let mut cmd = Command::new("docker");
+    cmd.args(["ps", "-aq"]);
+    for f in filters {
+        cmd.arg("--filter").arg(f);
+    }
+    let out = cmd.output().expect("the docker CLI runs");
     assert!(out.status.success(), "docker ps failed: {out:?}");
     String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
@@ -48,10 +82,40 @@ pub fn containers_of(tenant: &str) -> Vec<String> {
         .collect()
 }
 
-/// Wait for background removals, then check that nothing of `tenant` is left.
+/// Force-remove containers by id (a test's own, on its way out).
+pub fn remove_containers(ids: &[String]) {
+    if ids.is_empty() {
+        return;
+    }
+    let _ = Command::new("docker")
+        .args(["rm", "-f", "-v"])
+        .args(ids)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
+/// Removes what this process made for `tenant` when dropped, also when the test panics
+/// (a panicking test's runtime is gone before the backend's background removals ran).
+/// Hold one for the whole test: `let _clean = common::remove_on_drop("t-x");`.
+pub struct RemoveOnDrop(pub String);
+
+pub fn remove_on_drop(tenant: &str) -> RemoveOnDrop {
+    RemoveOnDrop(tenant.to_string())
+}
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        remove_containers(&own_containers_of(&self.0));
+    }
+}
+
+/// Wait for background removals, then check that nothing `s` made for `tenant` is left
+/// (`s` is this process's: containers of other test processes with the same label do not
+/// count).
 pub async fn assert_clean(s: &DockerSandbox, tenant: &str) {
     s.drain().await;
-    let left = containers_of(tenant);
+    let left = own_containers_of(tenant);
     assert!(
         left.is_empty(),
         "containers left behind for {tenant}: {left:?}"

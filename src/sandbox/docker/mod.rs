@@ -754,14 +754,92 @@ pub(crate) fn classify(action: &'static str, e: BollardError) -> SandboxError {
 mod tests {
     use super::*;
 
+    /// Every piece of hardening `host_config` gives, with limits unlike the defaults so that
+    /// each one is seen to come from the job. `doctor` and tests/engine.rs check the same
+    /// from inside a running sandbox.
     #[test]
     fn hardening_is_all_there() {
-        let hc = host_config(&Limits::default(), &RunEnv::default(), None);
+        let l = Limits {
+            memory_bytes: 300 << 20,
+            cpus: 0.25,
+            pids: 17,
+            nofile: 99,
+            workspace_bytes: 5 << 20,
+            tmp_bytes: 3 << 20,
+            ..Limits::default()
+        };
+        let hc = host_config(&l, &RunEnv::default(), None);
         assert_eq!(hc.network_mode.as_deref(), Some("none"));
         assert_eq!(hc.readonly_rootfs, Some(true));
         assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
-        assert_eq!(hc.memory, hc.memory_swap);
-        assert_eq!(hc.log_config.unwrap().typ.as_deref(), Some("none"));
-        assert!(hc.tmpfs.unwrap()["/workspace"].contains("size=67108864"));
+        assert_eq!(hc.cap_add, None);
+        assert_eq!(hc.privileged, None);
+        assert_eq!(hc.devices, None);
+        assert_eq!(hc.binds, None, "no mounts unless the environment asks");
+        assert_eq!(
+            hc.security_opt,
+            Some(vec!["no-new-privileges".to_string()]),
+            "no-new-privileges, and nothing that turns seccomp off"
+        );
+        assert_eq!(hc.pids_limit, Some(17));
+        assert_eq!(hc.memory, Some(300 << 20));
+        assert_eq!(hc.memory_swap, hc.memory, "no swap on top of the memory");
+        assert_eq!(hc.nano_cpus, Some(250_000_000));
+        let ulimits = hc.ulimits.unwrap();
+        assert_eq!(ulimits.len(), 1);
+        assert_eq!(ulimits[0].name.as_deref(), Some("nofile"));
+        assert_eq!((ulimits[0].soft, ulimits[0].hard), (Some(99), Some(99)));
+        let log = hc.log_config.unwrap();
+        assert_eq!(log.typ.as_deref(), Some("none"), "no log file on the host");
+        // The runner is PID 1 and reaps; Docker's init would make it killable by the code.
+        assert_eq!(hc.init, Some(false));
+        // Removed explicitly on every path: auto_remove races `wait`.
+        assert_eq!(hc.auto_remove, Some(false));
+        assert_eq!(hc.runtime, None);
+        assert_eq!(hc.shm_size, Some(16 << 20));
+
+        let tmpfs = hc.tmpfs.unwrap();
+        assert_eq!(tmpfs.len(), 2, "{tmpfs:?}");
+        for (path, size) in [(protocol::WORKDIR, 5u64 << 20), ("/tmp", 3 << 20)] {
+            let mut opts: Vec<&str> = tmpfs[path].split(',').collect();
+            opts.sort();
+            let size = format!("size={size}");
+            let mut want = vec!["rw", "nosuid", "nodev", "noexec", &size, "mode=1777"];
+            want.sort();
+            assert_eq!(opts, want, "{path}");
+        }
+
+        // The user is set on the container, not in host_config: nobody, unless the
+        // environment (an installer) says otherwise.
+        assert_eq!(SANDBOX_USER, "65534:65534");
+        assert_eq!(RunEnv::default().user, None);
+
+        // An installer's environment: network, and its mounts read-only unless writable.
+        let env = RunEnv {
+            network: true,
+            mounts: vec![
+                crate::job::Mount {
+                    path: "/opt/venv".into(),
+                    writable: false,
+                },
+                crate::job::Mount {
+                    path: "/opt/cache".into(),
+                    writable: true,
+                },
+            ],
+            ..RunEnv::default()
+        };
+        let hc = host_config(&l, &env, Some("crun".into()));
+        assert_eq!(hc.network_mode.as_deref(), Some("bridge"));
+        assert_eq!(
+            hc.binds,
+            Some(vec![
+                "/opt/venv:/opt/venv:ro".to_string(),
+                "/opt/cache:/opt/cache:rw".to_string()
+            ])
+        );
+        assert_eq!(hc.runtime.as_deref(), Some("crun"));
+        assert_eq!(hc.readonly_rootfs, Some(true), "installers too");
+        assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
     }
 }
