@@ -84,7 +84,8 @@ pub async fn run_files(sandbox: &dyn Sandbox, args: RunArgs) -> i32 {
                 println!("{v}");
             }
             Ok(o) => {
-                if !o.success() || several {
+                // A success is silent, unless several files ran or output was cut.
+                if !o.success() || several || o.stdout_truncated || o.stderr_truncated {
                     eprintln!("mcp-code-executor: {name}: {}", o.status_line());
                 }
             }

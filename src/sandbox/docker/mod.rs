@@ -658,12 +658,12 @@ impl Sandbox for DockerSandbox {
     }
 }
 
-/// Connect to the daemon and check it answers.
+/// Connect to the daemon named by `DOCKER_HOST` (`unix://` or `tcp://`; the local socket
+/// when unset) and check it answers.
 pub(crate) async fn connect_docker() -> Result<Docker, SandboxError> {
-    let docker =
-        Docker::connect_with_local_defaults().map_err(|e| SandboxError::DaemonUnreachable {
-            detail: e.to_string(),
-        })?;
+    let docker = Docker::connect_with_defaults().map_err(|e| SandboxError::DaemonUnreachable {
+        detail: e.to_string(),
+    })?;
     docker
         .ping()
         .await
