@@ -405,3 +405,36 @@ async fn out_of_memory_ends_the_session_and_says_so() {
     c.cancel().await.unwrap();
     s.finish().await;
 }
+
+#[tokio::test]
+async fn exit_in_a_cell_ends_the_session_and_the_next_call_starts_fresh() {
+    let s = server("t-s7-exit").await;
+    let c = s.client().await;
+    for code in [
+        "exit()",
+        "import sys\nsys.exit(0)",
+        "import sys\nsys.exit(1)",
+    ] {
+        let r = call(&c, "execute_python", json!({"code": "kept = 1"})).await;
+        assert!(!is_error(&r), "{}", text(&r));
+        let r = call(&c, "execute_python", json!({ "code": code })).await;
+        assert!(
+            text(&r).contains("state (variables, imports, functions) is gone"),
+            "{code:?}: {}",
+            text(&r)
+        );
+        // The next call runs, in a fresh session, instead of failing on a dead one.
+        let r = call(&c, "execute_python", json!({"code": "'kept' in globals()"})).await;
+        assert!(!is_error(&r), "{code:?}: {}", text(&r));
+        assert_eq!(
+            structured(&r)["stdout"],
+            "False\n",
+            "{code:?}: {}",
+            text(&r)
+        );
+        assert!(text(&r).contains("new session"), "{code:?}: {}", text(&r));
+    }
+    c.cancel().await.unwrap();
+    s.sandbox_drained_within(Duration::from_secs(20)).await;
+    s.finish().await;
+}
