@@ -493,3 +493,86 @@ async fn cancelling_a_call_stops_the_run_and_leaves_no_container() {
     client.cancel().await.unwrap();
     s.finish().await;
 }
+
+#[tokio::test]
+async fn browser_origins_are_checked_by_default_on_both_transports() {
+    let opts = mcp_code_executor::mcp::http::HttpOptions {
+        allowed_hosts: vec![
+            "localhost".into(),
+            "127.0.0.1".into(),
+            "::1".into(),
+            "mcp.example.com".into(),
+        ],
+        allowed_origins: vec!["https://app.example.com".into()],
+        ..Default::default()
+    };
+    let s = mcp_support::server_custom(
+        "t-mcp-origin",
+        mcp_code_executor::mcp::Settings::default(),
+        None,
+        &opts,
+        |s| s,
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "browser", "version": "1"}}})
+    .to_string();
+    let post_mcp = |origin: Option<&'static str>| {
+        let mut req = http
+            .post(s.url("/mcp"))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(init.clone());
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        req.send()
+    };
+    let get_sse = |origin: Option<&'static str>| {
+        let mut req = http.get(s.url("/sse"));
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        req.send()
+    };
+    // A page elsewhere (a DNS-rebinding attack, or any site): refused, with the fix named.
+    for evil in ["http://evil.example", "http://localhost.evil.example:4000", "null"] {
+        for r in [
+            post_mcp(Some(evil)).await.unwrap(),
+            get_sse(Some(evil)).await.unwrap(),
+            http.post(s.url("/messages?sessionId=x"))
+                .header("origin", evil)
+                .body("{}")
+                .send()
+                .await
+                .unwrap(),
+        ] {
+            assert_eq!(r.status(), 403, "{evil}");
+            let v: serde_json::Value = r.json().await.unwrap();
+            assert_eq!(v["error"], "forbidden", "{v}");
+            assert!(
+                v["message"].as_str().unwrap().contains("--allowed-origins"),
+                "{v}"
+            );
+        }
+    }
+    // Loopback pages (the MCP Inspector), hosts of --allowed-hosts, --allowed-origins, and
+    // clients that send no Origin at all pass.
+    for ok in [
+        None,
+        Some("http://localhost:6274"),
+        Some("http://127.0.0.1:6274"),
+        Some("http://[::1]:6274"),
+        Some("https://mcp.example.com"),
+        Some("https://app.example.com"),
+    ] {
+        let r = post_mcp(ok).await.unwrap();
+        assert_eq!(r.status(), 200, "{ok:?}: {:?}", r.text().await);
+        let r = get_sse(ok).await.unwrap();
+        assert_eq!(r.status(), 200, "{ok:?}");
+        drop(r);
+    }
+    s.finish().await;
+}

@@ -32,7 +32,8 @@ pub mod vars {
     pub const HOST: &str = "MCP_EXECUTOR_HOST";
     /// Comma-separated `Host` header values the HTTP transports accept (DNS-rebinding guard).
     pub const ALLOWED_HOSTS: &str = "MCP_EXECUTOR_ALLOWED_HOSTS";
-    /// Comma-separated browser `Origin` values accepted (empty: not checked).
+    /// Comma-separated browser `Origin` values accepted besides loopback pages and the
+    /// allowed hosts (`*`: any).
     pub const ALLOWED_ORIGINS: &str = "MCP_EXECUTOR_ALLOWED_ORIGINS";
     /// Longest timeout a call may ask for, seconds.
     pub const MAX_TIMEOUT: &str = "MCP_EXECUTOR_MAX_TIMEOUT";
