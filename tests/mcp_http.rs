@@ -298,6 +298,27 @@ async fn protocol_errors_for_unknown_tools_and_malformed_arguments() {
             "packages[0]",
         ),
         ("configure_environment", json!({"type": "docker"}), "`type`"),
+        // Unknown (misspelt) arguments are refused, naming them and the accepted ones.
+        (
+            "execute_code",
+            json!({"code": "print(1)", "timout": 5}),
+            "unknown argument `timout`; it accepts `code`, `filename`, `timeout`",
+        ),
+        (
+            "execute_python",
+            json!({"code": "1", "cwd": "/"}),
+            "unknown argument `cwd`",
+        ),
+        (
+            "write_file",
+            json!({"path": "a", "content": "b", "mode": "append"}),
+            "`mode`",
+        ),
+        (
+            "get_environment_config",
+            json!({"verbose": true}),
+            "takes no arguments",
+        ),
     ] {
         let e = try_call(&client, tool, args.clone()).await.unwrap_err();
         let msg = format!("{e}");

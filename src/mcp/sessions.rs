@@ -329,6 +329,7 @@ impl Drop for Connection {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ExecutePython {
     /// Python code to run in your session: statements, and optionally a final expression whose value is shown.
     pub code: String,

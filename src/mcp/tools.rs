@@ -769,6 +769,22 @@ impl CodeExecutor {
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for CodeExecutor {
+    /// rmcp's dispatch, after refusing arguments the tool does not know (every tool, those
+    /// without arguments too): a misspelt argument must not be silently ignored.
+    async fn call_tool(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        if let (Some(tool), Some(arguments)) =
+            (self.tool_router.get(&request.name), &request.arguments)
+        {
+            args::check_known(&request.name, &tool.input_schema, arguments)?;
+        }
+        let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        self.tool_router.call(tcc).await
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new(

@@ -181,6 +181,7 @@ fn ws_error(e: crate::storage::StorageError) -> String {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct WriteFile {
     /// File name in the workspace, e.g. `data.csv` (the code sees `/workspace/data.csv`). No subdirectories.
     pub path: String,
@@ -192,12 +193,14 @@ pub struct WriteFile {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ReadFile {
     /// File name in the workspace, e.g. `result.csv` or `/workspace/result.csv`.
     pub path: String,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ListFiles {
     /// Only names starting with this prefix (default: all files).
     #[serde(default)]
