@@ -568,3 +568,72 @@ async fn concurrent_first_cells_cannot_pass_max_sessions() {
     }
     s.finish().await;
 }
+
+#[tokio::test]
+async fn write_file_takes_the_documented_cap_in_one_request() {
+    use mcp_code_executor::mcp::workspace::caps;
+    let s = server("t-s7-bigwrite").await;
+    let c = s.client().await;
+    // A session open before the write: the file is copied into it, too.
+    let r = call(&c, "execute_python", json!({"code": "1"})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    // The largest binary file write_file promises, as base64: fits one request.
+    let data: Vec<u8> = (0..caps::WRITE_BYTES)
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&data);
+    let r = call(
+        &c,
+        "write_file",
+        json!({"path": "big.bin", "content": b64, "encoding": "base64"}),
+    )
+    .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    assert_eq!(structured(&r)["size_bytes"], caps::WRITE_BYTES);
+    let r = call(
+        &c,
+        "execute_python",
+        json!({"code": "import hashlib\nb = open('/workspace/big.bin', 'rb').read()\nprint(len(b), hashlib.sha256(b).hexdigest())"}),
+    )
+    .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    let want = {
+        use sha2::Digest as _;
+        let d = sha2::Sha256::digest(&data);
+        d.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    assert_eq!(
+        structured(&r)["stdout"],
+        format!("{} {want}\n", caps::WRITE_BYTES)
+    );
+    // One byte more is refused, naming the cap, and nothing is written.
+    let more = base64::engine::general_purpose::STANDARD.encode([&data[..], &[0]].concat());
+    let r = call(
+        &c,
+        "write_file",
+        json!({"path": "bigger.bin", "content": more, "encoding": "base64"}),
+    )
+    .await;
+    assert!(is_error(&r), "{}", text(&r));
+    assert!(text(&r).contains("at most 5242880 bytes"), "{}", text(&r));
+    let r = call(&c, "list_files", json!({})).await;
+    assert_eq!(
+        structured(&r)["files"].as_array().unwrap().len(),
+        1,
+        "{}",
+        text(&r)
+    );
+    // And the description says so.
+    let tools = c.list_all_tools().await.unwrap();
+    let w = tools.iter().find(|t| t.name == "write_file").unwrap();
+    assert!(
+        w.description
+            .as_deref()
+            .unwrap()
+            .contains("At most 5 MiB per write_file call"),
+        "{:?}",
+        w.description
+    );
+    c.cancel().await.unwrap();
+    s.finish().await;
+}
