@@ -559,7 +559,11 @@ async fn browser_origins_are_checked_by_default_on_both_transports() {
         req.send()
     };
     // A page elsewhere (a DNS-rebinding attack, or any site): refused, with the fix named.
-    for evil in ["http://evil.example", "http://localhost.evil.example:4000", "null"] {
+    for evil in [
+        "http://evil.example",
+        "http://localhost.evil.example:4000",
+        "null",
+    ] {
         for r in [
             post_mcp(Some(evil)).await.unwrap(),
             get_sse(Some(evil)).await.unwrap(),
