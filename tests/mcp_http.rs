@@ -187,12 +187,13 @@ async fn paths_outside_the_storage_dir_are_refused() {
         ("append_to_code_file", "planted.py", "symbolic link"),
         ("read_code_file", "x\u{0}.py", "NUL"),
     ] {
-        let r = call(
-            &client,
-            tool,
-            json!({"file_path": path, "content": "print(1)\n"}),
-        )
-        .await;
+        // Only append_to_code_file takes `content` (an unknown argument is a protocol error).
+        let args = if tool == "append_to_code_file" {
+            json!({"file_path": path, "content": "print(1)\n"})
+        } else {
+            json!({ "file_path": path })
+        };
+        let r = call(&client, tool, args).await;
         assert!(
             is_error(&r),
             "{tool} {path:?} was not refused: {}",
