@@ -5,8 +5,12 @@
 //! name or an absolute path directly inside the storage directory and nothing else: other
 //! absolute paths, `..`, subdirectories, NUL bytes and over-long names are refused before the
 //! file system is touched. Files are then opened with `O_NOFOLLOW` (a symlink planted in the
-//! directory is refused, not followed) and must be regular files. Appends to one file run one
-//! at a time under a per-file lock, so concurrent appends never interleave or lose data.
+//! directory is refused, not followed) and must be regular files. Each file has a
+//! reader-writer lock: appends and replacements of one file run one at a time (concurrent
+//! appends never interleave or lose data) and a read never sees half of either. A
+//! replacement ([`CodeStorage::write_bytes`]) is written to a temporary file beside the
+//! target and renamed over it, so an error or a quota refusal leaves the old content. A
+//! lock lives only while someone holds or waits for it.
 
 use std::collections::HashMap;
 use std::io;
@@ -57,6 +61,8 @@ pub enum StorageError {
     },
     #[error("quota exceeded: the tenant's stored code and workspace files take {used} bytes, and {adding} more would pass its storage_limit of {limit} bytes. Free space first (write_file an empty file, or ask the operator), then retry")]
     Quota { used: u64, adding: u64, limit: u64 },
+    #[error("file_path `{path}` is refused: names starting with `{TEMP_PREFIX}` are reserved for files being written")]
+    Reserved { path: String },
     #[error("file `{path}` is not valid UTF-8 text")]
     NotText { path: String },
     #[error("cannot use the code storage directory `{root}`: {source}. Set CODE_STORAGE_DIR to a writable directory")]
@@ -72,7 +78,7 @@ pub struct CodeStorage {
     /// The same directory with symlinks resolved (the one we actually use).
     canonical: PathBuf,
     max_file_bytes: u64,
-    locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
+    locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::RwLock<()>>>>,
     /// The tenant's storage quota, shared with its workspaces.
     quota: std::sync::OnceLock<Arc<StorageQuota>>,
 }
@@ -129,6 +135,10 @@ impl StorageQuota {
     }
 }
 
+/// Names of the temporary files replacements are written to (refused as client names, left
+/// out of listings, swept at open when a crash left one).
+pub const TEMP_PREFIX: &str = ".mcp-partial-";
+
 /// The default storage directory: `code/` under the data directory
 /// ([`crate::config::data_dir`]: `MCP_EXECUTOR_DATA_DIR`, `$XDG_DATA_HOME/mcp-code-executor`
 /// or `~/.local/share/mcp-code-executor`).
@@ -150,6 +160,7 @@ impl CodeStorage {
             .create(&root)
             .map_err(err)?;
         let canonical = root.canonicalize().map_err(err)?;
+        sweep_partial(&canonical);
         Ok(CodeStorage {
             root,
             canonical,
@@ -222,6 +233,9 @@ impl CodeStorage {
                 max: defaults::MAX_NAME_BYTES,
             });
         }
+        if name.to_string_lossy().starts_with(TEMP_PREFIX) {
+            return Err(StorageError::Reserved { path: shown() });
+        }
         Ok(self.canonical.join(name))
     }
 
@@ -267,7 +281,7 @@ impl CodeStorage {
         check_code_size(content)?;
         let path = self.resolve(file_path)?;
         let lock = self.lock_for(&path);
-        let _guard = lock.lock().await;
+        let _guard = lock.write().await;
         let mut file =
             open_checked(file_path, &path, tokio::fs::OpenOptions::new().append(true)).await?;
         let size = file.metadata().await.map_err(|e| io_err(&path, e))?.len();
@@ -303,7 +317,10 @@ impl CodeStorage {
     }
 
     /// Create or replace a file directly inside the directory with `data` (same refusals as
-    /// [`CodeStorage::resolve`]; a planted symlink is refused, not followed).
+    /// [`CodeStorage::resolve`]; a planted symlink is refused, not followed). The data goes to
+    /// a temporary file in the same directory, renamed over the target under the file's
+    /// lock: readers see the old content or the new, never a part, and a failure (the
+    /// quota, a full disk) leaves the old content in place.
     pub async fn write_bytes(
         &self,
         file_path: &str,
@@ -318,27 +335,54 @@ impl CodeStorage {
         }
         let path = self.resolve(file_path)?;
         let lock = self.lock_for(&path);
-        let _guard = lock.lock().await;
-        let mut file = open_checked(
-            file_path,
-            &path,
-            tokio::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .mode(0o600),
-        )
-        .await?;
-        let replacing = file.metadata().await.map_err(|e| io_err(&path, e))?.len();
+        let _guard = lock.write().await;
+        let replacing = match tokio::fs::symlink_metadata(&path).await {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(StorageError::Symlink {
+                    path: file_path.to_string(),
+                })
+            }
+            Ok(m) if !m.is_file() => {
+                return Err(StorageError::NotRegular {
+                    path: file_path.to_string(),
+                })
+            }
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(io_err(&path, e)),
+        };
         self.check_quota(data.len() as u64, replacing).await?;
-        file.set_len(0).await.map_err(|e| io_err(&path, e))?;
-        file.write_all(data).await.map_err(|e| io_err(&path, e))?;
-        file.flush().await.map_err(|e| io_err(&path, e))?;
+        let temp = self
+            .canonical
+            .join(format!("{TEMP_PREFIX}{}", uuid::Uuid::new_v4().simple()));
+        let written = async {
+            let mut file = tokio::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&temp)
+                .await?;
+            file.write_all(data).await?;
+            file.flush().await?;
+            file.sync_data().await?;
+            drop(file);
+            tokio::fs::rename(&temp, &path).await
+        }
+        .await;
+        if let Err(e) = written {
+            let _ = tokio::fs::remove_file(&temp).await;
+            return Err(io_err(&path, e));
+        }
         Ok((path, data.len() as u64))
     }
 
-    /// Read a file directly inside the directory as bytes.
+    /// Read a file directly inside the directory as bytes (never half of an append or of a
+    /// replacement: under the file's lock, shared with other readers).
     pub async fn read_bytes(&self, file_path: &str) -> Result<(PathBuf, Vec<u8>), StorageError> {
         let path = self.resolve(file_path)?;
+        let lock = self.lock_for(&path);
+        let _guard = lock.read().await;
         let mut file =
             open_checked(file_path, &path, tokio::fs::OpenOptions::new().read(true)).await?;
         let mut buf = Vec::new();
@@ -373,16 +417,85 @@ impl CodeStorage {
                 continue;
             };
             if let (true, Some(name)) = (meta.is_file(), entry.file_name().to_str()) {
-                out.push((name.to_string(), meta.len()));
+                if !name.starts_with(TEMP_PREFIX) {
+                    out.push((name.to_string(), meta.len()));
+                }
             }
         }
         out.sort();
         Ok(out)
     }
 
-    fn lock_for(&self, path: &Path) -> Arc<tokio::sync::Mutex<()>> {
+    /// The lock of one file, shared by everyone who holds or waits for it; the entry is
+    /// dropped from the map when the last of them lets go.
+    fn lock_for(&self, path: &Path) -> FileLock<'_> {
         let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-        locks.entry(path.to_path_buf()).or_default().clone()
+        let lock = locks.entry(path.to_path_buf()).or_default().clone();
+        FileLock {
+            storage: self,
+            path: path.to_path_buf(),
+            lock: Some(lock),
+        }
+    }
+
+    /// Per-file locks currently in the map (held or waited for).
+    #[cfg(test)]
+    fn lock_entries(&self) -> usize {
+        self.locks.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// A handle on one file's lock; see [`CodeStorage::lock_for`]. Clones of the `Arc` are only
+/// made under the map's mutex, so a count of one, seen under it, means nobody else holds or
+/// waits for this lock.
+struct FileLock<'a> {
+    storage: &'a CodeStorage,
+    path: PathBuf,
+    lock: Option<Arc<tokio::sync::RwLock<()>>>,
+}
+
+impl FileLock<'_> {
+    async fn read(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        self.lock.as_ref().expect("set until drop").read().await
+    }
+
+    async fn write(&self) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        self.lock.as_ref().expect("set until drop").write().await
+    }
+}
+
+impl Drop for FileLock<'_> {
+    fn drop(&mut self) {
+        drop(self.lock.take());
+        let mut locks = self.storage.locks.lock().unwrap_or_else(|e| e.into_inner());
+        if locks
+            .get(&self.path)
+            .is_some_and(|l| Arc::strong_count(l) == 1)
+        {
+            locks.remove(&self.path);
+        }
+    }
+}
+
+/// Remove temporary files a crash left behind (older than a minute: a write in progress in
+/// another process sharing the directory is left alone).
+fn sweep_partial(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let stale = e
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(TEMP_PREFIX))
+            && e.metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > std::time::Duration::from_secs(60));
+        if stale {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 
@@ -627,5 +740,132 @@ mod tests {
             let c = l.as_bytes()[0];
             assert!(l.bytes().all(|b| b == c), "an append was interleaved");
         }
+    }
+
+    #[tokio::test]
+    async fn a_replacement_is_never_seen_half_written() {
+        let (_d, s) = tmp();
+        let s = Arc::new(s.with_max_file_bytes(8 << 20));
+        let size = 4 << 20;
+        s.write_bytes("f.bin", &vec![b'a'; size]).await.unwrap();
+        let writer = tokio::spawn({
+            let s = s.clone();
+            async move {
+                for i in 0..12 {
+                    let byte = if i % 2 == 0 { b'b' } else { b'a' };
+                    s.write_bytes("f.bin", &vec![byte; size]).await.unwrap();
+                }
+            }
+        });
+        let mut reads = 0;
+        while !writer.is_finished() {
+            let (_, data) = s.read_bytes("f.bin").await.unwrap();
+            assert_eq!(data.len(), size, "a partial file was read");
+            assert!(
+                data.iter().all(|b| *b == data[0]),
+                "a mix of two versions was read"
+            );
+            reads += 1;
+        }
+        writer.await.unwrap();
+        assert!(reads > 0);
+        assert_eq!(
+            s.list().await.unwrap(),
+            vec![("f.bin".to_string(), size as u64)]
+        );
+        assert_eq!(s.lock_entries(), 0, "the lock map keeps unused entries");
+    }
+
+    #[tokio::test]
+    async fn a_refused_replacement_keeps_the_old_content() {
+        let (d, s) = tmp();
+        let quota = Arc::new(StorageQuota::new(100, vec![s.dir().to_path_buf()]));
+        s.set_quota(quota);
+        s.write_bytes("keep.txt", b"old content").await.unwrap();
+        let e = s.write_bytes("keep.txt", &[b'x'; 200]).await.unwrap_err();
+        assert!(matches!(e, StorageError::Quota { .. }), "{e}");
+        let (_, data) = s.read_bytes("keep.txt").await.unwrap();
+        assert_eq!(data, b"old content");
+        // Refused as a new file: no empty file is left behind.
+        let e = s.write_bytes("new.txt", &[b'x'; 200]).await.unwrap_err();
+        assert!(matches!(e, StorageError::Quota { .. }), "{e}");
+        assert!(!s.dir().join("new.txt").exists());
+        // A failed write (here: the target is a directory) leaves no temporary file.
+        std::fs::create_dir(s.dir().join("sub")).unwrap();
+        let e = s.write_bytes("sub", b"x").await.unwrap_err();
+        assert!(matches!(e, StorageError::NotRegular { .. }), "{e}");
+        // Planted links are refused, not followed or replaced.
+        let outside = d.path().join("outside.txt");
+        std::fs::write(&outside, "untouched").unwrap();
+        std::os::unix::fs::symlink(&outside, s.dir().join("link")).unwrap();
+        let e = s.write_bytes("link", b"x").await.unwrap_err();
+        assert!(matches!(e, StorageError::Symlink { .. }), "{e}");
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "untouched");
+        let names: Vec<String> = std::fs::read_dir(s.dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(
+            !names.iter().any(|n| n.starts_with(TEMP_PREFIX)),
+            "{names:?}"
+        );
+        // The temporary names are not the clients' to use.
+        let e = s
+            .write_bytes(&format!("{TEMP_PREFIX}x"), b"x")
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("reserved"), "{e}");
+        assert_eq!(s.lock_entries(), 0);
+    }
+
+    #[tokio::test]
+    async fn reads_never_see_half_an_append() {
+        let (_d, s) = tmp();
+        let s = Arc::new(s);
+        let p = s.create(Some("grow"), "").await.unwrap();
+        let name = p.file_name().unwrap().to_str().unwrap().to_string();
+        let chunk = "z".repeat(defaults::MAX_CODE_BYTES);
+        let writer = tokio::spawn({
+            let (s, name) = (s.clone(), name.clone());
+            async move {
+                for _ in 0..6 {
+                    s.append(&name, &chunk).await.unwrap();
+                }
+            }
+        });
+        while !writer.is_finished() {
+            let (_, data) = s.read_bytes(&name).await.unwrap();
+            assert_eq!(
+                data.len() % defaults::MAX_CODE_BYTES,
+                0,
+                "part of an append was read"
+            );
+        }
+        writer.await.unwrap();
+        assert_eq!(s.lock_entries(), 0);
+    }
+
+    #[test]
+    fn stale_partial_files_are_swept_at_open() {
+        let d = tempdir::Dir::new();
+        let dir = d.path().join("code");
+        std::fs::create_dir(&dir).unwrap();
+        let stale = dir.join(format!("{TEMP_PREFIX}old"));
+        std::fs::write(&stale, "x").unwrap();
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(&stale)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let fresh = dir.join(format!("{TEMP_PREFIX}new"));
+        std::fs::write(&fresh, "x").unwrap();
+        let _s = CodeStorage::open(&dir).unwrap();
+        assert!(!stale.exists());
+        assert!(
+            fresh.exists(),
+            "a write in progress elsewhere is left alone"
+        );
     }
 }

@@ -187,12 +187,13 @@ async fn paths_outside_the_storage_dir_are_refused() {
         ("append_to_code_file", "planted.py", "symbolic link"),
         ("read_code_file", "x\u{0}.py", "NUL"),
     ] {
-        let r = call(
-            &client,
-            tool,
-            json!({"file_path": path, "content": "print(1)\n"}),
-        )
-        .await;
+        // Only append_to_code_file takes `content` (an unknown argument is a protocol error).
+        let args = if tool == "append_to_code_file" {
+            json!({"file_path": path, "content": "print(1)\n"})
+        } else {
+            json!({ "file_path": path })
+        };
+        let r = call(&client, tool, args).await;
         assert!(
             is_error(&r),
             "{tool} {path:?} was not refused: {}",
@@ -298,6 +299,27 @@ async fn protocol_errors_for_unknown_tools_and_malformed_arguments() {
             "packages[0]",
         ),
         ("configure_environment", json!({"type": "docker"}), "`type`"),
+        // Unknown (misspelt) arguments are refused, naming them and the accepted ones.
+        (
+            "execute_code",
+            json!({"code": "print(1)", "timout": 5}),
+            "unknown argument `timout`; it accepts `code`, `filename`, `timeout`",
+        ),
+        (
+            "execute_python",
+            json!({"code": "1", "cwd": "/"}),
+            "unknown argument `cwd`",
+        ),
+        (
+            "write_file",
+            json!({"path": "a", "content": "b", "mode": "append"}),
+            "`mode`",
+        ),
+        (
+            "get_environment_config",
+            json!({"verbose": true}),
+            "takes no arguments",
+        ),
     ] {
         let e = try_call(&client, tool, args.clone()).await.unwrap_err();
         let msg = format!("{e}");
@@ -491,5 +513,92 @@ async fn cancelling_a_call_stops_the_run_and_leaves_no_container() {
     handle.cancel(Some("test".into())).await.unwrap();
     s.sandbox_drained_within(Duration::from_secs(20)).await;
     client.cancel().await.unwrap();
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn browser_origins_are_checked_by_default_on_both_transports() {
+    let opts = mcp_code_executor::mcp::http::HttpOptions {
+        allowed_hosts: vec![
+            "localhost".into(),
+            "127.0.0.1".into(),
+            "::1".into(),
+            "mcp.example.com".into(),
+        ],
+        allowed_origins: vec!["https://app.example.com".into()],
+        ..Default::default()
+    };
+    let s = mcp_support::server_custom(
+        "t-mcp-origin",
+        mcp_code_executor::mcp::Settings::default(),
+        None,
+        &opts,
+        |s| s,
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "browser", "version": "1"}}})
+    .to_string();
+    let post_mcp = |origin: Option<&'static str>| {
+        let mut req = http
+            .post(s.url("/mcp"))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(init.clone());
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        req.send()
+    };
+    let get_sse = |origin: Option<&'static str>| {
+        let mut req = http.get(s.url("/sse"));
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        req.send()
+    };
+    // A page elsewhere (a DNS-rebinding attack, or any site): refused, with the fix named.
+    for evil in [
+        "http://evil.example",
+        "http://localhost.evil.example:4000",
+        "null",
+    ] {
+        for r in [
+            post_mcp(Some(evil)).await.unwrap(),
+            get_sse(Some(evil)).await.unwrap(),
+            http.post(s.url("/messages?sessionId=x"))
+                .header("origin", evil)
+                .body("{}")
+                .send()
+                .await
+                .unwrap(),
+        ] {
+            assert_eq!(r.status(), 403, "{evil}");
+            let v: serde_json::Value = r.json().await.unwrap();
+            assert_eq!(v["error"], "forbidden", "{v}");
+            assert!(
+                v["message"].as_str().unwrap().contains("--allowed-origins"),
+                "{v}"
+            );
+        }
+    }
+    // Loopback pages (the MCP Inspector), hosts of --allowed-hosts, --allowed-origins, and
+    // clients that send no Origin at all pass.
+    for ok in [
+        None,
+        Some("http://localhost:6274"),
+        Some("http://127.0.0.1:6274"),
+        Some("http://[::1]:6274"),
+        Some("https://mcp.example.com"),
+        Some("https://app.example.com"),
+    ] {
+        let r = post_mcp(ok).await.unwrap();
+        assert_eq!(r.status(), 200, "{ok:?}: {:?}", r.text().await);
+        let r = get_sse(ok).await.unwrap();
+        assert_eq!(r.status(), 200, "{ok:?}");
+        drop(r);
+    }
     s.finish().await;
 }

@@ -3,7 +3,11 @@
 
 mod mcp_support;
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use mcp_code_executor::job::{JobSpec, Outcome};
+use mcp_code_executor::sandbox::{BackendInfo, Events, Sandbox, SandboxError, Session};
 
 use mcp_support::{common, is_error, server, structured, text, ProgressRecorder};
 use rmcp::model::CallToolRequestParams;
@@ -162,4 +166,94 @@ async fn serve_refuses_to_start_when_the_self_test_fails() {
     assert!(stderr.contains("refusing to serve"), "{stderr}");
     assert!(stderr.contains("--allow-unsafe"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The real sandbox, whose sessions are slow to take workspace files in (longer than the
+/// HTTP server's shutdown grace period): a call can be inside that sync at shutdown.
+struct SlowSync {
+    inner: Arc<dyn Sandbox>,
+    entered: Arc<tokio::sync::Notify>,
+}
+
+struct SlowSyncSession {
+    inner: Box<dyn Session>,
+    entered: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait::async_trait]
+impl Sandbox for SlowSync {
+    async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, SandboxError> {
+        self.inner.run(job, events).await
+    }
+    async fn info(&self) -> Result<BackendInfo, SandboxError> {
+        self.inner.info().await
+    }
+    async fn drain(&self) {
+        self.inner.drain().await
+    }
+    async fn open_session(&self, job: JobSpec) -> Result<Box<dyn Session>, SandboxError> {
+        Ok(Box::new(SlowSyncSession {
+            inner: self.inner.open_session(job).await?,
+            entered: self.entered.clone(),
+        }))
+    }
+}
+
+#[async_trait::async_trait]
+impl Session for SlowSyncSession {
+    async fn exec(
+        &mut self,
+        code: &str,
+        timeout: Duration,
+        events: Events,
+    ) -> Result<Outcome, SandboxError> {
+        if code.starts_with("__import__('builtins').exec(") {
+            self.entered.notify_one();
+            tokio::time::sleep(mcp_code_executor::mcp::http::SHUTDOWN_GRACE * 2).await;
+        }
+        self.inner.exec(code, timeout, events).await
+    }
+    fn alive(&self) -> bool {
+        self.inner.alive()
+    }
+}
+
+#[tokio::test]
+async fn shutdown_closes_a_session_busy_with_the_workspace_sync_before_draining() {
+    const TENANT: &str = "t-mcp-shutsync";
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let s = mcp_support::server_custom(
+        TENANT,
+        mcp_code_executor::mcp::Settings::default(),
+        None,
+        &Default::default(),
+        |inner| {
+            Arc::new(SlowSync {
+                inner,
+                entered: entered.clone(),
+            })
+        },
+    )
+    .await;
+    let client = s.client().await;
+    let r = mcp_support::call(&client, "execute_python", json!({"code": "1"})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    let r = mcp_support::call(
+        &client,
+        "write_file",
+        json!({"path": "new.txt", "content": "x"}),
+    )
+    .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    let call = tokio::spawn(async move {
+        let r = mcp_support::call(&client, "execute_python", json!({"code": "2"})).await;
+        (r, client)
+    });
+    // The call is copying the new file into the session.
+    entered.notified().await;
+    assert_eq!(common::containers_of(TENANT).len(), 1);
+    // Shut down as `serve` does: cancel, wait for the sessions to close, drain; nothing may
+    // be left right after the drain.
+    s.finish().await;
+    call.abort();
 }

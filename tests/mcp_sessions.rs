@@ -405,3 +405,235 @@ async fn out_of_memory_ends_the_session_and_says_so() {
     c.cancel().await.unwrap();
     s.finish().await;
 }
+
+#[tokio::test]
+async fn exit_in_a_cell_ends_the_session_and_the_next_call_starts_fresh() {
+    let s = server("t-s7-exit").await;
+    let c = s.client().await;
+    for code in [
+        "exit()",
+        "import sys\nsys.exit(0)",
+        "import sys\nsys.exit(1)",
+    ] {
+        let r = call(&c, "execute_python", json!({"code": "kept = 1"})).await;
+        assert!(!is_error(&r), "{}", text(&r));
+        let r = call(&c, "execute_python", json!({ "code": code })).await;
+        assert!(
+            text(&r).contains("state (variables, imports, functions) is gone"),
+            "{code:?}: {}",
+            text(&r)
+        );
+        // The next call runs, in a fresh session, instead of failing on a dead one.
+        let r = call(&c, "execute_python", json!({"code": "'kept' in globals()"})).await;
+        assert!(!is_error(&r), "{code:?}: {}", text(&r));
+        assert_eq!(
+            structured(&r)["stdout"],
+            "False\n",
+            "{code:?}: {}",
+            text(&r)
+        );
+        assert!(text(&r).contains("new session"), "{code:?}: {}", text(&r));
+    }
+    c.cancel().await.unwrap();
+    s.sandbox_drained_within(Duration::from_secs(20)).await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_cell_cancelled_while_queued_leaves_the_session_intact() {
+    use rmcp::ServiceExt as _;
+    let s = server("t-s7-cancelq").await;
+    let recorder = mcp_support::ProgressRecorder::default();
+    let c = recorder
+        .clone()
+        .serve(rmcp::transport::StreamableHttpClientTransport::from_uri(
+            s.url("/mcp"),
+        ))
+        .await
+        .unwrap();
+    let r = call(&c, "execute_python", json!({"code": "x = 1"})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    // The first cell runs for a while...
+    let first = tokio::spawn({
+        let peer = c.peer().clone();
+        async move {
+            call(
+                &peer,
+                "execute_python",
+                json!({"code": "import time\nprint('first', flush=True)\ntime.sleep(3)\ny = 2"}),
+            )
+            .await
+        }
+    });
+    recorder.wait_for("running:", Duration::from_secs(30)).await;
+    // ...while a second one waits for it, and is cancelled before it gets its turn.
+    let params = rmcp::model::CallToolRequestParams::new("execute_python").with_arguments(
+        json!({"code": "x = 'clobbered'\nexit()"})
+            .as_object()
+            .unwrap()
+            .clone(),
+    );
+    let queued = c
+        .send_cancellable_request(
+            rmcp::model::ClientRequest::CallToolRequest(rmcp::model::Request::new(params)),
+            rmcp::service::PeerRequestOptions::no_options(),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    queued.cancel(Some("test".into())).await.unwrap();
+    let r = first.await.unwrap();
+    assert!(!is_error(&r), "{}", text(&r));
+    // Neither the cancelled code ran nor was the session dropped: both cells' state is there.
+    let r = call(&c, "execute_python", json!({"code": "(x, y)"})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    assert_eq!(structured(&r)["stdout"], "(1, 2)\n", "{}", text(&r));
+    assert!(!text(&r).contains("new session"), "{}", text(&r));
+    c.cancel().await.unwrap();
+    s.finish().await;
+}
+
+/// `(start, end)` printed by [`TIMED`], on the containers' clock (the host's).
+fn interval(r: &rmcp::model::CallToolResult) -> (f64, f64) {
+    let out = structured(r)["stdout"].as_str().unwrap().to_string();
+    let v: Vec<f64> = out
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or_else(|_| panic!("{out:?}")))
+        .collect();
+    (v[0], v[1])
+}
+
+const TIMED: &str = "import time\nt0 = time.time()\ntime.sleep(1.5)\nprint(t0, time.time())";
+
+#[tokio::test]
+async fn cells_take_run_slots_and_count_against_the_tenants_quotas() {
+    let mut settings = Settings::default();
+    settings.quota.max_concurrent_runs = Some(1);
+    settings.quota.runs_per_minute = Some(5);
+    let s = server_with("t-s7-slots", settings).await;
+    let c = s.client().await;
+    let r = call(&c, "execute_python", json!({"code": "1"})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    // With one run slot, a one-shot run and a cell go one after the other, never together.
+    let (a, b) = tokio::join!(
+        call(&c, "execute_code", json!({ "code": TIMED })),
+        call(&c, "execute_python", json!({ "code": TIMED })),
+    );
+    assert!(!is_error(&a) && !is_error(&b), "{} {}", text(&a), text(&b));
+    let (a, b) = (interval(&a), interval(&b));
+    assert!(
+        a.1 <= b.0 || b.1 <= a.0,
+        "the run {a:?} and the cell {b:?} overlapped with max_concurrent_runs = 1"
+    );
+    // Cells are runs for runs_per_minute too: 3 above, 2 more, then refused.
+    for _ in 0..2 {
+        let r = call(&c, "execute_python", json!({"code": "2"})).await;
+        assert!(!is_error(&r), "{}", text(&r));
+    }
+    let r = call(&c, "execute_python", json!({"code": "3"})).await;
+    assert!(
+        is_error(&r) && text(&r).contains("runs_per_minute"),
+        "{}",
+        text(&r)
+    );
+    c.cancel().await.unwrap();
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn concurrent_first_cells_cannot_pass_max_sessions() {
+    let mut settings = Settings::default();
+    settings.sessions.max_sessions = 2;
+    let s = server_with("t-s7-race", settings).await;
+    let mut clients = Vec::new();
+    for _ in 0..6 {
+        clients.push(s.client().await);
+    }
+    let results = futures::future::join_all(clients.iter().map(|c| {
+        call(
+            c,
+            "execute_python",
+            json!({"code": "import time\ntime.sleep(0.5)\n1"}),
+        )
+    }))
+    .await;
+    let opened = results.iter().filter(|r| !is_error(r)).count();
+    for r in results.iter().filter(|r| is_error(r)) {
+        assert!(text(r).contains("max_sessions"), "{}", text(r));
+    }
+    assert_eq!(opened, 2, "max_sessions = 2, sessions opened: {opened}");
+    assert!(common::containers_of("t-s7-race").len() <= 2);
+    for c in clients {
+        c.cancel().await.unwrap();
+    }
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn write_file_takes_the_documented_cap_in_one_request() {
+    use mcp_code_executor::mcp::workspace::caps;
+    let s = server("t-s7-bigwrite").await;
+    let c = s.client().await;
+    // A session open before the write: the file is copied into it, too.
+    let r = call(&c, "execute_python", json!({"code": "1"})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    // The largest binary file write_file promises, as base64: fits one request.
+    let data: Vec<u8> = (0..caps::WRITE_BYTES)
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&data);
+    let r = call(
+        &c,
+        "write_file",
+        json!({"path": "big.bin", "content": b64, "encoding": "base64"}),
+    )
+    .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    assert_eq!(structured(&r)["size_bytes"], caps::WRITE_BYTES);
+    let r = call(
+        &c,
+        "execute_python",
+        json!({"code": "import hashlib\nb = open('/workspace/big.bin', 'rb').read()\nprint(len(b), hashlib.sha256(b).hexdigest())"}),
+    )
+    .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    let want = {
+        use sha2::Digest as _;
+        let d = sha2::Sha256::digest(&data);
+        d.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    assert_eq!(
+        structured(&r)["stdout"],
+        format!("{} {want}\n", caps::WRITE_BYTES)
+    );
+    // One byte more is refused, naming the cap, and nothing is written.
+    let more = base64::engine::general_purpose::STANDARD.encode([&data[..], &[0]].concat());
+    let r = call(
+        &c,
+        "write_file",
+        json!({"path": "bigger.bin", "content": more, "encoding": "base64"}),
+    )
+    .await;
+    assert!(is_error(&r), "{}", text(&r));
+    assert!(text(&r).contains("at most 5242880 bytes"), "{}", text(&r));
+    let r = call(&c, "list_files", json!({})).await;
+    assert_eq!(
+        structured(&r)["files"].as_array().unwrap().len(),
+        1,
+        "{}",
+        text(&r)
+    );
+    // And the description says so.
+    let tools = c.list_all_tools().await.unwrap();
+    let w = tools.iter().find(|t| t.name == "write_file").unwrap();
+    assert!(
+        w.description
+            .as_deref()
+            .unwrap()
+            .contains("At most 5 MiB per write_file call"),
+        "{:?}",
+        w.description
+    );
+    c.cancel().await.unwrap();
+    s.finish().await;
+}

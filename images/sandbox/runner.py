@@ -418,7 +418,8 @@ def cpu_ns():
 def session(child, limit, wake_r, workdir, files_before):
     """Serve cells until stdin closes or the interpreter dies: each cell is `u32 length,
     JSON {code, output_limit}` on stdin, answered by its output frames, its figures and an
-    `X` report (exit_code 0, or 1 when the cell raised)."""
+    `X` report (exit_code 0, or 1 when the cell raised; `ended` when the interpreter exited,
+    after which no further cell is served)."""
     stdin = sys.stdin.buffer
     sel = selectors.DefaultSelector()
     sel.register(child.out_r, selectors.EVENT_READ, (b"O", 0))
@@ -514,8 +515,10 @@ def session(child, limit, wake_r, workdir, files_before):
             "files_dropped": files_dropped,
         }
         if exited is not None:
+            # The interpreter is gone (exit(), sys.exit(), a crash): so is the session.
             report["exit_code"] = os.WEXITSTATUS(exited) if os.WIFEXITED(exited) else None
             report["signal"] = os.WTERMSIG(exited) if os.WIFSIGNALED(exited) else None
+            report["ended"] = True
             frame(b"X", json.dumps(report).encode())
             return
         frame(b"X", json.dumps(report).encode())

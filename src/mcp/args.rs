@@ -1,5 +1,7 @@
 //! Tool arguments, with the names the tools' existing users already send, and the extractor
 //! that turns a malformed call into an `invalid_params` error naming the argument at fault.
+//! An argument a tool does not know (a misspelling such as `timout`) is such an error too
+//! ([`check_known`], applied to every tool before it runs), never silently ignored.
 
 use rmcp::handler::server::common::FromContextPart;
 use rmcp::handler::server::tool::ToolCallContext;
@@ -33,6 +35,50 @@ pub fn parse<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ErrorDa
     })
 }
 
+/// Refuse arguments the tool's input schema does not name, listing the ones it accepts.
+/// Only `arguments` is looked at: a request's `_meta` (progress token and the like) travels
+/// beside it in the request params, never inside.
+pub fn check_known(
+    tool: &str,
+    schema: &rmcp::model::JsonObject,
+    arguments: &rmcp::model::JsonObject,
+) -> Result<(), ErrorData> {
+    let accepted: Vec<&str> = schema
+        .get("properties")
+        .and_then(|p| p.as_object())
+        .map(|p| p.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    let unknown: Vec<&str> = arguments
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !accepted.contains(k))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let quoted = |names: &[&str]| {
+        names
+            .iter()
+            .map(|n| format!("`{n}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let what = if unknown.len() == 1 {
+        format!("unknown argument {}", quoted(&unknown))
+    } else {
+        format!("unknown arguments {}", quoted(&unknown))
+    };
+    let accepts = if accepted.is_empty() {
+        "it takes no arguments".to_string()
+    } else {
+        format!("it accepts {}", quoted(&accepted))
+    };
+    Err(ErrorData::invalid_params(
+        format!("invalid arguments for `{tool}`: {what}; {accepts}"),
+        None,
+    ))
+}
+
 /// The JSON Schema clients see for `T` (rmcp's draft 2020-12 settings).
 pub fn schema<T: JsonSchema + 'static>() -> std::sync::Arc<rmcp::model::JsonObject> {
     rmcp::handler::server::common::schema_for_input::<T>()
@@ -40,6 +86,7 @@ pub fn schema<T: JsonSchema + 'static>() -> std::sync::Arc<rmcp::model::JsonObje
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ExecuteCode {
     /// The Python source to run, as a complete script.
     pub code: String,
@@ -52,6 +99,7 @@ pub struct ExecuteCode {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct InitializeCodeFile {
     /// The first part of the script.
     pub content: String,
@@ -61,6 +109,7 @@ pub struct InitializeCodeFile {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct AppendToCodeFile {
     /// The file_path returned by initialize_code_file (or just its file name).
     pub file_path: String,
@@ -69,6 +118,7 @@ pub struct AppendToCodeFile {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ExecuteCodeFile {
     /// The file_path returned by initialize_code_file or execute_code (or just its file name).
     pub file_path: String,
@@ -78,18 +128,21 @@ pub struct ExecuteCodeFile {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ReadCodeFile {
     /// The file_path returned by initialize_code_file or execute_code (or just its file name).
     pub file_path: String,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Packages {
     /// Distribution names as on PyPI, e.g. ["numpy", "pandas"].
     pub packages: Vec<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ConfigureEnvironment {
     /// Environment type: `conda`, `venv` or `venv-uv`.
     #[serde(rename = "type")]
@@ -118,6 +171,30 @@ mod tests {
         assert!(e.message.contains("code"), "{}", e.message);
         let e = parse::<Packages>(json!({"packages": "numpy"})).unwrap_err();
         assert!(e.message.contains("`packages`"), "{}", e.message);
+    }
+
+    #[test]
+    fn unknown_arguments_are_named_with_the_accepted_ones() {
+        let schema = schema::<ExecuteCode>();
+        let args = |v: serde_json::Value| v.as_object().unwrap().clone();
+        assert!(check_known("execute_code", &schema, &args(json!({"code": "x"}))).is_ok());
+        let e = check_known(
+            "execute_code",
+            &schema,
+            &args(json!({"code": "x", "timout": 5})),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, rmcp::model::ErrorCode::INVALID_PARAMS);
+        for want in ["`timout`", "`code`", "`filename`", "`timeout`"] {
+            assert!(e.message.contains(want), "{want}: {}", e.message);
+        }
+        let none = rmcp::model::JsonObject::new();
+        let e = check_known("reset_session", &none, &args(json!({"force": true}))).unwrap_err();
+        assert!(e.message.contains("takes no arguments"), "{}", e.message);
+        // The schema says so too, and parsing refuses them on its own.
+        let s = serde_json::Value::Object((*schema).clone());
+        assert_eq!(s["additionalProperties"], false, "{s}");
+        assert!(parse::<ExecuteCode>(json!({"code": "x", "timout": 5})).is_err());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The HTTP front: Streamable HTTP at `/mcp` (rmcp's service) and the legacy SSE transport at
-//! `/sse` + `/messages` ([`super::sse`]), behind a `Host` allowlist (the guard of a local
-//! server against DNS rebinding) and a request body limit; beside them `/healthz`, `/readyz`
-//! and Prometheus `/metrics`, open without a token.
+//! `/sse` + `/messages` ([`super::sse`]), behind a `Host` allowlist and an `Origin` check (the
+//! guards of a local server against DNS rebinding, which the MCP specification requires) and a
+//! request body limit; beside them `/healthz`, `/readyz` and Prometheus `/metrics`, open
+//! without a token.
 //!
 //! Each tenant has its own set of MCP routes over its own [`CodeExecutor`] (own session
 //! managers, storage, workspaces, environment). With tenants configured, a call's bearer
@@ -23,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
 use super::sse::{self, SseState};
-use super::CodeExecutor;
+use super::{defaults, CodeExecutor};
 use crate::tenancy::token::Authenticator;
 
 /// Options of the HTTP transports.
@@ -32,8 +33,11 @@ pub struct HttpOptions {
     /// `Host` header values accepted (a name matches any port; `name:port` only that port).
     /// Empty: any host (for deployments behind a proxy that checks it).
     pub allowed_hosts: Vec<String>,
-    /// Browser `Origin` values accepted (`http://localhost:*` matches any port). Empty: no
-    /// Origin check (requests without `Origin`, i.e. non-browser clients, always pass).
+    /// Browser `Origin` values accepted beyond the default ones (`http://localhost:*`
+    /// matches any port; `*` accepts any origin, i.e. turns the check off). By default a
+    /// request with an `Origin` passes only from `http(s)://` localhost, 127.0.0.1 or
+    /// `[::1]` (any port) or a host of `allowed_hosts`; requests without `Origin`
+    /// (non-browser clients) always pass. See [`origin_ok`].
     pub allowed_origins: Vec<String>,
     /// Largest request body, bytes; larger requests get 413.
     pub max_body_bytes: usize,
@@ -237,9 +241,8 @@ fn tenant_routes(
     } else {
         config.with_allowed_hosts(opts.allowed_hosts.clone())
     };
-    if !opts.allowed_origins.is_empty() {
-        config = config.with_allowed_origins(opts.allowed_origins.clone());
-    }
+    // Origin is checked by `check_host`, for both transports alike.
+    config = config.disable_allowed_origins();
     let streamable_executor = executor.clone();
     let streamable = StreamableHttpService::new(
         move || Ok(streamable_executor.clone()),
@@ -249,11 +252,7 @@ fn tenant_routes(
     let legacy = Router::new()
         .route("/sse", get(sse::open))
         .route(sse::MESSAGES_PATH, post(sse::post))
-        .with_state(SseState::new(executor, shutdown))
-        .layer(middleware::from_fn_with_state(
-            Arc::new(opts.clone()),
-            check_host,
-        ));
+        .with_state(SseState::new(executor, shutdown));
     let streamable =
         Router::new()
             .nest_service("/mcp", streamable)
@@ -264,6 +263,10 @@ fn tenant_routes(
     streamable
         .merge(legacy)
         .layer(DefaultBodyLimit::max(opts.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            Arc::new(opts.clone()),
+            check_host,
+        ))
 }
 
 /// rmcp answers a POST body that is not JSON with a plain-text 415; JSON-RPC clients expect
@@ -295,7 +298,9 @@ async fn answer_parse_errors(State(limit): State<usize>, request: Request, next:
         .await
 }
 
-/// Refuse requests whose `Host` (or, when configured, `Origin`) is not on the allowlist.
+/// Refuse requests to `/mcp`, `/sse` and `/messages` whose `Host` is not on the allowlist
+/// or whose `Origin` (when there is one) is not accepted by [`origin_ok`]: 403 with a JSON
+/// body naming the flag that admits it.
 async fn check_host(
     State(opts): State<Arc<HttpOptions>>,
     request: Request,
@@ -303,24 +308,73 @@ async fn check_host(
 ) -> Response {
     let host = header_str(&request, header::HOST);
     if !opts.allowed_hosts.is_empty() && !host_allowed(&host, &opts.allowed_hosts) {
-        return (
-            StatusCode::FORBIDDEN,
-            format!("Host `{host}` is not allowed; add it with --allowed-hosts"),
-        )
-            .into_response();
+        tracing::info!(host = %host, "refused: Host not allowed");
+        return forbidden(format!(
+            "Host `{host}` is not allowed (a guard against DNS rebinding); add it with --allowed-hosts (MCP_EXECUTOR_ALLOWED_HOSTS)"
+        ));
     }
-    let origin = header_str(&request, header::ORIGIN);
-    if !origin.is_empty()
-        && !opts.allowed_origins.is_empty()
-        && !origin_allowed(&origin, &opts.allowed_origins)
-    {
-        return (
-            StatusCode::FORBIDDEN,
-            format!("Origin `{origin}` is not allowed; add it with --allowed-origins"),
-        )
-            .into_response();
+    if let Some(origin) = request.headers().get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        if !origin_ok(origin, &opts) {
+            tracing::info!(origin = %origin, "refused: Origin not allowed");
+            return forbidden(format!(
+                "Origin `{origin}` is not allowed: browser pages may call this server only from http(s)://localhost, 127.0.0.1 or [::1] (any port) or a host of --allowed-hosts (a guard against DNS rebinding). \
+                 Add the page's origin with --allowed-origins (MCP_EXECUTOR_ALLOWED_ORIGINS), e.g. --allowed-origins {}",
+                if origin.is_empty() { "https://app.example.com" } else { origin }
+            ));
+        }
     }
     next.run(request).await
+}
+
+fn forbidden(message: String) -> Response {
+    let body = serde_json::json!({"error": "forbidden", "message": message});
+    (StatusCode::FORBIDDEN, axum::Json(body)).into_response()
+}
+
+/// May a browser page from `origin` call the MCP routes? Yes from `http(s)://` localhost,
+/// 127.0.0.1 or `[::1]` on any port, from a host of `allowed_hosts` (a bare name there
+/// admits any port, `name:port` only that port), and from an entry of `allowed_origins`
+/// (`*` admits every origin). With `allowed_hosts` empty (any `Host`), only the loopback
+/// origins and `allowed_origins` pass: an open Host check does not open the Origin check.
+pub fn origin_ok(origin: &str, opts: &HttpOptions) -> bool {
+    if opts.allowed_origins.iter().any(|o| o.trim() == "*")
+        || origin_allowed(origin, &opts.allowed_origins)
+    {
+        return true;
+    }
+    let o = origin.trim().to_ascii_lowercase();
+    let Some((scheme, authority)) = o.split_once("://") else {
+        return false;
+    };
+    if !matches!(scheme, "http" | "https") || authority.is_empty() || authority.contains('/') {
+        return false;
+    }
+    let (name, port) = if let Some(rest) = authority.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((n, tail)) => (n, tail.strip_prefix(':')),
+            None => return false,
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((n, p)) => (n, Some(p)),
+            None => (authority, None),
+        }
+    };
+    if port.is_some_and(|p| p.is_empty() || !p.chars().all(|c| c.is_ascii_digit())) {
+        return false;
+    }
+    if defaults::ALLOWED_HOSTS.contains(&name) {
+        return true;
+    }
+    // As a `Host` header would carry it: the explicit port, else the scheme's.
+    let port = port.unwrap_or(if scheme == "https" { "443" } else { "80" });
+    let host = if name.contains(':') {
+        format!("[{name}]:{port}")
+    } else {
+        format!("{name}:{port}")
+    };
+    !opts.allowed_hosts.is_empty() && host_allowed(&host, &opts.allowed_hosts)
 }
 
 fn header_str(request: &Request, name: header::HeaderName) -> String {
@@ -421,6 +475,60 @@ mod tests {
         ] {
             assert!(!origin_allowed(bad, &allowed), "{bad}");
         }
+    }
+
+    #[test]
+    fn origins_by_default_and_with_flags() {
+        let mut opts = HttpOptions::default();
+        for ok in [
+            "http://localhost",
+            "http://localhost:6274",
+            "https://localhost:8443",
+            "http://127.0.0.1:4000",
+            "http://[::1]:4000",
+            "HTTP://LOCALHOST:1",
+        ] {
+            assert!(origin_ok(ok, &opts), "{ok}");
+        }
+        for bad in [
+            "http://evil.example",
+            "http://localhost.evil.example",
+            "http://127.0.0.1.evil.example:4000",
+            "http://evil.example/localhost",
+            "file://localhost",
+            "null",
+            "",
+            "http://localhost:x",
+            "http://[::1",
+        ] {
+            assert!(!origin_ok(bad, &opts), "{bad}");
+        }
+        // A host of --allowed-hosts is an allowed origin too (a bare name: any port).
+        opts.allowed_hosts.push("mcp.example.com".into());
+        opts.allowed_hosts.push("ide.example.com:8443".into());
+        for ok in [
+            "https://mcp.example.com",
+            "http://mcp.example.com:4000",
+            "https://ide.example.com:8443",
+        ] {
+            assert!(origin_ok(ok, &opts), "{ok}");
+        }
+        assert!(!origin_ok("https://ide.example.com", &opts));
+        assert!(!origin_ok("https://other.example.com", &opts));
+        // --allowed-origins adds to them; `*` turns the check off.
+        opts.allowed_origins = vec!["https://app.example.com".into()];
+        assert!(origin_ok("https://app.example.com", &opts));
+        assert!(origin_ok("http://localhost:6274", &opts));
+        assert!(!origin_ok("https://other.example.com", &opts));
+        opts.allowed_origins = vec!["*".into()];
+        assert!(origin_ok("https://other.example.com", &opts));
+        // Any Host (`--allowed-hosts '*'`) does not mean any Origin.
+        let any_host = HttpOptions {
+            allowed_hosts: Vec::new(),
+            ..Default::default()
+        };
+        assert!(!origin_ok("https://other.example.com", &any_host));
+        assert!(origin_ok("http://localhost:6274", &any_host));
     }
 
     #[test]

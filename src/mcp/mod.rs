@@ -32,7 +32,8 @@ pub mod vars {
     pub const HOST: &str = "MCP_EXECUTOR_HOST";
     /// Comma-separated `Host` header values the HTTP transports accept (DNS-rebinding guard).
     pub const ALLOWED_HOSTS: &str = "MCP_EXECUTOR_ALLOWED_HOSTS";
-    /// Comma-separated browser `Origin` values accepted (empty: not checked).
+    /// Comma-separated browser `Origin` values accepted besides loopback pages and the
+    /// allowed hosts (`*`: any).
     pub const ALLOWED_ORIGINS: &str = "MCP_EXECUTOR_ALLOWED_ORIGINS";
     /// Longest timeout a call may ask for, seconds.
     pub const MAX_TIMEOUT: &str = "MCP_EXECUTOR_MAX_TIMEOUT";
@@ -69,9 +70,10 @@ pub mod defaults {
     pub const HOST: &str = "127.0.0.1";
     pub const MAX_TIMEOUT: Duration = Duration::from_secs(300);
     pub const MAX_CONCURRENT: usize = 4;
-    /// Largest HTTP request body accepted (code is capped at 1 MiB per call; JSON escaping
-    /// can grow it).
-    pub const MAX_BODY_BYTES: usize = 4 << 20;
+    /// Largest HTTP request body (and stdio line) accepted: room for the largest write_file
+    /// call (5 MiB, base64: 6.7 MiB) and 1 MiB of code with heavy JSON escaping; a 10 MiB
+    /// request is refused (413).
+    pub const MAX_BODY_BYTES: usize = 8 << 20;
     pub const ALLOWED_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
     /// Large enough that a burst of 100 calls from one client all wait their turn; each
     /// waiting call holds only its request (at most [`MAX_BODY_BYTES`]).

@@ -7,7 +7,10 @@
 //! ends, the clone is dropped and so is its session's container. The shared [`Extras`] hold the
 //! sessions and cap how many live at once; a background reaper removes those idle longer
 //! than the idle timeout or older than the maximum lifetime. Cells of one session run one at
-//! a time (later calls queue). Server shutdown removes every session.
+//! a time (later calls queue; a call cancelled while it waits leaves the session as it was),
+//! each in a run slot of the tenant's scheduler, like one-shot runs. Opening a session takes
+//! one of the tenant's `max_sessions` atomically. Server shutdown removes every session, and
+//! [`Extras::wait_closed`] lets it wait for that before the sandbox is drained.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -54,6 +57,10 @@ pub mod defaults {
     pub const MAX_SESSIONS: usize = 16;
 }
 
+/// How long shutdown waits for execute_python calls to stop and sessions to close before
+/// it drains the sandbox anyway (what is left then is removed by the next start-up sweep).
+pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
+
 impl Default for SessionOptions {
     fn default() -> Self {
         SessionOptions {
@@ -73,7 +80,10 @@ pub struct Extras {
     pub(super) tenant: String,
     options: SessionOptions,
     sessions: Mutex<HashMap<u64, Arc<Slot>>>,
+    /// Sessions open or being opened (each counted by a [`Ticket`]).
     live: AtomicUsize,
+    /// execute_python and reset_session calls in progress (shutdown waits for them).
+    busy: AtomicUsize,
     reaper: AtomicBool,
     shutdown: Mutex<CancellationToken>,
     pub(super) workspaces: Workspaces,
@@ -93,12 +103,25 @@ struct Live {
     opened: Instant,
     /// Digest of each workspace file as the session last received it.
     synced: HashMap<String, [u8; 32]>,
-    extras: Arc<Extras>,
+    _ticket: Ticket,
 }
 
-impl Drop for Live {
+/// One of the tenant's `max_sessions`, taken before a session is opened (so that
+/// concurrent first cells cannot pass the cap) and given back when dropped.
+struct Ticket(Arc<Extras>);
+
+impl Drop for Ticket {
     fn drop(&mut self) {
-        self.extras.live.fetch_sub(1, Ordering::SeqCst);
+        self.0.live.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A call in progress, counted until it returns (or is dropped).
+struct Busy(Arc<Extras>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -111,6 +134,7 @@ impl Extras {
             options: settings.sessions.clone(),
             sessions: Mutex::default(),
             live: AtomicUsize::new(0),
+            busy: AtomicUsize::new(0),
             reaper: AtomicBool::new(false),
             shutdown: Mutex::new(CancellationToken::new()),
             workspaces: Workspaces::new(settings.sessions.workspace_root.clone()),
@@ -133,9 +157,48 @@ impl Extras {
         self.sessions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Sessions with an open sandbox.
+    /// Sessions with an open sandbox (or one being opened).
     pub fn live_sessions(&self) -> usize {
         self.live.load(Ordering::SeqCst)
+    }
+
+    /// Take one of the `max_sessions`, atomically with the check; `None` at the cap.
+    fn reserve(self: &Arc<Self>) -> Option<Ticket> {
+        let max = self.options.max_sessions;
+        self.live
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Ticket(self.clone()))
+    }
+
+    fn busy(self: &Arc<Self>) -> Busy {
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        Busy(self.clone())
+    }
+
+    /// After shutdown was asked for: wait until no execute_python call is in progress and
+    /// every session is closed (its container handed to the sandbox for removal), at most
+    /// `deadline`. The sandbox is drained after this, so that no session container is
+    /// dropped after the drain. False when the deadline passed first.
+    pub async fn wait_closed(&self, deadline: Duration) -> bool {
+        let t0 = Instant::now();
+        loop {
+            if self.busy.load(Ordering::SeqCst) == 0 && self.live.load(Ordering::SeqCst) == 0 {
+                return true;
+            }
+            if t0.elapsed() >= deadline {
+                tracing::warn!(
+                    tenant = %self.tenant,
+                    calls = self.busy.load(Ordering::SeqCst),
+                    sessions = self.live.load(Ordering::SeqCst),
+                    "sessions still open at the shutdown deadline"
+                );
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     fn slot(&self, conn: u64) -> Arc<Slot> {
@@ -266,6 +329,7 @@ impl Drop for Connection {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ExecutePython {
     /// Python code to run in your session: statements, and optionally a final expression whose value is shown.
     pub code: String,
@@ -304,31 +368,108 @@ impl CodeExecutor {
         crate::storage::check_code_size(&a.code)
             .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
         let (timeout, note) = self.timeout(a.timeout)?;
+        let x = self.conn.extras.clone();
+        let _busy = x.busy();
+        let shutdown = x.shutdown();
+        if shutdown.is_cancelled() {
+            return Ok(not_run(SHUTTING_DOWN));
+        }
         if let Err(e) = self.admit() {
             return Ok(tool_error(format!("the cell was not run: {e}")));
         }
-        let x = self.conn.extras.clone();
+        x.start_reaper();
+        let slot = x.slot(self.conn.id);
+        let (progress, events) = Progress::start(&ctx);
+        let result = self
+            .cell(&a.code, timeout, note, &slot, &ctx, &shutdown, events)
+            .await;
+        match progress {
+            // At shutdown the client may be gone: do not hold the shutdown up for it.
+            Some(p) if !shutdown.is_cancelled() => p.finish().await,
+            _ => {}
+        }
+        Ok(result)
+    }
+
+    #[tool(description = RESET_SESSION)]
+    async fn reset_session(&self) -> Result<CallToolResult, ErrorData> {
+        let x = &self.conn.extras;
+        let _busy = x.busy();
+        let slot = x.slot(self.conn.id);
+        let mut cell = slot.cell.lock().await;
+        let had = cell.take().is_some();
+        Ok(CallToolResult::success(vec![
+            rmcp::model::ContentBlock::text(if had {
+                "the session was reset: its state is gone and its sandbox removed; the next execute_python call starts fresh"
+            } else {
+                "there was no open session; the next execute_python call starts fresh"
+            }),
+        ]))
+    }
+}
+
+const SHUTTING_DOWN: &str = "the server is shutting down";
+
+/// The answer to a call that ended before its cell started: the session is as it was.
+fn not_run(why: &str) -> CallToolResult {
+    tool_error(format!(
+        "the cell was not run: {why}. The session is unchanged (its state is kept)."
+    ))
+}
+
+impl CodeExecutor {
+    /// One cell: wait for this session's turn, then for a run slot (both given up, leaving
+    /// the session untouched, when the call is cancelled or the server shuts down), open the
+    /// session if needed, copy changed workspace files in, run the code.
+    #[allow(clippy::too_many_arguments)]
+    async fn cell(
+        &self,
+        code: &str,
+        timeout: Duration,
+        note: Option<String>,
+        slot: &Slot,
+        ctx: &RequestContext<RoleServer>,
+        shutdown: &CancellationToken,
+        events: crate::sandbox::Events,
+    ) -> CallToolResult {
+        let x = &self.conn.extras;
         let conn = self.conn.id;
         let started = Instant::now();
-        x.start_reaper();
-        let slot = x.slot(conn);
-        let mut cell = slot.cell.lock().await;
+        // This session's turn: cells of one session run one at a time.
+        let mut cell = tokio::select! {
+            biased;
+            _ = ctx.ct.cancelled() => return not_run("the request was cancelled while it waited for the previous cell"),
+            _ = shutdown.cancelled() => return not_run(SHUTTING_DOWN),
+            c = slot.cell.lock() => c,
+        };
+        // A run slot, from the scheduler one-shot runs use (the tenant's max_concurrent_runs,
+        // fair turns between tenants). Taken after the session's turn, so that queued cells
+        // of one session do not hold slots while they wait.
+        let _permit = tokio::select! {
+            biased;
+            _ = ctx.ct.cancelled() => return not_run("the request was cancelled while it waited for a run slot"),
+            _ = shutdown.cancelled() => return not_run(SHUTTING_DOWN),
+            p = self.acquire_slot() => match p {
+                Ok(p) => p,
+                Err(e) => return not_run(&e.to_string()),
+            },
+        };
         *slot.used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         let files = match x.workspaces.input_files(&self.conn.workspace_key()).await {
             Ok(f) => f,
-            Err(e) => return Ok(tool_error(e)),
+            Err(e) => return tool_error(e),
         };
         let mut notes: Vec<String> = note.into_iter().collect();
         if cell.as_ref().is_some_and(|l| !l.session.alive()) {
             cell.take();
         }
         if cell.is_none() {
-            if x.live_sessions() >= x.options.max_sessions {
-                return Ok(tool_error(format!(
+            let Some(ticket) = x.reserve() else {
+                return tool_error(format!(
                     "no session could be opened: tenant `{}` already has {} sessions open, its maximum (max_sessions). Close one (reset_session ends this connection's), wait for idle ones to expire, or use execute_code (no state).",
                     x.tenant, x.options.max_sessions
-                )));
-            }
+                ));
+            };
             let mut job = JobSpec::python("", x.limits.clone());
             job.tenant = x.tenant.clone();
             job.files = files.clone();
@@ -339,26 +480,28 @@ impl CodeExecutor {
                 .iter()
                 .map(|f| (f.path.clone(), Sha256::digest(&f.contents).into()))
                 .collect();
+            // Dropping the future (cancelled, shutting down) removes a half-made container.
             let session = tokio::select! {
                 s = x.sandbox.open_session(job) => s,
-                _ = ctx.ct.cancelled() => return Ok(tool_error("the request was cancelled")),
+                _ = ctx.ct.cancelled() => return not_run("the request was cancelled while the session was being opened"),
+                _ = shutdown.cancelled() => return not_run(SHUTTING_DOWN),
             };
             match session {
                 Ok(session) => {
-                    x.live.fetch_add(1, Ordering::SeqCst);
                     *cell = Some(Live {
                         session,
                         opened: Instant::now(),
                         synced,
-                        extras: x.clone(),
+                        _ticket: ticket,
                     });
                     notes.push("a new session was started".into());
                 }
-                Err(e) => return Ok(tool_error(format!("the session could not be opened: {e}"))),
+                Err(e) => return tool_error(format!("the session could not be opened: {e}")),
             }
         }
         let live = cell.as_mut().expect("opened above");
-        // Files written with write_file since the session opened: copy them in first.
+        // Files written with write_file since the session opened: copy them in first. Not
+        // given up on cancellation (that would leave the interpreter mid-cell); short.
         let changed: Vec<_> = files
             .iter()
             .filter(|f| {
@@ -368,32 +511,44 @@ impl CodeExecutor {
             .collect();
         if !changed.is_empty() {
             let code = sync_code(&changed);
-            match live.session.exec(&code, timeout, None).await {
-                Ok(o) if o.success() => {
+            let synced = tokio::select! {
+                r = live.session.exec(&code, timeout, None) => Some(r),
+                _ = shutdown.cancelled() => None,
+            };
+            match synced {
+                None => {
+                    cell.take();
+                    return tool_error(format!("the cell was not run: {SHUTTING_DOWN}. {LOST}"));
+                }
+                Some(Ok(o)) if o.success() => {
                     for f in changed {
                         live.synced
                             .insert(f.path.clone(), Sha256::digest(&f.contents).into());
                     }
                 }
-                Ok(o) => notes.push(format!(
+                Some(Ok(o)) => notes.push(format!(
                     "workspace files could not be copied into the session: {}",
                     o.stderr_text()
                 )),
-                Err(e) => notes.push(format!(
+                Some(Err(e)) => notes.push(format!(
                     "workspace files could not be copied into the session: {e}"
                 )),
             }
+            if !live.session.alive() {
+                cell.take();
+                return tool_error(format!(
+                    "the cell was not run: the session ended while workspace files were copied in. {LOST}"
+                ));
+            }
         }
-        let (progress, events) = Progress::start(&ctx);
-        let shutdown = x.shutdown();
+        if ctx.ct.is_cancelled() {
+            return not_run("the request was cancelled before the cell started");
+        }
         let result = tokio::select! {
-            r = live.session.exec(&a.code, timeout, events) => Some(r),
+            r = live.session.exec(code, timeout, events) => Some(r),
             _ = ctx.ct.cancelled() => None,
             _ = shutdown.cancelled() => None,
         };
-        if let Some(p) = progress {
-            p.finish().await;
-        }
         *slot.used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         let label = match &result {
             None => "cancelled",
@@ -404,30 +559,33 @@ impl CodeExecutor {
         self.metrics().run(&x.tenant, label, secs);
         tracing::info!(
             tenant = %x.tenant,
-            code_sha256 = %super::tools::code_digest(a.code.as_bytes()),
+            code_sha256 = %super::tools::code_digest(code.as_bytes()),
             outcome = label,
             "session cell ran"
         );
         let outcome = match result {
             None => {
                 cell.take();
-                return Ok(tool_error(format!(
-                    "the call was cancelled while running. {LOST}"
-                )));
+                let why = if shutdown.is_cancelled() {
+                    "the server is shutting down; the cell was stopped while running"
+                } else {
+                    "the call was cancelled while running"
+                };
+                return tool_error(format!("{why}. {LOST}"));
             }
             Some(Err(e)) => {
                 let ended = !live.session.alive();
                 if ended {
                     cell.take();
                 }
-                return Ok(tool_error(format!(
+                return tool_error(format!(
                     "the code could not be run: {e}{}",
                     if ended {
                         format!("\n{LOST}")
                     } else {
                         String::new()
                     }
-                )));
+                ));
             }
             Some(Ok(o)) => o,
         };
@@ -443,26 +601,20 @@ impl CodeExecutor {
             notes.push(saved);
         }
         if outcome.timed_out || outcome.oom_killed || !live.session.alive() {
+            if !outcome.timed_out && !outcome.oom_killed {
+                notes.push(
+                    "the session's Python interpreter exited (exit(), sys.exit(), os._exit() or a crash)"
+                        .into(),
+                );
+            }
             cell.take();
             notes.push(LOST.into());
+        } else if shutdown.is_cancelled() {
+            // The shutdown sweep skipped this session while the cell ran.
+            cell.take();
         }
         let note = (!notes.is_empty()).then(|| notes.join("; "));
-        Ok(RunReport::new(&outcome, timeout.as_secs_f64(), cell_path(conn)).into_result(note))
-    }
-
-    #[tool(description = RESET_SESSION)]
-    async fn reset_session(&self) -> Result<CallToolResult, ErrorData> {
-        let x = &self.conn.extras;
-        let slot = x.slot(self.conn.id);
-        let mut cell = slot.cell.lock().await;
-        let had = cell.take().is_some();
-        Ok(CallToolResult::success(vec![
-            rmcp::model::ContentBlock::text(if had {
-                "the session was reset: its state is gone and its sandbox removed; the next execute_python call starts fresh"
-            } else {
-                "there was no open session; the next execute_python call starts fresh"
-            }),
-        ]))
+        RunReport::new(&outcome, timeout.as_secs_f64(), cell_path(conn)).into_result(note)
     }
 }
 

@@ -24,7 +24,7 @@ use crate::metrics::{self, Metrics};
 use crate::sandbox::{Events, Sandbox};
 use crate::storage::{self, CodeStorage};
 use crate::tenancy::rate::RateLimiter;
-use crate::tenancy::scheduler::{QueueError, Scheduler};
+use crate::tenancy::scheduler::{Permit, QueueError, Scheduler};
 
 const EXECUTE_CODE: &str = "Run a complete Python script in a fresh, isolated sandbox and return its stdout, stderr and exit status. \
 Each call starts from scratch: no variables, files or installs survive between calls. There is no network access. \
@@ -184,6 +184,13 @@ impl CodeExecutor {
         self.conn.extras.live_sessions()
     }
 
+    /// This tenant's execute_python sessions, shared by every connection: at shutdown,
+    /// [`Extras::wait_closed`](super::sessions::Extras::wait_closed) before draining the
+    /// sandbox.
+    pub fn sessions(&self) -> Arc<super::sessions::Extras> {
+        self.conn.extras.clone()
+    }
+
     /// A storage error as a tool error; a refusal by the storage quota is counted.
     pub(super) fn storage_error(&self, e: storage::StorageError) -> CallToolResult {
         self.count_quota(&e);
@@ -329,12 +336,12 @@ impl CodeExecutor {
         result
     }
 
-    /// Wait for one of the run slots (fairly shared between tenants), then run.
-    async fn run_in_slot(&self, mut job: JobSpec, events: Events) -> Result<Outcome, RunError> {
+    /// Wait for one of the run slots, fairly shared between tenants and capped by the
+    /// tenant's `max_concurrent_runs`: one-shot runs and execute_python cells alike.
+    pub(super) async fn acquire_slot(&self) -> Result<Permit, RunError> {
         let s = &self.shared;
         let cap = s.settings.quota.max_concurrent_runs.unwrap_or(usize::MAX);
-        let _slot = s
-            .scheduler
+        s.scheduler
             .acquire(&s.settings.tenant, cap)
             .await
             .map_err(|e| match e {
@@ -343,7 +350,12 @@ impl CodeExecutor {
                     s.metrics.rejected(&s.settings.tenant, "queue_full");
                     RunError::Refused(full.to_string())
                 }
-            })?;
+            })
+    }
+
+    /// Wait for one of the run slots (fairly shared between tenants), then run.
+    async fn run_in_slot(&self, mut job: JobSpec, events: Events) -> Result<Outcome, RunError> {
+        let _slot = self.acquire_slot().await?;
         // The current environment, held for the run: an install waits for it, and it waits
         // for an install, so a run never sees an environment halfway through an install.
         let mut _env_lock = None;
@@ -757,6 +769,22 @@ impl CodeExecutor {
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for CodeExecutor {
+    /// rmcp's dispatch, after refusing arguments the tool does not know (every tool, those
+    /// without arguments too): a misspelt argument must not be silently ignored.
+    async fn call_tool(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        if let (Some(tool), Some(arguments)) =
+            (self.tool_router.get(&request.name), &request.arguments)
+        {
+            args::check_known(&request.name, &tool.input_schema, arguments)?;
+        }
+        let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        self.tool_router.call(tcc).await
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new(

@@ -24,13 +24,21 @@ use crate::storage::CodeStorage;
 
 /// Caps of a workspace.
 pub mod caps {
-    /// Largest file.
+    /// Largest file (as the code writes it).
     pub const FILE_BYTES: u64 = 8 << 20;
+    /// Largest file one write_file call may carry: as base64 (4/3 of it) inside a JSON
+    /// request it must fit the request body limit.
+    pub const WRITE_BYTES: u64 = 5 << 20;
     /// Files in one workspace.
     pub const FILES: usize = 100;
     /// All files together.
     pub const TOTAL_BYTES: u64 = 32 << 20;
 }
+
+// A write_file call of WRITE_BYTES, base64-encoded, with room for the JSON-RPC envelope.
+const _: () = assert!(
+    (caps::WRITE_BYTES as usize).div_ceil(3) * 4 + (64 << 10) <= super::defaults::MAX_BODY_BYTES
+);
 
 /// Where the code sees the workspace.
 pub const MOUNT: &str = "/workspace";
@@ -181,6 +189,7 @@ fn ws_error(e: crate::storage::StorageError) -> String {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct WriteFile {
     /// File name in the workspace, e.g. `data.csv` (the code sees `/workspace/data.csv`). No subdirectories.
     pub path: String,
@@ -192,12 +201,14 @@ pub struct WriteFile {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ReadFile {
     /// File name in the workspace, e.g. `result.csv` or `/workspace/result.csv`.
     pub path: String,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ListFiles {
     /// Only names starting with this prefix (default: all files).
     #[serde(default)]
@@ -227,7 +238,8 @@ pub struct FileList {
 
 const WRITE_FILE: &str = "Write a file into your workspace (created or replaced). Your code sees workspace files at /workspace/<path> \
 in every execute_code, execute_code_file and execute_python call (e.g. pandas.read_csv('/workspace/data.csv')). \
-`encoding`: `text` (default) or `base64` for binary data. Flat: a file name without directories. At most 8 MiB per file, 100 files and 32 MiB in all. \
+`encoding`: `text` (default) or `base64` for binary data. Flat: a file name without directories. \
+At most 5 MiB per write_file call (what one request can carry once base64-encoded); files your code writes may reach 8 MiB; 100 files and 32 MiB in all. \
 The workspace belongs to your MCP session and is deleted when it ends (unless the server shares one workspace per tenant).";
 
 const READ_FILE: &str = "Read a file from your workspace: files you wrote with write_file and files your code wrote to /workspace. \
@@ -244,8 +256,21 @@ impl CodeExecutor {
         output_schema = schema_for_output::<WorkspaceFile>()
     )]
     async fn write_file(&self, Args(a): Args<WriteFile>) -> Result<CallToolResult, ErrorData> {
+        let too_large = |size: u64| {
+            Ok(tool_error(format!(
+                "nothing was written: the file is {size} bytes, and write_file takes at most {} bytes ({} MiB) per call, \
+                 what one request can carry once base64-encoded. Write a smaller file, or let your code produce larger ones in /workspace",
+                caps::WRITE_BYTES,
+                caps::WRITE_BYTES >> 20
+            )))
+        };
+        let limit_b64 = (caps::WRITE_BYTES as usize).div_ceil(3) * 4;
         let data = match a.encoding.as_deref().unwrap_or("text") {
             "text" => a.content.into_bytes(),
+            // Decoded size, estimated before decoding anything large.
+            "base64" if a.content.trim().len() > limit_b64 => {
+                return too_large(a.content.trim().len() as u64 / 4 * 3)
+            }
             "base64" => base64::engine::general_purpose::STANDARD
                 .decode(a.content.trim())
                 .map_err(|e| {
@@ -261,6 +286,9 @@ impl CodeExecutor {
                 ))
             }
         };
+        if data.len() as u64 > caps::WRITE_BYTES {
+            return too_large(data.len() as u64);
+        }
         let ws = match self.conn.extras.workspaces.of(&self.conn.workspace_key()) {
             Ok(w) => w,
             Err(e) => return Ok(tool_error(e)),

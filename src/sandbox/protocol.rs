@@ -117,6 +117,10 @@ pub struct Report {
     /// Workspace files over the runner's caps, not sent.
     #[serde(default)]
     pub files_dropped: u64,
+    /// A session's interpreter exited during the cell (`exit()`, `sys.exit()`, a crash):
+    /// the session can run no further cell.
+    #[serde(default)]
+    pub ended: bool,
 }
 
 /// One message from the runner.

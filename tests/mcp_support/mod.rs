@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use mcp_code_executor::mcp::{self, http::HttpOptions, CodeExecutor, Settings};
 use mcp_code_executor::sandbox::docker::DockerSandbox;
+use mcp_code_executor::sandbox::Sandbox;
 use mcp_code_executor::storage::CodeStorage;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::RunningService;
@@ -25,7 +26,9 @@ pub struct Server {
     pub sandbox: Arc<DockerSandbox>,
     pub storage_dir: PathBuf,
     pub tenant: String,
-    shutdown: CancellationToken,
+    /// The tenant's execute_python sessions.
+    pub sessions: Arc<mcp::sessions::Extras>,
+    pub shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -57,8 +60,19 @@ pub async fn server_with_environments(tenant: &str, data_dir: &std::path::Path) 
 
 async fn server_full(
     tenant: &str,
+    settings: Settings,
+    envs: Option<Arc<mcp_code_executor::env::state::Environments>>,
+) -> Server {
+    server_custom(tenant, settings, envs, &HttpOptions::default(), |s| s).await
+}
+
+/// A server with its own HTTP options, whose executor runs on `wrap(real sandbox)`.
+pub async fn server_custom(
+    tenant: &str,
     mut settings: Settings,
     envs: Option<Arc<mcp_code_executor::env::state::Environments>>,
+    opts: &HttpOptions,
+    wrap: impl FnOnce(Arc<dyn Sandbox>) -> Arc<dyn Sandbox>,
 ) -> Server {
     let sandbox = common::sandbox().await;
     let storage_dir = std::env::temp_dir().join(format!(
@@ -70,11 +84,13 @@ async fn server_full(
     settings.sessions.workspace_root = storage_dir.with_extension("ws");
     let shutdown = CancellationToken::new();
     let mut executor =
-        CodeExecutor::new(sandbox.clone(), storage, settings).with_shutdown(shutdown.clone());
+        CodeExecutor::new(wrap(sandbox.clone() as Arc<dyn Sandbox>), storage, settings)
+            .with_shutdown(shutdown.clone());
     if let Some(envs) = envs {
         executor = executor.with_environments(envs);
     }
-    let router = mcp::http::router(executor, &HttpOptions::default(), shutdown.clone());
+    let sessions = executor.sessions();
+    let router = mcp::http::router(executor, opts, shutdown.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn({
@@ -88,6 +104,7 @@ async fn server_full(
         sandbox,
         storage_dir,
         tenant: tenant.to_string(),
+        sessions,
         shutdown,
         task,
     }
@@ -106,10 +123,17 @@ impl Server {
             .expect("client connects over Streamable HTTP")
     }
 
-    /// Stop the server, wait for container removals, and check none of ours is left.
+    /// Stop the server as `serve` does (sessions closed before the sandbox is drained), and
+    /// check none of our containers is left.
     pub async fn finish(self) {
         self.shutdown.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(15), self.task).await;
+        assert!(
+            self.sessions
+                .wait_closed(mcp::sessions::SHUTDOWN_DEADLINE)
+                .await,
+            "sessions still open after the shutdown deadline"
+        );
         common::assert_clean(&self.sandbox, &self.tenant).await;
         let _ = std::fs::remove_dir_all(&self.storage_dir);
         let _ = std::fs::remove_dir_all(self.storage_dir.with_extension("ws"));

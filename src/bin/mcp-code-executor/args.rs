@@ -60,8 +60,11 @@ pub struct ServeCmd {
     /// rebinding); `*` accepts any.
     #[arg(long, env = mcp::vars::ALLOWED_HOSTS, value_delimiter = ',', default_value = "localhost,127.0.0.1,::1")]
     pub allowed_hosts: Vec<String>,
-    /// Browser Origin values the HTTP transports accept, comma-separated (e.g.
-    /// `http://localhost:*`); unset: Origin is not checked.
+    /// Browser Origin values the HTTP transports accept besides the default ones,
+    /// comma-separated (e.g. `https://app.example.com`, `http://host:*` for any port); `*`
+    /// accepts any. By default a request carrying an Origin passes only from http(s)://
+    /// localhost, 127.0.0.1 or [::1] (any port) and from the --allowed-hosts names; requests
+    /// without Origin (non-browser clients) always pass.
     #[arg(long, env = mcp::vars::ALLOWED_ORIGINS, value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
     /// Directory of stored code (default: $XDG_DATA_HOME/mcp-code-executor/code).

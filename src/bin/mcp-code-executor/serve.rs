@@ -154,6 +154,9 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         .with_metrics(metrics.clone());
         executors.push(executor);
     }
+    // Every tenant's execute_python sessions: shutdown waits for them to close before it
+    // drains the sandbox, so that no session container is dropped after the drain.
+    let sessions: Vec<_> = executors.iter().map(|e| e.sessions()).collect();
     tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
@@ -194,6 +197,9 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         mcp::http::serve(listener, router, shutdown.clone()).await
     };
     shutdown.cancel();
+    for s in &sessions {
+        s.wait_closed(mcp::sessions::SHUTDOWN_DEADLINE).await;
+    }
     sandbox.shutdown().await;
     served.context("serving")?;
     Ok(())

@@ -713,7 +713,7 @@ impl Session for DockerSession {
                 return Err(e);
             }
         };
-        let report_ok = matches!(&ended, Ended::Report(r, _) if r.signal.is_none() && r.exit_code.is_some_and(|c| c <= 1));
+        let report_ok = matches!(&ended, Ended::Report(r, _) if !r.ended && r.signal.is_none() && r.exit_code.is_some_and(|c| c <= 1));
         let mut outcome = match self.inner.outcome_of(ended, &self.live.guard).await {
             Ok(o) => o,
             Err(e) => {
@@ -721,7 +721,8 @@ impl Session for DockerSession {
                 return Err(e);
             }
         };
-        // A timeout, an OOM kill or a dead interpreter ends the session: its state is gone.
+        // A timeout, an OOM kill or a dead interpreter (`exit()` included, whatever its
+        // status) ends the session: its state is gone.
         if !report_ok || outcome.timed_out || outcome.oom_killed {
             self.alive = false;
         }
