@@ -621,6 +621,17 @@ impl CodeExecutor {
         limits.timeout = Duration::from_secs(30).min(self.shared.settings.max_timeout);
         let mut job = JobSpec::python(code, limits);
         job.tenant = self.shared.settings.tenant.clone();
+        // The environment the check runs in (run_job uses the current one).
+        let (environment, path) = match &self.shared.environments {
+            Some(envs) => {
+                let e = envs.state.current().await;
+                (
+                    e.kind.as_str().to_string(),
+                    Some(e.prefix.display().to_string()),
+                )
+            }
+            None => ("default".to_string(), None),
+        };
         let outcome = match self.run_job(job, &ctx).await {
             Ok(o) if o.success() => o,
             Ok(o) => {
@@ -649,7 +660,8 @@ impl CodeExecutor {
             .collect::<Vec<_>>()
             .join("\n");
         let report = PackagesReport {
-            environment: "default".into(),
+            environment,
+            path,
             packages,
         };
         Ok(with_structured(text, &report, false))
