@@ -9,6 +9,8 @@
 pub mod manager;
 pub mod spec;
 pub mod state;
+#[cfg(test)]
+pub(crate) mod testing;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

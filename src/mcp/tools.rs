@@ -581,18 +581,18 @@ impl CodeExecutor {
                      Use what the environment has: check_installed_packages lists it"
                 ));
             }
-            let env = envs.state.current().await;
-            if !envs.state.installs_allowed(&env) {
-                return refused(format!(
-                    "the current environment ({}) is shared by the operator and read-only for tenants; \
-                     switch to your own with configure_environment type `default`, then install",
-                    env.prefix.display()
-                ));
+            // An install starts containers: it counts as a run of the tenant's quota
+            // (a malformed request is refused before it costs one).
+            environment::check_specs(&a.packages)?;
+            if let Err(e) = self.admit() {
+                return refused(e.to_string());
             }
-            let result = environment::install(envs, &*s.sandbox, &tenant, a.packages, &ctx).await;
-            let ok = matches!(&result, Ok(r) if r.is_error != Some(true));
-            s.metrics.install(&tenant, if ok { "ok" } else { "failed" });
-            return result;
+            // The environment is read, checked and installed into in one step: a switch
+            // (configure_environment) meanwhile cannot redirect the install.
+            let (result, outcome) =
+                environment::install(envs, s.sandbox.clone(), a.packages.clone(), &ctx).await?;
+            s.metrics.install(&tenant, outcome);
+            return Ok(result);
         }
         check_package_names(&a.packages)?;
         Ok(tool_error(format!(
