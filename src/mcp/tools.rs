@@ -676,6 +676,11 @@ impl CodeExecutor {
         Args(a): Args<args::ConfigureEnvironment>,
     ) -> Result<CallToolResult, ErrorData> {
         if let Some(envs) = &self.shared.environments {
+            // Validating starts the environment's Python in a container: it counts as a
+            // run of the tenant's quota.
+            if let Err(e) = self.admit() {
+                return Ok(tool_error(format!("the environment was not changed: {e}")));
+            }
             return environment::configure(envs, &*self.shared.sandbox, a).await;
         }
         if !matches!(a.env_type.as_str(), "conda" | "venv" | "venv-uv") {
