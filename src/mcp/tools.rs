@@ -46,7 +46,8 @@ const READ_CODE_FILE: &str = "Return the current content of a stored Python file
 
 const INSTALL_DEPENDENCIES: &str = "Install Python packages (from PyPI, with pip) into the current execution environment, for the runs that follow. \
 Give plain requirement specifiers such as `six`, `pandas>=2` or `requests[socks]==2.31.0`; URLs, paths and pip options are refused. \
-The install runs in a separate installer container with network access (runs themselves have none) and may take a minute; the result lists the installed versions. \
+The install runs in separate installer containers (wheels are downloaded with network access, then installed without; runs themselves have none) and may take a minute; \
+only packages that publish wheels (binary packages) for the environment's Python install, source builds are not run. The result lists the installed versions, dependencies included. \
 Check first with check_installed_packages: numpy, pandas and matplotlib are already there in the default environment.";
 
 const CHECK_INSTALLED_PACKAGES: &str = "Check which of the given packages are installed in the execution environment, with their versions. \
@@ -750,7 +751,7 @@ impl CodeExecutor {
         );
         match &current {
             Some(c) => text = format!(
-                "environment: {} at {} (Python {}{}), mounted read-only in every run; install_dependencies installs into it with pip in a separate installer container\n{}",
+                "environment: {} at {} (Python {}{}), mounted read-only in every run; install_dependencies installs wheels into it (downloaded in a separate container, installed with the network off)\n{}",
                 c.kind,
                 c.path.display(),
                 c.python_version,
