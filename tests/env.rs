@@ -6,7 +6,11 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use mcp_code_executor::env::manager::EnvManager;
+use std::sync::Arc;
+
+use mcp_code_executor::env::manager::{
+    EnvManager, Install, InstallCaps, InstallReport, ManagerError,
+};
 use mcp_code_executor::env::{self, Context, EnvKind, EnvRequest, Environment};
 use mcp_code_executor::job::JobSpec;
 use mcp_code_executor::sandbox::docker::DockerSandbox;
@@ -73,12 +77,13 @@ async fn assert_env_works(s: &DockerSandbox, env: &Environment, tenant: &str) {
     assert_eq!(lines[3], "mount ['ro']", "mounted read-only: {out}");
 
     let m = EnvManager::new(tempdir("unused"), None);
-    let probe = m.probe(s, env).await.expect("probe");
+    let probe = m.probe(s, env, tenant).await.expect("probe");
     assert_eq!(Path::new(&probe.prefix), env.prefix);
     let st = m
         .check(
             s,
             env,
+            tenant,
             &["MCPX_Probe.Pkg".into(), "surely-not-installed-xyz".into()],
         )
         .await
@@ -89,6 +94,36 @@ async fn assert_env_works(s: &DockerSandbox, env: &Environment, tenant: &str) {
     );
     assert!(!st[1].installed, "{st:?}");
     common::assert_clean(s, tenant).await;
+}
+
+/// Install `specs` into `env` the way the server does: the version its probe reports.
+async fn install(
+    m: &EnvManager,
+    s: &Arc<DockerSandbox>,
+    env: &Environment,
+    tenant: &str,
+    specs: &[&str],
+) -> Result<InstallReport, ManagerError> {
+    let probe = m.probe(&**s, env, tenant).await.expect("probe");
+    let specs: Vec<String> = specs.iter().map(|s| s.to_string()).collect();
+    let req = Install {
+        env,
+        python_version: &probe.version,
+        tenant,
+        specs: &specs,
+        caps: InstallCaps::default(),
+    };
+    m.install(s.clone(), req, None).await
+}
+
+/// Run `code` in `env` and return stdout.
+async fn run_in(s: &DockerSandbox, env: &Environment, tenant: &str, code: &str) -> String {
+    let mut job = JobSpec::python(code, Default::default());
+    job.tenant = tenant.into();
+    job.env = env.run_env();
+    let o = s.run(job, None).await.unwrap();
+    assert!(o.success(), "{o:?}");
+    o.stdout_text()
 }
 
 #[tokio::test]
@@ -163,11 +198,98 @@ async fn a_uv_venv() {
     assert!(cfg.contains("uv"), "made by uv: {cfg}");
     let req = EnvRequest {
         kind: EnvKind::UvVenv,
-        path: Some(v),
+        path: Some(v.clone()),
         conda_name: None,
     };
     let e = env::resolve(&req, &Context::from_host()).unwrap();
     assert_env_works(&s, &e, "t-uv").await;
+
+    // uv venvs have no pip: the image's pip installs into them with `--python`. The venv
+    // is root's here, so the install phase runs as root (then setuid bits are swept).
+    assert!(!v.join("lib/python3.11/site-packages/pip").exists());
+    let data = tempdir("uv-data");
+    let m = EnvManager::new(data.clone(), EnvManager::default_ca_bundle());
+    let report = install(&m, &s, &e, "t-uv", &["six"])
+        .await
+        .unwrap_or_else(|err| panic!("install into a uv venv failed: {err}"));
+    let version = report.installed[0].version.clone().expect("six installed");
+    let out = run_in(
+        &s,
+        &e,
+        "t-uv",
+        "import six, sys\nprint(six.__version__, six.__file__.startswith(sys.prefix))",
+    )
+    .await;
+    assert_eq!(out.trim(), format!("{version} True"));
+    assert_eq!(
+        std::fs::read_dir(data.join("installs")).unwrap().count(),
+        0,
+        "the wheel directory is removed"
+    );
+    common::assert_clean(&s, "t-uv").await;
+    std::fs::remove_dir_all(data).ok();
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// A Python 3.12 or newer on this machine (pyenv's, else one uv finds).
+fn newer_python() -> PathBuf {
+    let home = std::env::var("HOME").unwrap_or_default();
+    let pyenv = std::fs::read_dir(format!("{home}/.pyenv/versions"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().to_string();
+            let minor = n.strip_prefix("3.").and_then(|r| r.split('.').next());
+            minor
+                .and_then(|m| m.parse::<u32>().ok())
+                .is_some_and(|m| m >= 12)
+        })
+        .map(|p| p.join("bin/python3"))
+        .find(|p| p.exists());
+    pyenv.or_else(|| {
+        let out = Command::new("python3")
+            .args(["-m", "uv", "python", "find", ">=3.12"])
+            .output()
+            .ok()?;
+        let p = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        (out.status.success() && !p.is_empty()).then(|| PathBuf::from(p))
+    })
+    .expect("this test needs a Python >= 3.12 (e.g. `pyenv install 3.12` or `uv python install 3.12`)")
+}
+
+/// The image's pip (23.0.1) cannot run on Python 3.12+: installs into such an environment
+/// (here a venv without pip) run a pip wheel fetched for it, still offline.
+#[tokio::test]
+async fn a_pip_less_venv_of_a_newer_python_installs() {
+    let s = common::sandbox().await;
+    let dir = tempdir("py312");
+    let v = dir.join("venv");
+    sh(Command::new(newer_python())
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&v));
+    let req = EnvRequest {
+        kind: EnvKind::Venv,
+        path: Some(v.clone()),
+        conda_name: None,
+    };
+    let e = env::resolve(&req, &Context::from_host()).unwrap();
+    assert!(e.base.is_some(), "its own prefix is mounted beside it");
+    let m = EnvManager::new(dir.join("data"), EnvManager::default_ca_bundle());
+    let report = install(&m, &s, &e, "t-py312", &["six"])
+        .await
+        .unwrap_or_else(|err| panic!("install into a Python 3.12+ venv failed: {err}"));
+    let version = report.installed[0].version.clone().expect("six installed");
+    let out = run_in(
+        &s,
+        &e,
+        "t-py312",
+        "import six, sys\nprint(six.__version__, sys.version_info >= (3, 12), six.__file__.startswith(sys.prefix))",
+    )
+    .await;
+    assert_eq!(out.trim(), format!("{version} True True"));
+    common::assert_clean(&s, "t-py312").await;
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -200,10 +322,14 @@ async fn a_conda_shaped_prefix_found_by_name() {
     )
     .unwrap();
     sh(Command::new("chmod").arg("+x").arg(&conda));
-    let ctx = Context {
-        conda_envs: env::conda_env_list(conda.as_os_str()),
-        ..Context::from_host()
-    };
+    // Found on PATH, as the server finds it.
+    let path = std::env::join_paths([Path::new("/nonexistent-bin"), &dir]).unwrap();
+    assert_eq!(env::find_on_path("conda", Some(&path)), Some(conda.clone()));
+    assert_eq!(
+        env::find_on_path("conda", Some("/nonexistent-bin".as_ref())),
+        None
+    );
+    let ctx = Context::with_conda(env::find_on_path("conda", Some(&path)));
     assert_eq!(ctx.conda_envs.len(), 2);
     let req = EnvRequest {
         kind: EnvKind::Conda,
@@ -246,27 +372,79 @@ async fn the_managed_default_installs_from_pypi() {
         "--index-url=http://127.0.0.1:1/",
         "https://x/y.whl",
     ] {
-        let err = m
-            .install(&*s, &e, "t-managed", &[bad.to_string()], None)
-            .await
-            .unwrap_err();
+        let err = install(&m, &s, &e, "t-managed", &[bad]).await.unwrap_err();
         assert!(err.to_string().contains("not a plain requirement"), "{err}");
     }
 
     // A small real package from PyPI, then importable in the next run.
-    let report = m
-        .install(&*s, &e, "t-managed", &["six".to_string()], None)
+    let t0 = std::time::Instant::now();
+    let report = install(&m, &s, &e, "t-managed", &["six"])
         .await
         .unwrap_or_else(|err| panic!("install failed: {err}"));
+    eprintln!(
+        "install_dependencies([six]): {} ms (fetching {} ms, installing {} ms)",
+        t0.elapsed().as_millis(),
+        report.fetch_ms,
+        report.install_ms
+    );
     assert!(report.installed[0].installed, "{:?}", report.installed);
     let version = report.installed[0].version.clone().unwrap();
-    let mut job = JobSpec::python("import six; print(six.__version__)", Default::default());
-    job.tenant = "t-managed".into();
-    job.env = e.run_env();
-    let o = s.run(job, None).await.unwrap();
-    assert_eq!(o.stdout_text().trim(), version, "{o:?}");
-    let st = m.check(&*s, &e, &["SIX".into()]).await.unwrap();
+    let out = run_in(&s, &e, "t-managed", "import six; print(six.__version__)").await;
+    assert_eq!(out.trim(), version);
+    let st = m
+        .check(&*s, &e, "t-managed", &["SIX".into()])
+        .await
+        .unwrap();
     assert_eq!(st[0].version.as_deref(), Some(version.as_str()));
+
+    // A package with dependencies: they are listed with their versions.
+    let report = install(&m, &s, &e, "t-managed", &["requests"])
+        .await
+        .unwrap_or_else(|err| panic!("install failed: {err}"));
+    let deps: Vec<String> = report
+        .dependencies
+        .iter()
+        .map(|p| format!("{}=={}", p.name, p.version.as_deref().unwrap_or("?")))
+        .collect();
+    for dep in ["idna==", "urllib3==", "certifi=="] {
+        assert!(
+            deps.iter().any(|d| d.starts_with(dep)),
+            "{dep} not in {deps:?}"
+        );
+    }
+    let out = run_in(
+        &s,
+        &e,
+        "t-managed",
+        "import requests, idna; print(requests.__version__)",
+    )
+    .await;
+    assert_eq!(Some(out.trim()), report.installed[0].version.as_deref());
+
+    // No wheel for this Python: refused with the reason, and nothing is built.
+    let err = install(&m, &s, &e, "t-managed", &["PyYAML==5.3.1"])
+        .await
+        .unwrap_err()
+        .to_string();
+    for part in [
+        "PyYAML==5.3.1",
+        "Python 3.11",
+        "source builds",
+        "network access",
+    ] {
+        assert!(err.contains(part), "{part:?} not in {err}");
+    }
+    let err = install(
+        &m,
+        &s,
+        &e,
+        "t-managed",
+        &["surely-no-such-package-mcpx-0xdead"],
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("no such package"), "{err}");
     common::assert_clean(&s, "t-managed").await;
     // Files made by the sandbox uid: remove as root.
     std::fs::remove_dir_all(data).ok();

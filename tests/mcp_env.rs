@@ -4,7 +4,11 @@
 
 mod mcp_support;
 
-use mcp_support::{call, is_error, server_with_environments, structured, text, try_call};
+use mcp_support::{
+    call, is_error, server_with_environments, structured, text, try_call, ProgressRecorder,
+};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::ServiceExt;
 use serde_json::json;
 
 const TENANT: &str = "t-mcp-env";
@@ -13,7 +17,12 @@ const TENANT: &str = "t-mcp-env";
 async fn environments_configure_install_and_stay_read_only() {
     let data = std::env::temp_dir().join(format!("mcpx-data-{}", uuid::Uuid::new_v4().simple()));
     let server = server_with_environments(TENANT, &data).await;
-    let client = server.client().await;
+    let recorder = ProgressRecorder::default();
+    let client = recorder
+        .clone()
+        .serve(StreamableHttpClientTransport::from_uri(server.url("/mcp")))
+        .await
+        .unwrap();
 
     let r = call(&client, "get_environment_config", json!({})).await;
     let cfg = structured(&r);
@@ -49,6 +58,19 @@ async fn environments_configure_install_and_stay_read_only() {
     .await;
     assert!(!is_error(&r), "{}", text(&r));
     assert!(text(&r).contains("six: 1."), "{}", text(&r));
+    let report = structured(&r);
+    assert_eq!(report["environment"]["type"], "default", "{report}");
+    assert_eq!(report["environment"]["path"], cfg["path"], "{report}");
+    assert!(report["dependencies"].is_array(), "{report}");
+    // Progress names the two phases.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let messages = recorder.messages();
+    for phase in ["fetching:", "installing:", "finished"] {
+        assert!(
+            messages.iter().any(|m| m.starts_with(phase)),
+            "no `{phase}` notification in {messages:?}"
+        );
+    }
     let r = call(
         &client,
         "execute_code",
@@ -70,6 +92,8 @@ async fn environments_configure_install_and_stay_read_only() {
     let pk = structured(&r);
     assert_eq!(pk["packages"][0]["installed"], true, "{pk}");
     assert_eq!(pk["packages"][1]["installed"], true, "{pk}");
+    assert_eq!(pk["environment"], "default", "{pk}");
+    assert_eq!(pk["path"], cfg["path"], "{pk}");
 
     // A failed install says why, and the environment stays usable.
     let r = call(
@@ -113,6 +137,33 @@ async fn environments_configure_install_and_stay_read_only() {
     let r = call(&client, "execute_code", json!({"code": "import envpkg\nprint(envpkg.__version__)\ntry:\n    open(envpkg.__file__, 'a')\nexcept OSError as e:\n    print('refused', e.errno in (13, 30))"})).await;
     assert!(text(&r).contains("--- stdout ---\n7.7\n"), "{}", text(&r));
     assert!(text(&r).contains("refused True"), "{}", text(&r));
+    let r = call(
+        &client,
+        "check_installed_packages",
+        json!({"packages": ["envpkg"]}),
+    )
+    .await;
+    assert_eq!(structured(&r)["environment"], "venv", "{}", text(&r));
+    assert_eq!(
+        structured(&r)["path"],
+        venv.canonicalize().unwrap().display().to_string()
+    );
+
+    // The venv has no pip (`--without-pip`): the image's pip installs into it.
+    let r = call(
+        &client,
+        "install_dependencies",
+        json!({"packages": ["six"]}),
+    )
+    .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    let r = call(
+        &client,
+        "execute_code",
+        json!({"code": "import six, sys\nprint(six.__file__.startswith(sys.prefix))"}),
+    )
+    .await;
+    assert!(text(&r).contains("--- stdout ---\nTrue\n"), "{}", text(&r));
 
     // A broken configuration is refused and the venv stays.
     let r = call(

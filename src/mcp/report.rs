@@ -124,8 +124,13 @@ pub struct PackageStatus {
 /// The answer of check_installed_packages.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct PackagesReport {
-    /// The environment that was inspected (`default`: the sandbox image's Python).
+    /// The type of the environment that was inspected (`default`: the managed
+    /// environment, or the sandbox image's Python when environments are off; `venv`,
+    /// `venv-uv`, `conda`).
     pub environment: String,
+    /// Its directory, when environments are on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
     pub packages: Vec<PackageStatus>,
 }
 

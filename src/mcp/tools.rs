@@ -46,7 +46,8 @@ const READ_CODE_FILE: &str = "Return the current content of a stored Python file
 
 const INSTALL_DEPENDENCIES: &str = "Install Python packages (from PyPI, with pip) into the current execution environment, for the runs that follow. \
 Give plain requirement specifiers such as `six`, `pandas>=2` or `requests[socks]==2.31.0`; URLs, paths and pip options are refused. \
-The install runs in a separate installer container with network access (runs themselves have none) and may take a minute; the result lists the installed versions. \
+The install runs in separate installer containers (wheels are downloaded with network access, then installed without; runs themselves have none) and may take a minute; \
+only packages that publish wheels (binary packages) for the environment's Python install, source builds are not run. The result lists the installed versions, dependencies included. \
 Check first with check_installed_packages: numpy, pandas and matplotlib are already there in the default environment.";
 
 const CHECK_INSTALLED_PACKAGES: &str = "Check which of the given packages are installed in the execution environment, with their versions. \
@@ -593,18 +594,18 @@ impl CodeExecutor {
                      Use what the environment has: check_installed_packages lists it"
                 ));
             }
-            let env = envs.state.current().await;
-            if !envs.state.installs_allowed(&env) {
-                return refused(format!(
-                    "the current environment ({}) is shared by the operator and read-only for tenants; \
-                     switch to your own with configure_environment type `default`, then install",
-                    env.prefix.display()
-                ));
+            // An install starts containers: it counts as a run of the tenant's quota
+            // (a malformed request is refused before it costs one).
+            environment::check_specs(&a.packages)?;
+            if let Err(e) = self.admit() {
+                return refused(e.to_string());
             }
-            let result = environment::install(envs, &*s.sandbox, &tenant, a.packages, &ctx).await;
-            let ok = matches!(&result, Ok(r) if r.is_error != Some(true));
-            s.metrics.install(&tenant, if ok { "ok" } else { "failed" });
-            return result;
+            // The environment is read, checked and installed into in one step: a switch
+            // (configure_environment) meanwhile cannot redirect the install.
+            let (result, outcome) =
+                environment::install(envs, s.sandbox.clone(), a.packages.clone(), &ctx).await?;
+            s.metrics.install(&tenant, outcome);
+            return Ok(result);
         }
         check_package_names(&a.packages)?;
         Ok(tool_error(format!(
@@ -633,6 +634,17 @@ impl CodeExecutor {
         limits.timeout = Duration::from_secs(30).min(self.shared.settings.max_timeout);
         let mut job = JobSpec::python(code, limits);
         job.tenant = self.shared.settings.tenant.clone();
+        // The environment the check runs in (run_job uses the current one).
+        let (environment, path) = match &self.shared.environments {
+            Some(envs) => {
+                let e = envs.state.current().await;
+                (
+                    e.kind.as_str().to_string(),
+                    Some(e.prefix.display().to_string()),
+                )
+            }
+            None => ("default".to_string(), None),
+        };
         let outcome = match self.run_job(job, &ctx).await {
             Ok(o) if o.success() => o,
             Ok(o) => {
@@ -661,7 +673,8 @@ impl CodeExecutor {
             .collect::<Vec<_>>()
             .join("\n");
         let report = PackagesReport {
-            environment: "default".into(),
+            environment,
+            path,
             packages,
         };
         Ok(with_structured(text, &report, false))
@@ -676,6 +689,11 @@ impl CodeExecutor {
         Args(a): Args<args::ConfigureEnvironment>,
     ) -> Result<CallToolResult, ErrorData> {
         if let Some(envs) = &self.shared.environments {
+            // Validating starts the environment's Python in a container: it counts as a
+            // run of the tenant's quota.
+            if let Err(e) = self.admit() {
+                return Ok(tool_error(format!("the environment was not changed: {e}")));
+            }
             return environment::configure(envs, &*self.shared.sandbox, a).await;
         }
         if !matches!(a.env_type.as_str(), "conda" | "venv" | "venv-uv") {
@@ -745,7 +763,7 @@ impl CodeExecutor {
         );
         match &current {
             Some(c) => text = format!(
-                "environment: {} at {} (Python {}{}), mounted read-only in every run; install_dependencies installs into it with pip in a separate installer container\n{}",
+                "environment: {} at {} (Python {}{}), mounted read-only in every run; install_dependencies installs wheels into it (downloaded in a separate container, installed with the network off)\n{}",
                 c.kind,
                 c.path.display(),
                 c.python_version,

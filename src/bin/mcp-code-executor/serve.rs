@@ -137,7 +137,13 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
                 .map(|p| p.canonicalize().unwrap_or_else(|_| p.clone()))
                 .collect()
         });
-        let environments = environments(&cmd, &sandbox, &tenant.id, restrict).await?;
+        let mut environments = environments(&cmd, &sandbox, &tenant.id, restrict).await?;
+        // Installer containers stay within the tenant's own limits.
+        environments
+            .state
+            .cap_installs(mcp_code_executor::env::manager::InstallCaps::of_tenant(
+                &tenant.limits,
+            ));
         // The shared pool of a single-tenant server is made with its environment; tenants'
         // pools are made at their first run.
         sandbox
