@@ -303,3 +303,108 @@ mod tempdir {
             .as_nanos()
     }
 }
+
+/// A `serve --stdio` child, spoken to with raw JSON-RPC lines.
+struct StdioServer {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    /// The server's stdout, line by line.
+    lines: std::sync::mpsc::Receiver<String>,
+    _dir: tempdir::Dir,
+}
+
+impl StdioServer {
+    fn start(tenant: &str) -> StdioServer {
+        let dir = tempdir::Dir::new("watchdog-serve");
+        let mut child = Command::new(BIN)
+            .args(["serve", "--stdio", "--pool-size", "0", "--tenant", tenant])
+            .env("MCP_EXECUTOR_DATA_DIR", dir.path.join("data"))
+            .env("CODE_STORAGE_DIR", dir.path.join("code"))
+            .env("RUST_LOG", "mcp_code_executor=warn")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("serve starts");
+        let stdin = child.stdin.take().unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        StdioServer {
+            child,
+            stdin,
+            lines,
+            _dir: dir,
+        }
+    }
+
+    fn send(&mut self, v: serde_json::Value) {
+        use std::io::Write;
+        writeln!(self.stdin, "{v}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Wait for the answer to request `id`.
+    fn answer(&self, id: u64) -> serde_json::Value {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(120))
+                .expect("the server answers");
+            let v: serde_json::Value = serde_json::from_str(&line).expect("JSON-RPC on stdout");
+            if v["id"] == id {
+                return v;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_session_cell_is_stopped_when_its_server_died() {
+    common::sandbox().await;
+    let mut server = StdioServer::start("t-watchdog-session");
+    let pid = server.child.id();
+    let _cleanup = RemoveOwnedBy(pid);
+    server.send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}));
+    // Start-up (the self-test, the environment's probe) is over once initialize is answered.
+    assert!(server.answer(1)["result"].is_object());
+    server.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    server.send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "execute_python", "arguments": {"code": "while True:\n    pass\n", "timeout": 300}}}));
+    // The session's container: the one of this server still running a moment later.
+    let t = Instant::now();
+    let session = loop {
+        let ids: Vec<String> = containers_owned_by(pid)
+            .into_iter()
+            .filter(|id| running(id))
+            .collect();
+        if ids.len() == 1 {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            if running(&ids[0]) {
+                break ids[0].clone();
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "no session container: {ids:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    // Its attach connection closed the runner's stdin: the cell and the container stop,
+    // long before the cell's own 300 s timeout.
+    let t = Instant::now();
+    while running(&session) && t.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        !running(&session),
+        "the session of a dead server still spins"
+    );
+}

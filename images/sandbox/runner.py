@@ -444,8 +444,24 @@ def session(child, limit, wake_r, workdir, files_before):
         except OSError:
             pass
         status, exited = None, None
+        # While the cell runs, stdin is watched too: the server never sends a cell before
+        # the last one's report, so stdin only becomes readable when it closes, i.e. when
+        # the server's attach connection went away. Then nobody will ever collect this
+        # cell or stop it: stop everything now.
+        sel.register(stdin.fileno(), selectors.EVENT_READ, "stdin")
+        watching = True
         while status is None and exited is None:
             for key, _ in sel.select():
+                if key.data == "stdin":
+                    if stdin.peek(1):
+                        # An early cell after all: it is read once this one is done.
+                        sel.unregister(stdin.fileno())
+                        watching = False
+                        continue
+                    try:
+                        os.kill(-1, signal.SIGKILL)
+                    finally:
+                        os._exit(0)
                 if key.data is None:
                     try:
                         os.read(wake_r, 512)
@@ -478,6 +494,8 @@ def session(child, limit, wake_r, workdir, files_before):
                     wpid, wstatus = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 pass
+        if watching:
+            sel.unregister(stdin.fileno())
         # What the cell printed before its status is already in the pipes: take it.
         for fd, kind, idx in ((child.out_r, b"O", 0), (child.err_r, b"E", 1)):
             os.set_blocking(fd, False)
