@@ -185,3 +185,53 @@ async fn environments_configure_install_and_stay_read_only() {
     server.finish().await;
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// Code never sees an environment halfway through an install: a cell of an open session
+/// and a one-shot run, both sent while the install's second phase writes the environment,
+/// wait for it and then import what it installed.
+#[tokio::test]
+async fn runs_and_cells_wait_for_an_install_in_progress() {
+    let tenant = "t-mcp-env-wait";
+    let data = std::env::temp_dir().join(format!("mcpx-data-{}", uuid::Uuid::new_v4().simple()));
+    let server = server_with_environments(tenant, &data).await;
+    let recorder = ProgressRecorder::default();
+    let client = recorder
+        .clone()
+        .serve(StreamableHttpClientTransport::from_uri(server.url("/mcp")))
+        .await
+        .unwrap();
+    // The session is open (and its interpreter started) before the install.
+    let r = call(&client, "execute_python", json!({"code": "x = 1"})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+
+    let peer = client.peer().clone();
+    let install = tokio::spawn(async move {
+        call(
+            &peer,
+            "install_dependencies",
+            json!({"packages": ["tabulate"]}),
+        )
+        .await
+    });
+    // Phase 2 holds the environment from here until it is done.
+    recorder
+        .wait_for("installing:", std::time::Duration::from_secs(180))
+        .await;
+    let probe = "import importlib\nimportlib.invalidate_caches()\nimport tabulate\nprint('seen', tabulate.__version__)";
+    let (cell, run) = tokio::join!(
+        call(&client, "execute_python", json!({"code": probe})),
+        call(&client, "execute_code", json!({"code": probe})),
+    );
+    let installed = install.await.unwrap();
+    assert!(!is_error(&installed), "{}", text(&installed));
+    for (what, r) in [("cell", cell), ("run", run)] {
+        assert!(
+            !is_error(&r) && text(&r).contains("seen 0."),
+            "the {what} ran while the install wrote the environment: {}",
+            text(&r)
+        );
+    }
+    let _ = client.cancel().await;
+    server.finish().await;
+    let _ = std::fs::remove_dir_all(&data);
+}

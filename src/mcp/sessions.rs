@@ -100,6 +100,8 @@ struct Slot {
 /// An open session, counted while it lives.
 struct Live {
     session: Box<dyn Session>,
+    /// The environment it was opened with (mounted into its container for its life).
+    env: Option<crate::env::Environment>,
     opened: Instant,
     /// Digest of each workspace file as the session last received it.
     synced: HashMap<String, [u8; 32]>,
@@ -442,9 +444,27 @@ impl CodeExecutor {
             _ = shutdown.cancelled() => return not_run(SHUTTING_DOWN),
             c = slot.cell.lock() => c,
         };
+        if cell.as_ref().is_some_and(|l| !l.session.alive()) {
+            cell.take();
+        }
+        // The session's environment (the current one for a session about to open), held for
+        // the cell: an install into it waits for the cell, and the cell for the install.
+        let env = match cell.as_ref() {
+            Some(l) => l.env.clone(),
+            None => self.current_env().await,
+        };
+        let _env_lock = match &env {
+            Some(env) => tokio::select! {
+                biased;
+                _ = ctx.ct.cancelled() => return not_run("the request was cancelled while it waited for an install to finish"),
+                _ = shutdown.cancelled() => return not_run(SHUTTING_DOWN),
+                l = self.lock_env(env) => l,
+            },
+            None => None,
+        };
         // A run slot, from the scheduler one-shot runs use (the tenant's max_concurrent_runs,
-        // fair turns between tenants). Taken after the session's turn, so that queued cells
-        // of one session do not hold slots while they wait.
+        // fair turns between tenants). Taken after the session's turn and its environment,
+        // so that queued cells do not hold slots while they wait.
         let _permit = tokio::select! {
             biased;
             _ = ctx.ct.cancelled() => return not_run("the request was cancelled while it waited for a run slot"),
@@ -460,9 +480,6 @@ impl CodeExecutor {
             Err(e) => return tool_error(e),
         };
         let mut notes: Vec<String> = note.into_iter().collect();
-        if cell.as_ref().is_some_and(|l| !l.session.alive()) {
-            cell.take();
-        }
         if cell.is_none() {
             let Some(ticket) = x.reserve() else {
                 return tool_error(format!(
@@ -475,7 +492,7 @@ impl CodeExecutor {
             job.files = files.clone();
             job.return_files = true;
             job.keep_warm = true;
-            job.env = self.current_run_env().await;
+            job.env = env.as_ref().map(|e| e.run_env()).unwrap_or_default();
             let synced = files
                 .iter()
                 .map(|f| (f.path.clone(), Sha256::digest(&f.contents).into()))
@@ -490,6 +507,7 @@ impl CodeExecutor {
                 Ok(session) => {
                     *cell = Some(Live {
                         session,
+                        env,
                         opened: Instant::now(),
                         synced,
                         _ticket: ticket,

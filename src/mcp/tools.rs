@@ -354,15 +354,17 @@ impl CodeExecutor {
             })
     }
 
-    /// Wait for one of the run slots (fairly shared between tenants), then run.
+    /// Hold the current environment, then wait for one of the run slots (fairly shared
+    /// between tenants), then run.
     async fn run_in_slot(&self, mut job: JobSpec, events: Events) -> Result<Outcome, RunError> {
+        // The environment first: a run waiting for an install holds no run slot meanwhile.
+        let env = self.current_env().await;
+        let _env_lock = match &env {
+            Some(env) => self.lock_env(env).await,
+            None => None,
+        };
         let _slot = self.acquire_slot().await?;
-        // The current environment, held for the run: an install waits for it, and it waits
-        // for an install, so a run never sees an environment halfway through an install.
-        let mut _env_lock = None;
-        if let Some(envs) = &self.shared.environments {
-            let env = envs.state.current().await;
-            _env_lock = Some(envs.manager.read_lock(&env).await);
+        if let Some(env) = &env {
             job.env = env.run_env();
         }
         self.shared.sandbox.run(job, events).await.map_err(|e| {
@@ -371,11 +373,24 @@ impl CodeExecutor {
         })
     }
 
-    /// The current environment as a session opens with it (issue 7).
-    pub(super) async fn current_run_env(&self) -> crate::job::RunEnv {
+    /// The environment runs and new sessions use now; `None` on a server without
+    /// environment management (the image's own Python).
+    pub(super) async fn current_env(&self) -> Option<crate::env::Environment> {
         match &self.shared.environments {
-            Some(envs) => envs.state.current().await.run_env(),
-            None => crate::job::RunEnv::default(),
+            Some(envs) => Some(envs.state.current().await),
+            None => None,
+        }
+    }
+
+    /// Hold `env` for a run or a cell: an install waits for it, and it waits for an
+    /// install, so code never sees an environment halfway through an install.
+    pub(super) async fn lock_env(
+        &self,
+        env: &crate::env::Environment,
+    ) -> Option<tokio::sync::OwnedRwLockReadGuard<()>> {
+        match &self.shared.environments {
+            Some(envs) => Some(envs.manager.read_lock(env).await),
+            None => None,
         }
     }
 
