@@ -139,7 +139,7 @@ async fn serve_refuses_to_start_when_the_self_test_fails() {
     // an image that does not exist (and may not be built) fails the start-up self-test
     let dir =
         std::env::temp_dir().join(format!("mcp-test-refuse-{}", uuid::Uuid::new_v4().simple()));
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
+    let serve = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
         .args([
             "serve",
             "--stdio",
@@ -149,8 +149,11 @@ async fn serve_refuses_to_start_when_the_self_test_fails() {
         ])
         .env("CODE_STORAGE_DIR", &dir)
         .stdin(std::process::Stdio::null())
-        .output()
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(120), serve)
         .await
+        .expect("serve exits after a failed self-test instead of hanging")
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -78,7 +78,7 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
             eprintln!("WARNING: the isolation self-test FAILED and --allow-unsafe was given.");
             eprintln!("WARNING: untrusted code may reach the host or the network. Do not expose this server.");
         } else {
-            sandbox.drain().await;
+            sandbox.shutdown().await;
             anyhow::bail!(
                 "refusing to serve: the isolation self-test failed (see the table above). \
                  Fix the host (`mcp-code-executor doctor`), or pass --allow-unsafe to serve anyway"

@@ -52,11 +52,9 @@ impl Cleanup {
             if left == 0 {
                 return 0;
             }
-            // A guard dropped without a removal in flight wakes nobody: look again soon.
-            let tick = tokio::time::sleep(Duration::from_millis(50));
+            // Every guard wakes the waiters when it is gone (removed or disarmed).
             tokio::select! {
                 _ = notified => {}
-                _ = tick => {}
                 _ = tokio::time::sleep_until(until) => return left,
             }
         }
@@ -75,6 +73,8 @@ pub(super) struct ContainerGuard {
     id: String,
     /// `create` answered: a 404 on removal then really means "already gone".
     confirmed: bool,
+    /// `create` was refused by the daemon: there is nothing to remove.
+    disarmed: bool,
     cleanup: Arc<Cleanup>,
 }
 
@@ -86,6 +86,7 @@ impl ContainerGuard {
             docker: docker.clone(),
             id: name.to_string(),
             confirmed: false,
+            disarmed: false,
             cleanup: cleanup.clone(),
         }
     }
@@ -94,6 +95,13 @@ impl ContainerGuard {
     pub(super) fn confirm(&mut self, id: &str) {
         self.id = id.to_string();
         self.confirmed = true;
+    }
+
+    /// The daemon refused to create it (no such image, a bad request): nothing exists,
+    /// so nothing is looked for. A create that was cancelled or lost on the way stays
+    /// armed: the daemon may still make it.
+    pub(super) fn disarm(&mut self) {
+        self.disarmed = true;
     }
 
     pub(super) fn id(&self) -> &str {
@@ -114,6 +122,11 @@ impl Drop for ContainerGuard {
         let id = std::mem::take(&mut self.id);
         let confirmed = self.confirmed;
         let cleanup = self.cleanup.clone();
+        if self.disarmed {
+            cleanup.live.fetch_sub(1, Ordering::SeqCst);
+            cleanup.done.notify_waiters();
+            return;
+        }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             // No runtime left (process exit): the next start-up sweep removes it.
             cleanup.live.fetch_sub(1, Ordering::SeqCst);

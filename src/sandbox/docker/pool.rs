@@ -214,7 +214,11 @@ pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
                     failures = failures.saturating_add(1);
                     let backoff = Duration::from_millis(100 << failures.min(7));
                     tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "could not refill the warm pool");
-                    tokio::time::sleep(backoff).await;
+                    // Woken early when the pool closes (or a run takes from it).
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = pool.wake.notified() => {}
+                    }
                     continue;
                 }
             }
