@@ -6,7 +6,9 @@ use std::process::Command;
 use std::sync::Arc;
 
 use mcp_code_executor::job::{JobSpec, Limits, Outcome};
-use mcp_code_executor::sandbox::docker::{DockerConfig, DockerSandbox, LABEL_OWNER, LABEL_TENANT};
+use mcp_code_executor::sandbox::docker::{
+    owner_label, DockerConfig, DockerSandbox, LABEL_OWNER, LABEL_TENANT,
+};
 use mcp_code_executor::sandbox::image;
 use mcp_code_executor::sandbox::Sandbox;
 
@@ -38,20 +40,15 @@ pub async fn run(s: &DockerSandbox, tenant: &str, code: &str, limits: Limits) ->
 /// as in the start-up sweep). Tests of several worktrees share one daemon and the same
 /// tenant labels: containers are told apart by it.
 pub fn owner_id() -> String {
-    owner_of(std::process::id(), &process_start_time(std::process::id()))
+    owner_label(std::process::id()).expect("this process exists")
 }
 
-/// `host/pid/start` for any pid and start time (the sweep test makes up dead ones).
+/// The owner label of `pid` on this host had it started at `start` (the sweep test makes
+/// up dead owners this way).
 pub fn owner_of(pid: u32, start: &str) -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname");
-    format!("{}/{pid}/{start}", host.trim())
-}
-
-/// Field 22 of /proc/PID/stat, counted after the parenthesised command name.
-pub fn process_start_time(pid: u32) -> String {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let after = &stat[stat.rfind(')').expect("comm") + 2..];
-    after.split(' ').nth(19).expect("starttime").to_string()
+    let me = owner_id();
+    let host = me.split('/').next().expect("host/pid/start");
+    format!("{host}/{pid}/{start}")
 }
 
 /// Containers of ours carrying this tenant label, running or not, whoever made them (a

@@ -34,6 +34,12 @@ mod pool;
 
 pub use self::lifecycle::LifecycleFigures;
 
+/// The [`LABEL_OWNER`] value of what process `pid` of this host makes
+/// (`host/pid/start-time`); `None` when there is no such process.
+pub fn owner_label(pid: u32) -> Option<String> {
+    guard::owner_id(pid)
+}
+
 /// Label on everything this project creates: the sweep and tests find containers by it.
 pub const LABEL_MANAGED: &str = "io.mcp-code-executor.managed";
 /// Label with the job id (for a pool container: its own id until a job is dispatched).
@@ -72,6 +78,9 @@ pub struct DockerConfig {
     pub pool_limits: Limits,
     /// The environment pool containers are made with (see [`DockerSandbox::reconfigure_pool`]).
     pub pool_env: RunEnv,
+    /// The daemon's address (`unix://…`, `tcp://…`); `None`: `DOCKER_HOST`, else the local
+    /// socket.
+    pub docker_host: Option<String>,
     /// One pool per tenant (multi-tenant servers): no shared pool is made at start; a
     /// tenant's pool is made, with its limits and environment, at its first run and
     /// removed after [`POOL_IDLE`] without a run. Its containers carry the tenant's label.
@@ -98,6 +107,7 @@ impl DockerConfig {
             pool_size: 0,
             pool_limits: Limits::default(),
             pool_env: RunEnv::default(),
+            docker_host: None,
             pool_per_tenant: false,
         }
     }
@@ -165,7 +175,7 @@ impl DockerSandbox {
     /// Connect to the daemon named by `DOCKER_HOST` (or the local socket), check it answers,
     /// and start filling the warm pool if one is configured.
     pub async fn connect(config: DockerConfig) -> Result<Self, SandboxError> {
-        let docker = connect_docker().await?;
+        let docker = connect_docker_at(config.docker_host.as_deref()).await?;
         let inner = Arc::new(Inner {
             docker,
             owner: guard::owner_id(std::process::id()).unwrap_or_else(|| "unknown".into()),
@@ -404,13 +414,18 @@ impl Inner {
                 body,
             )
             .await
-            .map_err(|e| match e {
-                BollardError::DockerResponseServerError {
-                    status_code: 404, ..
-                } => SandboxError::ImageMissing {
-                    image: self.config.image.clone(),
-                },
-                e => classify("creating the container", e),
+            .map_err(|e| {
+                if let BollardError::DockerResponseServerError { .. } = e {
+                    guard.disarm();
+                }
+                match e {
+                    BollardError::DockerResponseServerError {
+                        status_code: 404, ..
+                    } => SandboxError::ImageMissing {
+                        image: self.config.image.clone(),
+                    },
+                    e => classify("creating the container", e),
+                }
             })?;
         guard.confirm(&created.id);
         let attached = self
@@ -499,6 +514,64 @@ impl Inner {
     }
 }
 
+/// The `docker run` flags that give a container the same hardening as [`host_config`] (and
+/// the sandbox user), read off it, for baselines that compare the engine with the CLI.
+pub fn docker_run_flags(limits: &Limits, runtime: Option<&str>) -> Vec<String> {
+    let hc = host_config(limits, &RunEnv::default(), runtime.map(str::to_string));
+    let mut f: Vec<String> = vec!["--user".into(), SANDBOX_USER.into()];
+    let mut flag = |name: &str, value: String| {
+        f.push(name.to_string());
+        f.push(value);
+    };
+    if let Some(n) = hc.network_mode {
+        flag("--network", n);
+    }
+    for c in hc.cap_drop.unwrap_or_default() {
+        flag("--cap-drop", c);
+    }
+    for o in hc.security_opt.unwrap_or_default() {
+        flag("--security-opt", o);
+    }
+    let mut tmpfs: Vec<_> = hc.tmpfs.unwrap_or_default().into_iter().collect();
+    tmpfs.sort();
+    for (path, opts) in tmpfs {
+        flag("--tmpfs", format!("{path}:{opts}"));
+    }
+    if let Some(p) = hc.pids_limit {
+        flag("--pids-limit", p.to_string());
+    }
+    if let Some(m) = hc.memory {
+        flag("--memory", m.to_string());
+    }
+    if let Some(m) = hc.memory_swap {
+        flag("--memory-swap", m.to_string());
+    }
+    if let Some(n) = hc.nano_cpus {
+        flag("--cpus", (n as f64 / 1e9).to_string());
+    }
+    for u in hc.ulimits.unwrap_or_default() {
+        let (name, soft, hard) = (
+            u.name.unwrap_or_default(),
+            u.soft.unwrap_or(0),
+            u.hard.unwrap_or(0),
+        );
+        flag("--ulimit", format!("{name}={soft}:{hard}"));
+    }
+    if let Some(s) = hc.shm_size {
+        flag("--shm-size", s.to_string());
+    }
+    if let Some(l) = hc.log_config.and_then(|l| l.typ) {
+        flag("--log-driver", l);
+    }
+    if let Some(r) = hc.runtime {
+        flag("--runtime", r);
+    }
+    if hc.readonly_rootfs == Some(true) {
+        f.push("--read-only".into());
+    }
+    f
+}
+
 /// The hardening every sandbox gets. Each line is checked by `doctor` or the tests.
 fn host_config(l: &Limits, env: &RunEnv, runtime: Option<String>) -> HostConfig {
     let tmpfs = |size: u64| format!("rw,nosuid,nodev,noexec,size={size},mode=1777");
@@ -566,10 +639,9 @@ impl Sandbox for DockerSandbox {
             },
         );
 
-        let retry = pooled.then(|| input.clone());
-        let mut ended = live.execute(input, true, &job.limits, &events).await?;
-        if let (Some(input), Ended::Vanished(out)) = (retry, &ended) {
-            if out.is_empty() {
+        let mut ended = live.execute(&input, true, &job.limits, &events).await?;
+        if let Ended::Vanished(out) = &ended {
+            if pooled && out.is_empty() {
                 // A pool container that died while it waited (a daemon restart, a kill
                 // from outside) and slipped past the pool's liveness check: the job never
                 // started. Run it once more, in a fresh container.
@@ -578,7 +650,7 @@ impl Sandbox for DockerSandbox {
                     .inner
                     .launch(&job.limits, &job.env, &job.tenant, &job.id)
                     .await?;
-                ended = live.execute(input, true, &job.limits, &events).await?;
+                ended = live.execute(&input, true, &job.limits, &events).await?;
             }
         }
         let mut outcome = self.inner.outcome_of(ended, &live.guard).await?;
@@ -661,7 +733,16 @@ impl Sandbox for DockerSandbox {
 /// Connect to the daemon named by `DOCKER_HOST` (`unix://` or `tcp://`; the local socket
 /// when unset) and check it answers.
 pub(crate) async fn connect_docker() -> Result<Docker, SandboxError> {
-    let docker = Docker::connect_with_defaults().map_err(|e| SandboxError::DaemonUnreachable {
+    connect_docker_at(None).await
+}
+
+/// [`connect_docker`], to `host` when given.
+async fn connect_docker_at(host: Option<&str>) -> Result<Docker, SandboxError> {
+    let docker = match host {
+        Some(h) => Docker::connect_with_host(h),
+        None => Docker::connect_with_defaults(),
+    }
+    .map_err(|e| SandboxError::DaemonUnreachable {
         detail: e.to_string(),
     })?;
     docker
@@ -706,7 +787,7 @@ impl Session for DockerSession {
             },
         );
         let cell = protocol::encode_cell(code, limits.output_bytes);
-        let ended = match self.live.execute(cell, false, &limits, &events).await {
+        let ended = match self.live.execute(&cell, false, &limits, &events).await {
             Ok(e) => e,
             Err(e) => {
                 self.alive = false;
