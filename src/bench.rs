@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::job::{JobSpec, Limits};
-use crate::sandbox::docker::{DockerConfig, DockerSandbox};
+use crate::sandbox::docker::{docker_run_flags, DockerConfig, DockerSandbox};
 use crate::sandbox::{Sandbox, SandboxError};
 use crate::tenancy::scheduler::Scheduler;
 
@@ -89,52 +89,6 @@ pub fn rss() -> (u64, u64) {
             * 1024
     };
     (field("VmRSS:"), field("VmHWM:"))
-}
-
-/// The `docker run` flags that give a container the engine's hardening (see `host_config`
-/// in [`crate::sandbox::docker`]) with the default [`Limits`].
-pub fn hardening_flags(runtime: Option<&str>) -> Vec<String> {
-    let l = Limits::default();
-    let tmpfs =
-        |path: &str, size: u64| format!("{path}:rw,nosuid,nodev,noexec,size={size},mode=1777");
-    let mut flags: Vec<String> = [
-        "--read-only",
-        "--network",
-        "none",
-        "--cap-drop",
-        "ALL",
-        "--security-opt",
-        "no-new-privileges",
-        "--user",
-        "65534:65534",
-        "--log-driver",
-        "none",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    flags.extend([
-        "--tmpfs".into(),
-        tmpfs("/workspace", l.workspace_bytes),
-        "--tmpfs".into(),
-        tmpfs("/tmp", l.tmp_bytes),
-        "--pids-limit".into(),
-        l.pids.to_string(),
-        "--memory".into(),
-        l.memory_bytes.to_string(),
-        "--memory-swap".into(),
-        l.memory_bytes.to_string(),
-        "--cpus".into(),
-        l.cpus.to_string(),
-        "--ulimit".into(),
-        format!("nofile={0}:{0}", l.nofile),
-        "--shm-size".into(),
-        (16u64 << 20).to_string(),
-    ]);
-    if let Some(r) = runtime {
-        flags.extend(["--runtime".into(), r.to_string()]);
-    }
-    flags
 }
 
 /// `docker run --rm` of the same code, through the CLI, as users compare against: plain
@@ -240,7 +194,7 @@ pub async fn engine(opts: &BenchOptions) -> Result<Option<Stats>, String> {
         println!("{}", latency_row("`docker run --rm` (CLI)", b, None));
     }
     // The same with the engine's hardening, so that the engine is seen against both.
-    let flags = hardening_flags(opts.runtime.as_deref());
+    let flags = docker_run_flags(&Limits::default(), opts.runtime.as_deref());
     let mut hardened = Vec::new();
     docker_run_once(&opts.image, Some(&flags)).await?; // warm-up
     for _ in 0..opts.samples {
@@ -483,7 +437,7 @@ mod tests {
 
     #[test]
     fn the_hardened_baseline_has_every_flag() {
-        let f = hardening_flags(None).join(" ");
+        let f = docker_run_flags(&Limits::default(), None).join(" ");
         let l = Limits::default();
         for flag in [
             "--read-only".to_string(),
@@ -497,19 +451,19 @@ mod tests {
             format!("--cpus {}", l.cpus),
             format!("--ulimit nofile={0}:{0}", l.nofile),
             format!(
-                "--tmpfs /workspace:rw,nosuid,nodev,noexec,size={},mode=1777",
-                l.workspace_bytes
-            ),
-            format!(
                 "--tmpfs /tmp:rw,nosuid,nodev,noexec,size={},mode=1777",
                 l.tmp_bytes
+            ),
+            format!(
+                "--tmpfs /workspace:rw,nosuid,nodev,noexec,size={},mode=1777",
+                l.workspace_bytes
             ),
         ] {
             assert!(f.contains(&flag), "{flag} missing in {f}");
         }
         assert!(!f.contains("--runtime"));
-        assert!(hardening_flags(Some("crun"))
+        assert!(docker_run_flags(&Limits::default(), Some("crun"))
             .join(" ")
-            .ends_with("--runtime crun"));
+            .contains("--runtime crun"));
     }
 }

@@ -198,13 +198,12 @@ pub async fn diagnose(sandbox: &dyn Sandbox) -> Report {
         }
     }
 
-    let small = Limits {
-        timeout: Duration::from_secs(20),
-        memory_bytes: 128 << 20,
-        pids: PIDS_FOR_TEST,
-        ..Limits::default()
-    };
     let limits = probe_limits();
+    // The bombs get the probe's memory and pids limits, and a full core to finish sooner.
+    let small = Limits {
+        cpus: crate::job::defaults::CPUS,
+        ..limits.clone()
+    };
     let (probe, oom, fork) = tokio::join!(
         sandbox.run(JobSpec::python(PROBE, limits.clone()), None),
         sandbox.run(JobSpec::python(MEMORY_BOMB, small.clone()), None),

@@ -5,9 +5,9 @@
 
 mod install;
 
+use install::INDEX_VARS;
 pub use install::{
-    installer_limits, manylinux_platforms, parse_successfully_installed, strip_setid_bits, Install,
-    InstallCaps, InstallEvent, InstallEvents, InstallReport, InstalledInto, Phase, INDEX_VARS,
+    Install, InstallCaps, InstallEvent, InstallEvents, InstallReport, InstalledInto, Phase,
 };
 
 use std::collections::HashMap;
@@ -27,7 +27,7 @@ use crate::sandbox::{Sandbox, SandboxError};
 const SANDBOX_UID: u32 = 65534;
 /// Written into the managed environment once it is completely built: a directory without
 /// it is a creation that failed midway, and is rebuilt.
-pub const COMPLETE_MARKER: &str = ".mcpx-complete";
+const COMPLETE_MARKER: &str = ".mcpx-complete";
 
 /// Why an environment operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -132,7 +132,7 @@ impl EnvManager {
     /// Where the copy of the CA bundle that installers mount lives: in the data directory,
     /// which is at the same path for the server and the Docker daemon (under
     /// docker-compose the server's `/etc/ssl/certs` is not the host's).
-    pub fn ca_copy_path(&self) -> PathBuf {
+    pub(crate) fn ca_copy_path(&self) -> PathBuf {
         self.data_dir.join("ca-bundle.pem")
     }
 

@@ -533,9 +533,5 @@ mod tests {
         assert!(EnvKind::parse("pipenv").is_err());
     }
 
-    fn tempdir() -> PathBuf {
-        let d = std::env::temp_dir().join(format!("mcpx-env-{}", crate::job::new_job_id()));
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::canonicalize(d).unwrap()
-    }
+    use super::testing::tempdir;
 }

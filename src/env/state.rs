@@ -134,11 +134,6 @@ impl EnvState {
         })
     }
 
-    /// The tenant whose environment this is.
-    pub fn tenant(&self) -> &str {
-        &self.tenant
-    }
-
     /// The environment runs use now.
     pub async fn current(&self) -> Environment {
         self.current.read().await.0.clone()
@@ -207,7 +202,7 @@ impl EnvState {
 /// Resolve `r` for a tenant restricted to `roots`. The path asked for is made canonical
 /// and checked against the roots first; nothing outside them is read, and every refusal
 /// has the same text, so a tenant cannot learn what exists on the host.
-pub fn resolve_within(
+pub(crate) fn resolve_within(
     r: &EnvRequest,
     roots: &[PathBuf],
     ctx: &Context,

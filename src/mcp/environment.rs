@@ -5,17 +5,15 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use rmcp::model::{CallToolResult, ProgressNotificationParam};
+use rmcp::model::CallToolResult;
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
-use tokio::sync::mpsc::unbounded_channel;
-use tokio::task::JoinHandle;
 
 use super::args;
+use super::progress::{Narration, OutputThrottle, Progress};
 use super::report::{tool_error, with_structured};
-use crate::env::manager::{InstallEvent, InstallEvents, ManagerError, Phase};
+use crate::env::manager::{InstallEvent, ManagerError, Phase};
 use crate::env::state::Environments;
 use crate::env::{spec, EnvKind, EnvRequest};
 use crate::job::RunEvent;
@@ -66,16 +64,16 @@ pub async fn configure(
 /// How an install call ended, for the metrics: `ok`, `failed` or `refused`.
 pub type InstallOutcome = &'static str;
 
-/// `install_dependencies`: specs checked first, then the two installer phases into the
-/// current environment (read once: the environment checked is the one written to).
+/// `install_dependencies`, once the caller checked the specs ([`check_specs`]): the two
+/// installer phases into the current environment (read once: the environment checked is
+/// the one written to).
 pub async fn install(
     envs: &Environments,
     sandbox: Arc<dyn Sandbox>,
     packages: Vec<String>,
     ctx: &RequestContext<RoleServer>,
 ) -> Result<(CallToolResult, InstallOutcome), ErrorData> {
-    check_specs(&packages)?;
-    let (progress, events) = start_progress(ctx);
+    let (progress, events) = Progress::start_with(ctx, InstallNarration::default());
     let result = tokio::select! {
         r = envs.install(sandbox, &packages, events) => r,
         _ = ctx.ct.cancelled() => {
@@ -87,7 +85,7 @@ pub async fn install(
         }
     };
     if let Some(p) = progress {
-        let _ = tokio::time::timeout(Duration::from_secs(2), p).await;
+        p.finish().await;
     }
     Ok(match result {
         Ok(report) => {
@@ -158,62 +156,39 @@ pub fn check_specs(packages: &[String]) -> Result<(), ErrorData> {
     Ok(())
 }
 
-/// At most one output notification per phase per this interval.
-const OUTPUT_EVERY: Duration = Duration::from_millis(500);
+/// An install's phases, as progress messages.
+#[derive(Default)]
+struct InstallNarration {
+    output: OutputThrottle,
+}
 
-/// Forward the install's events as progress notifications naming the phase, if the
-/// client sent a progress token.
-fn start_progress(ctx: &RequestContext<RoleServer>) -> (Option<JoinHandle<()>>, InstallEvents) {
-    let Some(token) = ctx.meta.get_progress_token() else {
-        return (None, None);
-    };
-    let (tx, mut rx) = unbounded_channel::<InstallEvent>();
-    let peer = ctx.peer.clone();
-    let task = tokio::spawn(async move {
-        let mut step = 0.0;
-        let mut send = |message: String| {
-            step += 1.0;
-            let param = ProgressNotificationParam::new(token.clone(), step).with_message(message);
-            let peer = peer.clone();
-            async move {
-                if let Err(e) = peer.notify_progress(param).await {
-                    tracing::debug!(error = %e, "progress notification not delivered");
-                }
+impl Narration<InstallEvent> for InstallNarration {
+    fn describe(&mut self, event: InstallEvent) -> Option<String> {
+        match event {
+            InstallEvent::Begin(Phase::Fetching) => {
+                Some("fetching: downloading wheels (network on, no environment mounted)".into())
             }
-        };
-        let mut bytes = 0usize;
-        let mut last: Option<Instant> = None;
-        while let Some(event) = rx.recv().await {
-            match event {
-                InstallEvent::Begin(Phase::Fetching) => {
-                    send("fetching: downloading wheels (network on, no environment mounted)".into())
-                        .await
-                }
-                InstallEvent::Begin(Phase::Installing) => {
-                    bytes = 0;
-                    last = None;
-                    send("installing: pip installs the wheels (network off)".into()).await
-                }
-                InstallEvent::Run(p, RunEvent::Created { .. }) => {
-                    send(format!("{}: installer container created", p.as_str())).await
-                }
-                InstallEvent::Run(p, RunEvent::Started) => {
-                    send(format!("{}: pip started", p.as_str())).await
-                }
-                InstallEvent::Run(p, RunEvent::Output { data, .. }) => {
-                    bytes += data.len();
-                    if last.is_none_or(|t| t.elapsed() >= OUTPUT_EVERY) {
-                        last = Some(Instant::now());
-                        send(format!(
-                            "{}: {bytes} bytes of pip output so far",
-                            p.as_str()
-                        ))
-                        .await;
-                    }
-                }
+            InstallEvent::Begin(Phase::Installing) => {
+                self.output = OutputThrottle::default();
+                Some("installing: pip installs the wheels (network off)".into())
+            }
+            InstallEvent::Run(p, RunEvent::Created { .. }) => {
+                Some(format!("{}: installer container created", p.as_str()))
+            }
+            InstallEvent::Run(p, RunEvent::Started) => Some(format!("{}: pip started", p.as_str())),
+            InstallEvent::Run(p, RunEvent::Output { data, .. }) => {
+                self.output.add(data.len()).then(|| {
+                    format!(
+                        "{}: {} bytes of pip output so far",
+                        p.as_str(),
+                        self.output.bytes
+                    )
+                })
             }
         }
-        send("finished".into()).await;
-    });
-    (Some(task), Some(tx))
+    }
+
+    fn last(&self) -> String {
+        "finished".into()
+    }
 }

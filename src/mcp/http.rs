@@ -337,7 +337,7 @@ fn forbidden(message: String) -> Response {
 /// admits any port, `name:port` only that port), and from an entry of `allowed_origins`
 /// (`*` admits every origin). With `allowed_hosts` empty (any `Host`), only the loopback
 /// origins and `allowed_origins` pass: an open Host check does not open the Origin check.
-pub fn origin_ok(origin: &str, opts: &HttpOptions) -> bool {
+fn origin_ok(origin: &str, opts: &HttpOptions) -> bool {
     if opts.allowed_origins.iter().any(|o| o.trim() == "*")
         || origin_allowed(origin, &opts.allowed_origins)
     {

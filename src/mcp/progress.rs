@@ -1,36 +1,76 @@
-//! Progress notifications for one tool call: the run's phases (queued, container created,
-//! started, running with output bytes so far, finished), sent only when the client asked
-//! for them with a progress token.
+//! Progress notifications for one tool call, sent only when the client asked for them with
+//! a progress token. One forwarder for every kind of call: a [`Narration`] turns the call's
+//! events into messages (a run: queued, container created, started, running with output
+//! bytes so far, finished; an install: its phases), and output is throttled the same way.
 
 use std::time::{Duration, Instant};
 
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::service::RequestContext;
 use rmcp::{Peer, RoleServer};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::task::JoinHandle;
 
 use crate::job::RunEvent;
 use crate::sandbox::Events;
 
-/// At most one "running" notification per this interval: output floods must not flood the
+/// At most one output notification per this interval: output floods must not flood the
 /// client with notifications too.
 const OUTPUT_EVERY: Duration = Duration::from_millis(500);
 
-/// Forwards a run's events as progress notifications until the run ends.
+/// How a call's events read as progress messages.
+pub trait Narration<E>: Send + 'static {
+    /// Sent before any event.
+    fn first(&self) -> Option<String> {
+        None
+    }
+    /// The message for one event, if it deserves one.
+    fn describe(&mut self, event: E) -> Option<String>;
+    /// Sent once the events end (the call's sender was dropped).
+    fn last(&self) -> String;
+}
+
+/// Counts output bytes and says when an output notification is due.
+#[derive(Default)]
+pub struct OutputThrottle {
+    pub bytes: usize,
+    last: Option<Instant>,
+}
+
+impl OutputThrottle {
+    /// Count `n` bytes; `true` when a notification is due.
+    pub fn add(&mut self, n: usize) -> bool {
+        self.bytes += n;
+        let due = self.last.is_none_or(|t| t.elapsed() >= OUTPUT_EVERY);
+        if due {
+            self.last = Some(Instant::now());
+        }
+        due
+    }
+}
+
+/// Forwards a call's events as progress notifications until the call ends.
 pub struct Progress {
     task: JoinHandle<()>,
 }
 
 impl Progress {
-    /// Start forwarding if the client sent a progress token. Returns the events sender to
+    /// A run's progress, if the client sent a progress token. Returns the events sender to
     /// hand to the sandbox (`None` when nobody listens).
     pub fn start(ctx: &RequestContext<RoleServer>) -> (Option<Progress>, Events) {
+        Self::start_with(ctx, RunNarration::default())
+    }
+
+    /// Progress told by `narration`, if the client sent a progress token.
+    pub fn start_with<E: Send + 'static>(
+        ctx: &RequestContext<RoleServer>,
+        narration: impl Narration<E>,
+    ) -> (Option<Progress>, Option<UnboundedSender<E>>) {
         let Some(token) = ctx.meta.get_progress_token() else {
             return (None, None);
         };
         let (tx, rx) = unbounded_channel();
-        let task = tokio::spawn(forward(ctx.peer.clone(), token, rx));
+        let task = tokio::spawn(forward(ctx.peer.clone(), token, rx, narration));
         (Some(Progress { task }), Some(tx))
     }
 
@@ -40,10 +80,11 @@ impl Progress {
     }
 }
 
-async fn forward(
+async fn forward<E>(
     peer: Peer<RoleServer>,
     token: ProgressToken,
-    mut rx: UnboundedReceiver<RunEvent>,
+    mut rx: UnboundedReceiver<E>,
+    mut narration: impl Narration<E>,
 ) {
     let mut step = 0.0;
     let mut send = |message: String| {
@@ -56,22 +97,41 @@ async fn forward(
             }
         }
     };
-    send("queued: waiting for a sandbox".into()).await;
-    let mut bytes = 0usize;
-    let mut last_output: Option<Instant> = None;
-    // The sandbox drops its sender when the run ends (or is cancelled): the loop ends then.
+    if let Some(m) = narration.first() {
+        send(m).await;
+    }
+    // The sender is dropped when the call ends (or is cancelled): the loop ends then.
     while let Some(event) = rx.recv().await {
-        match event {
-            RunEvent::Created { .. } => send("sandbox created".into()).await,
-            RunEvent::Started => send("started: the code is running".into()).await,
-            RunEvent::Output { data, .. } => {
-                bytes += data.len();
-                if last_output.is_none_or(|t| t.elapsed() >= OUTPUT_EVERY) {
-                    last_output = Some(Instant::now());
-                    send(format!("running: {bytes} bytes of output so far")).await;
-                }
-            }
+        if let Some(m) = narration.describe(event) {
+            send(m).await;
         }
     }
-    send(format!("finished: {bytes} bytes of output")).await;
+    send(narration.last()).await;
+}
+
+/// A run's phases.
+#[derive(Default)]
+struct RunNarration {
+    output: OutputThrottle,
+}
+
+impl Narration<RunEvent> for RunNarration {
+    fn first(&self) -> Option<String> {
+        Some("queued: waiting for a sandbox".into())
+    }
+
+    fn describe(&mut self, event: RunEvent) -> Option<String> {
+        match event {
+            RunEvent::Created { .. } => Some("sandbox created".into()),
+            RunEvent::Started => Some("started: the code is running".into()),
+            RunEvent::Output { data, .. } => self
+                .output
+                .add(data.len())
+                .then(|| format!("running: {} bytes of output so far", self.output.bytes)),
+        }
+    }
+
+    fn last(&self) -> String {
+        format!("finished: {} bytes of output", self.output.bytes)
+    }
 }

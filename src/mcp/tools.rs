@@ -285,7 +285,7 @@ impl CodeExecutor {
             file = %path.display(),
             "run requested"
         );
-        let result = self.run_job(job, &ctx).await;
+        let result = self.run_job(job, self.current_env().await, &ctx).await;
         let file_path = path.display().to_string();
         Ok(match result {
             Ok(outcome) => {
@@ -298,12 +298,13 @@ impl CodeExecutor {
         })
     }
 
-    /// Run a job with progress notifications, until it ends, the client cancels the request
-    /// or the server shuts down. The last two drop the run, which kills and removes its
-    /// container.
+    /// Run a job in `env` (`None`: the image's Python) with progress notifications, until
+    /// it ends, the client cancels the request or the server shuts down. The last two drop
+    /// the run, which kills and removes its container.
     async fn run_job(
         &self,
         job: JobSpec,
+        env: Option<crate::env::Environment>,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<Outcome, RunError> {
         let job_id = job.id.clone();
@@ -311,7 +312,7 @@ impl CodeExecutor {
         let started = std::time::Instant::now();
         let (progress, events) = Progress::start(ctx);
         let result = tokio::select! {
-            r = self.run_in_slot(job, events) => r,
+            r = self.run_in_slot(job, env, events) => r,
             _ = ctx.ct.cancelled() => {
                 tracing::info!(job_id = %job_id, "run cancelled by the client");
                 Err(RunError::Cancelled)
@@ -354,11 +355,15 @@ impl CodeExecutor {
             })
     }
 
-    /// Hold the current environment, then wait for one of the run slots (fairly shared
-    /// between tenants), then run.
-    async fn run_in_slot(&self, mut job: JobSpec, events: Events) -> Result<Outcome, RunError> {
+    /// Hold `env`, then wait for one of the run slots (fairly shared between tenants),
+    /// then run in it.
+    async fn run_in_slot(
+        &self,
+        mut job: JobSpec,
+        env: Option<crate::env::Environment>,
+        events: Events,
+    ) -> Result<Outcome, RunError> {
         // The environment first: a run waiting for an install holds no run slot meanwhile.
-        let env = self.current_env().await;
         let _env_lock = match &env {
             Some(env) => self.lock_env(env).await,
             None => None,
@@ -649,18 +654,16 @@ impl CodeExecutor {
         limits.timeout = Duration::from_secs(30).min(self.shared.settings.max_timeout);
         let mut job = JobSpec::python(code, limits);
         job.tenant = self.shared.settings.tenant.clone();
-        // The environment the check runs in (run_job uses the current one).
-        let (environment, path) = match &self.shared.environments {
-            Some(envs) => {
-                let e = envs.state.current().await;
-                (
-                    e.kind.as_str().to_string(),
-                    Some(e.prefix.display().to_string()),
-                )
-            }
+        // The environment is read once: the one checked is the one reported.
+        let env = self.current_env().await;
+        let (environment, path) = match &env {
+            Some(e) => (
+                e.kind.as_str().to_string(),
+                Some(e.prefix.display().to_string()),
+            ),
             None => ("default".to_string(), None),
         };
-        let outcome = match self.run_job(job, &ctx).await {
+        let outcome = match self.run_job(job, env, &ctx).await {
             Ok(o) if o.success() => o,
             Ok(o) => {
                 return Ok(tool_error(format!(

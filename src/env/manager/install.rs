@@ -474,7 +474,7 @@ fn major_minor_of(v: &str) -> Option<String> {
 /// for other versions the fetch phase also downloads the newest pip wheel that supports
 /// the environment's Python, and the install phase runs the environment's Python with it
 /// (offline, like the image's pip would run).
-pub fn needs_own_pip(mm: &str) -> bool {
+fn needs_own_pip(mm: &str) -> bool {
     let mut it = mm.split('.').map(|p| p.parse::<u32>().ok());
     match (it.next().flatten(), it.next().flatten()) {
         (Some(3), Some(minor)) => !(7..=11).contains(&minor),
@@ -688,9 +688,18 @@ impl InstallDir {
 }
 
 impl Drop for InstallDir {
+    /// Removes the downloaded wheels (possibly hundreds of MB) on the blocking pool, not on
+    /// the async thread that dropped it.
     fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.root) {
-            tracing::warn!(dir = %self.root.display(), error = %e, "install scratch directory not removed");
+        let root = std::mem::take(&mut self.root);
+        let remove = move || {
+            if let Err(e) = std::fs::remove_dir_all(&root) {
+                tracing::warn!(dir = %root.display(), error = %e, "install scratch directory not removed");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(remove)),
+            Err(_) => remove(),
         }
     }
 }
@@ -977,7 +986,15 @@ mod tests {
             }
         }
         assert_eq!(phases, vec![Phase::Fetching, Phase::Installing]);
-        assert_eq!(std::fs::read_dir(&installs).unwrap().count(), 0);
+        // Removed on the blocking pool, a moment after the install returned.
+        let t0 = std::time::Instant::now();
+        while std::fs::read_dir(&installs).unwrap().count() > 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "scratch directory left"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         std::fs::remove_dir_all(t).ok();
     }
 

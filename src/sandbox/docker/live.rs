@@ -159,7 +159,7 @@ impl Live {
     /// (a one-shot run); without, it stays open for the next cell of a session.
     pub(super) async fn execute(
         &mut self,
-        input: Vec<u8>,
+        input: &[u8],
         close_input: bool,
         limits: &Limits,
         events: &Events,
@@ -169,7 +169,7 @@ impl Live {
             .take()
             .ok_or_else(|| SandboxError::Runner("the sandbox's input is already closed".into()))?;
         let writer = async move {
-            let mut r = stdin.write_all(&input).await;
+            let mut r = stdin.write_all(input).await;
             if r.is_ok() {
                 r = stdin.flush().await;
             }
