@@ -15,7 +15,7 @@ cargo build --all-targets
 cargo run --quiet -- image build
 
 status=0
-cargo test -- --test-threads=2 || status=$?
+cargo test --no-fail-fast -- --test-threads=2 || status=$?
 
 left=$(docker ps -aq --filter label=io.mcp-code-executor.managed=true)
 if [ -n "$left" ]; then
