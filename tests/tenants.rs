@@ -288,7 +288,7 @@ async fn tenants_are_authenticated_isolated_and_held_to_their_quotas() {
     .await;
     assert!(is_error(&r), "{}", text(&r));
     assert!(
-        text(&r).contains("outside the environments this tenant may use"),
+        text(&r).contains("is not an environment this tenant may use"),
         "{}",
         text(&r)
     );
