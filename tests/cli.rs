@@ -1,6 +1,8 @@
 //! The `run` and `doctor` commands as a CI pipeline uses them: the real binary, the real
 //! daemon, exit codes and reports checked.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
@@ -309,18 +311,7 @@ fn output_limit_truncates_and_flags() {
 
 #[test]
 fn a_small_pids_limit_stops_a_fork_bomb() {
-    let code = r#"
-import os, time
-n = 0
-try:
-    while n < 5000:
-        if os.fork() == 0:
-            time.sleep(60)
-            os._exit(0)
-        n += 1
-except OSError as e:
-    print(n, e.errno)
-"#;
+    let code = common::FORK_BOMB;
     let (out, pid) = run_cli(&["run", "--pids", "16", "--timeout", "30", "-"], code);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout} {out:?}");

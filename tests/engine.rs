@@ -100,18 +100,7 @@ async fn fork_bomb_is_contained_by_the_pids_limit() {
         timeout: Duration::from_secs(20),
         ..limits()
     };
-    let code = r#"
-import os, time
-n = 0
-try:
-    while n < 5000:
-        if os.fork() == 0:
-            time.sleep(60)
-            os._exit(0)
-        n += 1
-except OSError as e:
-    print(n, e.errno)
-"#;
+    let code = common::FORK_BOMB;
     let o = run(&s, "t-fork", code, l).await;
     let text = o.stdout_text();
     let n: i64 = text

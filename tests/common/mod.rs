@@ -133,3 +133,17 @@ pub fn docker_disk_free() -> u64 {
 pub fn limits() -> Limits {
     Limits::default()
 }
+
+/// Forks until the pids limit refuses, then prints how many forks succeeded and the errno.
+pub const FORK_BOMB: &str = r#"
+import os, time
+n = 0
+try:
+    while n < 5000:
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        n += 1
+except OSError as e:
+    print(n, e.errno)
+"#;
