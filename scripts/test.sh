@@ -11,6 +11,11 @@ if ! python3 -m uv --version >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check uv 2>/dev/null \
     || python3 -m pip install --quiet --disable-pip-version-check --user --break-system-packages uv
 fi
+# The official MCP Python SDK (PyPI `mcp`), for the interoperability test (tests/python_sdk.rs).
+if ! target/py-sdk/bin/python -c "import mcp" >/dev/null 2>&1; then
+  python3 -m venv target/py-sdk
+  target/py-sdk/bin/pip install --quiet --disable-pip-version-check mcp==2.3.0
+fi
 cargo build --all-targets
 cargo run --quiet -- image build
 

@@ -253,13 +253,13 @@ fn tenant_routes(
         .route("/sse", get(sse::open))
         .route(sse::MESSAGES_PATH, post(sse::post))
         .with_state(SseState::new(executor, shutdown));
-    let streamable =
-        Router::new()
-            .nest_service("/mcp", streamable)
-            .layer(middleware::from_fn_with_state(
-                opts.max_body_bytes,
-                answer_parse_errors,
-            ));
+    let streamable = Router::new()
+        .nest_service("/mcp", streamable)
+        .layer(middleware::from_fn_with_state(
+            opts.max_body_bytes,
+            answer_parse_errors,
+        ))
+        .layer(middleware::from_fn(end_session_with_204));
     streamable
         .merge(legacy)
         .layer(DefaultBodyLimit::max(opts.max_body_bytes))
@@ -267,6 +267,17 @@ fn tenant_routes(
             Arc::new(opts.clone()),
             check_host,
         ))
+}
+
+/// rmcp answers the DELETE that ends a session with 202 Accepted, but the session is ended
+/// by then; clients (the official Python SDK among them) take only 200 or 204 for done.
+async fn end_session_with_204(request: Request, next: Next) -> Response {
+    let delete = request.method() == axum::http::Method::DELETE;
+    let mut response = next.run(request).await;
+    if delete && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::NO_CONTENT;
+    }
+    response
 }
 
 /// rmcp answers a POST body that is not JSON with a plain-text 415; JSON-RPC clients expect
