@@ -55,12 +55,19 @@ async fn tools_are_listed_with_schemas_and_server_info() {
     }
     let out =
         serde_json::Value::Object((**exec.output_schema.as_ref().expect("outputSchema")).clone());
+    // Every outcome field of the engine, and the stored file_path.
     for field in [
         "exit_code",
+        "signal",
         "timed_out",
         "oom_killed",
         "stdout",
         "stderr",
+        "stdout_truncated",
+        "stderr_truncated",
+        "duration_ms",
+        "cpu_ms",
+        "peak_memory_bytes",
         "file_path",
     ] {
         assert!(out["properties"][field].is_object(), "{field}: {out}");
