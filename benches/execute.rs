@@ -8,8 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use mcp_code_executor::bench::{self, latency_row, load, BenchOptions, Stats};
-use mcp_code_executor::sandbox::image;
+use mcp_code_executor::backend::image;
+use mcp_code_executor::ops::bench::{self, latency_row, load, BenchOptions, Stats};
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::RunningService;
 use rmcp::transport::StreamableHttpClientTransport;

@@ -1,10 +1,10 @@
 //! Where the time of a warm-pool run goes: run with RUST_LOG=mcp_code_executor=trace.
 use std::time::{Duration, Instant};
 
+use mcp_code_executor::backend::docker::{DockerBackend, DockerConfig};
+use mcp_code_executor::backend::image;
+use mcp_code_executor::backend::Backend;
 use mcp_code_executor::job::{JobSpec, Limits};
-use mcp_code_executor::sandbox::docker::{DockerConfig, DockerSandbox};
-use mcp_code_executor::sandbox::image;
-use mcp_code_executor::sandbox::Sandbox;
 
 #[tokio::main]
 async fn main() {
@@ -12,7 +12,7 @@ async fn main() {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let s = DockerSandbox::connect(DockerConfig {
+    let s = DockerBackend::connect(DockerConfig {
         pool_size: 2,
         ..DockerConfig::new(image::default_image())
     })

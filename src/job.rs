@@ -165,7 +165,7 @@ pub enum RunEvent {
 
 /// The result of a run of user code. A failure of the user's code (non-zero exit, timeout,
 /// OOM) is an `Outcome`; a failure of the infrastructure is a
-/// [`SandboxError`](crate::sandbox::SandboxError).
+/// [`BackendError`](crate::backend::BackendError).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Outcome {
     /// Exit status of the code; `None` when it was killed by a signal or timed out.

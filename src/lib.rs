@@ -35,15 +35,13 @@
 //! The binary (`src/bin/mcp-code-executor/`) only parses the command line (`args.rs`), sets
 //! up logging to stderr and calls in here; `serve.rs` wires the server together.
 
-pub mod bench;
+pub mod app;
+pub mod backend;
 pub mod cli;
 pub mod config;
-pub mod doctor;
 pub mod env;
-pub mod health;
 pub mod job;
 pub mod mcp;
-pub mod metrics;
-pub mod sandbox;
+pub mod ops;
 pub mod storage;
 pub mod tenancy;

@@ -11,12 +11,12 @@ use common::{
     assert_clean, docker_disk_free, limits, own_containers_of, owner_id, owner_of,
     remove_containers, remove_on_drop, run, sandbox,
 };
-use mcp_code_executor::job::{InputFile, JobSpec, Limits, RunEvent, StreamKind};
-use mcp_code_executor::sandbox::docker::{
-    DockerConfig, DockerSandbox, LABEL_JOB, LABEL_MANAGED, LABEL_OWNER, LABEL_TENANT,
+use mcp_code_executor::backend::docker::{
+    DockerBackend, DockerConfig, LABEL_JOB, LABEL_MANAGED, LABEL_OWNER, LABEL_TENANT,
 };
-use mcp_code_executor::sandbox::image;
-use mcp_code_executor::sandbox::{Sandbox, SandboxError};
+use mcp_code_executor::backend::image;
+use mcp_code_executor::backend::{Backend, BackendError};
+use mcp_code_executor::job::{InputFile, JobSpec, Limits, RunEvent, StreamKind};
 
 #[tokio::test]
 async fn hello_world_with_usage_figures() {
@@ -429,7 +429,7 @@ async fn a_cancelled_run_leaves_no_container() {
 
 #[tokio::test]
 async fn a_missing_image_is_an_infrastructure_error_with_a_hint() {
-    let s = DockerSandbox::connect(DockerConfig::new(
+    let s = DockerBackend::connect(DockerConfig::new(
         "mcp-code-executor/sandbox:does-not-exist",
     ))
     .await
@@ -438,7 +438,7 @@ async fn a_missing_image_is_an_infrastructure_error_with_a_hint() {
         .run(JobSpec::python("print(1)", limits()), None)
         .await
         .unwrap_err();
-    assert!(matches!(err, SandboxError::ImageMissing { .. }), "{err:?}");
+    assert!(matches!(err, BackendError::ImageMissing { .. }), "{err:?}");
     assert!(err.to_string().contains("image build"), "{err}");
 }
 
@@ -453,7 +453,7 @@ async fn bad_paths_are_refused_before_any_container_exists() {
         contents: vec![],
     });
     let err = s.run(job, None).await.unwrap_err();
-    assert!(matches!(err, SandboxError::Rejected(_)), "{err:?}");
+    assert!(matches!(err, BackendError::Rejected(_)), "{err:?}");
     assert!(own_containers_of("t-paths").is_empty());
 }
 
@@ -584,12 +584,12 @@ async fn an_unreachable_daemon_is_an_infrastructure_error_that_says_what_to_do()
         docker_host: Some("unix:///nonexistent/mcpx-test/docker.sock".into()),
         ..DockerConfig::new(image::default_image())
     };
-    let err = match DockerSandbox::connect(config).await {
+    let err = match DockerBackend::connect(config).await {
         Err(e) => e,
         Ok(_) => panic!("connected to a daemon that does not exist"),
     };
     assert!(
-        matches!(err, SandboxError::DaemonUnreachable { .. }),
+        matches!(err, BackendError::DaemonUnreachable { .. }),
         "{err:?}"
     );
     let msg = err.to_string();
@@ -653,7 +653,7 @@ async fn the_start_up_sweep_removes_only_what_dead_processes_left() {
     made.0.push(elsewhere.clone());
     assert!(exists(&dead) && exists(&live) && exists(&elsewhere));
 
-    s.sweep_leftovers().await.expect("sweep");
+    s.sweep().await.expect("sweep");
     // (Another test process's sweep may have removed the dead one first; either way it
     // is gone, and the others are not.)
     assert!(!exists(&dead), "the dead owner's container is still there");

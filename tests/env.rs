@@ -8,13 +8,13 @@ use std::process::Command;
 
 use std::sync::Arc;
 
+use mcp_code_executor::backend::docker::DockerBackend;
+use mcp_code_executor::backend::Backend;
 use mcp_code_executor::env::manager::{
     EnvManager, Install, InstallCaps, InstallReport, ManagerError,
 };
 use mcp_code_executor::env::{self, Context, EnvKind, EnvRequest, Environment};
 use mcp_code_executor::job::JobSpec;
-use mcp_code_executor::sandbox::docker::DockerSandbox;
-use mcp_code_executor::sandbox::Sandbox;
 
 fn tempdir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!(
@@ -63,7 +63,7 @@ print('mount', [m[5].split(',')[0] for m in mounts if m[4] == sys.prefix])
 
 /// The package imports, `sys.prefix` is the environment, writes into it fail, and
 /// `check_installed_packages` agrees (with a differently spelled name).
-async fn assert_env_works(s: &DockerSandbox, env: &Environment, tenant: &str) {
+async fn assert_env_works(s: &DockerBackend, env: &Environment, tenant: &str) {
     let mut job = JobSpec::python(PROBE, Default::default());
     job.tenant = tenant.into();
     job.env = env.run_env();
@@ -99,7 +99,7 @@ async fn assert_env_works(s: &DockerSandbox, env: &Environment, tenant: &str) {
 /// Install `specs` into `env` the way the server does: the version its probe reports.
 async fn install(
     m: &EnvManager,
-    s: &Arc<DockerSandbox>,
+    s: &Arc<DockerBackend>,
     env: &Environment,
     tenant: &str,
     specs: &[&str],
@@ -117,7 +117,7 @@ async fn install(
 }
 
 /// Run `code` in `env` and return stdout.
-async fn run_in(s: &DockerSandbox, env: &Environment, tenant: &str, code: &str) -> String {
+async fn run_in(s: &DockerBackend, env: &Environment, tenant: &str, code: &str) -> String {
     let mut job = JobSpec::python(code, Default::default());
     job.tenant = tenant.into();
     job.env = env.run_env();

@@ -525,7 +525,7 @@ async fn cancelling_a_call_stops_the_run_and_leaves_no_container() {
 
 #[tokio::test]
 async fn browser_origins_are_checked_by_default_on_both_transports() {
-    let opts = mcp_code_executor::mcp::http::HttpOptions {
+    let opts = mcp_code_executor::mcp::transports::http::HttpOptions {
         allowed_hosts: vec![
             "localhost".into(),
             "127.0.0.1".into(),

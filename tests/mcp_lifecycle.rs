@@ -6,8 +6,8 @@ mod mcp_support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use mcp_code_executor::backend::{Backend, BackendError, BackendInfo, Events, Session};
 use mcp_code_executor::job::{JobSpec, Outcome};
-use mcp_code_executor::sandbox::{BackendInfo, Events, Sandbox, SandboxError, Session};
 
 use mcp_support::{common, is_error, server, structured, text, ProgressRecorder};
 use rmcp::model::CallToolRequestParams;
@@ -174,7 +174,7 @@ async fn serve_refuses_to_start_when_the_self_test_fails() {
 /// The real sandbox, whose sessions are slow to take workspace files in (longer than the
 /// HTTP server's shutdown grace period): a call can be inside that sync at shutdown.
 struct SlowSync {
-    inner: Arc<dyn Sandbox>,
+    inner: Arc<dyn Backend>,
     entered: Arc<tokio::sync::Notify>,
 }
 
@@ -184,17 +184,17 @@ struct SlowSyncSession {
 }
 
 #[async_trait::async_trait]
-impl Sandbox for SlowSync {
-    async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, SandboxError> {
+impl Backend for SlowSync {
+    async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, BackendError> {
         self.inner.run(job, events).await
     }
-    async fn info(&self) -> Result<BackendInfo, SandboxError> {
+    async fn info(&self) -> Result<BackendInfo, BackendError> {
         self.inner.info().await
     }
     async fn drain(&self) {
         self.inner.drain().await
     }
-    async fn open_session(&self, job: JobSpec) -> Result<Box<dyn Session>, SandboxError> {
+    async fn open_session(&self, job: JobSpec) -> Result<Box<dyn Session>, BackendError> {
         Ok(Box::new(SlowSyncSession {
             inner: self.inner.open_session(job).await?,
             entered: self.entered.clone(),
@@ -209,12 +209,17 @@ impl Session for SlowSyncSession {
         code: &str,
         timeout: Duration,
         events: Events,
-    ) -> Result<Outcome, SandboxError> {
-        if code.starts_with("__import__('builtins').exec(") {
-            self.entered.notify_one();
-            tokio::time::sleep(mcp_code_executor::mcp::http::SHUTDOWN_GRACE * 2).await;
-        }
+    ) -> Result<Outcome, BackendError> {
         self.inner.exec(code, timeout, events).await
+    }
+    async fn put_files(
+        &mut self,
+        files: &[mcp_code_executor::job::InputFile],
+        timeout: Duration,
+    ) -> Result<(), BackendError> {
+        self.entered.notify_one();
+        tokio::time::sleep(mcp_code_executor::mcp::transports::http::SHUTDOWN_GRACE * 2).await;
+        self.inner.put_files(files, timeout).await
     }
     fn alive(&self) -> bool {
         self.inner.alive()

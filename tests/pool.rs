@@ -7,25 +7,25 @@ use std::collections::HashSet;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use mcp_code_executor::backend::docker::{DockerBackend, DockerConfig, PoolStats, LABEL_OWNER};
+use mcp_code_executor::backend::image;
+use mcp_code_executor::backend::Backend;
 use mcp_code_executor::job::{JobSpec, Limits, RunEvent};
-use mcp_code_executor::sandbox::docker::{DockerConfig, DockerSandbox, PoolStats, LABEL_OWNER};
-use mcp_code_executor::sandbox::image;
-use mcp_code_executor::sandbox::Sandbox;
 
 /// The pool tests share the `pool` tenant label: run them one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-async fn pooled(size: usize) -> DockerSandbox {
+async fn pooled(size: usize) -> DockerBackend {
     common::sandbox().await; // the image is there
     let config = DockerConfig {
         pool_size: size,
         pool_limits: Limits::default(),
         ..DockerConfig::new(image::default_image())
     };
-    DockerSandbox::connect(config).await.expect("docker")
+    DockerBackend::connect(config).await.expect("docker")
 }
 
-async fn wait_ready(s: &DockerSandbox, n: usize) -> PoolStats {
+async fn wait_ready(s: &DockerBackend, n: usize) -> PoolStats {
     let t = Instant::now();
     loop {
         let st = s.pool_stats().expect("pool on");
@@ -41,7 +41,7 @@ async fn wait_ready(s: &DockerSandbox, n: usize) -> PoolStats {
 }
 
 /// Run `code` and return (stdout, container id).
-async fn run_seen(s: &DockerSandbox, code: &str) -> (String, String) {
+async fn run_seen(s: &DockerBackend, code: &str) -> (String, String) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let o = s
         .run(JobSpec::python(code, Limits::default()), Some(tx))

@@ -5,8 +5,8 @@ mod common;
 
 use std::time::Duration;
 
+use mcp_code_executor::backend::{Backend, Session};
 use mcp_code_executor::job::{JobSpec, Limits};
-use mcp_code_executor::sandbox::{Sandbox, Session};
 
 fn spec(tenant: &str, limits: Limits) -> JobSpec {
     let mut job = JobSpec::python("", limits);

@@ -8,9 +8,9 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use mcp_code_executor::backend::docker::{LABEL_MANAGED, LABEL_OWNER, LABEL_TENANT};
+use mcp_code_executor::backend::{image, Backend, BackendError};
 use mcp_code_executor::job::{JobSpec, Limits, RunEvent, StreamKind};
-use mcp_code_executor::sandbox::docker::{LABEL_MANAGED, LABEL_OWNER, LABEL_TENANT};
-use mcp_code_executor::sandbox::{image, Sandbox, SandboxError};
 
 const BIN: &str = env!("CARGO_BIN_EXE_mcp-code-executor");
 
@@ -103,7 +103,7 @@ async fn the_code_is_stopped_even_when_the_server_died() {
         t.elapsed()
     );
     // The start-up sweep of the next process removes it: its owner is dead.
-    sandbox.sweep_leftovers().await.expect("sweep");
+    sandbox.sweep().await.expect("sweep");
     assert!(containers_owned_by(pid).is_empty(), "swept");
 }
 
@@ -190,7 +190,7 @@ async fn a_sandbox_killed_from_outside_is_an_infrastructure_error() {
     assert!(killed.status.success(), "{killed:?}");
     let result = run.await.unwrap();
     match result {
-        Err(SandboxError::Runner(msg)) => {
+        Err(BackendError::Runner(msg)) => {
             assert!(msg.contains("stopped from outside"), "{msg}");
             assert!(
                 msg.contains("run it again"),

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use tokio::sync::mpsc;
 
 use super::junit::{self, CaseResult};
+use crate::backend::{Backend, BackendError};
 use crate::job::{InputFile, JobSpec, Limits, Outcome, RunEvent, StreamKind};
-use crate::sandbox::{Sandbox, SandboxError};
 
 /// Exit codes of `run`, documented in the README.
 pub mod exit {
@@ -57,7 +57,7 @@ pub fn exit_code_for(o: &Outcome) -> i32 {
 }
 
 /// Run every file and report; returns the process exit code.
-pub async fn run_files(sandbox: &dyn Sandbox, args: RunArgs) -> i32 {
+pub async fn run_files(sandbox: &dyn Backend, args: RunArgs) -> i32 {
     let mut results: Vec<(String, Result<Outcome, String>)> = Vec::new();
     let several = args.files.len() > 1;
     // Every file is read before any runs: a typo in the last name fails the job at once,
@@ -127,11 +127,11 @@ pub async fn run_files(sandbox: &dyn Sandbox, args: RunArgs) -> i32 {
 }
 
 async fn run_one(
-    sandbox: &dyn Sandbox,
+    sandbox: &dyn Backend,
     name: &str,
     code: Vec<u8>,
     args: &RunArgs,
-) -> Result<Outcome, SandboxError> {
+) -> Result<Outcome, BackendError> {
     let mut job = JobSpec::python(Vec::new(), args.limits.clone());
     let entry = entry_name(name);
     job.files = vec![InputFile {

@@ -20,8 +20,8 @@ use tokio::sync::{Mutex, OwnedRwLockReadGuard, RwLock};
 
 use super::spec::{self, SpecError};
 use super::{EnvError, EnvKind, Environment};
+use crate::backend::{Backend, BackendError};
 use crate::job::{InputFile, JobSpec, Limits, Mount, Outcome, RunEnv};
-use crate::sandbox::{Sandbox, SandboxError};
 
 /// Uid:gid of sandboxes; the managed environment belongs to it so installers need no root.
 const SANDBOX_UID: u32 = 65534;
@@ -37,7 +37,7 @@ pub enum ManagerError {
     #[error(transparent)]
     Spec(#[from] SpecError),
     #[error(transparent)]
-    Sandbox(#[from] SandboxError),
+    Backend(#[from] BackendError),
     #[error("{what} failed inside the sandbox ({status}): {stderr}")]
     Failed {
         what: &'static str,
@@ -164,7 +164,7 @@ impl EnvManager {
     /// without it (a creation that failed midway) is moved aside and built again.
     pub async fn ensure_managed(
         &self,
-        sandbox: &dyn Sandbox,
+        sandbox: &dyn Backend,
         tenant: &str,
     ) -> Result<Environment, ManagerError> {
         let path = self.managed_path(tenant);
@@ -218,7 +218,7 @@ impl EnvManager {
     /// `sys.prefix` is it.
     pub async fn probe(
         &self,
-        sandbox: &dyn Sandbox,
+        sandbox: &dyn Backend,
         env: &Environment,
         tenant: &str,
     ) -> Result<Probe, ManagerError> {
@@ -245,7 +245,7 @@ impl EnvManager {
     /// Installed or not, and the version, of each name, answered by the environment.
     pub async fn check(
         &self,
-        sandbox: &dyn Sandbox,
+        sandbox: &dyn Backend,
         env: &Environment,
         tenant: &str,
         names: &[String],
@@ -278,7 +278,7 @@ impl EnvManager {
 
     async fn run_in(
         &self,
-        sandbox: &dyn Sandbox,
+        sandbox: &dyn Backend,
         env: &Environment,
         tenant: &str,
         code: &str,

@@ -13,7 +13,7 @@ use super::manager::{
     EnvManager, Install, InstallCaps, InstallEvents, InstallReport, ManagerError, Probe,
 };
 use super::{resolve, Context, EnvKind, EnvRequest, Environment};
-use crate::sandbox::Sandbox;
+use crate::backend::Backend;
 
 /// Environment variables of the tools we replace, read at start-up.
 pub mod vars {
@@ -79,7 +79,7 @@ impl Environments {
     /// configure_environment switches to another meanwhile.
     pub async fn install(
         &self,
-        sandbox: Arc<dyn Sandbox>,
+        sandbox: Arc<dyn Backend>,
         specs: &[String],
         events: InstallEvents,
     ) -> Result<InstallReport, ManagerError> {
@@ -116,7 +116,7 @@ pub struct EnvState {
 impl EnvState {
     /// Start with `request` (or the managed default), validated in a sandbox.
     pub async fn init(
-        sandbox: &dyn Sandbox,
+        sandbox: &dyn Backend,
         manager: &EnvManager,
         tenant: &str,
         request: Option<EnvRequest>,
@@ -167,7 +167,7 @@ impl EnvState {
     /// before anything of it is read, and refused with one message whatever the reason.
     pub async fn configure(
         &self,
-        sandbox: &dyn Sandbox,
+        sandbox: &dyn Backend,
         manager: &EnvManager,
         request: Option<EnvRequest>,
     ) -> Result<EnvReport, ManagerError> {

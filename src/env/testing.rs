@@ -7,8 +7,8 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use tokio::sync::oneshot;
 
+use crate::backend::{Backend, BackendError, BackendInfo, Events};
 use crate::job::{JobSpec, Outcome};
-use crate::sandbox::{BackendInfo, Events, Sandbox, SandboxError};
 
 /// Holds the next fetch phase: `started` fires when it begins, it ends when `release` does.
 pub struct Gate {
@@ -39,8 +39,8 @@ fn file<'a>(job: &'a JobSpec, name: &str) -> Option<&'a [u8]> {
 }
 
 #[async_trait]
-impl Sandbox for Recorder {
-    async fn run(&self, job: JobSpec, _: Events) -> Result<Outcome, SandboxError> {
+impl Backend for Recorder {
+    async fn run(&self, job: JobSpec, _: Events) -> Result<Outcome, BackendError> {
         self.jobs.lock().unwrap().push(job.clone());
         let names: Vec<String> = file(&job, "names.json")
             .map(|b| serde_json::from_slice(b).unwrap())
@@ -87,7 +87,7 @@ impl Sandbox for Recorder {
         })
     }
 
-    async fn info(&self) -> Result<BackendInfo, SandboxError> {
+    async fn info(&self) -> Result<BackendInfo, BackendError> {
         unreachable!()
     }
 

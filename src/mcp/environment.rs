@@ -13,17 +13,17 @@ use rmcp::{ErrorData, RoleServer};
 use super::args;
 use super::progress::{Narration, OutputThrottle, Progress};
 use super::report::{tool_error, with_structured};
+use crate::backend::Backend;
 use crate::env::manager::{InstallEvent, ManagerError, Phase};
 use crate::env::state::Environments;
 use crate::env::{spec, EnvKind, EnvRequest};
 use crate::job::RunEvent;
-use crate::sandbox::Sandbox;
 
 /// `configure_environment`: validate the new environment in a sandbox, then switch; a bad
 /// one is refused and the previous configuration stays.
 pub async fn configure(
     envs: &Environments,
-    sandbox: &dyn Sandbox,
+    sandbox: &dyn Backend,
     a: args::ConfigureEnvironment,
 ) -> Result<CallToolResult, ErrorData> {
     let kind = EnvKind::parse(&a.env_type)
@@ -69,7 +69,7 @@ pub type InstallOutcome = &'static str;
 /// the one written to).
 pub async fn install(
     envs: &Environments,
-    sandbox: Arc<dyn Sandbox>,
+    sandbox: Arc<dyn Backend>,
     packages: Vec<String>,
     ctx: &RequestContext<RoleServer>,
 ) -> Result<(CallToolResult, InstallOutcome), ErrorData> {

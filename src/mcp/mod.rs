@@ -1,26 +1,24 @@
 //! The MCP server: the nine code-executor tools ([`tools::CodeExecutor`]) and the transports
 //! that carry them (stdio, Streamable HTTP at `/mcp`, legacy SSE at `/sse` + `/messages`,
 //! see [`http`]). This layer only translates requests into jobs and storage calls and formats
-//! what comes back; running code is the [`Sandbox`](crate::sandbox::Sandbox)'s business.
+//! what comes back; running code is the [`Sandbox`](crate::backend::Sandbox)'s business.
 
 pub mod args;
 pub mod environment;
 pub mod figures;
-pub mod http;
 pub mod progress;
 pub mod report;
 pub mod sessions;
-pub mod sse;
-pub mod stdio;
 pub mod tools;
+pub mod transports;
 pub mod workspace;
 
 use std::time::Duration;
 
 use crate::job::Limits;
 
-pub use stdio::serve_stdio;
 pub use tools::CodeExecutor;
+pub use transports::stdio::serve_stdio;
 
 /// Environment variables of `serve` (each also has a flag; see `docs/mcp.md`).
 pub mod vars {
@@ -165,7 +163,7 @@ impl Default for Settings {
             limits: Limits::default(),
             max_timeout: defaults::MAX_TIMEOUT,
             max_concurrent_runs: defaults::MAX_CONCURRENT,
-            image: crate::sandbox::image::default_image(),
+            image: crate::backend::image::default_image(),
             python: "/usr/bin/python3".into(),
             requested_env_type: None,
             tenant: "local".into(),

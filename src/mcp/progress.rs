@@ -11,8 +11,8 @@ use rmcp::{Peer, RoleServer};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::task::JoinHandle;
 
+use crate::backend::Events;
 use crate::job::RunEvent;
-use crate::sandbox::Events;
 
 /// At most one output notification per this interval: output floods must not flood the
 /// client with notifications too.

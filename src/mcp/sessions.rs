@@ -31,8 +31,8 @@ use super::progress::Progress;
 use super::report::{tool_error, RunReport};
 use super::workspace::Workspaces;
 use super::{CodeExecutor, Settings};
+use crate::backend::{Backend, Session};
 use crate::job::{JobSpec, Limits};
-use crate::sandbox::{Sandbox, Session};
 
 /// Options of stateful sessions and workspaces (`serve` flags and variables).
 #[derive(Debug, Clone)]
@@ -75,7 +75,7 @@ impl Default for SessionOptions {
 
 /// What every connection shares: the sandbox, the sessions, the workspaces.
 pub struct Extras {
-    sandbox: Arc<dyn Sandbox>,
+    sandbox: Arc<dyn Backend>,
     limits: Limits,
     pub(super) tenant: String,
     options: SessionOptions,
@@ -128,7 +128,7 @@ impl Drop for Busy {
 }
 
 impl Extras {
-    pub fn new(sandbox: Arc<dyn Sandbox>, settings: &Settings) -> Arc<Self> {
+    pub fn new(sandbox: Arc<dyn Backend>, settings: &Settings) -> Arc<Self> {
         Arc::new(Extras {
             sandbox,
             limits: settings.limits.clone(),
@@ -432,7 +432,7 @@ impl CodeExecutor {
         slot: &Slot,
         ctx: &RequestContext<RoleServer>,
         shutdown: &CancellationToken,
-        events: crate::sandbox::Events,
+        events: crate::backend::Events,
     ) -> CallToolResult {
         let x = &self.conn.extras;
         let conn = self.conn.id;
@@ -528,9 +528,9 @@ impl CodeExecutor {
             })
             .collect();
         if !changed.is_empty() {
-            let code = sync_code(&changed);
+            let changed: Vec<crate::job::InputFile> = changed.into_iter().cloned().collect();
             let synced = tokio::select! {
-                r = live.session.exec(&code, timeout, None) => Some(r),
+                r = live.session.put_files(&changed, timeout) => Some(r),
                 _ = shutdown.cancelled() => None,
             };
             match synced {
@@ -538,16 +538,12 @@ impl CodeExecutor {
                     cell.take();
                     return tool_error(format!("the cell was not run: {SHUTTING_DOWN}. {LOST}"));
                 }
-                Some(Ok(o)) if o.success() => {
-                    for f in changed {
+                Some(Ok(())) => {
+                    for f in &changed {
                         live.synced
                             .insert(f.path.clone(), Sha256::digest(&f.contents).into());
                     }
                 }
-                Some(Ok(o)) => notes.push(format!(
-                    "workspace files could not be copied into the session: {}",
-                    o.stderr_text()
-                )),
                 Some(Err(e)) => notes.push(format!(
                     "workspace files could not be copied into the session: {e}"
                 )),
@@ -571,7 +567,7 @@ impl CodeExecutor {
         let label = match &result {
             None => "cancelled",
             Some(Err(_)) => "failed",
-            Some(Ok(o)) => crate::metrics::outcome_label(o),
+            Some(Ok(o)) => crate::app::metrics::outcome_label(o),
         };
         let secs = started.elapsed().as_secs_f64();
         self.metrics().run(&x.tenant, label, secs);
@@ -634,18 +630,4 @@ impl CodeExecutor {
         let note = (!notes.is_empty()).then(|| notes.join("; "));
         RunReport::new(&outcome, timeout.as_secs_f64(), cell_path(conn)).into_result(note)
     }
-}
-
-/// A cell that writes `files` into /workspace without touching the session's variables.
-fn sync_code(files: &[&crate::job::InputFile]) -> String {
-    use base64::Engine as _;
-    let mut items = String::new();
-    for f in files {
-        let name = serde_json::to_string(&f.path).unwrap_or_default();
-        let data = base64::engine::general_purpose::STANDARD.encode(&f.contents);
-        items.push_str(&format!("({name}, '{data}'),"));
-    }
-    format!(
-        "__import__('builtins').exec(\"import base64\\nfor n, d in FILES:\\n    open('/workspace/' + n, 'wb').write(base64.b64decode(d))\", {{'FILES': [{items}]}})"
-    )
 }

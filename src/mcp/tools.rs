@@ -18,10 +18,10 @@ use super::report::{
     PackagesReport, RunReport,
 };
 use super::{environment, Settings, INSTRUCTIONS};
+use crate::app::metrics::{self, Metrics};
+use crate::backend::{Backend, Events};
 use crate::env::state::Environments;
 use crate::job::{JobSpec, Outcome};
-use crate::metrics::{self, Metrics};
-use crate::sandbox::{Events, Sandbox};
 use crate::storage::{self, CodeStorage};
 use crate::tenancy::rate::RateLimiter;
 use crate::tenancy::scheduler::{Permit, QueueError, Scheduler};
@@ -70,12 +70,12 @@ pub enum RunError {
     #[error("{0}")]
     Refused(String),
     #[error(transparent)]
-    Sandbox(#[from] crate::sandbox::SandboxError),
+    Backend(#[from] crate::backend::BackendError),
 }
 
 /// Everything the tools share; cloned cheaply per session.
 struct Shared {
-    sandbox: Arc<dyn Sandbox>,
+    sandbox: Arc<dyn Backend>,
     storage: Arc<CodeStorage>,
     settings: Settings,
     /// Run slots, shared fairly with the server's other tenants.
@@ -100,7 +100,7 @@ pub struct CodeExecutor {
 }
 
 impl CodeExecutor {
-    pub fn new(sandbox: Arc<dyn Sandbox>, storage: Arc<CodeStorage>, settings: Settings) -> Self {
+    pub fn new(sandbox: Arc<dyn Backend>, storage: Arc<CodeStorage>, settings: Settings) -> Self {
         let scheduler = Scheduler::new(settings.max_concurrent_runs, super::defaults::MAX_QUEUE);
         let extras = super::sessions::Extras::new(sandbox.clone(), &settings);
         if let Some(limit) = settings.quota.storage_bytes {
@@ -162,7 +162,7 @@ impl CodeExecutor {
     }
 
     /// The backend runs go to.
-    pub fn sandbox(&self) -> &Arc<dyn Sandbox> {
+    pub fn sandbox(&self) -> &Arc<dyn Backend> {
         &self.shared.sandbox
     }
 
@@ -328,7 +328,7 @@ impl CodeExecutor {
         let label = match &result {
             Ok(o) => Some(metrics::outcome_label(o)),
             Err(RunError::Cancelled | RunError::ShuttingDown) => Some("cancelled"),
-            Err(RunError::Sandbox(_)) => Some("failed"),
+            Err(RunError::Backend(_)) => Some("failed"),
             Err(RunError::Refused(_)) => None,
         };
         if let Some(label) = label {
@@ -374,7 +374,7 @@ impl CodeExecutor {
         }
         self.shared.sandbox.run(job, events).await.map_err(|e| {
             tracing::warn!(error = %e, "sandbox failure");
-            RunError::Sandbox(e)
+            RunError::Backend(e)
         })
     }
 

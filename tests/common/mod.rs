@@ -5,20 +5,20 @@
 use std::process::Command;
 use std::sync::Arc;
 
-use mcp_code_executor::job::{JobSpec, Limits, Outcome};
-use mcp_code_executor::sandbox::docker::{
-    owner_label, DockerConfig, DockerSandbox, LABEL_OWNER, LABEL_TENANT,
+use mcp_code_executor::backend::docker::{
+    owner_label, DockerBackend, DockerConfig, LABEL_OWNER, LABEL_TENANT,
 };
-use mcp_code_executor::sandbox::image;
-use mcp_code_executor::sandbox::Sandbox;
+use mcp_code_executor::backend::image;
+use mcp_code_executor::backend::Backend;
+use mcp_code_executor::job::{JobSpec, Limits, Outcome};
 
 /// A sandbox on the real daemon with the image this binary expects.
-pub async fn sandbox() -> Arc<DockerSandbox> {
-    let s = DockerSandbox::connect(DockerConfig::new(image::default_image())).await.unwrap_or_else(|e| {
+pub async fn sandbox() -> Arc<DockerBackend> {
+    let s = DockerBackend::connect(DockerConfig::new(image::default_image())).await.unwrap_or_else(|e| {
         panic!("these tests need a running Docker daemon (run .ci/run or scripts/setup-docker.sh): {e}")
     });
     // As the product does at start-up: what a dead test process left is removed.
-    s.sweep_leftovers().await.expect("sweep");
+    s.sweep().await.expect("sweep");
     image::ensure(&image::default_image(), &Default::default(), &mut |l| {
         eprintln!("[image] {l}")
     })
@@ -28,7 +28,7 @@ pub async fn sandbox() -> Arc<DockerSandbox> {
 }
 
 /// Run `code` for `tenant` (a per-test label) and return the outcome.
-pub async fn run(s: &DockerSandbox, tenant: &str, code: &str, limits: Limits) -> Outcome {
+pub async fn run(s: &DockerBackend, tenant: &str, code: &str, limits: Limits) -> Outcome {
     let mut job = JobSpec::python(code, limits);
     job.tenant = tenant.to_string();
     s.run(job, None)
@@ -110,7 +110,7 @@ impl Drop for RemoveOnDrop {
 /// Wait for background removals, then check that nothing `s` made for `tenant` is left
 /// (`s` is this process's: containers of other test processes with the same label do not
 /// count).
-pub async fn assert_clean(s: &DockerSandbox, tenant: &str) {
+pub async fn assert_clean(s: &DockerBackend, tenant: &str) {
     s.drain().await;
     let left = own_containers_of(tenant);
     assert!(

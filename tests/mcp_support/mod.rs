@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mcp_code_executor::mcp::{self, http::HttpOptions, CodeExecutor, Settings};
-use mcp_code_executor::sandbox::docker::DockerSandbox;
-use mcp_code_executor::sandbox::Sandbox;
+use mcp_code_executor::backend::docker::DockerBackend;
+use mcp_code_executor::backend::Backend;
+use mcp_code_executor::mcp::{self, transports::http::HttpOptions, CodeExecutor, Settings};
 use mcp_code_executor::storage::CodeStorage;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::RunningService;
@@ -23,7 +23,7 @@ pub mod common;
 /// A running HTTP server and what a test needs to check on it.
 pub struct Server {
     pub addr: std::net::SocketAddr,
-    pub sandbox: Arc<DockerSandbox>,
+    pub sandbox: Arc<DockerBackend>,
     pub storage_dir: PathBuf,
     pub tenant: String,
     /// The tenant's execute_python sessions.
@@ -72,7 +72,7 @@ pub async fn server_custom(
     mut settings: Settings,
     envs: Option<Arc<mcp_code_executor::env::state::Environments>>,
     opts: &HttpOptions,
-    wrap: impl FnOnce(Arc<dyn Sandbox>) -> Arc<dyn Sandbox>,
+    wrap: impl FnOnce(Arc<dyn Backend>) -> Arc<dyn Backend>,
 ) -> Server {
     let sandbox = common::sandbox().await;
     let storage_dir = std::env::temp_dir().join(format!(
@@ -84,19 +84,21 @@ pub async fn server_custom(
     settings.sessions.workspace_root = storage_dir.with_extension("ws");
     let shutdown = CancellationToken::new();
     let mut executor =
-        CodeExecutor::new(wrap(sandbox.clone() as Arc<dyn Sandbox>), storage, settings)
+        CodeExecutor::new(wrap(sandbox.clone() as Arc<dyn Backend>), storage, settings)
             .with_shutdown(shutdown.clone());
     if let Some(envs) = envs {
         executor = executor.with_environments(envs);
     }
     let sessions = executor.sessions();
-    let router = mcp::http::router(executor, opts, shutdown.clone());
+    let router = mcp::transports::http::router(executor, opts, shutdown.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
-            mcp::http::serve(listener, router, shutdown).await.unwrap();
+            mcp::transports::http::serve(listener, router, shutdown)
+                .await
+                .unwrap();
         }
     });
     Server {

@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use mcp_code_executor::backend::image;
 use mcp_code_executor::config::{self, vars};
 use mcp_code_executor::job::defaults;
 use mcp_code_executor::mcp;
-use mcp_code_executor::sandbox::image;
 
 #[derive(Parser)]
 #[command(

@@ -2,20 +2,20 @@
 //! stderr, and calls into the library; `serve` is wired up in [`serve`].
 
 mod args;
+mod backend;
 mod serve;
 
 use std::process::ExitCode;
 
 use clap::Parser;
+use mcp_code_executor::backend::image::{self, BuildOptions};
+use mcp_code_executor::backend::Backend;
 use mcp_code_executor::cli::run::{self, RunArgs};
 use mcp_code_executor::config;
 use mcp_code_executor::job::Limits;
-use mcp_code_executor::sandbox::docker::{DockerConfig, DockerSandbox};
-use mcp_code_executor::sandbox::image::{self, BuildOptions};
-use mcp_code_executor::sandbox::Sandbox;
-use mcp_code_executor::{bench, doctor};
+use mcp_code_executor::ops::{bench, doctor};
 
-use args::{Cli, Command, ImageCmd, SandboxOpts, TenantCmd};
+use args::{Cli, Command, ImageCmd, TenantCmd};
 
 fn main() -> ExitCode {
     use std::io::IsTerminal as _;
@@ -96,7 +96,7 @@ async fn dispatch(cli: Cli) -> i32 {
                 }
             }
         }
-        Command::Healthcheck { url } => match mcp_code_executor::health::check(&url).await {
+        Command::Healthcheck { url } => match mcp_code_executor::ops::health::check(&url).await {
             Ok(status) => {
                 println!("{url}: {status}");
                 0
@@ -137,7 +137,7 @@ async fn dispatch(cli: Cli) -> i32 {
             }
         }
         Command::Bench(cmd) => {
-            let sandbox = match connect(&cmd.sandbox).await {
+            let sandbox = match backend::connect(&cmd.sandbox).await {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("mcp-code-executor: {e}");
@@ -172,7 +172,7 @@ async fn dispatch(cli: Cli) -> i32 {
             }
         }
         Command::Doctor(opts) => {
-            let sandbox = match connect(&opts).await {
+            let sandbox = match backend::connect(&opts).await {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("FAIL  docker reachable  {e}");
@@ -202,7 +202,7 @@ async fn dispatch(cli: Cli) -> i32 {
                 eprintln!("mcp-code-executor: {e}");
                 return run::exit::USAGE;
             }
-            let sandbox = match connect(&cmd.sandbox).await {
+            let sandbox = match backend::connect(&cmd.sandbox).await {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("mcp-code-executor: {e}");
@@ -235,45 +235,4 @@ async fn dispatch(cli: Cli) -> i32 {
             code
         }
     }
-}
-
-/// Connect to Docker, sweep what dead processes left, and make sure the image exists
-/// (building it on first use unless told not to).
-async fn connect(opts: &SandboxOpts) -> Result<DockerSandbox, String> {
-    connect_with_pool(opts, 0, Limits::default(), false).await
-}
-
-/// [`connect`], with a warm pool of `pool_size` sandboxes made with `pool_limits` (or, with
-/// `per_tenant`, one such pool per tenant, made at its first run).
-async fn connect_with_pool(
-    opts: &SandboxOpts,
-    pool_size: usize,
-    pool_limits: Limits,
-    per_tenant: bool,
-) -> Result<DockerSandbox, String> {
-    let image = opts.image.clone().unwrap_or_else(image::default_image);
-    let config = DockerConfig {
-        runtime: opts.runtime.clone(),
-        pool_size,
-        pool_limits,
-        pool_per_tenant: per_tenant,
-        ..DockerConfig::new(image.clone())
-    };
-    let sandbox = DockerSandbox::connect(config)
-        .await
-        .map_err(|e| e.to_string())?;
-    if let Err(e) = sandbox.sweep_leftovers().await {
-        tracing::warn!(error = %e, "sweep of leftover containers failed");
-    }
-    if !opts.no_build {
-        let built = image::ensure(&image, &BuildOptions::default(), &mut |l| {
-            eprintln!("[image] {l}")
-        })
-        .await
-        .map_err(|e| e.to_string())?;
-        if built {
-            eprintln!("[image] the sandbox image {image} was built on first use");
-        }
-    }
-    Ok(sandbox)
 }

@@ -1,13 +1,12 @@
 //! `serve`: the MCP server on stdio or HTTP, after the isolation self-test, with the
 //! configured environment and a warm pool; stops cleanly on SIGINT/SIGTERM.
 
+use mcp_code_executor::backend::image;
+use mcp_code_executor::backend::Backend;
 use mcp_code_executor::config;
-use mcp_code_executor::doctor;
 use mcp_code_executor::job::Limits;
 use mcp_code_executor::mcp;
-use mcp_code_executor::sandbox::docker::DockerSandbox;
-use mcp_code_executor::sandbox::image;
-use mcp_code_executor::sandbox::Sandbox;
+use mcp_code_executor::ops::doctor;
 use mcp_code_executor::storage::{self, CodeStorage};
 use mcp_code_executor::tenancy::{self, scheduler::Scheduler, token::Authenticator, Tenant};
 
@@ -58,7 +57,7 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         if tenants.is_some() { "/<tenant>" } else { "" }
     );
 
-    let sandbox = crate::connect_with_pool(
+    let sandbox = crate::backend::connect_with_pool(
         &cmd.sandbox,
         cmd.pool_size,
         limits.clone(),
@@ -117,7 +116,7 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
     // One executor per tenant: its own code storage, workspaces, sessions and environment;
     // run slots and metrics shared, slots handed out fairly between tenants.
     let scheduler = Scheduler::new(cmd.max_concurrent, cmd.max_queue);
-    let metrics = std::sync::Arc::new(mcp_code_executor::metrics::Metrics::default());
+    let metrics = std::sync::Arc::new(mcp_code_executor::app::metrics::Metrics::default());
     let local = [Tenant {
         id: cmd.tenant.clone(),
         token_sha256: [0; 32],
@@ -137,7 +136,7 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
                 .map(|p| p.canonicalize().unwrap_or_else(|_| p.clone()))
                 .collect()
         });
-        let mut environments = environments(&cmd, &sandbox, &tenant.id, restrict).await?;
+        let mut environments = environments(&cmd, &*sandbox, &tenant.id, restrict).await?;
         // Installer containers stay within the tenant's own limits.
         environments
             .state
@@ -184,7 +183,7 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         } else {
             cmd.allowed_hosts.clone()
         };
-        let opts = mcp::http::HttpOptions {
+        let opts = mcp::transports::http::HttpOptions {
             allowed_hosts: allowed,
             allowed_origins: cmd.allowed_origins.clone(),
             metrics: cmd.metrics,
@@ -199,8 +198,8 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
             );
         }
         let auth = tenants.as_deref().map(Authenticator::new);
-        let router = mcp::http::hosted(executors, auth, &opts, shutdown.clone());
-        mcp::http::serve(listener, router, shutdown.clone()).await
+        let router = mcp::transports::http::hosted(executors, auth, &opts, shutdown.clone());
+        mcp::transports::http::serve(listener, router, shutdown.clone()).await
     };
     shutdown.cancel();
     for s in &sessions {
@@ -216,7 +215,7 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
 /// under (multi-tenant servers).
 async fn environments(
     cmd: &ServeCmd,
-    sandbox: &DockerSandbox,
+    sandbox: &dyn Backend,
     tenant: &str,
     restrict: Option<Vec<std::path::PathBuf>>,
 ) -> anyhow::Result<mcp_code_executor::env::state::Environments> {

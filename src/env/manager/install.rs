@@ -29,10 +29,10 @@ use super::{
     blocking, create_owned_dir, failed, io_err, json_file, owner_of, EnvManager, ManagerError,
     PackageStatus, CHECK_CORE, SANDBOX_UID,
 };
+use crate::backend::{Backend, BackendError};
 use crate::env::spec;
 use crate::env::{EnvKind, Environment};
 use crate::job::{InputFile, JobSpec, Limits, Mount, Outcome, RunEnv, RunEvent};
-use crate::sandbox::{Sandbox, SandboxError};
 
 /// The sandbox image is Debian bookworm: glibc 2.36, so wheels tagged up to
 /// manylinux_2_36 run in it.
@@ -49,7 +49,7 @@ impl EnvManager {
     /// and a root-owned environment is always swept of setuid bits afterwards.
     pub async fn install(
         &self,
-        sandbox: Arc<dyn Sandbox>,
+        sandbox: Arc<dyn Backend>,
         req: Install<'_>,
         events: InstallEvents,
     ) -> Result<InstallReport, ManagerError> {
@@ -410,11 +410,11 @@ fn pip_vars() -> Vec<(String, String)> {
 
 /// Run one phase's job, its events tagged with the phase.
 async fn run_phase(
-    sandbox: &dyn Sandbox,
+    sandbox: &dyn Backend,
     job: JobSpec,
     events: &InstallEvents,
     phase: Phase,
-) -> Result<Outcome, SandboxError> {
+) -> Result<Outcome, BackendError> {
     let Some(outer) = events else {
         return sandbox.run(job, None).await;
     };

@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use super::docker::{classify, connect_docker, LABEL_MANAGED};
-use super::SandboxError;
+use super::BackendError;
 
 /// The Dockerfile of the default sandbox.
 pub const DOCKERFILE: &str = include_str!("../../images/sandbox/Dockerfile");
@@ -67,7 +67,7 @@ pub struct BuildOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
     #[error(transparent)]
-    Docker(#[from] SandboxError),
+    Docker(#[from] BackendError),
     #[error("no base image: pulling {UPSTREAM_BASE} failed ({pull}) and the offline bootstrap failed: {bootstrap}")]
     NoBase { pull: String, bootstrap: String },
     #[error("the image build failed: {0}")]

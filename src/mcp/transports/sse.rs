@@ -20,7 +20,7 @@ use rmcp::{RoleServer, ServiceExt};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use super::CodeExecutor;
+use crate::mcp::CodeExecutor;
 
 /// Path a client POSTs its messages to (announced in the `endpoint` event).
 pub const MESSAGES_PATH: &str = "/messages";

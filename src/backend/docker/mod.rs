@@ -24,7 +24,7 @@ use self::live::{Ended, Live};
 use self::pool::Pool;
 pub use self::pool::PoolStats;
 use super::protocol::{self, Report};
-use super::{emit, BackendInfo, Events, Sandbox, SandboxError, Session};
+use super::{emit, Backend, BackendError, BackendInfo, Events, Session};
 use crate::job::{JobSpec, Limits, Outcome, RunEnv, RunEvent};
 
 mod guard;
@@ -65,7 +65,7 @@ const RUNNER_CMD: &[&str] = &[
 /// Settings of the Docker backend.
 #[derive(Debug, Clone)]
 pub struct DockerConfig {
-    /// The sandbox image (see [`crate::sandbox::image`]).
+    /// The sandbox image (see [`crate::backend::image`]).
     pub image: String,
     /// OCI runtime (`runc` when `None`; `crun` where the daemon knows it).
     pub runtime: Option<String>,
@@ -76,7 +76,7 @@ pub struct DockerConfig {
     /// The limits pool containers are made with; jobs with other memory/CPU/pids/tmpfs
     /// limits take the cold path.
     pub pool_limits: Limits,
-    /// The environment pool containers are made with (see [`DockerSandbox::reconfigure_pool`]).
+    /// The environment pool containers are made with (see [`DockerBackend::reconfigure_pool`]).
     pub pool_env: RunEnv,
     /// The daemon's address (`unix://…`, `tcp://…`); `None`: `DOCKER_HOST`, else the local
     /// socket.
@@ -90,11 +90,11 @@ pub struct DockerConfig {
 /// A tenant's pool unused this long is removed (per-tenant pools only).
 pub const POOL_IDLE: Duration = Duration::from_secs(600);
 
-/// How long [`DockerSandbox::shutdown`] waits for the containers still held by runs being
+/// How long [`DockerBackend::shutdown`] waits for the containers still held by runs being
 /// cancelled.
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(30);
 
-/// The key of the shared pool in [`DockerSandbox`]'s pool map, and its containers' label.
+/// The key of the shared pool in [`DockerBackend`]'s pool map, and its containers' label.
 const SHARED_POOL: &str = "pool";
 
 impl DockerConfig {
@@ -122,14 +122,14 @@ pub(super) struct Inner {
 }
 
 /// The real backend.
-pub struct DockerSandbox {
+pub struct DockerBackend {
     inner: Arc<Inner>,
     /// Warm pools by key: [`SHARED_POOL`], or tenant ids with `pool_per_tenant`; each with
     /// the time a run last took from it.
     pools: std::sync::Mutex<HashMap<String, (PoolHandle, Instant)>>,
     /// Pools replaced by a reconfiguration, still stopping.
     retiring: std::sync::Mutex<Vec<JoinHandle<()>>>,
-    /// [`DockerSandbox::shutdown`] has begun: no pool is started any more.
+    /// [`DockerBackend::shutdown`] has begun: no pool is started any more.
     closed: std::sync::atomic::AtomicBool,
     /// The periodic sweep of a long-lived server, stopped at shutdown.
     sweeper: std::sync::Mutex<Option<JoinHandle<()>>>,
@@ -171,10 +171,10 @@ impl PoolHandle {
     }
 }
 
-impl DockerSandbox {
+impl DockerBackend {
     /// Connect to the daemon named by `DOCKER_HOST` (or the local socket), check it answers,
     /// and start filling the warm pool if one is configured.
-    pub async fn connect(config: DockerConfig) -> Result<Self, SandboxError> {
+    pub async fn connect(config: DockerConfig) -> Result<Self, BackendError> {
         let docker = connect_docker_at(config.docker_host.as_deref()).await?;
         let inner = Arc::new(Inner {
             docker,
@@ -194,36 +194,13 @@ impl DockerSandbox {
             );
             pools.insert(SHARED_POOL.to_string(), (h, Instant::now()));
         }
-        Ok(DockerSandbox {
+        Ok(DockerBackend {
             inner,
             pools: std::sync::Mutex::new(pools),
             retiring: std::sync::Mutex::default(),
             closed: std::sync::atomic::AtomicBool::new(false),
             sweeper: std::sync::Mutex::default(),
         })
-    }
-
-    /// Remove containers of ours whose owning process on this host is gone (a crash, a
-    /// `kill -9`). Containers of live processes, and of other hosts, are left alone.
-    pub async fn sweep_leftovers(&self) -> Result<usize, SandboxError> {
-        guard::sweep(&self.inner.docker).await
-    }
-
-    /// Sweep every `every` as well as at start-up (a long-lived server): containers of
-    /// servers that died meanwhile, on this host or in a recreated service, go too.
-    pub fn sweep_periodically(&self, every: Duration) {
-        let docker = self.inner.docker.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                if let Err(e) = guard::sweep(&docker).await {
-                    tracing::warn!(error = %e, "periodic sweep of leftover containers failed");
-                }
-            }
-        });
-        if let Some(old) = self.sweeper.lock().expect("sweeper lock").replace(task) {
-            old.abort();
-        }
     }
 
     fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<String, (PoolHandle, Instant)>> {
@@ -317,34 +294,9 @@ impl DockerSandbox {
     fn is_closed(&self) -> bool {
         self.closed.load(std::sync::atomic::Ordering::SeqCst)
     }
-
-    /// Stop the pools, remove their containers, and wait until every container this
-    /// backend made is removed (runs being cancelled drop theirs a moment later), for at
-    /// most [`SHUTDOWN_DEADLINE`]; what is left then goes to the next start-up sweep.
-    pub async fn shutdown(&self) {
-        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
-        if let Some(t) = self.sweeper.lock().expect("sweeper lock").take() {
-            t.abort();
-        }
-        let handles: Vec<PoolHandle> = self.pools().drain().map(|(_, (h, _))| h).collect();
-        for h in handles {
-            h.stop().await;
-        }
-        let retiring = std::mem::take(&mut *self.retiring.lock().expect("retiring lock"));
-        for r in retiring {
-            let _ = r.await;
-        }
-        let left = self.inner.cleanup.drain_all(SHUTDOWN_DEADLINE).await;
-        if left > 0 {
-            tracing::warn!(
-                left,
-                "containers still held at shutdown; the next start-up sweep removes them"
-            );
-        }
-    }
 }
 
-impl Drop for DockerSandbox {
+impl Drop for DockerBackend {
     fn drop(&mut self) {
         for (h, _) in self.pools().values() {
             // Workers stop by themselves once they see the pool closed.
@@ -366,7 +318,7 @@ impl Inner {
         env: &RunEnv,
         tenant: &str,
         id: &str,
-    ) -> Result<Live, SandboxError> {
+    ) -> Result<Live, BackendError> {
         let labels = HashMap::from([
             (LABEL_MANAGED.to_string(), "true".to_string()),
             (LABEL_JOB.to_string(), id.to_string()),
@@ -421,7 +373,7 @@ impl Inner {
                 match e {
                     BollardError::DockerResponseServerError {
                         status_code: 404, ..
-                    } => SandboxError::ImageMissing {
+                    } => BackendError::ImageMissing {
                         image: self.config.image.clone(),
                     },
                     e => classify("creating the container", e),
@@ -458,7 +410,7 @@ impl Inner {
         &self,
         ended: Ended,
         guard: &ContainerGuard,
-    ) -> Result<Outcome, SandboxError> {
+    ) -> Result<Outcome, BackendError> {
         Ok(match ended {
             Ended::Report(report, out) => out.into_outcome(&report),
             Ended::TimedOut(out) => {
@@ -479,7 +431,7 @@ impl Inner {
                         Some(c) => format!("exit status {c}"),
                         None => "the container is gone".to_string(),
                     };
-                    return Err(SandboxError::Runner(format!(
+                    return Err(BackendError::Runner(format!(
                         "the sandbox stopped before its runner reported ({how}): it was \
                          stopped from outside (docker kill or rm, a daemon restart) or the \
                          runner crashed; the code's own outcome is unknown, run it again"
@@ -615,11 +567,11 @@ fn host_config(l: &Limits, env: &RunEnv, runtime: Option<String>) -> HostConfig 
 }
 
 #[async_trait]
-impl Sandbox for DockerSandbox {
-    async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, SandboxError> {
+impl Backend for DockerBackend {
+    async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, BackendError> {
         let started = Instant::now();
         let input = protocol::encode_job(&job, self.inner.python(&job.env))
-            .map_err(|e| SandboxError::Rejected(e.to_string()))?;
+            .map_err(|e| BackendError::Rejected(e.to_string()))?;
         let warm = self.take_warm(&job);
         let pooled = warm.is_some();
         let mut live = match warm {
@@ -660,9 +612,9 @@ impl Sandbox for DockerSandbox {
         Ok(outcome)
     }
 
-    async fn open_session(&self, job: JobSpec) -> Result<Box<dyn Session>, SandboxError> {
+    async fn open_session(&self, job: JobSpec) -> Result<Box<dyn Session>, BackendError> {
         let input = protocol::encode_session(&job, self.inner.python(&job.env))
-            .map_err(|e| SandboxError::Rejected(e.to_string()))?;
+            .map_err(|e| BackendError::Rejected(e.to_string()))?;
         let mut live = match self.take_warm(&job) {
             Some(live) => live,
             None => {
@@ -682,7 +634,7 @@ impl Sandbox for DockerSandbox {
         }))
     }
 
-    async fn info(&self) -> Result<BackendInfo, SandboxError> {
+    async fn info(&self) -> Result<BackendInfo, BackendError> {
         let docker = &self.inner.docker;
         let v = docker
             .version()
@@ -690,6 +642,15 @@ impl Sandbox for DockerSandbox {
             .map_err(|e| classify("asking the daemon's version", e))?;
         let image_present = docker.inspect_image(&self.inner.config.image).await.is_ok();
         Ok(BackendInfo {
+            kind: "docker",
+            details: vec![(
+                "runtime".to_string(),
+                self.inner
+                    .config
+                    .runtime
+                    .clone()
+                    .unwrap_or_else(|| "runc".to_string()),
+            )],
             version: format!(
                 "Docker {} (API {})",
                 v.version.unwrap_or_default(),
@@ -704,11 +665,59 @@ impl Sandbox for DockerSandbox {
         self.inner.cleanup.drain().await;
     }
 
-    fn stats(&self) -> crate::sandbox::SandboxStats {
-        crate::sandbox::SandboxStats {
+    fn stats(&self) -> crate::backend::BackendStats {
+        crate::backend::BackendStats {
             live_containers: self.inner.cleanup.live(),
             pool_ready: self.pool_stats().map(|p| p.ready).unwrap_or(0),
             pool_target: self.pool_stats().map(|p| p.target).unwrap_or(0),
+        }
+    }
+
+    /// Remove containers of ours whose owning process on this host is gone (a crash, a
+    /// `kill -9`). Containers of live processes, and of other hosts, are left alone.
+    async fn sweep(&self) -> Result<usize, BackendError> {
+        guard::sweep(&self.inner.docker).await
+    }
+
+    /// Sweep every `every` as well as at start-up (a long-lived server): containers of
+    /// servers that died meanwhile, on this host or in a recreated service, go too.
+    fn sweep_periodically(&self, every: Duration) {
+        let docker = self.inner.docker.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = guard::sweep(&docker).await {
+                    tracing::warn!(error = %e, "periodic sweep of leftover containers failed");
+                }
+            }
+        });
+        if let Some(old) = self.sweeper.lock().expect("sweeper lock").replace(task) {
+            old.abort();
+        }
+    }
+
+    /// Stop the pools, remove their containers, and wait until every container this
+    /// backend made is removed (runs being cancelled drop theirs a moment later), for at
+    /// most [`SHUTDOWN_DEADLINE`]; what is left then goes to the next start-up sweep.
+    async fn shutdown(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.sweeper.lock().expect("sweeper lock").take() {
+            t.abort();
+        }
+        let handles: Vec<PoolHandle> = self.pools().drain().map(|(_, (h, _))| h).collect();
+        for h in handles {
+            h.stop().await;
+        }
+        let retiring = std::mem::take(&mut *self.retiring.lock().expect("retiring lock"));
+        for r in retiring {
+            let _ = r.await;
+        }
+        let left = self.inner.cleanup.drain_all(SHUTDOWN_DEADLINE).await;
+        if left > 0 {
+            tracing::warn!(
+                left,
+                "containers still held at shutdown; the next start-up sweep removes them"
+            );
         }
     }
 
@@ -732,23 +741,23 @@ impl Sandbox for DockerSandbox {
 
 /// Connect to the daemon named by `DOCKER_HOST` (`unix://` or `tcp://`; the local socket
 /// when unset) and check it answers.
-pub(crate) async fn connect_docker() -> Result<Docker, SandboxError> {
+pub(crate) async fn connect_docker() -> Result<Docker, BackendError> {
     connect_docker_at(None).await
 }
 
 /// [`connect_docker`], to `host` when given.
-async fn connect_docker_at(host: Option<&str>) -> Result<Docker, SandboxError> {
+async fn connect_docker_at(host: Option<&str>) -> Result<Docker, BackendError> {
     let docker = match host {
         Some(h) => Docker::connect_with_host(h),
         None => Docker::connect_with_defaults(),
     }
-    .map_err(|e| SandboxError::DaemonUnreachable {
+    .map_err(|e| BackendError::DaemonUnreachable {
         detail: e.to_string(),
     })?;
     docker
         .ping()
         .await
-        .map_err(|e| SandboxError::DaemonUnreachable {
+        .map_err(|e| BackendError::DaemonUnreachable {
             detail: e.to_string(),
         })?;
     Ok(docker)
@@ -769,9 +778,9 @@ impl Session for DockerSession {
         code: &str,
         timeout: Duration,
         events: Events,
-    ) -> Result<Outcome, SandboxError> {
+    ) -> Result<Outcome, BackendError> {
         if !self.alive {
-            return Err(SandboxError::Rejected(
+            return Err(BackendError::Rejected(
                 "this session has ended; open a new one".into(),
             ));
         }
@@ -811,21 +820,54 @@ impl Session for DockerSession {
         Ok(outcome)
     }
 
+    async fn put_files(
+        &mut self,
+        files: &[crate::job::InputFile],
+        timeout: Duration,
+    ) -> Result<(), BackendError> {
+        if files.is_empty() {
+            return Ok(());
+        }
+        let o = self.exec(&put_files_code(files), timeout, None).await?;
+        if o.success() {
+            Ok(())
+        } else {
+            Err(BackendError::Runner(format!(
+                "workspace files could not be copied into the session: {}",
+                o.stderr_text()
+            )))
+        }
+    }
+
     fn alive(&self) -> bool {
         self.alive
     }
 }
 
+/// A cell that writes `files` into /workspace without touching the session's variables.
+fn put_files_code(files: &[crate::job::InputFile]) -> String {
+    use base64::Engine as _;
+    let mut items = String::new();
+    for f in files {
+        let name = serde_json::to_string(&f.path).unwrap_or_default();
+        let data = base64::engine::general_purpose::STANDARD.encode(&f.contents);
+        items.push_str(&format!("({name}, '{data}'),"));
+    }
+    format!(
+        "__import__('builtins').exec(\"import base64\\nfor n, d in FILES:\\n    open('/workspace/' + n, 'wb').write(base64.b64decode(d))\", {{'FILES': [{items}]}})"
+    )
+}
+
 /// Sort a bollard error into "the daemon is not there" and "the daemon said no".
-pub(crate) fn classify(action: &'static str, e: BollardError) -> SandboxError {
+pub(crate) fn classify(action: &'static str, e: BollardError) -> BackendError {
     match e {
         BollardError::IOError { .. }
         | BollardError::HyperResponseError { .. }
         | BollardError::SocketNotFoundError(_)
-        | BollardError::HttpClientError { .. } => SandboxError::DaemonUnreachable {
+        | BollardError::HttpClientError { .. } => BackendError::DaemonUnreachable {
             detail: e.to_string(),
         },
-        e => SandboxError::Docker {
+        e => BackendError::Docker {
             action,
             detail: e.to_string(),
         },

@@ -9,9 +9,9 @@ use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder};
 use futures::StreamExt;
 
-use super::{classify, host_config, DockerSandbox, LABEL_MANAGED, LABEL_OWNER};
+use super::{classify, host_config, DockerBackend, LABEL_MANAGED, LABEL_OWNER};
+use crate::backend::BackendError;
 use crate::job::{new_job_id, Limits, RunEnv};
-use crate::sandbox::SandboxError;
 
 /// Median time of each step, and containers per second at the concurrency asked.
 #[derive(Debug, Clone)]
@@ -23,14 +23,14 @@ pub struct LifecycleFigures {
     pub per_second: f64,
 }
 
-impl DockerSandbox {
+impl DockerBackend {
     /// Run `total` containers of `/bin/true` with `concurrency` at once, through the full
     /// create → start → wait → remove cycle.
     pub async fn lifecycle_ceiling(
         &self,
         total: usize,
         concurrency: usize,
-    ) -> Result<LifecycleFigures, SandboxError> {
+    ) -> Result<LifecycleFigures, BackendError> {
         let inner = self.inner.clone();
         let sem = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
         let t = Instant::now();
@@ -84,12 +84,12 @@ impl DockerSandbox {
                 let remove = s.elapsed();
                 started.map_err(|e| classify("starting", e))?;
                 removed.map_err(|e| classify("removing", e))?;
-                Ok::<_, SandboxError>([create, start, wait, remove])
+                Ok::<_, BackendError>([create, start, wait, remove])
             })
         });
         let mut steps: [Vec<Duration>; 4] = Default::default();
         for r in futures::future::join_all(tasks).await {
-            let r = r.map_err(|e| SandboxError::Runner(e.to_string()))??;
+            let r = r.map_err(|e| BackendError::Runner(e.to_string()))??;
             for (i, d) in r.into_iter().enumerate() {
                 steps[i].push(d);
             }

@@ -190,7 +190,7 @@ pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
                     )
                     .await?;
                 live.wait_ready().await?;
-                Ok::<_, crate::sandbox::SandboxError>(live)
+                Ok::<_, crate::backend::BackendError>(live)
             }
             .await;
             match made {

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::backend::Backend;
 use crate::job::{JobSpec, Limits};
-use crate::sandbox::Sandbox;
 
 /// One line of the table.
 #[derive(Debug, Clone, Serialize)]
@@ -163,7 +163,7 @@ print(n)
 "#;
 
 /// Run every check against `sandbox`.
-pub async fn diagnose(sandbox: &dyn Sandbox) -> Report {
+pub async fn diagnose(sandbox: &dyn Backend) -> Report {
     let mut checks = Vec::new();
     match sandbox.info().await {
         Ok(info) => {
@@ -432,7 +432,7 @@ fn swap_check(m: &serde_json::Value, memory: u64) -> Check {
     }
 }
 
-fn describe(r: Result<crate::job::Outcome, crate::sandbox::SandboxError>) -> String {
+fn describe(r: Result<crate::job::Outcome, crate::backend::BackendError>) -> String {
     match r {
         Ok(o) => format!("{}: {}", o.status_line(), o.stderr_text().trim()),
         Err(e) => e.to_string(),

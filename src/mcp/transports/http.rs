@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
 use super::sse::{self, SseState};
-use super::{defaults, CodeExecutor};
+use crate::mcp::{defaults, CodeExecutor};
 use crate::tenancy::token::Authenticator;
 
 /// Options of the HTTP transports.
@@ -48,12 +48,12 @@ pub struct HttpOptions {
 impl Default for HttpOptions {
     fn default() -> Self {
         HttpOptions {
-            allowed_hosts: super::defaults::ALLOWED_HOSTS
+            allowed_hosts: crate::mcp::defaults::ALLOWED_HOSTS
                 .iter()
                 .map(|h| h.to_string())
                 .collect(),
             allowed_origins: Vec::new(),
-            max_body_bytes: super::defaults::MAX_BODY_BYTES,
+            max_body_bytes: crate::mcp::defaults::MAX_BODY_BYTES,
             metrics: true,
         }
     }
@@ -204,7 +204,7 @@ async fn metrics(State(front): State<Arc<Front>>) -> Response {
     let first = &front.executors[0];
     let depth = first.scheduler().depth();
     let stats = first.sandbox().stats();
-    let gauges = crate::metrics::Gauges {
+    let gauges = crate::app::metrics::Gauges {
         runs_going: depth.running,
         queue_waiting: depth.waiting,
         run_slots: first.scheduler().capacity(),

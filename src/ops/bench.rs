@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backend::docker::{docker_run_flags, DockerBackend, DockerConfig};
+use crate::backend::{Backend, BackendError};
 use crate::job::{JobSpec, Limits};
-use crate::sandbox::docker::{docker_run_flags, DockerConfig, DockerSandbox};
-use crate::sandbox::{Sandbox, SandboxError};
 use crate::tenancy::scheduler::Scheduler;
 
 /// The code every measurement runs.
@@ -112,20 +112,20 @@ async fn docker_run_once(image: &str, hardening: Option<&[String]>) -> Result<Du
     Ok(t.elapsed())
 }
 
-async fn engine_once(s: &DockerSandbox) -> Result<Duration, SandboxError> {
+async fn engine_once(s: &DockerBackend) -> Result<Duration, BackendError> {
     let t = Instant::now();
     let o = s
         .run(JobSpec::python(CODE, Limits::default()), None)
         .await?;
     let d = t.elapsed();
     if !o.success() || o.stdout != b"1\n" {
-        return Err(SandboxError::Runner(format!("unexpected outcome {o:?}")));
+        return Err(BackendError::Runner(format!("unexpected outcome {o:?}")));
     }
     Ok(d)
 }
 
 /// Wait until the pool holds `n` waiting containers (steady state between samples).
-async fn pool_filled(s: &DockerSandbox, n: usize) {
+async fn pool_filled(s: &DockerBackend, n: usize) {
     let t = Instant::now();
     while s.pool_stats().map(|p| p.ready).unwrap_or(n) < n && t.elapsed() < Duration::from_secs(30)
     {
@@ -216,7 +216,7 @@ pub async fn engine(opts: &BenchOptions) -> Result<Option<Stats>, String> {
         pool_size,
         ..DockerConfig::new(opts.image.clone())
     };
-    let cold = DockerSandbox::connect(cfg(0))
+    let cold = DockerBackend::connect(cfg(0))
         .await
         .map_err(|e| e.to_string())?;
     let mut v = Vec::new();
@@ -234,7 +234,7 @@ pub async fn engine(opts: &BenchOptions) -> Result<Option<Stats>, String> {
     }
 
     let warm = Arc::new(
-        DockerSandbox::connect(cfg(opts.pool_size.max(1)))
+        DockerBackend::connect(cfg(opts.pool_size.max(1)))
             .await
             .map_err(|e| e.to_string())?,
     );
@@ -331,7 +331,7 @@ pub async fn engine(opts: &BenchOptions) -> Result<Option<Stats>, String> {
 /// One run of `code` for `tenant` through `scheduler`, as the MCP tools run it; the time
 /// from asking for a slot to the outcome.
 async fn scheduled_run(
-    s: &DockerSandbox,
+    s: &DockerBackend,
     scheduler: &Arc<Scheduler>,
     tenant: &str,
     code: &str,
@@ -360,7 +360,7 @@ pub async fn fairness(opts: &BenchOptions) -> Result<(), String> {
     const QUIET_SAMPLES: usize = 5;
     const NOISY_CODE: &str = "import time\ntime.sleep(1)";
     let sandbox = Arc::new(
-        DockerSandbox::connect(DockerConfig {
+        DockerBackend::connect(DockerConfig {
             runtime: opts.runtime.clone(),
             ..DockerConfig::new(opts.image.clone())
         })

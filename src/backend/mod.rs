@@ -1,6 +1,6 @@
 //! The sandbox backend: runs one [`JobSpec`] in a fresh, isolated environment and reports
 //! its [`Outcome`]. The [`Sandbox`] trait is the seam: the Docker backend
-//! ([`docker::DockerSandbox`]) is the real one; unit tests above it may use a fake.
+//! ([`docker::DockerBackend`]) is the real one; unit tests above it may use a fake.
 
 pub mod archive;
 pub mod docker;
@@ -24,7 +24,7 @@ pub fn emit(events: &Events, event: RunEvent) {
 
 /// A failure of the infrastructure, never of the user's code: the message says what to do.
 #[derive(Debug, thiserror::Error)]
-pub enum SandboxError {
+pub enum BackendError {
     #[error("cannot reach the Docker daemon: {detail}. Is it running? Start it (`dockerd &` or `systemctl start docker`) or point DOCKER_HOST at it")]
     DaemonUnreachable { detail: String },
     #[error(
@@ -54,25 +54,39 @@ pub trait Session: Send {
         code: &str,
         timeout: std::time::Duration,
         events: Events,
-    ) -> Result<Outcome, SandboxError>;
+    ) -> Result<Outcome, BackendError>;
+
+    /// Put `files` into the session's `/workspace` (written since it opened, e.g. with
+    /// `write_file`) without touching the interpreter's state. How they travel is the
+    /// backend's business; callers only say what should be there.
+    async fn put_files(
+        &mut self,
+        files: &[crate::job::InputFile],
+        timeout: std::time::Duration,
+    ) -> Result<(), BackendError>;
 
     /// Can it run another cell? False once its interpreter or container is gone.
     fn alive(&self) -> bool;
 }
 
-/// Facts about the backend, for `doctor` and health checks.
+/// Facts about the backend, for `doctor`, `/readyz` and health checks, in words every
+/// backend can use; what only one backend knows travels in `details`.
 #[derive(Debug, Clone)]
 pub struct BackendInfo {
+    /// Which backend: `docker`.
+    pub kind: &'static str,
     /// e.g. "Docker 20.10.24 (API 1.41)".
     pub version: String,
     /// The image runs use, and whether it is present.
     pub image: String,
     pub image_present: bool,
+    /// Backend-specific facts (name, value), e.g. the OCI runtime.
+    pub details: Vec<(String, String)>,
 }
 
 /// Gauges of a backend, for metrics and readiness.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SandboxStats {
+pub struct BackendStats {
     /// Containers this process made that are not removed yet.
     pub live_containers: usize,
     /// Warm sandboxes waiting for a run, and how many the pool aims at (0: no pool).
@@ -80,25 +94,26 @@ pub struct SandboxStats {
     pub pool_target: usize,
 }
 
-/// Runs jobs, one fresh sandbox each. Dropping the future of [`Sandbox::run`] cancels the
-/// run: its container is killed and removed in the background.
+/// Runs jobs, one fresh sandbox each. Dropping the future of [`Backend::run`] cancels the
+/// run: its container is killed and removed in the background. Everything specific to one
+/// kind of sandbox (containers, pools, sweeps, images) stays behind this trait.
 #[async_trait]
-pub trait Sandbox: Send + Sync {
+pub trait Backend: Send + Sync {
     /// Run one job to its end (exit, timeout, OOM) and report the outcome.
-    async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, SandboxError>;
+    async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, BackendError>;
 
     /// Is the backend reachable, and what is it?
-    async fn info(&self) -> Result<BackendInfo, SandboxError>;
+    async fn info(&self) -> Result<BackendInfo, BackendError>;
 
-    /// Wait until every container this backend made has been removed (clean-ups run in the
+    /// Wait until every sandbox this backend made has been removed (clean-ups run in the
     /// background, off the request path).
     async fn drain(&self);
 
     /// Open a stateful session: one sandbox that runs cell after cell in one interpreter.
     /// `job` gives its limits, environment and initial files (its `entry` is unused); each
     /// cell's timeout is given to [`Session::exec`].
-    async fn open_session(&self, _job: JobSpec) -> Result<Box<dyn Session>, SandboxError> {
-        Err(SandboxError::Rejected(
+    async fn open_session(&self, _job: JobSpec) -> Result<Box<dyn Session>, BackendError> {
+        Err(BackendError::Rejected(
             "this backend has no stateful sessions".into(),
         ))
     }
@@ -109,7 +124,21 @@ pub trait Sandbox: Send + Sync {
     async fn prewarm(&self, _tenant: &str, _env: &RunEnv) {}
 
     /// Gauges right now (cheap: no call to the backend).
-    fn stats(&self) -> SandboxStats {
-        SandboxStats::default()
+    fn stats(&self) -> BackendStats {
+        BackendStats::default()
+    }
+
+    /// Remove what processes that are gone left behind (a crash, a `kill -9`); how many.
+    async fn sweep(&self) -> Result<usize, BackendError> {
+        Ok(0)
+    }
+
+    /// Sweep every `every` too, while the backend lives (a long-lived server).
+    fn sweep_periodically(&self, _every: std::time::Duration) {}
+
+    /// Stop making sandboxes (pools included), remove those still held, and wait for the
+    /// removals (bounded); what is left goes to the next start-up sweep.
+    async fn shutdown(&self) {
+        self.drain().await
     }
 }

@@ -12,7 +12,7 @@ use bollard::Docker;
 use tokio::sync::Notify;
 
 use super::{classify, LABEL_MANAGED, LABEL_OWNER};
-use crate::sandbox::SandboxError;
+use crate::backend::BackendError;
 
 /// Counts the removals still running in the background, so that shutdown can wait for them.
 #[derive(Default)]
@@ -197,7 +197,7 @@ pub(super) const STALE_AFTER: Duration = Duration::from_secs(3600);
 /// recreated under another host name. Their runners stop them by themselves (a backstop
 /// deadline, a limit on waiting for a job). Running containers of live processes, and of
 /// other hosts, are left alone.
-pub(super) async fn sweep(docker: &Docker) -> Result<usize, SandboxError> {
+pub(super) async fn sweep(docker: &Docker) -> Result<usize, BackendError> {
     let filters = HashMap::from([("label".to_string(), vec![format!("{LABEL_MANAGED}=true")])]);
     let list = docker
         .list_containers(Some(

@@ -11,9 +11,9 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::classify;
 use super::guard::ContainerGuard;
+use crate::backend::protocol::{Frame, FrameDecoder, Report};
+use crate::backend::{emit, BackendError, Events};
 use crate::job::{Artifact, Limits, Outcome, OutputFile, RunEvent, StreamKind};
-use crate::sandbox::protocol::{Frame, FrameDecoder, Report};
-use crate::sandbox::{emit, Events, SandboxError};
 
 /// How long a container may take from start to its runner being ready. Not part of the
 /// user's timeout: a slow daemon must not eat the code's time.
@@ -98,7 +98,7 @@ impl Live {
     }
 
     /// Wait for the runner's `R` (pool containers do this before any job exists).
-    pub(super) async fn wait_ready(&mut self) -> Result<(), SandboxError> {
+    pub(super) async fn wait_ready(&mut self) -> Result<(), BackendError> {
         let wait = async {
             while !self.ready {
                 match self.output.next().await {
@@ -106,7 +106,7 @@ impl Live {
                     Some(Ok(_)) => continue,
                     Some(Err(e)) => return Err(classify("waiting for the sandbox", e)),
                     None => {
-                        return Err(SandboxError::Runner(
+                        return Err(BackendError::Runner(
                             "the sandbox exited before it was ready".into(),
                         ))
                     }
@@ -115,11 +115,11 @@ impl Live {
                     Ok(Some(Frame::Ready)) => self.ready = true,
                     Ok(None) => {}
                     Ok(Some(f)) => {
-                        return Err(SandboxError::Runner(format!(
+                        return Err(BackendError::Runner(format!(
                             "unexpected first frame {f:?}"
                         )))
                     }
-                    Err(e) => return Err(SandboxError::Runner(e.to_string())),
+                    Err(e) => return Err(BackendError::Runner(e.to_string())),
                 }
             }
             Ok(())
@@ -127,7 +127,7 @@ impl Live {
         tokio::time::timeout(START_DEADLINE, wait)
             .await
             .unwrap_or_else(|_| {
-                Err(SandboxError::Runner(format!(
+                Err(BackendError::Runner(format!(
                     "the sandbox did not become ready within {}s",
                     START_DEADLINE.as_secs()
                 )))
@@ -135,17 +135,17 @@ impl Live {
     }
 
     /// Write to the runner's stdin and keep it open (the opening of a session).
-    pub(super) async fn send(&mut self, bytes: &[u8]) -> Result<(), SandboxError> {
+    pub(super) async fn send(&mut self, bytes: &[u8]) -> Result<(), BackendError> {
         let stdin = self
             .input
             .as_mut()
-            .ok_or_else(|| SandboxError::Runner("the sandbox's input is already closed".into()))?;
+            .ok_or_else(|| BackendError::Runner("the sandbox's input is already closed".into()))?;
         let w = async {
             stdin.write_all(bytes).await?;
             stdin.flush().await
         };
         w.await
-            .map_err(|e| SandboxError::Runner(format!("writing into the sandbox failed: {e}")))
+            .map_err(|e| BackendError::Runner(format!("writing into the sandbox failed: {e}")))
     }
 
     /// Is a waiting container still alive? A container that died while it waited (daemon
@@ -163,11 +163,11 @@ impl Live {
         close_input: bool,
         limits: &Limits,
         events: &Events,
-    ) -> Result<Ended, SandboxError> {
+    ) -> Result<Ended, BackendError> {
         let mut stdin = self
             .input
             .take()
-            .ok_or_else(|| SandboxError::Runner("the sandbox's input is already closed".into()))?;
+            .ok_or_else(|| BackendError::Runner("the sandbox's input is already closed".into()))?;
         let writer = async move {
             let mut r = stdin.write_all(input).await;
             if r.is_ok() {
@@ -196,7 +196,7 @@ impl Live {
         back: &mut Option<Input>,
         limits: &Limits,
         events: &Events,
-    ) -> Result<Ended, SandboxError>
+    ) -> Result<Ended, BackendError>
     where
         W: std::future::Future<Output = (std::io::Result<()>, Option<Input>)>,
     {
@@ -225,7 +225,7 @@ impl Live {
                 }
                 _ = tokio::time::sleep_until(deadline) => {
                     if !self.ready {
-                        return Err(SandboxError::Runner(format!(
+                        return Err(BackendError::Runner(format!(
                             "the sandbox did not become ready within {}s",
                             START_DEADLINE.as_secs()
                         )));
@@ -259,7 +259,7 @@ impl Live {
             while let Some(frame) = self
                 .decoder
                 .next_frame()
-                .map_err(|e| SandboxError::Runner(e.to_string()))?
+                .map_err(|e| BackendError::Runner(e.to_string()))?
             {
                 match frame {
                     Frame::Ready => {
@@ -289,12 +289,12 @@ impl Live {
                     }
                     Frame::Artifact { name, data } => out.artifacts.push(Artifact { name, data }),
                     Frame::File { path, data } => {
-                        if crate::sandbox::archive::check_relative_path(&path).is_ok() {
+                        if crate::backend::archive::check_relative_path(&path).is_ok() {
                             out.files.push(OutputFile { path, data });
                         }
                     }
                     Frame::Exit(report) => return Ok(Ended::Report(report, out)),
-                    Frame::Failed(msg) => return Err(SandboxError::Rejected(msg)),
+                    Frame::Failed(msg) => return Err(BackendError::Rejected(msg)),
                 }
             }
         }

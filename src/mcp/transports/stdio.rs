@@ -11,7 +11,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 
-use super::CodeExecutor;
+use crate::mcp::CodeExecutor;
 
 /// Serve one client over stdin/stdout until it closes stdin or `shutdown` is cancelled.
 pub async fn serve_stdio(
@@ -72,7 +72,7 @@ async fn read_lines<R: AsyncRead + Unpin>(
 ) {
     let mut lines = FramedRead::new(
         reader,
-        LinesCodec::new_with_max_length(super::defaults::MAX_BODY_BYTES),
+        LinesCodec::new_with_max_length(crate::mcp::defaults::MAX_BODY_BYTES),
     );
     while let Some(line) = lines.next().await {
         let answer = match line {
@@ -91,7 +91,7 @@ async fn read_lines<R: AsyncRead + Unpin>(
                 -32600,
                 format!(
                     "message longer than {} bytes refused",
-                    super::defaults::MAX_BODY_BYTES
+                    crate::mcp::defaults::MAX_BODY_BYTES
                 ),
             ),
             Err(LinesCodecError::Io(e)) => {

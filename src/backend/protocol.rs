@@ -21,7 +21,7 @@ const MAX_FRAME: usize = 9 << 20;
 pub const BACKSTOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How long a started runner waits for its job before it exits by itself: longer than a
-/// pool container may wait ([`crate::sandbox::docker`]'s pool replaces them sooner), so
+/// pool container may wait ([`crate::backend::docker`]'s pool replaces them sooner), so
 /// only the containers of a server that died ever reach it.
 pub const WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(900);
 

@@ -1,0 +1,3 @@
+//! The application core: what every front end (the MCP tools, `run`, `bench`) calls.
+
+pub mod metrics;

@@ -1,0 +1,50 @@
+//! The one place the binary names a concrete backend: every command gets its sandboxes
+//! from here, as a [`Backend`] (today always Docker).
+
+use mcp_code_executor::backend::docker::{DockerBackend, DockerConfig};
+use mcp_code_executor::backend::image::{self, BuildOptions};
+use mcp_code_executor::backend::Backend;
+use mcp_code_executor::job::Limits;
+
+use crate::args::SandboxOpts;
+
+/// Connect to Docker, sweep what dead processes left, and make sure the image exists
+/// (building it on first use unless told not to).
+pub async fn connect(opts: &SandboxOpts) -> Result<DockerBackend, String> {
+    connect_with_pool(opts, 0, Limits::default(), false).await
+}
+
+/// [`connect`], with a warm pool of `pool_size` sandboxes made with `pool_limits` (or, with
+/// `per_tenant`, one such pool per tenant, made at its first run).
+pub async fn connect_with_pool(
+    opts: &SandboxOpts,
+    pool_size: usize,
+    pool_limits: Limits,
+    per_tenant: bool,
+) -> Result<DockerBackend, String> {
+    let image = opts.image.clone().unwrap_or_else(image::default_image);
+    let config = DockerConfig {
+        runtime: opts.runtime.clone(),
+        pool_size,
+        pool_limits,
+        pool_per_tenant: per_tenant,
+        ..DockerConfig::new(image.clone())
+    };
+    let sandbox = DockerBackend::connect(config)
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Err(e) = sandbox.sweep().await {
+        tracing::warn!(error = %e, "sweep of leftover containers failed");
+    }
+    if !opts.no_build {
+        let built = image::ensure(&image, &BuildOptions::default(), &mut |l| {
+            eprintln!("[image] {l}")
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        if built {
+            eprintln!("[image] the sandbox image {image} was built on first use");
+        }
+    }
+    Ok(sandbox)
+}

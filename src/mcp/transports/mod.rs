@@ -1,0 +1,6 @@
+//! The transports that carry the MCP tools: stdio, Streamable HTTP at `/mcp` and legacy
+//! SSE at `/sse` + `/messages`.
+
+pub mod http;
+pub mod sse;
+pub mod stdio;
