@@ -537,7 +537,7 @@ async fn browser_origins_are_checked_by_default_on_both_transports() {
     };
     let s = mcp_support::server_custom(
         "t-mcp-origin",
-        mcp_code_executor::mcp::Settings::default(),
+        mcp_code_executor::app::Settings::default(),
         None,
         &opts,
         |s| s,

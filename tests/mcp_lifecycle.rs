@@ -232,7 +232,7 @@ async fn shutdown_closes_a_session_busy_with_the_workspace_sync_before_draining(
     let entered = Arc::new(tokio::sync::Notify::new());
     let s = mcp_support::server_custom(
         TENANT,
-        mcp_code_executor::mcp::Settings::default(),
+        mcp_code_executor::app::Settings::default(),
         None,
         &Default::default(),
         |inner| {

@@ -7,7 +7,7 @@ mod mcp_support;
 use std::time::Duration;
 
 use base64::Engine as _;
-use mcp_code_executor::mcp::Settings;
+use mcp_code_executor::app::Settings;
 use mcp_support::{call, common, is_error, server, server_with, structured, text};
 use serde_json::json;
 
@@ -571,7 +571,7 @@ async fn concurrent_first_cells_cannot_pass_max_sessions() {
 
 #[tokio::test]
 async fn write_file_takes_the_documented_cap_in_one_request() {
-    use mcp_code_executor::mcp::workspace::caps;
+    use mcp_code_executor::app::workspaces::caps;
     let s = server("t-s7-bigwrite").await;
     let c = s.client().await;
     // A session open before the write: the file is copied into it, too.

@@ -1,3 +1,33 @@
-//! The application core: what every front end (the MCP tools, `run`, `bench`) calls.
+//! The application core: the executor service every front end calls (the MCP tools, `run`,
+//! `bench`), so that quotas, scheduling and metrics are the same whoever asks.
+//!
+//! - [`service`]: the [`Service`]: the backend, the run slots shared fairly by all tenants,
+//!   the counters, shutdown, readiness; one [`Executor`] per tenant.
+//! - [`executor`]: a tenant's [`Executor`]: admission (runs per minute), the environment's
+//!   read lock, a run slot, then the backend; cancellation and shutdown race every run;
+//!   code storage.
+//! - [`connection`]: a client's [`Connection`] to its executor (explicit constructor
+//!   [`Executor::connect`]): its execute_python session and its workspace, removed when it
+//!   is dropped; one-shot runs of stored code with the workspace's files.
+//! - [`sessions`]: the registry of stateful sessions (caps, reaper, cells one at a time).
+//! - [`workspaces`]: workspace directories, their caps, files returned by runs.
+//! - [`packages`]: package checks, installs and environment switches of a tenant.
+//! - [`settings`]: what a tenant's executor may do (limits, quotas, session options).
+//! - [`metrics`]: the counters behind `/metrics`.
+//! - [`error`]: [`AppError`], which front ends translate.
 
+pub mod connection;
+pub mod error;
+pub mod executor;
 pub mod metrics;
+pub mod packages;
+pub mod service;
+pub mod sessions;
+pub mod settings;
+pub mod workspaces;
+
+pub use connection::{Connection, RunDone};
+pub use error::AppError;
+pub use executor::{Executor, TenantParts};
+pub use service::{Capacity, Readiness, Service};
+pub use settings::{Quota, SessionOptions, Settings};

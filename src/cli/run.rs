@@ -6,9 +6,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use super::junit::{self, CaseResult};
-use crate::backend::{Backend, BackendError};
+use crate::app::{AppError, Executor};
 use crate::job::{InputFile, JobSpec, Limits, Outcome, RunEvent, StreamKind};
 
 /// Exit codes of `run`, documented in the README.
@@ -56,8 +57,9 @@ pub fn exit_code_for(o: &Outcome) -> i32 {
     }
 }
 
-/// Run every file and report; returns the process exit code.
-pub async fn run_files(sandbox: &dyn Backend, args: RunArgs) -> i32 {
+/// Run every file through `executor` (the same core the server uses, with the CLI's local
+/// policy) and report; returns the process exit code.
+pub async fn run_files(executor: &Executor, args: RunArgs) -> i32 {
     let mut results: Vec<(String, Result<Outcome, String>)> = Vec::new();
     let several = args.files.len() > 1;
     // Every file is read before any runs: a typo in the last name fails the job at once,
@@ -76,7 +78,7 @@ pub async fn run_files(sandbox: &dyn Backend, args: RunArgs) -> i32 {
         if several && !args.json {
             eprintln!("==> {name} <==");
         }
-        let result = run_one(sandbox, name, code, &args).await;
+        let result = run_one(executor, name, code, &args).await;
         match &result {
             Ok(o) if args.json => {
                 let mut v = serde_json::to_value(o).expect("outcome serializes");
@@ -127,11 +129,11 @@ pub async fn run_files(sandbox: &dyn Backend, args: RunArgs) -> i32 {
 }
 
 async fn run_one(
-    sandbox: &dyn Backend,
+    executor: &Executor,
     name: &str,
     code: Vec<u8>,
     args: &RunArgs,
-) -> Result<Outcome, BackendError> {
+) -> Result<Outcome, AppError> {
     let mut job = JobSpec::python(Vec::new(), args.limits.clone());
     let entry = entry_name(name);
     job.files = vec![InputFile {
@@ -157,7 +159,8 @@ async fn run_one(
             }
         }
     };
-    let (result, ()) = tokio::join!(sandbox.run(job, Some(tx)), printer);
+    let cancel = CancellationToken::new();
+    let (result, ()) = tokio::join!(executor.run(job, None, Some(tx), &cancel), printer);
     result
 }
 

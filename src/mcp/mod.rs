@@ -1,21 +1,16 @@
-//! The MCP server: the nine code-executor tools ([`tools::CodeExecutor`]) and the transports
-//! that carry them (stdio, Streamable HTTP at `/mcp`, legacy SSE at `/sse` + `/messages`,
-//! see [`http`]). This layer only translates requests into jobs and storage calls and formats
-//! what comes back; running code is the [`Sandbox`](crate::backend::Sandbox)'s business.
+//! The MCP server: the tools ([`tools::CodeExecutor`]: the nine of the code-executor servers
+//! we replace, `execute_python`/`reset_session` and the workspace file tools) and the
+//! transports that carry them ([`transports`]: stdio, Streamable HTTP at `/mcp`, legacy SSE
+//! at `/sse` + `/messages`). This layer only translates: it parses a request, makes one call
+//! into the application core ([`crate::app`]) and formats what comes back ([`report`],
+//! [`figures`], [`progress`]). Quotas, scheduling, sessions and metrics are the core's.
 
 pub mod args;
-pub mod environment;
 pub mod figures;
 pub mod progress;
 pub mod report;
-pub mod sessions;
 pub mod tools;
 pub mod transports;
-pub mod workspace;
-
-use std::time::Duration;
-
-use crate::job::Limits;
 
 pub use tools::CodeExecutor;
 pub use transports::stdio::serve_stdio;
@@ -62,115 +57,14 @@ pub mod vars {
 
 /// Named defaults of `serve`.
 pub mod defaults {
-    use std::time::Duration;
-
     pub const PORT: u16 = 4000;
     pub const HOST: &str = "127.0.0.1";
-    pub const MAX_TIMEOUT: Duration = Duration::from_secs(300);
-    pub const MAX_CONCURRENT: usize = 4;
+    pub use crate::app::settings::defaults::{MAX_CONCURRENT, MAX_QUEUE, MAX_TIMEOUT};
     /// Largest HTTP request body (and stdio line) accepted: room for the largest write_file
     /// call (5 MiB, base64: 6.7 MiB) and 1 MiB of code with heavy JSON escaping; a 10 MiB
     /// request is refused (413).
     pub const MAX_BODY_BYTES: usize = 8 << 20;
     pub const ALLOWED_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
-    /// Large enough that a burst of 100 calls from one client all wait their turn; each
-    /// waiting call holds only its request (at most [`MAX_BODY_BYTES`]).
-    pub const MAX_QUEUE: usize = 256;
-}
-
-/// What the tools need to know about the server's configuration.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Limits of each run; `timeout` is the default a call gets.
-    pub limits: Limits,
-    /// The most a call's `timeout` may ask for.
-    pub max_timeout: Duration,
-    /// Runs at once.
-    pub max_concurrent_runs: usize,
-    /// Sandbox image and interpreter, for get_environment_config.
-    pub image: String,
-    pub python: String,
-    /// ENV_TYPE as configured, reported by get_environment_config (not honoured yet).
-    pub requested_env_type: Option<String>,
-    /// Tenant label on the jobs (`local` for a single-user server).
-    pub tenant: String,
-    /// Stateful sessions (execute_python) and workspaces.
-    pub sessions: sessions::SessionOptions,
-    /// The tenant's quotas beyond the run limits above.
-    pub quota: Quota,
-}
-
-/// What a tenant may do beyond the limits of each run; all checked before a container exists.
-#[derive(Debug, Clone)]
-pub struct Quota {
-    /// Runs of this tenant at once (`None`: up to the server's run slots).
-    pub max_concurrent_runs: Option<usize>,
-    /// Runs started per minute (`None`: unlimited).
-    pub runs_per_minute: Option<u32>,
-    /// May install_dependencies use the network?
-    pub install_network: bool,
-    /// Bytes of stored code and workspace files together (`None`: only the per-file caps).
-    pub storage_bytes: Option<u64>,
-}
-
-impl Default for Quota {
-    fn default() -> Self {
-        Quota {
-            max_concurrent_runs: None,
-            runs_per_minute: None,
-            install_network: true,
-            storage_bytes: None,
-        }
-    }
-}
-
-impl Settings {
-    /// The settings of `tenant`: the server's, with each of the tenant's limits applied
-    /// where it is lower (a tenant never gets more than the server allows).
-    pub fn for_tenant(&self, tenant: &crate::tenancy::Tenant) -> Settings {
-        let t = &tenant.limits;
-        let mut s = self.clone();
-        s.tenant = tenant.id.clone();
-        if let Some(m) = t.max_timeout {
-            s.max_timeout = s.max_timeout.min(m);
-            s.limits.timeout = s.limits.timeout.min(m);
-        }
-        if let Some(m) = t.max_memory {
-            s.limits.memory_bytes = s.limits.memory_bytes.min(m);
-        }
-        if let Some(c) = t.max_cpus {
-            s.limits.cpus = s.limits.cpus.min(c);
-        }
-        if let Some(o) = t.output_limit {
-            s.limits.output_bytes = s.limits.output_bytes.min(o);
-        }
-        if let Some(n) = t.max_sessions {
-            s.sessions.max_sessions = s.sessions.max_sessions.min(n);
-        }
-        s.quota = Quota {
-            max_concurrent_runs: t.max_concurrent_runs,
-            runs_per_minute: t.runs_per_minute,
-            install_network: t.install_network,
-            storage_bytes: t.storage_limit,
-        };
-        s
-    }
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            limits: Limits::default(),
-            max_timeout: defaults::MAX_TIMEOUT,
-            max_concurrent_runs: defaults::MAX_CONCURRENT,
-            image: crate::backend::image::default_image(),
-            python: "/usr/bin/python3".into(),
-            requested_env_type: None,
-            tenant: "local".into(),
-            sessions: sessions::SessionOptions::default(),
-            quota: Quota::default(),
-        }
-    }
 }
 
 /// What the model is told about how the tools fit together.

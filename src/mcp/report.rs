@@ -112,28 +112,6 @@ pub struct FileReport {
     pub content: Option<String>,
 }
 
-/// One package asked about in check_installed_packages.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, JsonSchema)]
-pub struct PackageStatus {
-    pub name: String,
-    pub installed: bool,
-    /// The installed version, when installed.
-    pub version: Option<String>,
-}
-
-/// The answer of check_installed_packages.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct PackagesReport {
-    /// The type of the environment that was inspected (`default`: the managed
-    /// environment, or the sandbox image's Python when environments are off; `venv`,
-    /// `venv-uv`, `conda`).
-    pub environment: String,
-    /// Its directory, when environments are on.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub path: Option<String>,
-    pub packages: Vec<PackageStatus>,
-}
-
 /// The answer of get_environment_config.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct EnvironmentReport {

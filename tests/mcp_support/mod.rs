@@ -6,9 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use mcp_code_executor::app::{self, Settings};
 use mcp_code_executor::backend::docker::DockerBackend;
 use mcp_code_executor::backend::Backend;
-use mcp_code_executor::mcp::{self, transports::http::HttpOptions, CodeExecutor, Settings};
+use mcp_code_executor::mcp::{self, transports::http::HttpOptions};
 use mcp_code_executor::storage::CodeStorage;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::RunningService;
@@ -26,8 +27,8 @@ pub struct Server {
     pub sandbox: Arc<DockerBackend>,
     pub storage_dir: PathBuf,
     pub tenant: String,
-    /// The tenant's execute_python sessions.
-    pub sessions: Arc<mcp::sessions::Extras>,
+    /// The tenant's executor (its execute_python sessions among its parts).
+    pub executor: Arc<app::Executor>,
     pub shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -79,18 +80,21 @@ pub async fn server_custom(
         "mcp-test-{tenant}-{}",
         uuid::Uuid::new_v4().simple()
     ));
-    let storage = Arc::new(CodeStorage::open(&storage_dir).expect("storage dir"));
+    let storage = CodeStorage::open(&storage_dir).expect("storage dir");
     settings.tenant = tenant.to_string();
     settings.sessions.workspace_root = storage_dir.with_extension("ws");
-    let shutdown = CancellationToken::new();
-    let mut executor =
-        CodeExecutor::new(wrap(sandbox.clone() as Arc<dyn Backend>), storage, settings)
-            .with_shutdown(shutdown.clone());
-    if let Some(envs) = envs {
-        executor = executor.with_environments(envs);
-    }
-    let sessions = executor.sessions();
-    let router = mcp::transports::http::router(executor, opts, shutdown.clone());
+    let mut service = app::Service::new(
+        wrap(sandbox.clone() as Arc<dyn Backend>),
+        app::Capacity::default(),
+    );
+    let executor = service.add_tenant(app::TenantParts {
+        settings,
+        storage: Some(storage),
+        environments: envs,
+    });
+    let service = Arc::new(service);
+    let shutdown = service.shutdown_token();
+    let router = mcp::transports::http::router(service, opts);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn({
@@ -106,7 +110,7 @@ pub async fn server_custom(
         sandbox,
         storage_dir,
         tenant: tenant.to_string(),
-        sessions,
+        executor,
         shutdown,
         task,
     }
@@ -131,8 +135,8 @@ impl Server {
         self.shutdown.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(15), self.task).await;
         assert!(
-            self.sessions
-                .wait_closed(mcp::sessions::SHUTDOWN_DEADLINE)
+            self.executor
+                .wait_sessions_closed(app::settings::SHUTDOWN_DEADLINE)
                 .await,
             "sessions still open after the shutdown deadline"
         );

@@ -108,7 +108,7 @@ pub struct ServeCmd {
     #[arg(long, env = mcp::vars::SESSION_MAX_LIFETIME, value_parser = config::parse_duration, default_value = "3600")]
     pub session_max_lifetime: std::time::Duration,
     /// execute_python sessions alive at once.
-    #[arg(long, env = mcp::vars::MAX_SESSIONS, default_value_t = mcp::sessions::defaults::MAX_SESSIONS)]
+    #[arg(long, env = mcp::vars::MAX_SESSIONS, default_value_t = mcp_code_executor::app::settings::defaults::MAX_SESSIONS)]
     pub max_sessions: usize,
     /// Where the per-tenant workspaces live (default: <data dir>/workspaces).
     #[arg(long, env = mcp::vars::WORKSPACE_DIR)]

@@ -8,6 +8,7 @@ mod serve;
 use std::process::ExitCode;
 
 use clap::Parser;
+use mcp_code_executor::app::{Capacity, Service, Settings, TenantParts};
 use mcp_code_executor::backend::image::{self, BuildOptions};
 use mcp_code_executor::backend::Backend;
 use mcp_code_executor::cli::run::{self, RunArgs};
@@ -209,6 +210,24 @@ async fn dispatch(cli: Cli) -> i32 {
                     return run::exit::INFRA;
                 }
             };
+            // The same core the server uses, with a local policy: one tenant, one run at a
+            // time, no quotas, no code storage.
+            let sandbox = std::sync::Arc::new(sandbox);
+            let mut service = Service::new(
+                sandbox.clone(),
+                Capacity {
+                    max_concurrent: 1,
+                    ..Capacity::default()
+                },
+            );
+            let executor = service.add_tenant(TenantParts {
+                settings: Settings {
+                    limits: limits.clone(),
+                    ..Settings::default()
+                },
+                storage: None,
+                environments: None,
+            });
             let args = RunArgs {
                 files: cmd.files,
                 limits,
@@ -221,7 +240,7 @@ async fn dispatch(cli: Cli) -> i32 {
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                     .expect("SIGTERM handler");
             let code = tokio::select! {
-                c = run::run_files(&sandbox, args) => c,
+                c = run::run_files(&executor, args) => c,
                 _ = tokio::signal::ctrl_c() => {
                     eprintln!("mcp-code-executor: interrupted; removing the sandbox");
                     130

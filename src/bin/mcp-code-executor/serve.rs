@@ -1,6 +1,7 @@
 //! `serve`: the MCP server on stdio or HTTP, after the isolation self-test, with the
 //! configured environment and a warm pool; stops cleanly on SIGINT/SIGTERM.
 
+use mcp_code_executor::app;
 use mcp_code_executor::backend::image;
 use mcp_code_executor::backend::Backend;
 use mcp_code_executor::config;
@@ -8,7 +9,7 @@ use mcp_code_executor::job::Limits;
 use mcp_code_executor::mcp;
 use mcp_code_executor::ops::doctor;
 use mcp_code_executor::storage::{self, CodeStorage};
-use mcp_code_executor::tenancy::{self, scheduler::Scheduler, token::Authenticator, Tenant};
+use mcp_code_executor::tenancy::{self, token::Authenticator, Tenant};
 
 use crate::args::ServeCmd;
 
@@ -84,19 +85,18 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
             );
         }
     }
-    let settings = mcp::Settings {
+    let settings = app::Settings {
         limits,
         max_timeout: cmd.max_timeout,
-        max_concurrent_runs: cmd.max_concurrent,
         image: cmd
             .sandbox
             .image
             .clone()
             .unwrap_or_else(image::default_image),
-        python: "/usr/bin/python3".into(),
+        python: app::settings::defaults::IMAGE_PYTHON.into(),
         requested_env_type: cmd.env_type.clone(),
         tenant: cmd.tenant.clone(),
-        sessions: mcp::sessions::SessionOptions {
+        sessions: app::SessionOptions {
             idle: cmd.session_idle,
             max_lifetime: cmd.session_max_lifetime,
             max_sessions: cmd.max_sessions,
@@ -108,21 +108,24 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
                     .join("workspaces")
             }),
         },
-        quota: mcp::Quota::default(),
+        quota: app::Quota::default(),
     };
     let sandbox = std::sync::Arc::new(sandbox);
     sandbox.sweep_periodically(std::time::Duration::from_secs(600));
-    let shutdown = tokio_util::sync::CancellationToken::new();
     // One executor per tenant: its own code storage, workspaces, sessions and environment;
     // run slots and metrics shared, slots handed out fairly between tenants.
-    let scheduler = Scheduler::new(cmd.max_concurrent, cmd.max_queue);
-    let metrics = std::sync::Arc::new(mcp_code_executor::app::metrics::Metrics::default());
+    let mut service = app::Service::new(
+        sandbox.clone(),
+        app::Capacity {
+            max_concurrent: cmd.max_concurrent,
+            max_queue: cmd.max_queue,
+        },
+    );
     let local = [Tenant {
         id: cmd.tenant.clone(),
         token_sha256: [0; 32],
         limits: tenancy::TenantLimits::local(),
     }];
-    let mut executors = Vec::new();
     for tenant in tenants.as_deref().unwrap_or(&local) {
         let storage = match tenants {
             Some(_) => CodeStorage::open(dir.join(&tenant.id))?,
@@ -148,20 +151,14 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         sandbox
             .prewarm(&tenant.id, &environments.state.current().await.run_env())
             .await;
-        let executor = mcp::CodeExecutor::new(
-            sandbox.clone(),
-            std::sync::Arc::new(storage),
-            settings.for_tenant(tenant),
-        )
-        .with_shutdown(shutdown.clone())
-        .with_environments(std::sync::Arc::new(environments))
-        .with_scheduler(scheduler.clone())
-        .with_metrics(metrics.clone());
-        executors.push(executor);
+        service.add_tenant(app::TenantParts {
+            settings: settings.for_tenant(tenant),
+            storage: Some(storage),
+            environments: Some(std::sync::Arc::new(environments)),
+        });
     }
-    // Every tenant's execute_python sessions: shutdown waits for them to close before it
-    // drains the sandbox, so that no session container is dropped after the drain.
-    let sessions: Vec<_> = executors.iter().map(|e| e.sessions()).collect();
+    let service = std::sync::Arc::new(service);
+    let shutdown = service.shutdown_token();
     tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
@@ -171,7 +168,7 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         }
     });
     let served = if cmd.stdio {
-        let executor = executors.pop().expect("one tenant over stdio");
+        let executor = mcp::CodeExecutor::connect(&service.tenants()[0]);
         mcp::serve_stdio(executor, shutdown.clone()).await
     } else {
         let listener = tokio::net::TcpListener::bind((cmd.host.as_str(), cmd.port))
@@ -198,14 +195,11 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
             );
         }
         let auth = tenants.as_deref().map(Authenticator::new);
-        let router = mcp::transports::http::hosted(executors, auth, &opts, shutdown.clone());
+        let router = mcp::transports::http::hosted(service.clone(), auth, &opts);
         mcp::transports::http::serve(listener, router, shutdown.clone()).await
     };
-    shutdown.cancel();
-    for s in &sessions {
-        s.wait_closed(mcp::sessions::SHUTDOWN_DEADLINE).await;
-    }
-    sandbox.shutdown().await;
+    // Runs stopped, sessions closed (bounded), then the backend's pools and sandboxes.
+    service.shutdown().await;
     served.context("serving")?;
     Ok(())
 }

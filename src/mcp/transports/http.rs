@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
 use super::sse::{self, SseState};
+use crate::app::{Executor, Service};
 use crate::mcp::{defaults, CodeExecutor};
 use crate::tenancy::token::Authenticator;
 
@@ -59,27 +60,24 @@ impl Default for HttpOptions {
     }
 }
 
-/// The routes of a single-user server: one tenant, no token. `shutdown` ends every session
-/// and stream.
-pub fn router(executor: CodeExecutor, opts: &HttpOptions, shutdown: CancellationToken) -> Router {
-    hosted(vec![executor], None, opts, shutdown)
+/// The routes of a single-user server: `service` has one tenant, and no token is asked for.
+/// The service's shutdown ends every session and stream.
+pub fn router(service: Arc<Service>, opts: &HttpOptions) -> Router {
+    hosted(service, None, opts)
 }
 
 /// The routes of a server with one executor per tenant. With `auth`, every MCP request
-/// needs a bearer token, which picks the tenant; without, `executors` holds one.
-pub fn hosted(
-    executors: Vec<CodeExecutor>,
-    auth: Option<Authenticator>,
-    opts: &HttpOptions,
-    shutdown: CancellationToken,
-) -> Router {
-    assert!(!executors.is_empty(), "a server has at least one tenant");
+/// needs a bearer token, which picks the tenant; without, the service holds one tenant.
+pub fn hosted(service: Arc<Service>, auth: Option<Authenticator>, opts: &HttpOptions) -> Router {
+    let tenants = service.tenants();
+    assert!(!tenants.is_empty(), "a server has at least one tenant");
     assert!(
-        auth.is_some() || executors.len() == 1,
+        auth.is_some() || tenants.len() == 1,
         "several tenants need authentication to tell them apart"
     );
+    let shutdown = service.shutdown_token();
     let front = Arc::new(Front {
-        routers: executors
+        routers: tenants
             .iter()
             .map(|e| {
                 (
@@ -88,7 +86,7 @@ pub fn hosted(
                 )
             })
             .collect(),
-        executors,
+        service: service.clone(),
         auth,
     });
     let mut router = Router::new()
@@ -102,7 +100,7 @@ pub fn hosted(
 
 /// What the top-level routes share.
 struct Front {
-    executors: Vec<CodeExecutor>,
+    service: Arc<Service>,
     routers: HashMap<String, Router>,
     auth: Option<Authenticator>,
 }
@@ -110,7 +108,7 @@ struct Front {
 /// Hand the request to its tenant's routes, after checking its token when there are tenants.
 async fn dispatch(State(front): State<Arc<Front>>, request: Request) -> Response {
     let tenant = match &front.auth {
-        None => front.executors[0].tenant().to_string(),
+        None => front.service.tenants()[0].tenant().to_string(),
         Some(auth) => {
             let header = header_str(&request, header::AUTHORIZATION);
             match Authenticator::bearer(&header).and_then(|t| auth.tenant_of(t)) {
@@ -160,76 +158,33 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// Ready: Docker answers, the sandbox image is there, the warm pool has a sandbox waiting
-/// (when there is a pool). 503 with the same JSON otherwise.
+/// Ready: the backend answers, the sandbox image is there, the warm pool has a sandbox
+/// waiting (when there is a pool). 503 with the same JSON otherwise.
 async fn readyz(State(front): State<Arc<Front>>) -> Response {
-    let sandbox = front.executors[0].sandbox();
-    let info = tokio::time::timeout(std::time::Duration::from_secs(3), sandbox.info()).await;
-    let stats = sandbox.stats();
-    let (docker, image_present, problem) = match info {
-        Ok(Ok(i)) => {
-            let problem =
-                (!i.image_present).then(|| format!("the sandbox image {} is missing", i.image));
-            (Some(i.version), i.image_present, problem)
-        }
-        Ok(Err(e)) => (None, false, Some(e.to_string())),
-        Err(_) => (
-            None,
-            false,
-            Some("the Docker daemon did not answer within 3 s".into()),
-        ),
-    };
-    let pool_ok = stats.pool_target == 0 || stats.pool_ready > 0;
-    let problem =
-        problem.or_else(|| (!pool_ok).then(|| "the warm pool has no sandbox ready yet".into()));
-    let body = serde_json::json!({
-        "ready": problem.is_none(),
-        "problem": problem,
-        "docker": docker,
-        "image_present": image_present,
-        "pool_ready": stats.pool_ready,
-        "pool_target": stats.pool_target,
-        "live_containers": stats.live_containers,
-    });
-    let status = if problem.is_none() {
+    let r = front.service.readiness().await;
+    let status = if r.ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, axum::Json(body)).into_response()
+    (status, axum::Json(r)).into_response()
 }
 
 /// Prometheus text format.
 async fn metrics(State(front): State<Arc<Front>>) -> Response {
-    let first = &front.executors[0];
-    let depth = first.scheduler().depth();
-    let stats = first.sandbox().stats();
-    let gauges = crate::app::metrics::Gauges {
-        runs_going: depth.running,
-        queue_waiting: depth.waiting,
-        run_slots: first.scheduler().capacity(),
-        pool_ready: stats.pool_ready,
-        pool_target: stats.pool_target,
-        live_containers: stats.live_containers,
-        sessions: front
-            .executors
-            .iter()
-            .map(|e| (e.tenant().to_string(), e.live_sessions()))
-            .collect(),
-    };
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        first.metrics().render(&gauges),
+        front.service.metrics_text(),
     )
         .into_response()
 }
 
 /// One tenant's MCP routes.
 fn tenant_routes(
-    executor: CodeExecutor,
+    executor: Arc<Executor>,
     opts: &HttpOptions,
     shutdown: CancellationToken,
 ) -> Router {
@@ -243,9 +198,10 @@ fn tenant_routes(
     };
     // Origin is checked by `check_host`, for both transports alike.
     config = config.disable_allowed_origins();
+    // A new connection (its own session and workspace) for every MCP session.
     let streamable_executor = executor.clone();
     let streamable = StreamableHttpService::new(
-        move || Ok(streamable_executor.clone()),
+        move || Ok(CodeExecutor::connect(&streamable_executor)),
         Arc::new(LocalSessionManager::default()),
         config,
     );

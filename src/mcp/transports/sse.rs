@@ -20,6 +20,7 @@ use rmcp::{RoleServer, ServiceExt};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::app::Executor;
 use crate::mcp::CodeExecutor;
 
 /// Path a client POSTs its messages to (announced in the `endpoint` event).
@@ -29,13 +30,13 @@ type ToServer = UnboundedSender<RxJsonRpcMessage<RoleServer>>;
 
 /// Open sessions, by id.
 pub struct SseState {
-    executor: CodeExecutor,
+    executor: Arc<Executor>,
     sessions: Mutex<HashMap<String, ToServer>>,
     shutdown: CancellationToken,
 }
 
 impl SseState {
-    pub fn new(executor: CodeExecutor, shutdown: CancellationToken) -> Arc<Self> {
+    pub fn new(executor: Arc<Executor>, shutdown: CancellationToken) -> Arc<Self> {
         Arc::new(SseState {
             executor,
             sessions: Mutex::default(),
@@ -72,7 +73,8 @@ pub async fn open(
     let (to_client, from_server) = unbounded::<TxJsonRpcMessage<RoleServer>>();
     state.sessions().insert(id.clone(), to_server);
     let ct = state.shutdown.child_token();
-    let executor = state.executor.clone();
+    // A new connection (its own session and workspace) for every SSE session.
+    let executor = CodeExecutor::connect(&state.executor);
     let service_ct = ct.clone();
     let session = id.clone();
     tokio::spawn(async move {

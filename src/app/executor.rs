@@ -1,0 +1,334 @@
+//! One tenant's executor: every run, cell, install and storage write of that tenant goes
+//! through here, in this order: admission (runs per minute) -> the environment's read lock
+//! (an install waits for runs, runs wait for an install) -> a run slot (fair between tenants,
+//! capped by the tenant's `max_concurrent_runs`) -> the backend. The run races the caller's
+//! cancellation and the server's shutdown; either drops the backend's future, which kills
+//! and removes the sandbox. Metrics are counted here, once, whatever the front end.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::error::AppError;
+use super::metrics::{self, Metrics};
+use super::sessions::Sessions;
+use super::settings::Settings;
+use super::workspaces::Workspaces;
+use crate::backend::{Backend, Events};
+use crate::env::state::Environments;
+use crate::env::Environment;
+use crate::job::{JobSpec, Outcome};
+use crate::storage::{self, CodeStorage, StorageError};
+use crate::tenancy::rate::RateLimiter;
+use crate::tenancy::scheduler::{Permit, QueueError, Scheduler};
+
+/// What the server's executors share: the backend, the run slots, the counters and the
+/// shutdown signal.
+#[derive(Clone)]
+pub struct Shared {
+    pub backend: Arc<dyn Backend>,
+    pub scheduler: Arc<Scheduler>,
+    pub metrics: Arc<Metrics>,
+    pub shutdown: CancellationToken,
+}
+
+/// One tenant's own parts.
+pub struct TenantParts {
+    pub settings: Settings,
+    /// Its code storage directory; `None` for a front end that stores no code (`run`).
+    pub storage: Option<CodeStorage>,
+    /// Its Python environments; `None`: runs use the image's own Python and installs are
+    /// refused.
+    pub environments: Option<Arc<Environments>>,
+}
+
+/// The executor of one tenant.
+pub struct Executor {
+    pub(super) shared: Shared,
+    pub(super) settings: Settings,
+    storage: Option<CodeStorage>,
+    environments: Option<Arc<Environments>>,
+    /// Runs per minute of this tenant, when limited.
+    rate: Option<RateLimiter>,
+    pub(super) workspaces: Workspaces,
+    pub(super) sessions: Arc<Sessions>,
+}
+
+impl Executor {
+    pub fn new(shared: Shared, parts: TenantParts) -> Arc<Executor> {
+        let TenantParts {
+            settings,
+            storage,
+            environments,
+        } = parts;
+        let workspaces = Workspaces::new(settings.sessions.workspace_root.clone());
+        if let Some(limit) = settings.quota.storage_bytes {
+            // Code storage and every workspace of the tenant count together.
+            let ws = workspaces.root();
+            let tenant = storage::sanitize_stem(Some(&settings.tenant));
+            let mut roots = vec![ws.join(&tenant), ws.join(format!("{tenant}.sessions"))];
+            roots.extend(storage.as_ref().map(|s| s.dir().to_path_buf()));
+            let quota = Arc::new(storage::StorageQuota::new(limit, roots));
+            if let Some(s) = &storage {
+                s.set_quota(quota.clone());
+            }
+            workspaces.set_quota(quota);
+        }
+        let sessions = Sessions::new(&settings, shared.shutdown.clone());
+        Arc::new(Executor {
+            rate: settings.quota.runs_per_minute.map(RateLimiter::new),
+            shared,
+            settings,
+            storage,
+            environments,
+            workspaces,
+            sessions,
+        })
+    }
+
+    /// The tenant this executor serves.
+    pub fn tenant(&self) -> &str {
+        &self.settings.tenant
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The backend runs go to.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.shared.backend
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.shared.metrics
+    }
+
+    /// Open execute_python sessions of this tenant.
+    pub fn live_sessions(&self) -> usize {
+        self.sessions.live_sessions()
+    }
+
+    /// After shutdown was asked for: wait until this tenant's sessions are closed, at most
+    /// `deadline`; false when the deadline passed first.
+    pub async fn wait_sessions_closed(&self, deadline: Duration) -> bool {
+        self.sessions.wait_closed(deadline).await
+    }
+
+    /// Cancelled when the server shuts down.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shared.shutdown.clone()
+    }
+
+    /// The code storage directory, if this executor stores code.
+    pub fn storage_dir(&self) -> Option<&Path> {
+        self.storage.as_ref().map(|s| s.dir())
+    }
+
+    fn storage(&self) -> Result<&CodeStorage, AppError> {
+        self.storage
+            .as_ref()
+            .ok_or_else(|| AppError::Failed("this executor has no code storage directory".into()))
+    }
+
+    /// The timeout a call gets: its own (validated, capped) or the default, plus a note
+    /// when it was capped.
+    pub fn timeout(&self, asked: Option<f64>) -> Result<(Duration, Option<String>), AppError> {
+        let s = &self.settings;
+        let Some(secs) = asked else {
+            return Ok((s.limits.timeout, None));
+        };
+        if !secs.is_finite() || secs <= 0.0 {
+            return Err(AppError::Invalid(format!(
+                "invalid argument `timeout`: must be a positive number of seconds, got {secs}"
+            )));
+        }
+        let asked = Duration::from_secs_f64(secs.min(1e9));
+        if asked > s.max_timeout {
+            let note = format!(
+                "timeout {secs} s capped at the server maximum of {} s",
+                s.max_timeout.as_secs_f64()
+            );
+            return Ok((s.max_timeout, Some(note)));
+        }
+        Ok((asked, None))
+    }
+
+    /// Take one run from the tenant's runs-per-minute quota, or say when to retry. Checked
+    /// before anything is started.
+    pub fn admit(&self) -> Result<(), AppError> {
+        let Some(rate) = &self.rate else {
+            return Ok(());
+        };
+        rate.try_take().map_err(|wait| {
+            self.shared.metrics.rejected(self.tenant(), "rate");
+            AppError::Refused(format!(
+                "quota exceeded: tenant `{}` may start {} runs per minute (runs_per_minute). Retry in {} s",
+                self.tenant(),
+                rate.per_minute(),
+                wait.as_secs_f64().ceil().max(1.0)
+            ))
+        })
+    }
+
+    /// Wait for one of the run slots, fairly shared between tenants and capped by the
+    /// tenant's `max_concurrent_runs`: one-shot runs and execute_python cells alike.
+    pub(super) async fn acquire_slot(&self) -> Result<Permit, AppError> {
+        let cap = self
+            .settings
+            .quota
+            .max_concurrent_runs
+            .unwrap_or(usize::MAX);
+        self.shared
+            .scheduler
+            .acquire(self.tenant(), cap)
+            .await
+            .map_err(|e| match e {
+                QueueError::Closed => AppError::ShuttingDown,
+                full @ QueueError::Full { .. } => {
+                    self.shared.metrics.rejected(self.tenant(), "queue_full");
+                    AppError::Refused(full.to_string())
+                }
+            })
+    }
+
+    /// Run a job in `env` (`None`: the image's Python) until it ends, `cancel` fires or the
+    /// server shuts down; the last two drop the run, which kills and removes its sandbox.
+    /// Admission first: a refused run costs nothing.
+    pub async fn run(
+        &self,
+        job: JobSpec,
+        env: Option<Environment>,
+        events: Events,
+        cancel: &CancellationToken,
+    ) -> Result<Outcome, AppError> {
+        let job_id = job.id.clone();
+        self.admit()?;
+        let started = Instant::now();
+        let result = tokio::select! {
+            r = self.run_in_slot(job, env, events) => r,
+            _ = cancel.cancelled() => {
+                tracing::info!(job_id = %job_id, "run cancelled by the client");
+                Err(AppError::Cancelled)
+            }
+            _ = self.shared.shutdown.cancelled() => {
+                tracing::info!(job_id = %job_id, "run stopped: the server is shutting down");
+                Err(AppError::ShuttingDown)
+            }
+        };
+        let label = match &result {
+            Ok(o) => Some(metrics::outcome_label(o)),
+            Err(e) => e.run_label(),
+        };
+        if let Some(label) = label {
+            let secs = started.elapsed().as_secs_f64();
+            self.shared.metrics.run(self.tenant(), label, secs);
+        }
+        result
+    }
+
+    /// Hold `env`, then wait for one of the run slots (fairly shared between tenants),
+    /// then run in it.
+    async fn run_in_slot(
+        &self,
+        mut job: JobSpec,
+        env: Option<Environment>,
+        events: Events,
+    ) -> Result<Outcome, AppError> {
+        // The environment first: a run waiting for an install holds no run slot meanwhile.
+        let _env_lock = match &env {
+            Some(env) => self.lock_env(env).await,
+            None => None,
+        };
+        let _slot = self.acquire_slot().await?;
+        if let Some(env) = &env {
+            job.env = env.run_env();
+        }
+        self.shared.backend.run(job, events).await.map_err(|e| {
+            tracing::warn!(error = %e, "sandbox failure");
+            AppError::Backend(e)
+        })
+    }
+
+    /// The environments of this tenant, when the server has them.
+    pub fn environments(&self) -> Option<&Arc<Environments>> {
+        self.environments.as_ref()
+    }
+
+    /// The environment runs and new sessions use now; `None` on a server without
+    /// environment management (the image's own Python).
+    pub async fn current_env(&self) -> Option<Environment> {
+        match &self.environments {
+            Some(envs) => Some(envs.state.current().await),
+            None => None,
+        }
+    }
+
+    /// Hold `env` for a run or a cell: an install waits for it, and it waits for an
+    /// install, so code never sees an environment halfway through an install.
+    pub(super) async fn lock_env(
+        &self,
+        env: &Environment,
+    ) -> Option<tokio::sync::OwnedRwLockReadGuard<()>> {
+        match &self.environments {
+            Some(envs) => Some(envs.manager.read_lock(env).await),
+            None => None,
+        }
+    }
+
+    /// A storage error in words; a refusal by the storage quota is counted.
+    pub(super) fn storage_error(&self, e: StorageError) -> AppError {
+        self.count_quota(&e);
+        AppError::Failed(e.to_string())
+    }
+
+    /// Count a refusal by the storage quota.
+    pub(super) fn count_quota(&self, e: &StorageError) {
+        if matches!(e, StorageError::Quota { .. }) {
+            self.shared.metrics.rejected(self.tenant(), "storage");
+        }
+    }
+
+    /// Store new code (initialize_code_file, execute_code): its path.
+    pub async fn create_code(
+        &self,
+        filename: Option<&str>,
+        code: &str,
+    ) -> Result<PathBuf, AppError> {
+        self.storage()?
+            .create(filename, code)
+            .await
+            .map_err(|e| self.storage_error(e))
+    }
+
+    /// Append to stored code: its path and new size.
+    pub async fn append_code(
+        &self,
+        file_path: &str,
+        content: &str,
+    ) -> Result<(PathBuf, u64), AppError> {
+        self.storage()?
+            .append(file_path, content)
+            .await
+            .map_err(|e| self.storage_error(e))
+    }
+
+    /// Read stored code: its path and text.
+    pub async fn read_code(&self, file_path: &str) -> Result<(PathBuf, String), AppError> {
+        self.storage()?
+            .read(file_path)
+            .await
+            .map_err(|e| self.storage_error(e))
+    }
+}
+
+/// A short digest of the code for logs, which never carry the code itself.
+pub fn code_digest(code: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(code)[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

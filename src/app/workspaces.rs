@@ -1,0 +1,281 @@
+//! Workspaces: a directory on the server per connection (`<root>/<tenant>.sessions/<random>`,
+//! deleted when the connection ends) or, with `shared_workspace`, one per tenant
+//! (`<root>/<tenant>`). Its files are sent into every run and session at `/workspace`, and
+//! files the code writes there come back into it. Paths get the same refusals as code
+//! storage ([`CodeStorage::resolve`]: no traversal, no absolute paths outside, no
+//! subdirectories, no NUL, no over-long names, symlinks never followed), plus caps on file
+//! size, file count and total size.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use super::error::AppError;
+use crate::job::InputFile;
+use crate::storage::CodeStorage;
+
+/// Caps of a workspace.
+pub mod caps {
+    /// Largest file (as the code writes it).
+    pub const FILE_BYTES: u64 = 8 << 20;
+    /// Largest file one write_file call may carry: as base64 (4/3 of it) inside a JSON
+    /// request it must fit the request body limit.
+    pub const WRITE_BYTES: u64 = 5 << 20;
+    /// Files in one workspace.
+    pub const FILES: usize = 100;
+    /// All files together.
+    pub const TOTAL_BYTES: u64 = 32 << 20;
+}
+
+/// Where the code sees the workspace.
+pub const MOUNT: &str = "/workspace";
+
+/// The workspaces of one server: one directory per tenant under `root`.
+pub struct Workspaces {
+    root: PathBuf,
+    open: Mutex<HashMap<String, Arc<CodeStorage>>>,
+    /// The tenant's storage quota, when it has one.
+    quota: std::sync::OnceLock<Arc<crate::storage::StorageQuota>>,
+}
+
+impl Workspaces {
+    pub fn new(root: PathBuf) -> Self {
+        Workspaces {
+            root,
+            open: Mutex::default(),
+            quota: std::sync::OnceLock::new(),
+        }
+    }
+
+    pub fn root(&self) -> &std::path::Path {
+        &self.root
+    }
+
+    /// Count workspace writes against `quota` (set once, before first use).
+    pub fn set_quota(&self, quota: Arc<crate::storage::StorageQuota>) {
+        let _ = self.quota.set(quota);
+    }
+
+    /// The workspace `key`, created on first use.
+    pub fn of(&self, tenant: &str) -> Result<Arc<CodeStorage>, String> {
+        if self.root.as_os_str().is_empty() {
+            return Err(
+                "the workspace is not available: this server has no workspace directory configured"
+                    .into(),
+            );
+        }
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = open.get(tenant) {
+            return Ok(s.clone());
+        }
+        let dir = self.root.join(tenant);
+        let s = CodeStorage::open(&dir)
+            .map_err(|e| format!("the workspace is not available: {e}"))?
+            .with_max_file_bytes(caps::FILE_BYTES);
+        if let Some(q) = self.quota.get() {
+            s.set_quota(q.clone());
+        }
+        let s = Arc::new(s);
+        open.insert(tenant.to_string(), s.clone());
+        Ok(s)
+    }
+
+    /// Forget a workspace and delete its directory (a session's, when its MCP session ends).
+    pub fn remove(&self, key: &str) {
+        self.open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+        let dir = self.root.join(key);
+        if dir.exists() {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "session workspace not removed");
+            }
+        }
+    }
+
+    /// Every file of the tenant's workspace, to unpack at `/workspace`.
+    pub async fn input_files(&self, tenant: &str) -> Result<Vec<InputFile>, String> {
+        let ws = self.of(tenant)?;
+        let mut files = Vec::new();
+        for (name, _) in ws.list().await.map_err(|e| e.to_string())? {
+            let (_, contents) = ws.read_bytes(&name).await.map_err(|e| e.to_string())?;
+            files.push(InputFile {
+                path: name,
+                contents,
+            });
+        }
+        Ok(files)
+    }
+}
+
+/// Save `o.files` into the tenant's workspace within its caps; a sentence saying what was
+/// saved and what was not, or `None` when the code wrote nothing.
+pub async fn save_returned(
+    workspaces: &Workspaces,
+    tenant: &str,
+    o: &crate::job::Outcome,
+) -> Option<String> {
+    if o.files.is_empty() && o.files_dropped == 0 {
+        return None;
+    }
+    let ws = match workspaces.of(tenant) {
+        Ok(w) => w,
+        Err(e) => return Some(e),
+    };
+    let mut saved = Vec::new();
+    let mut refused = Vec::new();
+    for f in &o.files {
+        let existing = ws.list().await.unwrap_or_default();
+        let others: Vec<_> = existing.iter().filter(|(n, _)| *n != f.path).collect();
+        let total = others.iter().map(|(_, s)| s).sum::<u64>() + f.data.len() as u64;
+        let why = if f.path.contains('/') {
+            Some("in a subdirectory; the workspace keeps only top-level files".to_string())
+        } else if others.len() + 1 > caps::FILES || total > caps::TOTAL_BYTES {
+            Some("over the workspace caps".to_string())
+        } else {
+            ws.write_bytes(&f.path, &f.data).await.err().map(ws_error)
+        };
+        match why {
+            None => saved.push(f.path.clone()),
+            Some(w) => refused.push(format!("{} ({w})", f.path)),
+        }
+    }
+    let mut parts = Vec::new();
+    if !saved.is_empty() {
+        parts.push(format!(
+            "files written to /workspace saved to your workspace (read_file): {}",
+            saved.join(", ")
+        ));
+    }
+    if !refused.is_empty() {
+        parts.push(format!("not saved: {}", refused.join(", ")));
+    }
+    if o.files_dropped > 0 {
+        parts.push(format!(
+            "{} more files were not returned (over 100 files, 8 MiB each or 32 MiB in all)",
+            o.files_dropped
+        ));
+    }
+    Some(parts.join("; "))
+}
+
+/// A client's path as a workspace file name: `/workspace/x` and `./x` mean `x`.
+pub fn name_of(path: &str) -> &str {
+    let p = path.strip_prefix("/workspace/").unwrap_or(path);
+    p.strip_prefix("./").unwrap_or(p)
+}
+
+/// Storage errors speak of code storage; here it is the workspace.
+fn ws_error(e: crate::storage::StorageError) -> String {
+    e.to_string()
+        .replace("file_path", "path")
+        .replace("the code storage directory", "the workspace")
+        .replace(
+            "in the code storage directory: create it with initialize_code_file first",
+            "in the workspace (see list_files)",
+        )
+        .replace(
+            ". Split the code into several append_to_code_file calls",
+            "",
+        )
+}
+
+/// The refusal of a file larger than one write_file call may carry.
+pub fn too_large(size: u64) -> AppError {
+    AppError::Failed(format!(
+        "nothing was written: the file is {size} bytes, and write_file takes at most {} bytes ({} MiB) per call, \
+         what one request can carry once base64-encoded. Write a smaller file, or let your code produce larger ones in /workspace",
+        caps::WRITE_BYTES,
+        caps::WRITE_BYTES >> 20
+    ))
+}
+
+impl Workspaces {
+    /// Write `data` as `name` into workspace `key`, within the caps: its name and size.
+    pub async fn write(&self, key: &str, name: &str, data: &[u8]) -> Result<u64, WriteError> {
+        if data.len() as u64 > caps::WRITE_BYTES {
+            return Err(WriteError::Refused(too_large(data.len() as u64)));
+        }
+        let ws = self
+            .of(key)
+            .map_err(|e| WriteError::Refused(AppError::Failed(e)))?;
+        if let Err(e) = ws.resolve(name) {
+            return Err(WriteError::Refused(AppError::Failed(ws_error(e))));
+        }
+        let existing = ws.list().await.unwrap_or_default();
+        let others: Vec<_> = existing.iter().filter(|(n, _)| n != name).collect();
+        let total: u64 = others.iter().map(|(_, s)| s).sum::<u64>() + data.len() as u64;
+        if others.len() + 1 > caps::FILES {
+            return Err(WriteError::Refused(AppError::Failed(format!(
+                "the workspace already holds {} files, the most it may; nothing was written",
+                others.len()
+            ))));
+        }
+        if total > caps::TOTAL_BYTES {
+            return Err(WriteError::Refused(AppError::Failed(format!(
+                "the workspace would hold {total} bytes, over its cap of {} bytes; nothing was written",
+                caps::TOTAL_BYTES
+            ))));
+        }
+        match ws.write_bytes(name, data).await {
+            Ok((_, size)) => Ok(size),
+            Err(e) => {
+                let quota = matches!(e, crate::storage::StorageError::Quota { .. });
+                let e = AppError::Failed(ws_error(e));
+                Err(if quota {
+                    WriteError::Quota(e)
+                } else {
+                    WriteError::Refused(e)
+                })
+            }
+        }
+    }
+
+    /// The bytes of `name` in workspace `key`.
+    pub async fn read(&self, key: &str, name: &str) -> Result<Vec<u8>, AppError> {
+        let ws = self.of(key).map_err(AppError::Failed)?;
+        ws.read_bytes(name)
+            .await
+            .map(|(_, data)| data)
+            .map_err(|e| AppError::Failed(ws_error(e)))
+    }
+
+    /// The files of workspace `key` whose names start with `prefix`, with their sizes.
+    pub async fn list_prefixed(
+        &self,
+        key: &str,
+        prefix: &str,
+    ) -> Result<Vec<(String, u64)>, AppError> {
+        let ws = self.of(key).map_err(AppError::Failed)?;
+        ws.list()
+            .await
+            .map(|all| {
+                all.into_iter()
+                    .filter(|(n, _)| n.starts_with(prefix))
+                    .collect()
+            })
+            .map_err(|e| AppError::Failed(ws_error(e)))
+    }
+}
+
+/// Why a write was refused; a refusal by the storage quota is counted by the caller.
+#[derive(Debug)]
+pub enum WriteError {
+    Quota(AppError),
+    Refused(AppError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::name_of;
+
+    #[test]
+    fn workspace_prefixes_are_stripped() {
+        assert_eq!(name_of("/workspace/data.csv"), "data.csv");
+        assert_eq!(name_of("./data.csv"), "data.csv");
+        assert_eq!(name_of("data.csv"), "data.csv");
+        assert_eq!(name_of("/etc/passwd"), "/etc/passwd");
+        assert_eq!(name_of("/workspacex"), "/workspacex");
+    }
+}

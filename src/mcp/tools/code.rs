@@ -1,0 +1,177 @@
+//! `execute_code` and the stored-code tools of the code-executor servers we replace:
+//! `initialize_code_file`, `append_to_code_file`, `execute_code_file`, `read_code_file`.
+
+use rmcp::handler::server::common::schema_for_output;
+use rmcp::model::CallToolResult;
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_router, ErrorData, RoleServer};
+
+use super::{answer, timeout, CodeExecutor};
+use crate::mcp::args::{self, Args};
+use crate::mcp::progress::Progress;
+use crate::mcp::report::{tool_error, with_structured, FileReport, RunReport};
+
+const EXECUTE_CODE: &str = "Run a complete Python script in a fresh, isolated sandbox and return its stdout, stderr and exit status. \
+Each call starts from scratch: no variables, files or installs survive between calls. There is no network access. \
+Limits per run: the timeout (default given by get_environment_config, override with `timeout` in seconds up to the server maximum), memory, CPU and 1 MiB of code per call. \
+The code is also stored under `filename` (plus a unique suffix) and the result names its file_path, which execute_code_file can run again. \
+For scripts too long to send in one call, use initialize_code_file, append_to_code_file and execute_code_file instead.";
+
+const INITIALIZE_CODE_FILE: &str = "Create a new Python file with the first part of a long script, and return its file_path. \
+Use this, then append_to_code_file (as many times as needed), then execute_code_file, when the code is too long to send in one execute_code call. \
+Pass the returned file_path unchanged to the next calls.";
+
+const APPEND_TO_CODE_FILE: &str = "Append `content` to a file created by initialize_code_file (or stored by execute_code). \
+The content is added exactly as given: include the newlines and indentation you need. At most 1 MiB per call; a file may grow to 8 MiB.";
+
+const EXECUTE_CODE_FILE: &str = "Run a stored Python file (built with initialize_code_file/append_to_code_file, or stored by execute_code) in a fresh, isolated sandbox. \
+Same limits and results as execute_code. Use read_code_file first if you are unsure the file is complete.";
+
+const READ_CODE_FILE: &str = "Return the current content of a stored Python file, to check it before appending more or running it.";
+
+fn file_report(path: &std::path::Path, size: u64, content: Option<String>) -> FileReport {
+    FileReport {
+        file_path: path.display().to_string(),
+        size_bytes: size,
+        content,
+    }
+}
+
+impl CodeExecutor {
+    /// Run `code` stored at `path` and format the outcome.
+    async fn run_stored(
+        &self,
+        code: String,
+        path: &std::path::Path,
+        timeout: (std::time::Duration, Option<String>),
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let secs = timeout.0.as_secs_f64();
+        let (progress, events) = Progress::start(&ctx);
+        let result = self
+            .conn
+            .run_stored(code, path, timeout, events, &ctx.ct)
+            .await;
+        if let Some(p) = progress {
+            p.finish().await;
+        }
+        let file_path = path.display().to_string();
+        Ok(match result {
+            Ok(done) => RunReport::new(&done.outcome, secs, file_path).into_result(done.note),
+            Err(e) => tool_error(format!(
+                "the code could not be run: {e}\nfile_path: {file_path}"
+            )),
+        })
+    }
+}
+
+#[tool_router(router = code_router, vis = "pub(super)")]
+impl CodeExecutor {
+    #[tool(
+        description = EXECUTE_CODE,
+        input_schema = args::schema::<args::ExecuteCode>(),
+        output_schema = schema_for_output::<RunReport>()
+    )]
+    async fn execute_code(
+        &self,
+        Args(a): Args<args::ExecuteCode>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let timeout = timeout(self.executor(), a.timeout)?;
+        let path = match self
+            .executor()
+            .create_code(a.filename.as_deref(), &a.code)
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => return answer(e),
+        };
+        self.run_stored(a.code, &path, timeout, ctx).await
+    }
+
+    #[tool(
+        description = INITIALIZE_CODE_FILE,
+        input_schema = args::schema::<args::InitializeCodeFile>(),
+        output_schema = schema_for_output::<FileReport>()
+    )]
+    async fn initialize_code_file(
+        &self,
+        Args(a): Args<args::InitializeCodeFile>,
+    ) -> Result<CallToolResult, ErrorData> {
+        match self
+            .executor()
+            .create_code(a.filename.as_deref(), &a.content)
+            .await
+        {
+            Ok(path) => {
+                let r = file_report(&path, a.content.len() as u64, None);
+                let text = format!(
+                    "created {} ({} bytes). Pass this file_path to append_to_code_file and execute_code_file.",
+                    r.file_path, r.size_bytes
+                );
+                Ok(with_structured(text, &r, false))
+            }
+            Err(e) => answer(e),
+        }
+    }
+
+    #[tool(
+        description = APPEND_TO_CODE_FILE,
+        input_schema = args::schema::<args::AppendToCodeFile>(),
+        output_schema = schema_for_output::<FileReport>()
+    )]
+    async fn append_to_code_file(
+        &self,
+        Args(a): Args<args::AppendToCodeFile>,
+    ) -> Result<CallToolResult, ErrorData> {
+        match self.executor().append_code(&a.file_path, &a.content).await {
+            Ok((path, size)) => {
+                let r = file_report(&path, size, None);
+                let text = format!(
+                    "appended {} bytes to {} (now {} bytes)",
+                    a.content.len(),
+                    r.file_path,
+                    size
+                );
+                Ok(with_structured(text, &r, false))
+            }
+            Err(e) => answer(e),
+        }
+    }
+
+    #[tool(
+        description = EXECUTE_CODE_FILE,
+        input_schema = args::schema::<args::ExecuteCodeFile>(),
+        output_schema = schema_for_output::<RunReport>()
+    )]
+    async fn execute_code_file(
+        &self,
+        Args(a): Args<args::ExecuteCodeFile>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let timeout = timeout(self.executor(), a.timeout)?;
+        let (path, code) = match self.executor().read_code(&a.file_path).await {
+            Ok(v) => v,
+            Err(e) => return answer(e),
+        };
+        self.run_stored(code, &path, timeout, ctx).await
+    }
+
+    #[tool(
+        description = READ_CODE_FILE,
+        input_schema = args::schema::<args::ReadCodeFile>(),
+        output_schema = schema_for_output::<FileReport>()
+    )]
+    async fn read_code_file(
+        &self,
+        Args(a): Args<args::ReadCodeFile>,
+    ) -> Result<CallToolResult, ErrorData> {
+        match self.executor().read_code(&a.file_path).await {
+            Ok((path, text)) => {
+                let r = file_report(&path, text.len() as u64, Some(text.clone()));
+                Ok(with_structured(text, &r, false))
+            }
+            Err(e) => answer(e),
+        }
+    }
+}
