@@ -31,3 +31,6 @@ pub use error::AppError;
 pub use executor::{Executor, TenantParts};
 pub use service::{Capacity, Readiness, Service};
 pub use settings::{Quota, SessionOptions, Settings};
+
+#[cfg(test)]
+mod tests;

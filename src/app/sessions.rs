@@ -241,6 +241,7 @@ fn failed(text: String) -> AppError {
 }
 
 /// A cell that ran: its outcome, the limit that applied, and notes for the caller.
+#[derive(Debug)]
 pub struct CellDone {
     pub outcome: Outcome,
     pub timeout: Duration,

@@ -4,6 +4,8 @@
 
 pub mod archive;
 pub mod docker;
+#[cfg(any(test, feature = "fake-backend"))]
+pub mod fake;
 pub mod image;
 pub mod protocol;
 

@@ -1,0 +1,383 @@
+//! Fast tests of the core against the fake backend ([`crate::backend::fake`]): admission,
+//! fair run slots, environment locking, sessions (state, caps, lifecycle), cancellation and
+//! shutdown. The real-Docker suite under `tests/` proves the whole; these prove the rules.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::backend::fake::FakeBackend;
+use crate::backend::Backend;
+use crate::job::{JobSpec, Limits};
+
+fn settings(tenant: &str) -> Settings {
+    Settings {
+        tenant: tenant.into(),
+        sessions: SessionOptions {
+            workspace_root: std::env::temp_dir()
+                .join(format!("mcpx-app-test-{}", crate::job::new_job_id())),
+            ..SessionOptions::default()
+        },
+        ..Settings::default()
+    }
+}
+
+fn service(backend: Arc<dyn Backend>, slots: usize) -> Service {
+    Service::new(
+        backend,
+        Capacity {
+            max_concurrent: slots,
+            max_queue: 64,
+        },
+    )
+}
+
+fn tenant(s: &mut Service, settings: Settings) -> Arc<Executor> {
+    s.add_tenant(TenantParts {
+        settings,
+        storage: None,
+        environments: None,
+    })
+}
+
+fn job(tenant: &str, name: &str) -> JobSpec {
+    let mut j = JobSpec::python("print(1)", Limits::default());
+    j.tenant = tenant.into();
+    j.entry = name.into();
+    j.files[0].path = name.into();
+    j
+}
+
+#[tokio::test]
+async fn runs_past_the_rate_are_refused_before_the_backend_sees_them() {
+    let fake = FakeBackend::new();
+    let mut s = service(fake.clone(), 4);
+    let mut set = settings("acme");
+    set.quota.runs_per_minute = Some(2);
+    let ex = tenant(&mut s, set);
+    let never = CancellationToken::new();
+    for i in 0..2 {
+        let o = ex
+            .run(job("acme", &format!("r{i}.py")), None, None, &never)
+            .await;
+        assert!(o.expect("within the rate").success());
+    }
+    let e = ex
+        .run(job("acme", "r2.py"), None, None, &never)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, AppError::Refused(m) if m.contains("2 runs per minute")),
+        "{e}"
+    );
+    assert_eq!(
+        fake.jobs().len(),
+        2,
+        "the refused run never reached the backend"
+    );
+    let m = s.metrics_text();
+    assert!(
+        m.contains(r#"mcp_executor_rejected_total{tenant="acme",reason="rate"} 1"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"mcp_executor_runs_total{tenant="acme",outcome="ok"} 2"#),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn slots_are_shared_fairly_and_a_tenant_stays_within_its_cap() {
+    let fake = FakeBackend::new();
+    let mut s = service(fake.clone(), 2);
+    let mut capped = settings("flood");
+    capped.quota.max_concurrent_runs = Some(1);
+    let flood = tenant(&mut s, capped);
+    let quiet = tenant(&mut s, settings("quiet"));
+    fake.hold();
+    let never = CancellationToken::new();
+    let mut calls = Vec::new();
+    for i in 0..6 {
+        let (ex, never) = (flood.clone(), never.clone());
+        calls.push(tokio::spawn(async move {
+            ex.run(job("flood", &format!("f{i}.py")), None, None, &never)
+                .await
+        }));
+    }
+    // The flooding tenant holds one slot (its cap), not both.
+    fake.wait_running(1).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(fake.running(), 1, "the cap of 1 held while a slot was free");
+    let q = {
+        let (ex, never) = (quiet.clone(), never.clone());
+        tokio::spawn(async move { ex.run(job("quiet", "q.py"), None, None, &never).await })
+    };
+    // The quiet tenant gets the free slot at once, ahead of the five queued flood runs.
+    fake.wait_running(2).await;
+    assert!(fake.jobs().iter().any(|j| j.tenant == "quiet"));
+    fake.release();
+    assert!(q.await.unwrap().unwrap().success());
+    for c in calls {
+        assert!(c.await.unwrap().unwrap().success());
+    }
+    assert_eq!(fake.max_running(), 2, "never more than the two slots");
+    assert_eq!(fake.live(), 0);
+}
+
+#[tokio::test]
+async fn a_cancelled_run_is_stopped_and_its_sandbox_removed() {
+    let fake = FakeBackend::new();
+    let mut s = service(fake.clone(), 1);
+    let ex = tenant(&mut s, settings("acme"));
+    fake.hold();
+    let cancel = CancellationToken::new();
+    let run = {
+        let (ex, cancel) = (ex.clone(), cancel.clone());
+        tokio::spawn(async move { ex.run(job("acme", "a.py"), None, None, &cancel).await })
+    };
+    fake.wait_running(1).await;
+    assert_eq!(fake.live(), 1);
+    cancel.cancel();
+    let e = run.await.unwrap().unwrap_err();
+    assert!(matches!(e, AppError::Cancelled), "{e}");
+    assert_eq!(fake.live(), 0, "dropping the run removed its sandbox");
+    // A queued run cancelled before it had a slot never reaches the backend.
+    let first = {
+        let ex = ex.clone();
+        tokio::spawn(async move {
+            ex.run(job("acme", "b.py"), None, None, &CancellationToken::new())
+                .await
+        })
+    };
+    fake.wait_running(1).await;
+    let queued = CancellationToken::new();
+    let waiting = {
+        let (ex, queued) = (ex.clone(), queued.clone());
+        tokio::spawn(async move { ex.run(job("acme", "c.py"), None, None, &queued).await })
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    queued.cancel();
+    assert!(matches!(waiting.await.unwrap(), Err(AppError::Cancelled)));
+    fake.release();
+    first.await.unwrap().unwrap();
+    assert!(fake.jobs().iter().all(|j| j.entry != "c.py"));
+    assert!(s.metrics_text().contains(r#"outcome="cancelled"} 2"#));
+}
+
+#[tokio::test]
+async fn sessions_keep_state_are_capped_and_go_with_their_connection() {
+    let fake = FakeBackend::new();
+    let mut s = service(fake.clone(), 2);
+    let mut set = settings("acme");
+    set.sessions.max_sessions = 1;
+    let ex = tenant(&mut s, set);
+    let t = (Duration::from_secs(5), None);
+    let never = CancellationToken::new();
+    let a = ex.connect();
+    let b = ex.connect();
+    let out = |d: sessions::CellDone| d.outcome.stdout_text();
+    let first = a.cell("x = 41", t.clone(), None, &never).await.unwrap();
+    assert_eq!(first.note.as_deref(), Some("a new session was started"));
+    assert_eq!(out(first), "cell 1 files \n");
+    assert_eq!(
+        out(a.cell("x + 1", t.clone(), None, &never).await.unwrap()),
+        "cell 2 files \n",
+        "the same session, its state kept"
+    );
+    assert_eq!(ex.live_sessions(), 1);
+    let e = b
+        .cell("y = 1", t.clone(), None, &never)
+        .await
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("max_sessions"), "{e}");
+    // A dropped connection takes its session with it; the other may open one now.
+    drop(a);
+    assert_eq!(ex.live_sessions(), 0);
+    assert_eq!(fake.live(), 0);
+    assert_eq!(
+        out(b.cell("y = 1", t.clone(), None, &never).await.unwrap()),
+        "cell 1 files \n"
+    );
+    assert!(b.reset_session().await);
+    assert!(!b.reset_session().await, "nothing left to reset");
+    assert_eq!(fake.live(), 0);
+    // exit() ends the session and says so; the next cell starts a fresh one.
+    b.cell("z = 1", t.clone(), None, &never).await.unwrap();
+    let ended = b.cell("exit()", t.clone(), None, &never).await.unwrap();
+    assert!(ended.note.unwrap().contains("The session has ended"));
+    assert_eq!(ex.live_sessions(), 0);
+    assert_eq!(
+        out(b.cell("z", t, None, &never).await.unwrap()),
+        "cell 1 files \n"
+    );
+}
+
+#[tokio::test]
+async fn workspace_files_reach_runs_and_sessions_once() {
+    let fake = FakeBackend::new();
+    let mut s = service(fake.clone(), 2);
+    let ex = tenant(&mut s, settings("acme"));
+    let c = ex.connect();
+    let never = CancellationToken::new();
+    let t = (Duration::from_secs(5), None);
+    c.write_file("/workspace/a.csv", b"1,2\n").await.unwrap();
+    let e = c.write_file("../etc/passwd", b"x").await.unwrap_err();
+    assert!(matches!(e, AppError::Failed(_)), "{e}");
+    let first = c.cell("1", t.clone(), None, &never).await.unwrap();
+    assert_eq!(first.outcome.stdout_text(), "cell 1 files a.csv\n");
+    c.write_file("b.csv", b"3\n").await.unwrap();
+    c.cell("2", t.clone(), None, &never).await.unwrap();
+    c.cell("3", t, None, &never).await.unwrap();
+    assert_eq!(
+        fake.put_files(),
+        vec!["b.csv".to_string()],
+        "only the file written after the session opened is put in, once"
+    );
+    let names: Vec<String> = c
+        .list_files(None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["a.csv", "b.csv"]);
+    assert_eq!(c.read_file("./b.csv").await.unwrap().1, b"3\n");
+    // The connection's own workspace goes with it.
+    let root = ex.settings().sessions.workspace_root.clone();
+    drop(c);
+    let left: Vec<_> = std::fs::read_dir(root.join("acme.sessions"))
+        .map(|d| d.collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+    let _ = std::fs::remove_dir_all(root);
+}
+
+#[tokio::test]
+async fn shutdown_stops_runs_closes_sessions_then_shuts_the_backend_down() {
+    let fake = FakeBackend::new();
+    let mut s = service(fake.clone(), 2);
+    let ex = tenant(&mut s, settings("acme"));
+    let c = ex.connect();
+    let never = CancellationToken::new();
+    c.cell("x = 1", (Duration::from_secs(5), None), None, &never)
+        .await
+        .unwrap();
+    fake.hold();
+    let run = {
+        let ex = ex.clone();
+        tokio::spawn(async move {
+            ex.run(job("acme", "a.py"), None, None, &CancellationToken::new())
+                .await
+        })
+    };
+    fake.wait_running(1).await;
+    assert_eq!(fake.live(), 2, "a run and a session");
+    tokio::time::timeout(Duration::from_secs(5), s.shutdown())
+        .await
+        .expect("shutdown is bounded");
+    assert!(matches!(run.await.unwrap(), Err(AppError::ShuttingDown)));
+    assert_eq!(ex.live_sessions(), 0);
+    assert_eq!(fake.live(), 0, "the session's sandbox went too");
+    assert!(fake.was_shut_down(), "the backend was shut down last");
+    let e = c
+        .cell("x", (Duration::from_secs(5), None), None, &never)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("shutting down"), "{e}");
+}
+
+mod env_lock {
+    //! A run waits for an install into its environment, and holds no run slot meanwhile.
+
+    use super::*;
+    use crate::backend::{BackendError, BackendInfo, Events};
+    use crate::env::manager::EnvManager;
+    use crate::env::state::{EnvState, Environments};
+    use crate::env::testing::{tempdir, Recorder};
+    use crate::job::Outcome;
+    use tokio::sync::watch;
+
+    /// The environment fake, whose install phase waits at a gate.
+    struct GatedInstall {
+        inner: Recorder,
+        gate: watch::Sender<bool>,
+        installing: tokio::sync::Notify,
+    }
+
+    #[async_trait::async_trait]
+    impl Backend for GatedInstall {
+        async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, BackendError> {
+            if job.files.iter().any(|f| f.path == "install.json") {
+                self.installing.notify_one();
+                let mut open = self.gate.subscribe();
+                while !*open.borrow_and_update() {
+                    open.changed().await.unwrap();
+                }
+            }
+            self.inner.run(job, events).await
+        }
+        async fn info(&self) -> Result<BackendInfo, BackendError> {
+            self.inner.info().await
+        }
+        async fn drain(&self) {}
+    }
+
+    #[tokio::test]
+    async fn a_run_waits_for_an_install_without_holding_a_slot() {
+        let t = tempdir();
+        let fake = Arc::new(GatedInstall {
+            inner: Recorder::default(),
+            gate: watch::channel(false).0,
+            installing: tokio::sync::Notify::new(),
+        });
+        let manager = EnvManager::new(t.join("data"), None);
+        let state = EnvState::init(&*fake, &manager, "acme", None)
+            .await
+            .unwrap();
+        let envs = Arc::new(Environments { manager, state });
+        let mut s = service(fake.clone(), 1);
+        let ex = s.add_tenant(TenantParts {
+            settings: settings("acme"),
+            storage: None,
+            environments: Some(envs),
+        });
+        let install = {
+            let ex = ex.clone();
+            tokio::spawn(async move {
+                ex.install(&["six".into()], None, &CancellationToken::new())
+                    .await
+            })
+        };
+        fake.installing.notified().await;
+        let jobs_before = fake.inner.jobs().len();
+        let run = {
+            let ex = ex.clone();
+            tokio::spawn(async move {
+                let env = ex.current_env().await;
+                ex.run(job("acme", "a.py"), env, None, &CancellationToken::new())
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            fake.inner.jobs().len(),
+            jobs_before,
+            "the run waited for the install"
+        );
+        assert_eq!(
+            s.scheduler().depth().running,
+            0,
+            "and held no run slot while it waited"
+        );
+        fake.gate.send_replace(true);
+        install.await.unwrap().expect("the install");
+        let o = run.await.unwrap().expect("the run, after the install");
+        assert!(o.success());
+        let last = fake.inner.jobs().pop().unwrap();
+        assert_eq!(last.entry, "a.py", "the run came after the install");
+        std::fs::remove_dir_all(t).ok();
+    }
+}
