@@ -32,7 +32,7 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
     let dir = cmd
         .code_storage_dir
         .clone()
-        .unwrap_or_else(storage::default_dir);
+        .unwrap_or_else(|| storage::default_dir(&config::data_dir(|k| std::env::var(k).ok())));
     let tenants = match &cmd.tenants {
         Some(path) => {
             anyhow::ensure!(
@@ -140,9 +140,7 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         // Installer containers stay within the tenant's own limits.
         environments
             .state
-            .cap_installs(mcp_code_executor::env::manager::InstallCaps::of_tenant(
-                &tenant.limits,
-            ));
+            .cap_installs(install_caps(&tenant.limits));
         // The shared pool of a single-tenant server is made with its environment; tenants'
         // pools are made at their first run.
         sandbox
@@ -228,13 +226,13 @@ async fn environments(
         .unwrap_or_else(|| config::data_dir(get));
     let ca = cmd.ca_bundle.clone().or_else(|| config::ca_bundle(get));
     let request = state::request_from_vars(|k| {
-        if k == state::vars::ENV_TYPE {
+        if k == config::vars::ENV_TYPE {
             cmd.env_type.clone()
         } else {
             get(k)
         }
     })?;
-    let manager = EnvManager::new(data_dir, ca);
+    let manager = EnvManager::new(data_dir, ca).with_pip_index(&config::PipIndex::from_vars(get));
     let mut state = EnvState::init(sandbox, &manager, tenant, request)
         .await
         .map_err(|e| anyhow::anyhow!("the configured Python environment cannot be used: {e}"))?;
@@ -249,6 +247,17 @@ async fn environments(
         report.python_version
     );
     Ok(Environments { manager, state })
+}
+
+/// The caps of a tenant of the tenants file on its installer containers: its `max_cpus`,
+/// `max_memory`, `max_timeout` (was `InstallCaps::of_tenant`, which made `env` depend on
+/// `tenancy`).
+fn install_caps(l: &tenancy::TenantLimits) -> mcp_code_executor::env::manager::InstallCaps {
+    mcp_code_executor::env::manager::InstallCaps {
+        cpus: l.max_cpus,
+        memory_bytes: l.max_memory,
+        timeout: l.max_timeout,
+    }
 }
 
 /// SIGINT or SIGTERM.
