@@ -433,4 +433,59 @@ mod tests {
             .config(table(&[]))
             .is_err());
     }
+
+    /// The row of `docs/mcp.md`'s reference table whose first column names `var`, as its
+    /// columns.
+    fn docs_row(var: &str) -> Option<Vec<String>> {
+        let doc = include_str!("../../../docs/mcp.md");
+        let section = &doc[doc.find("## Environment variables and flags")?..];
+        section
+            .lines()
+            .filter(|l| l.starts_with('|'))
+            .map(|l| {
+                l.split('|')
+                    .map(|c| c.trim().to_string())
+                    .collect::<Vec<_>>()
+            })
+            .find(|cols| cols.len() > 4 && cols[1].contains(&format!("`{var}`")))
+    }
+
+    /// Every flag backed by a variable: the variable is declared in config::vars, and its
+    /// docs row names the flag and clap's default.
+    #[test]
+    fn the_docs_table_matches_the_flags() {
+        use clap::CommandFactory;
+        fn walk(cmd: &clap::Command, problems: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let (Some(var), Some(long)) = (arg.get_env(), arg.get_long()) else {
+                    continue;
+                };
+                let var = var.to_string_lossy();
+                if !vars::ALL.iter().any(|v| v.name == var) {
+                    problems.push(format!("{var} (--{long}) is not declared in config::vars"));
+                }
+                let Some(row) = docs_row(&var) else {
+                    problems.push(format!("{var} has no row in docs/mcp.md"));
+                    continue;
+                };
+                if !row[2].contains(&format!("`--{long}`")) {
+                    problems.push(format!("the docs row of {var} does not name --{long}"));
+                }
+                for d in arg.get_default_values() {
+                    let d = d.to_string_lossy();
+                    if !row[3].contains(&format!("`{d}`")) {
+                        problems.push(format!(
+                            "the docs row of {var} does not give the default `{d}`"
+                        ));
+                    }
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, problems);
+            }
+        }
+        let mut problems = Vec::new();
+        walk(&Cli::command(), &mut problems);
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
 }
