@@ -139,11 +139,11 @@ impl StorageQuota {
 /// out of listings, swept at open when a crash left one).
 pub const TEMP_PREFIX: &str = ".mcp-partial-";
 
-/// The default storage directory: `code/` under the data directory
-/// ([`crate::config::data_dir`]: `MCP_EXECUTOR_DATA_DIR`, `$XDG_DATA_HOME/mcp-code-executor`
-/// or `~/.local/share/mcp-code-executor`).
-pub fn default_dir() -> PathBuf {
-    crate::config::data_dir(|k| std::env::var(k).ok()).join("code")
+/// The default storage directory: `code/` under the data directory (see
+/// [`crate::config::data_dir`]), which the caller resolves: nothing here reads the process
+/// environment.
+pub fn default_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("code")
 }
 
 impl CodeStorage {

@@ -1,58 +1,142 @@
-//! Configuration shared by the commands: every environment variable is declared here once,
-//! with the parsing of human sizes and durations and the checks that give clear errors.
+//! Configuration shared by the commands: every environment variable is declared here once
+//! ([`vars`]), `serve`'s configuration is one typed value built once ([`ServeConfig`]), with
+//! the parsing of human sizes and durations and the checks that give clear errors.
+//!
+//! This module sits next to the leaf of the module graph (it depends on [`crate::job`]
+//! only), so every layer may use it. Nothing here reads the process environment behind a
+//! caller's back: functions take a `get` (a variable's value by name), which the binary's
+//! edge gives as `std::env::var`; [`HostEnv::from_process`] is the one exception, and says
+//! so.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::job::Limits;
 
-/// Environment variables. Each has a CLI flag of the same meaning; the flag wins.
-pub mod vars {
-    /// Wall-clock limit of a run, seconds.
-    pub const TIMEOUT: &str = "MCP_EXECUTOR_TIMEOUT";
-    /// Memory limit of a run (`512m`, `1g`, bytes).
-    pub const MEMORY: &str = "MCP_EXECUTOR_MEMORY";
-    /// CPU quota of a run, in cores.
-    pub const CPUS: &str = "MCP_EXECUTOR_CPUS";
-    /// Process/thread limit of a run.
-    pub const PIDS: &str = "MCP_EXECUTOR_PIDS";
-    /// Bytes kept of stdout and of stderr, each.
-    pub const OUTPUT_LIMIT: &str = "MCP_EXECUTOR_OUTPUT_LIMIT";
-    /// Size of the `/workspace` tmpfs.
-    pub const WORKSPACE_SIZE: &str = "MCP_EXECUTOR_WORKSPACE_SIZE";
-    /// The sandbox image (default: the tag that matches this binary).
-    pub const IMAGE: &str = "MCP_EXECUTOR_IMAGE";
-    /// OCI runtime for sandboxes (`runc` by default; `crun` where the daemon has it).
-    pub const RUNTIME: &str = "MCP_EXECUTOR_RUNTIME";
-    /// The Docker daemon (read by the Docker client itself).
-    pub const DOCKER_HOST: &str = "DOCKER_HOST";
-    /// Where managed environments live.
-    pub const DATA_DIR: &str = "MCP_EXECUTOR_DATA_DIR";
-    /// CA bundle (PEM) that installer containers trust.
-    pub const CA_BUNDLE: &str = "MCP_EXECUTOR_CA_BUNDLE";
-    /// Sandboxes `serve` keeps started and waiting (0: no warm pool).
-    pub const POOL_SIZE: &str = "MCP_EXECUTOR_POOL_SIZE";
+pub mod serve;
+pub mod vars;
+
+pub use serve::{BackendConfig, HttpConfig, ServeConfig, SessionLimits};
+
+/// Named defaults that have no better home (the MCP layer keeps its own in
+/// `mcp::defaults`, the run limits theirs in [`crate::job::defaults`]).
+pub mod defaults {
+    /// Sandboxes `serve` keeps started and waiting.
+    pub const POOL_SIZE: usize = 2;
+    /// The tenant of a server without a tenants file: the label on its containers.
+    pub const TENANT: &str = "local";
+    /// The host's system CA bundle (Debian's path), trusted by installs when no other is
+    /// configured: it carries a TLS-intercepting proxy's CA where the host trusts one.
+    pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+}
+
+/// `get(name)`, with an empty (or blank) value taken as unset. A `get` reads one variable,
+/// as `std::env::var(k).ok()` does: every function here takes one, so that tests give a
+/// table and only the binary's edge hands in the process environment.
+fn non_empty(get: &impl Fn(&str) -> Option<String>, name: &str) -> Option<String> {
+    get(name).filter(|v| !v.trim().is_empty())
 }
 
 /// The data directory: `MCP_EXECUTOR_DATA_DIR`, else `$XDG_DATA_HOME/mcp-code-executor`,
-/// else `~/.local/share/mcp-code-executor`.
-pub fn data_dir(get: impl Fn(&str) -> Option<String>) -> std::path::PathBuf {
-    use std::path::PathBuf;
-    let get = |k: &str| get(k).filter(|v| !v.is_empty());
-    if let Some(d) = get(vars::DATA_DIR) {
+/// else `~/.local/share/mcp-code-executor` (`/tmp/...` without a `HOME`).
+pub fn data_dir(get: impl Fn(&str) -> Option<String>) -> PathBuf {
+    if let Some(d) = non_empty(&get, vars::MCP_EXECUTOR_DATA_DIR) {
         return PathBuf::from(d);
     }
-    if let Some(x) = get("XDG_DATA_HOME") {
+    if let Some(x) = non_empty(&get, vars::XDG_DATA_HOME) {
         return PathBuf::from(x).join("mcp-code-executor");
     }
-    let home = get("HOME").unwrap_or_else(|| "/tmp".into());
+    let home = non_empty(&get, vars::HOME).unwrap_or_else(|| "/tmp".into());
     PathBuf::from(home).join(".local/share/mcp-code-executor")
 }
 
-/// The CA bundle installers trust: `MCP_EXECUTOR_CA_BUNDLE`, else the host's system bundle.
-pub fn ca_bundle(get: impl Fn(&str) -> Option<String>) -> Option<std::path::PathBuf> {
-    match get(vars::CA_BUNDLE).filter(|v| !v.is_empty()) {
+/// The CA bundle installers trust: `MCP_EXECUTOR_CA_BUNDLE`, else
+/// [`default_ca_bundle`].
+pub fn ca_bundle(get: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    match non_empty(&get, vars::MCP_EXECUTOR_CA_BUNDLE) {
         Some(p) => Some(p.into()),
-        None => crate::env::manager::EnvManager::default_ca_bundle(),
+        None => default_ca_bundle(),
+    }
+}
+
+/// The host's system bundle ([`defaults::SYSTEM_CA_BUNDLE`]) when it exists.
+pub fn default_ca_bundle() -> Option<PathBuf> {
+    let p = PathBuf::from(defaults::SYSTEM_CA_BUNDLE);
+    p.exists().then_some(p)
+}
+
+/// The Python environment asked for by `ENV_TYPE` and its companions, as given (the `env`
+/// module decides what it means: [`crate::env::state::request_from`]). Blank values are
+/// unset.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnvSelection {
+    /// `ENV_TYPE` (or `--env-type`): `conda`, `venv`, `venv-uv`, `default`.
+    pub env_type: Option<String>,
+    pub conda_env_name: Option<String>,
+    pub venv_path: Option<PathBuf>,
+    pub uv_venv_path: Option<PathBuf>,
+}
+
+impl EnvSelection {
+    /// From the four variables.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Self {
+        EnvSelection {
+            env_type: non_empty(&get, vars::ENV_TYPE),
+            conda_env_name: non_empty(&get, vars::CONDA_ENV_NAME),
+            venv_path: non_empty(&get, vars::VENV_PATH).map(PathBuf::from),
+            uv_venv_path: non_empty(&get, vars::UV_VENV_PATH).map(PathBuf::from),
+        }
+    }
+}
+
+/// The package indexes the fetch phase of installs uses (PyPI when both are unset). They
+/// reach the installer container as the same pip variables.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PipIndex {
+    pub index_url: Option<String>,
+    pub extra_index_url: Option<String>,
+}
+
+impl PipIndex {
+    /// From `PIP_INDEX_URL` and `PIP_EXTRA_INDEX_URL`.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Self {
+        PipIndex {
+            index_url: non_empty(&get, vars::PIP_INDEX_URL),
+            extra_index_url: non_empty(&get, vars::PIP_EXTRA_INDEX_URL),
+        }
+    }
+
+    /// The variables to set in the installer container.
+    pub fn container_vars(&self) -> Vec<(String, String)> {
+        [
+            (vars::PIP_INDEX_URL, &self.index_url),
+            (vars::PIP_EXTRA_INDEX_URL, &self.extra_index_url),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.to_string(), v.clone()?)))
+        .collect()
+    }
+}
+
+/// Facts about the host that environment resolution uses (`env::Context`): read from the
+/// process environment here, and only here, in the library.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostEnv {
+    pub home: Option<PathBuf>,
+    /// `CONDA_EXE`, set by conda's shell hook.
+    pub conda_exe: Option<PathBuf>,
+    /// `PATH`, searched for `conda` when `CONDA_EXE` is unset.
+    pub path: Option<std::ffi::OsString>,
+}
+
+impl HostEnv {
+    /// The process's `HOME`, `CONDA_EXE` and `PATH`.
+    pub fn from_process() -> Self {
+        HostEnv {
+            home: std::env::var_os(vars::HOME).map(PathBuf::from),
+            conda_exe: std::env::var_os(vars::CONDA_EXE).map(PathBuf::from),
+            path: std::env::var_os(vars::PATH),
+        }
     }
 }
 
@@ -63,6 +147,12 @@ pub enum ConfigError {
     BadSize { value: String },
     #[error("`{value}` is not a duration in seconds (e.g. 30 or 2.5)")]
     BadDuration { value: String },
+    #[error("--max-timeout ({max:?}) is below --timeout ({timeout:?})")]
+    TimeoutAboveMax { timeout: Duration, max: Duration },
+    #[error(
+        "--tenants is for the HTTP transports; over stdio the server has one client and no tokens"
+    )]
+    TenantsOverStdio,
     #[error("{what} must be {rule}, got {value}")]
     OutOfRange {
         what: &'static str,
@@ -210,5 +300,122 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("pids"));
+    }
+
+    #[test]
+    fn pip_index_reaches_the_installer_as_the_same_variables() {
+        let get = |k: &str| (k == vars::PIP_INDEX_URL).then(|| "https://m/simple".to_string());
+        let p = PipIndex::from_vars(get);
+        assert_eq!(
+            p.container_vars(),
+            [("PIP_INDEX_URL".to_string(), "https://m/simple".to_string())]
+        );
+        assert!(PipIndex::from_vars(|_| Some(" ".into()))
+            .container_vars()
+            .is_empty());
+    }
+
+    #[test]
+    fn env_selection_takes_blank_as_unset() {
+        let s = EnvSelection::from_vars(|k| match k {
+            "ENV_TYPE" => Some("venv".into()),
+            "VENV_PATH" => Some("/srv/v".into()),
+            _ => Some("".into()),
+        });
+        assert_eq!(s.env_type.as_deref(), Some("venv"));
+        assert_eq!(s.venv_path, Some("/srv/v".into()));
+        assert_eq!(s.conda_env_name, None);
+        assert_eq!(s.uv_venv_path, None);
+    }
+
+    /// The rows of the reference table in `docs/mcp.md`: the names in backticks of each
+    /// row's first column.
+    fn documented_variables() -> Vec<String> {
+        let doc = include_str!("../../docs/mcp.md");
+        let start = doc
+            .find("## Environment variables and flags")
+            .expect("docs/mcp.md has an \"Environment variables and flags\" section");
+        let section = &doc[start..];
+        let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+        let mut names = Vec::new();
+        for row in section.lines().filter(|l| l.starts_with('|')) {
+            let first = row.split('|').nth(1).unwrap_or("");
+            names.extend(first.split('`').skip(1).step_by(2).map(str::to_string));
+        }
+        names
+    }
+
+    #[test]
+    fn every_variable_is_in_the_docs_table() {
+        let documented = documented_variables();
+        let missing: Vec<_> = vars::ALL
+            .iter()
+            .map(|v| v.name)
+            .filter(|n| !documented.iter().any(|d| d == n))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "docs/mcp.md (\"Environment variables and flags\") has no row for {missing:?}"
+        );
+        // And the table names nothing that is not declared.
+        let unknown: Vec<_> = documented
+            .iter()
+            .filter(|d| {
+                !vars::ALL.iter().any(|v| v.name == *d) && !vars::COMPOSE_ONLY.contains(&d.as_str())
+            })
+            .collect();
+        assert!(
+            unknown.is_empty(),
+            "docs/mcp.md documents {unknown:?}, which src/config/vars.rs does not declare"
+        );
+    }
+
+    /// Files under src/ that may read the process environment: this module, and the
+    /// binary's edge (clap's `env = ...`, `.env`, the log filter).
+    const MAY_READ_ENV: &[&str] = &[
+        "src/config/",
+        "src/bin/mcp-code-executor/args.rs",
+        "src/bin/mcp-code-executor/main.rs",
+    ];
+
+    fn rust_files(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                rust_files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+
+    #[test]
+    fn only_config_and_the_binary_edge_read_the_environment() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut files = Vec::new();
+        rust_files(&root.join("src"), &mut files);
+        let reads = ["env::var(", "env::var_os(", "env::vars(", "env::vars_os("];
+        let mut offenders = Vec::new();
+        for f in files {
+            let rel = f.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            if MAY_READ_ENV.iter().any(|p| rel.starts_with(p)) {
+                continue;
+            }
+            let text = std::fs::read_to_string(&f).unwrap();
+            let reading: Vec<_> = text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim_start().starts_with("//"))
+                .filter(|(_, l)| reads.iter().any(|r| l.contains(r)))
+                .map(|(i, l)| format!("{rel}:{}: {}", i + 1, l.trim()))
+                .collect();
+            offenders.extend(reading);
+        }
+        assert!(
+            offenders.is_empty(),
+            "read the process environment outside src/config (declare the variable in \
+             src/config/vars.rs and take its value from the configuration):\n{}",
+            offenders.join("\n")
+        );
     }
 }

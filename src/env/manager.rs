@@ -5,7 +5,6 @@
 
 mod install;
 
-use install::INDEX_VARS;
 pub use install::{
     Install, InstallCaps, InstallEvent, InstallEvents, InstallReport, InstalledInto, Phase,
 };
@@ -91,7 +90,8 @@ pub struct EnvManager {
     /// CA bundle (PEM) the fetch phase trusts, as configured (absolute, in the server's
     /// filesystem); a copy under the data directory is what is mounted.
     ca_bundle: Option<PathBuf>,
-    /// `PIP_INDEX_URL` / `PIP_EXTRA_INDEX_URL` of the server's environment.
+    /// `PIP_INDEX_URL` / `PIP_EXTRA_INDEX_URL` for the fetch phase, as configured
+    /// ([`EnvManager::with_pip_index`]); none: PyPI.
     index_vars: Vec<(String, String)>,
     locks: Mutex<HashMap<PathBuf, Arc<EnvLocks>>>,
 }
@@ -104,29 +104,28 @@ fn absolute(path: PathBuf) -> PathBuf {
 impl EnvManager {
     /// `data_dir` holds the managed environments and the installs' scratch directories;
     /// `ca_bundle` is trusted by the fetch phase. Both are made absolute (a relative path
-    /// means nothing to the Docker daemon). `PIP_INDEX_URL` and `PIP_EXTRA_INDEX_URL` of
-    /// the server's environment are passed to the fetch phase.
+    /// means nothing to the Docker daemon). The fetch phase uses PyPI unless
+    /// [`with_pip_index`](Self::with_pip_index) says otherwise: nothing here reads the
+    /// server's environment.
     pub fn new(data_dir: PathBuf, ca_bundle: Option<PathBuf>) -> Self {
-        let index_vars = INDEX_VARS
-            .iter()
-            .filter_map(|k| {
-                let v = std::env::var(k).ok().filter(|v| !v.trim().is_empty())?;
-                Some((k.to_string(), v))
-            })
-            .collect();
         EnvManager {
             data_dir: absolute(data_dir),
             ca_bundle: ca_bundle.map(absolute),
-            index_vars,
+            index_vars: Vec::new(),
             locks: Mutex::default(),
         }
     }
 
-    /// The CA bundle installers should trust: the given one, else the host's system bundle
-    /// (which carries a TLS-intercepting proxy's CA where the host trusts one).
+    /// The package indexes the fetch phase uses (the server's `PIP_INDEX_URL` and
+    /// `PIP_EXTRA_INDEX_URL`), passed to it as the same variables.
+    pub fn with_pip_index(mut self, index: &crate::config::PipIndex) -> Self {
+        self.index_vars = index.container_vars();
+        self
+    }
+
+    /// The host's system CA bundle, when present (see [`crate::config::default_ca_bundle`]).
     pub fn default_ca_bundle() -> Option<PathBuf> {
-        let p = PathBuf::from("/etc/ssl/certs/ca-certificates.crt");
-        p.exists().then_some(p)
+        crate::config::default_ca_bundle()
     }
 
     /// Where the copy of the CA bundle that installers mount lives: in the data directory,

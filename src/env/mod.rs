@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::config::HostEnv;
 use crate::job::{Mount, RunEnv};
 
 /// The kind of environment, named as `ENV_TYPE` names it.
@@ -150,20 +151,30 @@ pub const IMAGE_PYTHON: &str = "3.11";
 
 impl Context {
     /// The real host: `$HOME`, and conda's list when there is a conda (`$CONDA_EXE`, which
-    /// conda's shell hook sets, else `conda` on `PATH`).
+    /// conda's shell hook sets, else `conda` on `PATH`), as [`HostEnv::from_process`] reads
+    /// them.
     pub fn from_host() -> Context {
-        let conda = std::env::var_os("CONDA_EXE")
-            .map(PathBuf::from)
-            .filter(|p| is_executable(p));
-        Context::with_conda(
-            conda.or_else(|| find_on_path("conda", std::env::var_os("PATH").as_deref())),
+        Context::of(&HostEnv::from_process())
+    }
+
+    /// [`from_host`](Self::from_host) for the given host facts.
+    pub fn of(host: &HostEnv) -> Context {
+        let conda = host.conda_exe.clone().filter(|p| is_executable(p));
+        Context::with_home(
+            host.home.clone(),
+            conda.or_else(|| find_on_path("conda", host.path.as_deref())),
         )
     }
 
     /// The host's `$HOME`, and the list of the given `conda` program, if any.
     pub fn with_conda(conda: Option<PathBuf>) -> Context {
+        Context::with_home(HostEnv::from_process().home, conda)
+    }
+
+    /// `home`, and the list of the given `conda` program, if any.
+    pub fn with_home(home: Option<PathBuf>, conda: Option<PathBuf>) -> Context {
         Context {
-            home: std::env::var_os("HOME").map(PathBuf::from),
+            home,
             image_python: IMAGE_PYTHON.to_string(),
             conda_envs: conda
                 .map(|c| conda_env_list(c.as_os_str()))

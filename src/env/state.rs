@@ -14,30 +14,27 @@ use super::manager::{
 };
 use super::{resolve, Context, EnvKind, EnvRequest, Environment};
 use crate::backend::Backend;
+use crate::config::EnvSelection;
 
-/// Environment variables of the tools we replace, read at start-up.
-pub mod vars {
-    /// `conda`, `venv` or `venv-uv`; unset means the managed default.
-    pub const ENV_TYPE: &str = "ENV_TYPE";
-    pub const CONDA_ENV_NAME: &str = "CONDA_ENV_NAME";
-    pub const VENV_PATH: &str = "VENV_PATH";
-    pub const UV_VENV_PATH: &str = "UV_VENV_PATH";
-}
-
-/// The request the environment variables make; `None` is the managed default. A bare
-/// `CONDA_ENV_NAME` (the oldest configuration of the tools we replace) still means conda.
+/// The request the environment variables make (`ENV_TYPE` and its companions, declared in
+/// [`crate::config::vars`]); `None` is the managed default.
 pub fn request_from_vars(
     get: impl Fn(&str) -> Option<String>,
 ) -> Result<Option<EnvRequest>, super::EnvError> {
-    let get = |k: &str| get(k).filter(|v| !v.trim().is_empty());
-    let kind = match (get(vars::ENV_TYPE), get(vars::CONDA_ENV_NAME)) {
-        (Some(t), _) => EnvKind::parse(&t)?,
+    request_from(&EnvSelection::from_vars(get))
+}
+
+/// The request a configured selection makes; `None` is the managed default. A bare
+/// `CONDA_ENV_NAME` (the oldest configuration of the tools we replace) still means conda.
+pub fn request_from(sel: &EnvSelection) -> Result<Option<EnvRequest>, super::EnvError> {
+    let kind = match (&sel.env_type, &sel.conda_env_name) {
+        (Some(t), _) => EnvKind::parse(t)?,
         (None, Some(_)) => EnvKind::Conda,
         (None, None) => return Ok(None),
     };
     let path = match kind {
-        EnvKind::Venv => get(vars::VENV_PATH),
-        EnvKind::UvVenv => get(vars::UV_VENV_PATH),
+        EnvKind::Venv => sel.venv_path.clone(),
+        EnvKind::UvVenv => sel.uv_venv_path.clone(),
         _ => None,
     };
     if kind == EnvKind::Managed {
@@ -45,8 +42,8 @@ pub fn request_from_vars(
     }
     Ok(Some(EnvRequest {
         kind,
-        path: path.map(PathBuf::from),
-        conda_name: get(vars::CONDA_ENV_NAME),
+        path,
+        conda_name: sel.conda_env_name.clone(),
     }))
 }
 

@@ -15,46 +15,6 @@ pub mod transports;
 pub use tools::CodeExecutor;
 pub use transports::stdio::serve_stdio;
 
-/// Environment variables of `serve` (each also has a flag; see `docs/mcp.md`).
-pub mod vars {
-    /// Where stored code lives.
-    pub const CODE_STORAGE_DIR: &str = "CODE_STORAGE_DIR";
-    /// HTTP port (default 4000).
-    pub const PORT: &str = "PORT";
-    /// HTTP bind address (default 127.0.0.1).
-    pub const HOST: &str = "MCP_EXECUTOR_HOST";
-    /// Comma-separated `Host` header values the HTTP transports accept (DNS-rebinding guard).
-    pub const ALLOWED_HOSTS: &str = "MCP_EXECUTOR_ALLOWED_HOSTS";
-    /// Comma-separated browser `Origin` values accepted besides loopback pages and the
-    /// allowed hosts (`*`: any).
-    pub const ALLOWED_ORIGINS: &str = "MCP_EXECUTOR_ALLOWED_ORIGINS";
-    /// Longest timeout a call may ask for, seconds.
-    pub const MAX_TIMEOUT: &str = "MCP_EXECUTOR_MAX_TIMEOUT";
-    /// Runs at once; further calls queue.
-    pub const MAX_CONCURRENT: &str = "MCP_EXECUTOR_MAX_CONCURRENT";
-    /// Tenant label on this server's containers (default `local`).
-    pub const TENANT: &str = "MCP_EXECUTOR_TENANT";
-    /// Requested environment type (`conda`, `venv`, `venv-uv`): reported, not honoured yet.
-    pub const ENV_TYPE: &str = "ENV_TYPE";
-    /// Seconds without a call after which an execute_python session is removed (default 600).
-    pub const SESSION_IDLE: &str = "MCP_EXECUTOR_SESSION_IDLE";
-    /// Seconds after which a session is removed however busy (default 3600).
-    pub const SESSION_MAX_LIFETIME: &str = "MCP_EXECUTOR_SESSION_MAX_LIFETIME";
-    /// Sessions alive at once (default 16).
-    pub const MAX_SESSIONS: &str = "MCP_EXECUTOR_MAX_SESSIONS";
-    /// Where the per-tenant workspaces live (default `<data dir>/workspaces`).
-    pub const WORKSPACE_DIR: &str = "MCP_EXECUTOR_WORKSPACE_DIR";
-    /// `1`/`true`: one workspace per tenant, shared by its MCP sessions and kept; default:
-    /// one per MCP session, deleted when it ends.
-    pub const SHARED_WORKSPACE: &str = "MCP_EXECUTOR_SHARED_WORKSPACE";
-    /// The tenants file (TOML); unset: one local tenant, no authentication.
-    pub const TENANTS: &str = "MCP_EXECUTOR_TENANTS";
-    /// Calls of one tenant that may wait for a run slot; past it calls are refused.
-    pub const MAX_QUEUE: &str = "MCP_EXECUTOR_MAX_QUEUE";
-    /// `0`/`false`: no `/metrics` route.
-    pub const METRICS: &str = "MCP_EXECUTOR_METRICS";
-}
-
 /// Named defaults of `serve`.
 pub mod defaults {
     pub const PORT: u16 = 4000;

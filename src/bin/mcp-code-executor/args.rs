@@ -4,9 +4,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use mcp_code_executor::backend::image;
-use mcp_code_executor::config::{self, vars};
-use mcp_code_executor::job::defaults;
+use mcp_code_executor::config::{self, vars, ServeConfig};
+use mcp_code_executor::job::{defaults, Limits};
 use mcp_code_executor::mcp;
+use mcp_code_executor::storage;
 
 #[derive(Parser)]
 #[command(
@@ -51,83 +52,83 @@ pub struct ServeCmd {
     #[arg(long)]
     pub stdio: bool,
     /// Address to bind the HTTP server to.
-    #[arg(long, env = mcp::vars::HOST, default_value = mcp::defaults::HOST)]
+    #[arg(long, env = vars::MCP_EXECUTOR_HOST, default_value = mcp::defaults::HOST)]
     pub host: String,
     /// HTTP port (0 picks a free one).
-    #[arg(long, env = mcp::vars::PORT, default_value_t = mcp::defaults::PORT)]
+    #[arg(long, env = vars::PORT, default_value_t = mcp::defaults::PORT)]
     pub port: u16,
     /// Host header values the HTTP transports accept, comma-separated (guards against DNS
     /// rebinding); `*` accepts any.
-    #[arg(long, env = mcp::vars::ALLOWED_HOSTS, value_delimiter = ',', default_value = "localhost,127.0.0.1,::1")]
+    #[arg(long, env = vars::MCP_EXECUTOR_ALLOWED_HOSTS, value_delimiter = ',', default_value = "localhost,127.0.0.1,::1")]
     pub allowed_hosts: Vec<String>,
     /// Browser Origin values the HTTP transports accept besides the default ones,
     /// comma-separated (e.g. `https://app.example.com`, `http://host:*` for any port); `*`
     /// accepts any. By default a request carrying an Origin passes only from http(s)://
     /// localhost, 127.0.0.1 or [::1] (any port) and from the --allowed-hosts names; requests
     /// without Origin (non-browser clients) always pass.
-    #[arg(long, env = mcp::vars::ALLOWED_ORIGINS, value_delimiter = ',')]
+    #[arg(long, env = vars::MCP_EXECUTOR_ALLOWED_ORIGINS, value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
     /// Directory of stored code (default: $XDG_DATA_HOME/mcp-code-executor/code).
-    #[arg(long, env = mcp::vars::CODE_STORAGE_DIR)]
+    #[arg(long, env = vars::CODE_STORAGE_DIR)]
     pub code_storage_dir: Option<PathBuf>,
     /// Default wall-clock limit of a run, seconds.
-    #[arg(long, env = vars::TIMEOUT, value_parser = config::parse_duration, default_value = "30")]
+    #[arg(long, env = vars::MCP_EXECUTOR_TIMEOUT, value_parser = config::parse_duration, default_value = "30")]
     pub timeout: std::time::Duration,
     /// Longest timeout a tool call may ask for, seconds.
-    #[arg(long, env = mcp::vars::MAX_TIMEOUT, value_parser = config::parse_duration, default_value = "300")]
+    #[arg(long, env = vars::MCP_EXECUTOR_MAX_TIMEOUT, value_parser = config::parse_duration, default_value = "300")]
     pub max_timeout: std::time::Duration,
     /// Memory limit per run (swap included), e.g. 512m.
-    #[arg(long, env = vars::MEMORY, value_parser = config::parse_size, default_value = "512m")]
+    #[arg(long, env = vars::MCP_EXECUTOR_MEMORY, value_parser = config::parse_size, default_value = "512m")]
     pub memory: u64,
     /// CPU quota per run, in cores.
-    #[arg(long, env = vars::CPUS, default_value_t = defaults::CPUS)]
+    #[arg(long, env = vars::MCP_EXECUTOR_CPUS, default_value_t = defaults::CPUS)]
     pub cpus: f64,
     /// Runs at once; further calls wait their turn.
-    #[arg(long, env = mcp::vars::MAX_CONCURRENT, default_value_t = mcp::defaults::MAX_CONCURRENT)]
+    #[arg(long, env = vars::MCP_EXECUTOR_MAX_CONCURRENT, default_value_t = mcp::defaults::MAX_CONCURRENT)]
     pub max_concurrent: usize,
     /// Environment type: conda (with CONDA_ENV_NAME), venv (VENV_PATH), venv-uv
     /// (UV_VENV_PATH); unset: the managed default environment.
-    #[arg(long, env = mcp::vars::ENV_TYPE)]
+    #[arg(long, env = vars::ENV_TYPE)]
     pub env_type: Option<String>,
     /// Where managed environments live.
-    #[arg(long, env = vars::DATA_DIR)]
+    #[arg(long, env = vars::MCP_EXECUTOR_DATA_DIR)]
     pub data_dir: Option<PathBuf>,
     /// CA bundle (PEM) that installer containers trust (default: the host's system bundle).
-    #[arg(long, env = vars::CA_BUNDLE)]
+    #[arg(long, env = vars::MCP_EXECUTOR_CA_BUNDLE)]
     pub ca_bundle: Option<PathBuf>,
     /// Sandboxes kept started and waiting for a run (0 turns the warm pool off).
-    #[arg(long, env = vars::POOL_SIZE, default_value_t = 2)]
+    #[arg(long, env = vars::MCP_EXECUTOR_POOL_SIZE, default_value_t = config::defaults::POOL_SIZE)]
     pub pool_size: usize,
     /// Label put on this server's containers (`io.mcp-code-executor.tenant`).
-    #[arg(long, env = mcp::vars::TENANT, default_value = "local")]
+    #[arg(long, env = vars::MCP_EXECUTOR_TENANT, default_value = config::defaults::TENANT)]
     pub tenant: String,
     /// Seconds without a call after which an execute_python session is removed.
-    #[arg(long, env = mcp::vars::SESSION_IDLE, value_parser = config::parse_duration, default_value = "600")]
+    #[arg(long, env = vars::MCP_EXECUTOR_SESSION_IDLE, value_parser = config::parse_duration, default_value = "600")]
     pub session_idle: std::time::Duration,
     /// Seconds after which an execute_python session is removed, however busy.
-    #[arg(long, env = mcp::vars::SESSION_MAX_LIFETIME, value_parser = config::parse_duration, default_value = "3600")]
+    #[arg(long, env = vars::MCP_EXECUTOR_SESSION_MAX_LIFETIME, value_parser = config::parse_duration, default_value = "3600")]
     pub session_max_lifetime: std::time::Duration,
     /// execute_python sessions alive at once.
-    #[arg(long, env = mcp::vars::MAX_SESSIONS, default_value_t = mcp_code_executor::app::settings::defaults::MAX_SESSIONS)]
+    #[arg(long, env = vars::MCP_EXECUTOR_MAX_SESSIONS, default_value_t = mcp_code_executor::app::settings::defaults::MAX_SESSIONS)]
     pub max_sessions: usize,
     /// Where the per-tenant workspaces live (default: <data dir>/workspaces).
-    #[arg(long, env = mcp::vars::WORKSPACE_DIR)]
+    #[arg(long, env = vars::MCP_EXECUTOR_WORKSPACE_DIR)]
     pub workspace_dir: Option<PathBuf>,
     /// One workspace per tenant, shared by its MCP sessions and kept across them (default:
     /// one per MCP session, deleted when it ends).
-    #[arg(long, env = mcp::vars::SHARED_WORKSPACE)]
+    #[arg(long, env = vars::MCP_EXECUTOR_SHARED_WORKSPACE)]
     pub shared_workspace: bool,
     /// Tenants file (TOML, see README "Hosting it"): each tenant's token hash and limits.
     /// With it, the HTTP transports require `Authorization: Bearer <token>`; without it the
     /// server has one tenant (`--tenant`) and no authentication.
-    #[arg(long, env = mcp::vars::TENANTS)]
+    #[arg(long, env = vars::MCP_EXECUTOR_TENANTS)]
     pub tenants: Option<PathBuf>,
     /// Calls of one tenant that may wait for a run slot; further calls are refused with a
     /// retry hint.
-    #[arg(long, env = mcp::vars::MAX_QUEUE, default_value_t = mcp::defaults::MAX_QUEUE)]
+    #[arg(long, env = vars::MCP_EXECUTOR_MAX_QUEUE, default_value_t = mcp::defaults::MAX_QUEUE)]
     pub max_queue: usize,
     /// Serve Prometheus metrics at /metrics (open without a token); `false` turns it off.
-    #[arg(long, env = mcp::vars::METRICS, default_value = "true", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    #[arg(long, env = vars::MCP_EXECUTOR_METRICS, default_value = "true", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub metrics: bool,
     /// Serve even when the isolation self-test fails. Dangerous: untrusted code may then
     /// reach the host or the network.
@@ -135,6 +136,86 @@ pub struct ServeCmd {
     pub allow_unsafe: bool,
     #[command(flatten)]
     pub sandbox: SandboxOpts,
+}
+
+// serve.rs builds its configuration with these once it is switched over; until then only
+// the tests call them.
+impl ServeCmd {
+    /// The configuration of `serve`, resolved once: what clap parsed (flag, else its
+    /// variable, else `.env`, else the default), and, for what has no flag, `get` (a
+    /// variable's value: `std::env::var` at the binary's edge, a table in tests).
+    pub fn config(
+        &self,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<ServeConfig, config::ConfigError> {
+        let data_dir = self
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| config::data_dir(&get));
+        let mut env = config::EnvSelection::from_vars(&get);
+        env.env_type = self.env_type.clone().filter(|t| !t.trim().is_empty());
+        let cfg = ServeConfig {
+            stdio: self.stdio,
+            http: config::HttpConfig {
+                host: self.host.clone(),
+                port: self.port,
+                allowed_hosts: config::serve::allowed_hosts(&self.allowed_hosts),
+                allowed_origins: self.allowed_origins.clone(),
+                metrics: self.metrics,
+            },
+            limits: Limits {
+                timeout: self.timeout,
+                memory_bytes: self.memory,
+                cpus: self.cpus,
+                ..Limits::default()
+            },
+            max_timeout: self.max_timeout,
+            max_concurrent: self.max_concurrent,
+            max_queue: self.max_queue,
+            tenant: self.tenant.clone(),
+            tenants_file: self.tenants.clone(),
+            code_storage_dir: self
+                .code_storage_dir
+                .clone()
+                .unwrap_or_else(|| storage::default_dir(&data_dir)),
+            workspace_dir: self
+                .workspace_dir
+                .clone()
+                .unwrap_or_else(|| data_dir.join("workspaces")),
+            shared_workspace: self.shared_workspace,
+            sessions: config::SessionLimits {
+                idle: self.session_idle,
+                max_lifetime: self.session_max_lifetime,
+                max_sessions: self.max_sessions,
+            },
+            env,
+            ca_bundle: self.ca_bundle.clone().or_else(|| config::ca_bundle(&get)),
+            pip_index: config::PipIndex::from_vars(&get),
+            backend: config::BackendConfig {
+                image: self.sandbox.image.clone(),
+                runtime: self.sandbox.runtime.clone(),
+                docker_host: get(vars::DOCKER_HOST).filter(|h| !h.trim().is_empty()),
+                pool_size: self.pool_size,
+                build_missing: !self.sandbox.no_build,
+            },
+            data_dir,
+            allow_unsafe: self.allow_unsafe,
+        };
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    /// [`config`](Self::config) from the process environment (after `.env`), warning about
+    /// `MCP_EXECUTOR_*` variables nothing reads (a typo is otherwise silently ignored).
+    pub fn config_from_process(&self) -> Result<ServeConfig, config::ConfigError> {
+        let names: Vec<String> = std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .collect();
+        for name in vars::unknown(names.iter().map(String::as_str)) {
+            tracing::warn!(variable = %name, "unknown variable ignored (see docs/mcp.md for the ones read)");
+        }
+        self.config(|k| std::env::var(k).ok())
+    }
 }
 
 #[derive(Subcommand)]
@@ -151,10 +232,10 @@ pub enum TenantCmd {
 #[derive(Args, Clone)]
 pub struct SandboxOpts {
     /// Sandbox image (default: the tag matching this binary's images/).
-    #[arg(long, env = vars::IMAGE)]
+    #[arg(long, env = vars::MCP_EXECUTOR_IMAGE)]
     pub image: Option<String>,
     /// OCI runtime for sandboxes (e.g. crun, if the daemon has it registered).
-    #[arg(long, env = vars::RUNTIME)]
+    #[arg(long, env = vars::MCP_EXECUTOR_RUNTIME)]
     pub runtime: Option<String>,
     /// Fail instead of building the image when it is missing.
     #[arg(long)]
@@ -167,22 +248,22 @@ pub struct RunCmd {
     #[arg(required = true)]
     pub files: Vec<String>,
     /// Wall-clock limit per file, seconds.
-    #[arg(long, env = vars::TIMEOUT, value_parser = config::parse_duration, default_value = "30")]
+    #[arg(long, env = vars::MCP_EXECUTOR_TIMEOUT, value_parser = config::parse_duration, default_value = "30")]
     pub timeout: std::time::Duration,
     /// Memory limit per file (swap included), e.g. 512m.
-    #[arg(long, env = vars::MEMORY, value_parser = config::parse_size, default_value = "512m")]
+    #[arg(long, env = vars::MCP_EXECUTOR_MEMORY, value_parser = config::parse_size, default_value = "512m")]
     pub memory: u64,
     /// CPU quota in cores.
-    #[arg(long, env = vars::CPUS, default_value_t = defaults::CPUS)]
+    #[arg(long, env = vars::MCP_EXECUTOR_CPUS, default_value_t = defaults::CPUS)]
     pub cpus: f64,
     /// Processes and threads per sandbox.
-    #[arg(long, env = vars::PIDS, default_value_t = defaults::PIDS)]
+    #[arg(long, env = vars::MCP_EXECUTOR_PIDS, default_value_t = defaults::PIDS)]
     pub pids: i64,
     /// Bytes kept of stdout and of stderr, each; the rest is dropped and flagged.
-    #[arg(long, env = vars::OUTPUT_LIMIT, value_parser = config::parse_size, default_value = "1m")]
+    #[arg(long, env = vars::MCP_EXECUTOR_OUTPUT_LIMIT, value_parser = config::parse_size, default_value = "1m")]
     pub output_limit: u64,
     /// Size of the /workspace tmpfs.
-    #[arg(long, env = vars::WORKSPACE_SIZE, value_parser = config::parse_size, default_value = "64m")]
+    #[arg(long, env = vars::MCP_EXECUTOR_WORKSPACE_SIZE, value_parser = config::parse_size, default_value = "64m")]
     pub workspace_size: u64,
     /// Print one JSON outcome per file on stdout instead of the live output.
     #[arg(long)]
@@ -235,7 +316,7 @@ pub enum ImageCmd {
         #[arg(long)]
         force: bool,
         /// Image tag to build (default: the tag matching this binary).
-        #[arg(long, env = vars::IMAGE)]
+        #[arg(long, env = vars::MCP_EXECUTOR_IMAGE)]
         image: Option<String>,
     },
     /// Build the server image for docker-compose from this very binary (offline-capable;
@@ -253,4 +334,157 @@ pub enum ImageCmd {
     },
     /// Print the image tag this binary uses.
     Name,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `serve ARGS` as clap parses it, with none of the variables clap reads behind the
+    /// flags set (this process's environment is the test's, not the server's; the tests
+    /// here only ever remove them).
+    fn serve(args: &[&str]) -> ServeCmd {
+        for v in vars::ALL {
+            if v.name.starts_with("MCP_EXECUTOR_")
+                || ["PORT", "CODE_STORAGE_DIR", "ENV_TYPE"].contains(&v.name)
+            {
+                std::env::remove_var(v.name);
+            }
+        }
+        let mut argv = vec!["mcp-code-executor", "serve"];
+        argv.extend(args);
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Serve(cmd) => *cmd,
+            _ => unreachable!(),
+        }
+    }
+
+    fn table(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn defaults_come_from_named_constants() {
+        let c = serve(&[]).config(table(&[("HOME", "/h")])).unwrap();
+        assert_eq!(c.http.port, mcp::defaults::PORT);
+        assert_eq!(c.http.host, mcp::defaults::HOST);
+        assert_eq!(c.http.allowed_hosts, mcp::defaults::ALLOWED_HOSTS);
+        assert_eq!(c.max_concurrent, mcp::defaults::MAX_CONCURRENT);
+        assert_eq!(c.max_queue, mcp::defaults::MAX_QUEUE);
+        assert_eq!(c.max_timeout, mcp::defaults::MAX_TIMEOUT);
+        assert_eq!(c.backend.pool_size, config::defaults::POOL_SIZE);
+        assert_eq!(c.tenant, config::defaults::TENANT);
+        assert_eq!(c.limits.cpus, defaults::CPUS);
+        let data = std::path::Path::new("/h/.local/share/mcp-code-executor");
+        assert_eq!(c.data_dir, data);
+        assert_eq!(c.code_storage_dir, data.join("code"));
+        assert_eq!(c.workspace_dir, data.join("workspaces"));
+        assert!(c.backend.build_missing && c.http.metrics && !c.stdio);
+        assert_eq!(c.env, config::EnvSelection::default());
+    }
+
+    #[test]
+    fn flags_and_variables_without_flags_are_resolved() {
+        let c = serve(&[
+            "--data-dir",
+            "/d",
+            "--env-type",
+            "venv",
+            "--allowed-hosts",
+            "*",
+            "--no-build",
+            "--ca-bundle",
+            "/ca.pem",
+        ])
+        .config(table(&[
+            ("VENV_PATH", "/srv/v"),
+            ("PIP_EXTRA_INDEX_URL", "https://x/simple"),
+            ("DOCKER_HOST", "unix:///run/d.sock"),
+            ("MCP_EXECUTOR_DATA_DIR", "/ignored"),
+        ]))
+        .unwrap();
+        assert_eq!(c.data_dir, std::path::Path::new("/d"));
+        assert_eq!(c.code_storage_dir, std::path::Path::new("/d/code"));
+        assert_eq!(c.env.env_type.as_deref(), Some("venv"));
+        assert_eq!(c.env.venv_path, Some("/srv/v".into()));
+        assert!(c.http.allowed_hosts.is_empty());
+        assert!(!c.backend.build_missing);
+        assert_eq!(c.ca_bundle, Some("/ca.pem".into()));
+        assert_eq!(
+            c.pip_index.extra_index_url.as_deref(),
+            Some("https://x/simple")
+        );
+        assert_eq!(c.backend.docker_host.as_deref(), Some("unix:///run/d.sock"));
+    }
+
+    #[test]
+    fn inconsistent_flags_are_refused() {
+        let e = serve(&["--timeout", "60", "--max-timeout", "30"])
+            .config(table(&[]))
+            .unwrap_err();
+        assert!(e.to_string().contains("--max-timeout"), "{e}");
+        assert!(serve(&["--stdio", "--tenants", "t.toml"])
+            .config(table(&[]))
+            .is_err());
+    }
+
+    /// The row of `docs/mcp.md`'s reference table whose first column names `var`, as its
+    /// columns.
+    fn docs_row(var: &str) -> Option<Vec<String>> {
+        let doc = include_str!("../../../docs/mcp.md");
+        let section = &doc[doc.find("## Environment variables and flags")?..];
+        section
+            .lines()
+            .filter(|l| l.starts_with('|'))
+            .map(|l| {
+                l.split('|')
+                    .map(|c| c.trim().to_string())
+                    .collect::<Vec<_>>()
+            })
+            .find(|cols| cols.len() > 4 && cols[1].contains(&format!("`{var}`")))
+    }
+
+    /// Every flag backed by a variable: the variable is declared in config::vars, and its
+    /// docs row names the flag and clap's default.
+    #[test]
+    fn the_docs_table_matches_the_flags() {
+        use clap::CommandFactory;
+        fn walk(cmd: &clap::Command, problems: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let (Some(var), Some(long)) = (arg.get_env(), arg.get_long()) else {
+                    continue;
+                };
+                let var = var.to_string_lossy();
+                if !vars::ALL.iter().any(|v| v.name == var) {
+                    problems.push(format!("{var} (--{long}) is not declared in config::vars"));
+                }
+                let Some(row) = docs_row(&var) else {
+                    problems.push(format!("{var} has no row in docs/mcp.md"));
+                    continue;
+                };
+                if !row[2].contains(&format!("`--{long}`")) {
+                    problems.push(format!("the docs row of {var} does not name --{long}"));
+                }
+                for d in arg.get_default_values() {
+                    let d = d.to_string_lossy();
+                    if !row[3].contains(&format!("`{d}`")) {
+                        problems.push(format!(
+                            "the docs row of {var} does not give the default `{d}`"
+                        ));
+                    }
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, problems);
+            }
+        }
+        let mut problems = Vec::new();
+        walk(&Cli::command(), &mut problems);
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
 }

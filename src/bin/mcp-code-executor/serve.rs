@@ -1,14 +1,22 @@
 //! `serve`: the MCP server on stdio or HTTP, after the isolation self-test, with the
 //! configured environment and a warm pool; stops cleanly on SIGINT/SIGTERM.
+//!
+//! The configuration is resolved once ([`ServeCmd::config_from_process`]); from then on only
+//! the typed [`ServeConfig`] is read. This file wires the pieces together: the backend (from
+//! [`crate::backend`], the one file that names it), one executor per tenant in the
+//! application core, and the transports.
+
+use std::sync::Arc;
 
 use mcp_code_executor::app;
 use mcp_code_executor::backend::image;
 use mcp_code_executor::backend::Backend;
-use mcp_code_executor::config;
-use mcp_code_executor::job::Limits;
+use mcp_code_executor::config::ServeConfig;
+use mcp_code_executor::env::manager::{EnvManager, InstallCaps};
+use mcp_code_executor::env::state::{self, EnvState, Environments};
 use mcp_code_executor::mcp;
 use mcp_code_executor::ops::doctor;
-use mcp_code_executor::storage::{self, CodeStorage};
+use mcp_code_executor::storage::CodeStorage;
 use mcp_code_executor::tenancy::{self, token::Authenticator, Tenant};
 
 use crate::args::ServeCmd;
@@ -17,29 +25,9 @@ use crate::args::ServeCmd;
 /// then cancel runs, wait for their containers to be removed, and exit 0.
 pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
     use anyhow::Context as _;
-    let limits = Limits {
-        timeout: cmd.timeout,
-        memory_bytes: cmd.memory,
-        cpus: cmd.cpus,
-        ..Limits::default()
-    };
-    config::validate_limits(&limits)?;
-    anyhow::ensure!(
-        cmd.max_timeout >= cmd.timeout,
-        "--max-timeout ({:?}) is below --timeout ({:?})",
-        cmd.max_timeout,
-        cmd.timeout
-    );
-    let dir = cmd
-        .code_storage_dir
-        .clone()
-        .unwrap_or_else(storage::default_dir);
-    let tenants = match &cmd.tenants {
+    let cfg = cmd.config_from_process()?;
+    let tenants = match &cfg.tenants_file {
         Some(path) => {
-            anyhow::ensure!(
-                !cmd.stdio,
-                "--tenants is for the HTTP transports; over stdio the server has one client and no tokens"
-            );
             let t = tenancy::load(path)?;
             eprintln!(
                 "mcp-code-executor: {} tenants from {} ({}); every MCP request needs a bearer token",
@@ -51,22 +39,25 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let code_root = CodeStorage::open(&dir)?;
+    let dir = &cfg.code_storage_dir;
+    let code_root = CodeStorage::open(dir)?;
     eprintln!(
         "mcp-code-executor: code storage {}{}",
         code_root.dir().display(),
         if tenants.is_some() { "/<tenant>" } else { "" }
     );
 
-    let sandbox = crate::backend::connect_with_pool(
-        &cmd.sandbox,
-        cmd.pool_size,
-        limits.clone(),
-        tenants.is_some(),
-    )
-    .await
-    .map_err(anyhow::Error::msg)?;
-    let report = doctor::diagnose(&sandbox).await;
+    let sandbox = Arc::new(
+        crate::backend::connect_with_pool(
+            &cmd.sandbox,
+            cfg.backend.pool_size,
+            cfg.limits.clone(),
+            tenants.is_some(),
+        )
+        .await
+        .map_err(anyhow::Error::msg)?,
+    );
+    let report = doctor::diagnose(&*sandbox).await;
     if report.ok() {
         eprintln!(
             "mcp-code-executor: isolation self-test passed ({} checks)",
@@ -74,7 +65,7 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         );
     } else {
         eprint!("{}", report.table());
-        if cmd.allow_unsafe {
+        if cfg.allow_unsafe {
             eprintln!("WARNING: the isolation self-test FAILED and --allow-unsafe was given.");
             eprintln!("WARNING: untrusted code may reach the host or the network. Do not expose this server.");
         } else {
@@ -86,50 +77,44 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         }
     }
     let settings = app::Settings {
-        limits,
-        max_timeout: cmd.max_timeout,
-        image: cmd
-            .sandbox
+        limits: cfg.limits.clone(),
+        max_timeout: cfg.max_timeout,
+        image: cfg
+            .backend
             .image
             .clone()
             .unwrap_or_else(image::default_image),
         python: app::settings::defaults::IMAGE_PYTHON.into(),
-        requested_env_type: cmd.env_type.clone(),
-        tenant: cmd.tenant.clone(),
+        requested_env_type: cfg.env.env_type.clone(),
+        tenant: cfg.tenant.clone(),
         sessions: app::SessionOptions {
-            idle: cmd.session_idle,
-            max_lifetime: cmd.session_max_lifetime,
-            max_sessions: cmd.max_sessions,
-            shared_workspace: cmd.shared_workspace,
-            workspace_root: cmd.workspace_dir.clone().unwrap_or_else(|| {
-                cmd.data_dir
-                    .clone()
-                    .unwrap_or_else(|| config::data_dir(|k| std::env::var(k).ok()))
-                    .join("workspaces")
-            }),
+            idle: cfg.sessions.idle,
+            max_lifetime: cfg.sessions.max_lifetime,
+            max_sessions: cfg.sessions.max_sessions,
+            shared_workspace: cfg.shared_workspace,
+            workspace_root: cfg.workspace_dir.clone(),
         },
         quota: app::Quota::default(),
     };
-    let sandbox = std::sync::Arc::new(sandbox);
     sandbox.sweep_periodically(std::time::Duration::from_secs(600));
     // One executor per tenant: its own code storage, workspaces, sessions and environment;
     // run slots and metrics shared, slots handed out fairly between tenants.
     let mut service = app::Service::new(
         sandbox.clone(),
         app::Capacity {
-            max_concurrent: cmd.max_concurrent,
-            max_queue: cmd.max_queue,
+            max_concurrent: cfg.max_concurrent,
+            max_queue: cfg.max_queue,
         },
     );
     let local = [Tenant {
-        id: cmd.tenant.clone(),
+        id: cfg.tenant.clone(),
         token_sha256: [0; 32],
         limits: tenancy::TenantLimits::local(),
     }];
     for tenant in tenants.as_deref().unwrap_or(&local) {
         let storage = match tenants {
             Some(_) => CodeStorage::open(dir.join(&tenant.id))?,
-            None => CodeStorage::open(&dir)?,
+            None => CodeStorage::open(dir)?,
         };
         let restrict = tenants.as_ref().map(|_| {
             tenant
@@ -139,13 +124,11 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
                 .map(|p| p.canonicalize().unwrap_or_else(|_| p.clone()))
                 .collect()
         });
-        let mut environments = environments(&cmd, &*sandbox, &tenant.id, restrict).await?;
+        let mut environments = environments(&cfg, &*sandbox, &tenant.id, restrict).await?;
         // Installer containers stay within the tenant's own limits.
         environments
             .state
-            .cap_installs(mcp_code_executor::env::manager::InstallCaps::of_tenant(
-                &tenant.limits,
-            ));
+            .cap_installs(install_caps(&tenant.limits));
         // The shared pool of a single-tenant server is made with its environment; tenants'
         // pools are made at their first run.
         sandbox
@@ -154,10 +137,10 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         service.add_tenant(app::TenantParts {
             settings: settings.for_tenant(tenant),
             storage: Some(storage),
-            environments: Some(std::sync::Arc::new(environments)),
+            environments: Some(Arc::new(environments)),
         });
     }
-    let service = std::sync::Arc::new(service);
+    let service = Arc::new(service);
     let shutdown = service.shutdown_token();
     tokio::spawn({
         let shutdown = shutdown.clone();
@@ -167,27 +150,23 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
             shutdown.cancel();
         }
     });
-    let served = if cmd.stdio {
+    let served = if cfg.stdio {
         let executor = mcp::CodeExecutor::connect(&service.tenants()[0]);
         mcp::serve_stdio(executor, shutdown.clone()).await
     } else {
-        let listener = tokio::net::TcpListener::bind((cmd.host.as_str(), cmd.port))
+        let http = &cfg.http;
+        let listener = tokio::net::TcpListener::bind((http.host.as_str(), http.port))
             .await
-            .with_context(|| format!("cannot listen on {}:{}", cmd.host, cmd.port))?;
+            .with_context(|| format!("cannot listen on {}:{}", http.host, http.port))?;
         let addr = listener.local_addr()?;
-        let allowed = if cmd.allowed_hosts.iter().any(|h| h.trim() == "*") {
-            Vec::new()
-        } else {
-            cmd.allowed_hosts.clone()
-        };
         let opts = mcp::transports::http::HttpOptions {
-            allowed_hosts: allowed,
-            allowed_origins: cmd.allowed_origins.clone(),
-            metrics: cmd.metrics,
+            allowed_hosts: http.allowed_hosts.clone(),
+            allowed_origins: http.allowed_origins.clone(),
+            metrics: http.metrics,
             ..Default::default()
         };
         eprintln!("mcp-code-executor: serving Streamable HTTP at http://{addr}/mcp and legacy SSE at http://{addr}/sse; health at /healthz and /readyz{}",
-            if cmd.metrics { ", metrics at /metrics" } else { "" });
+            if http.metrics { ", metrics at /metrics" } else { "" });
         if tenants.is_none() && !addr.ip().is_loopback() {
             eprintln!(
                 "WARNING: listening on {addr}, beyond loopback, with ONE local tenant and NO authentication: \
@@ -208,27 +187,14 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
 /// default), validated in a sandbox. `restrict`: the roots it may configure environments
 /// under (multi-tenant servers).
 async fn environments(
-    cmd: &ServeCmd,
+    cfg: &ServeConfig,
     sandbox: &dyn Backend,
     tenant: &str,
     restrict: Option<Vec<std::path::PathBuf>>,
-) -> anyhow::Result<mcp_code_executor::env::state::Environments> {
-    use mcp_code_executor::env::manager::EnvManager;
-    use mcp_code_executor::env::state::{self, EnvState, Environments};
-    let get = |k: &str| std::env::var(k).ok();
-    let data_dir = cmd
-        .data_dir
-        .clone()
-        .unwrap_or_else(|| config::data_dir(get));
-    let ca = cmd.ca_bundle.clone().or_else(|| config::ca_bundle(get));
-    let request = state::request_from_vars(|k| {
-        if k == state::vars::ENV_TYPE {
-            cmd.env_type.clone()
-        } else {
-            get(k)
-        }
-    })?;
-    let manager = EnvManager::new(data_dir, ca);
+) -> anyhow::Result<Environments> {
+    let request = state::request_from(&cfg.env)?;
+    let manager =
+        EnvManager::new(cfg.data_dir.clone(), cfg.ca_bundle.clone()).with_pip_index(&cfg.pip_index);
     let mut state = EnvState::init(sandbox, &manager, tenant, request)
         .await
         .map_err(|e| anyhow::anyhow!("the configured Python environment cannot be used: {e}"))?;
@@ -243,6 +209,16 @@ async fn environments(
         report.python_version
     );
     Ok(Environments { manager, state })
+}
+
+/// The caps of a tenant of the tenants file on its installer containers: its `max_cpus`,
+/// `max_memory`, `max_timeout`.
+fn install_caps(l: &tenancy::TenantLimits) -> InstallCaps {
+    InstallCaps {
+        cpus: l.max_cpus,
+        memory_bytes: l.max_memory,
+        timeout: l.max_timeout,
+    }
 }
 
 /// SIGINT or SIGTERM.

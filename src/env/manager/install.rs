@@ -37,8 +37,6 @@ use crate::job::{InputFile, JobSpec, Limits, Mount, Outcome, RunEnv, RunEvent};
 /// The sandbox image is Debian bookworm: glibc 2.36, so wheels tagged up to
 /// manylinux_2_36 run in it.
 const IMAGE_GLIBC_MINOR: u32 = 36;
-/// The index variables of the server's own environment that the fetch phase passes on.
-pub const INDEX_VARS: [&str; 2] = ["PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL"];
 
 impl EnvManager {
     /// Install `req.specs` into `req.env` in two phases (see the module doc): wheels
@@ -289,15 +287,6 @@ pub struct InstallCaps {
 }
 
 impl InstallCaps {
-    /// The caps of a tenant of the tenants file: its `max_cpus`, `max_memory`, `max_timeout`.
-    pub fn of_tenant(l: &crate::tenancy::TenantLimits) -> Self {
-        InstallCaps {
-            cpus: l.max_cpus,
-            memory_bytes: l.max_memory,
-            timeout: l.max_timeout,
-        }
-    }
-
     /// `limits`, lowered to the caps where they are lower.
     pub fn apply(&self, mut limits: Limits) -> Limits {
         if let Some(c) = self.cpus {

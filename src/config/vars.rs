@@ -1,0 +1,214 @@
+//! Every environment variable the program reads, declared once, with what it means.
+//!
+//! The model is uv's `EnvVars`: one documented constant per variable, named as the variable
+//! itself, so `grep MCP_EXECUTOR_TIMEOUT` finds its declaration, its flag and its docs row.
+//! [`ALL`] lists them for tests: each must have a row in the reference table of
+//! `docs/mcp.md` ("Environment variables and flags"), and only `config`, the binary's
+//! `args.rs` and `main.rs` may read the process environment (see the tests of
+//! [`crate::config`]).
+//!
+//! Most have a flag of the same meaning (clap reads the variable behind the flag; the flag
+//! wins); `.env` in the working directory fills in what is unset (`serve` only). Some are
+//! read by a library on our behalf (`DOCKER_HOST` by the Docker client, `RUST_LOG` by the
+//! log filter); they are declared here too, so that the table is the whole truth.
+
+/// One environment variable: its name and its documentation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Var {
+    pub name: &'static str,
+    /// The doc comment of its constant (several lines, each with the leading space
+    /// rustdoc keeps).
+    pub doc: &'static str,
+}
+
+impl Var {
+    /// The first line of its documentation.
+    pub fn summary(&self) -> &'static str {
+        self.doc.trim().lines().next().unwrap_or("").trim()
+    }
+}
+
+/// Declares each variable as a `pub const NAME: &str = "NAME"` carrying its doc comment,
+/// and [`ALL`], the table of them.
+macro_rules! env_vars {
+    ($( $(#[doc = $doc:literal])+ $name:ident; )+) => {
+        $(
+            $(#[doc = $doc])+
+            pub const $name: &str = stringify!($name);
+        )+
+        /// Every variable above, in declaration order.
+        pub const ALL: &[Var] = &[
+            $( Var { name: $name, doc: concat!($($doc, "\n"),+) }, )+
+        ];
+    };
+}
+
+env_vars! {
+    // ---- limits of a run (`run` and `serve`) ----
+    /// Default wall-clock limit of a run, in seconds (`--timeout`, default 30).
+    MCP_EXECUTOR_TIMEOUT;
+    /// Memory limit of a run, swap included: `512m`, `1g` or bytes (`--memory`, default 512m).
+    MCP_EXECUTOR_MEMORY;
+    /// CPU quota of a run, in cores (`--cpus`, default 1).
+    MCP_EXECUTOR_CPUS;
+    /// Processes and threads of a run (`run --pids`, default 128).
+    MCP_EXECUTOR_PIDS;
+    /// Bytes kept of stdout and of stderr each (`run --output-limit`, default 1m).
+    MCP_EXECUTOR_OUTPUT_LIMIT;
+    /// Size of the `/workspace` tmpfs of a run (`run --workspace-size`, default 64m).
+    MCP_EXECUTOR_WORKSPACE_SIZE;
+
+    // ---- the sandbox backend ----
+    /// The sandbox image (`--image`; default: the tag that matches this binary).
+    MCP_EXECUTOR_IMAGE;
+    /// OCI runtime of sandboxes (`--runtime`; Docker's default, `runc`, when unset).
+    MCP_EXECUTOR_RUNTIME;
+    /// The Docker daemon (`unix://…`, `tcp://…`); read by the Docker client itself; the
+    /// local socket when unset.
+    DOCKER_HOST;
+    /// Sandboxes `serve` keeps started and waiting for a run (`--pool-size`, default 2; 0:
+    /// no warm pool).
+    MCP_EXECUTOR_POOL_SIZE;
+
+    // ---- where things live ----
+    /// Where managed environments, workspaces and (by default) stored code live
+    /// (`--data-dir`).
+    MCP_EXECUTOR_DATA_DIR;
+    /// Base of the default data directory when `MCP_EXECUTOR_DATA_DIR` is unset
+    /// (`$XDG_DATA_HOME/mcp-code-executor`).
+    XDG_DATA_HOME;
+    /// The user's home: the default data directory's last resort
+    /// (`~/.local/share/mcp-code-executor`); conda environments named by `CONDA_ENV_NAME`
+    /// are looked for under it, and an environment may not be it.
+    HOME;
+    /// Where stored code lives (`--code-storage-dir`; default `code/` under the data
+    /// directory). The name of the tool this server replaces.
+    CODE_STORAGE_DIR;
+    /// Where the workspaces live (`--workspace-dir`; default `workspaces/` under the data
+    /// directory).
+    MCP_EXECUTOR_WORKSPACE_DIR;
+    /// `1`/`true`: one workspace per tenant, shared by its MCP sessions and kept
+    /// (`--shared-workspace`; default: one per MCP session, deleted when it ends).
+    MCP_EXECUTOR_SHARED_WORKSPACE;
+
+    // ---- the HTTP server ----
+    /// HTTP port (`--port`, default 4000; 0 picks a free one).
+    PORT;
+    /// Address the HTTP server binds to (`--host`, default 127.0.0.1).
+    MCP_EXECUTOR_HOST;
+    /// Comma-separated `Host` header values the HTTP transports accept, a guard against DNS
+    /// rebinding (`--allowed-hosts`; `*`: any).
+    MCP_EXECUTOR_ALLOWED_HOSTS;
+    /// Comma-separated browser `Origin` values accepted besides loopback pages and the
+    /// allowed hosts (`--allowed-origins`; `*`: any).
+    MCP_EXECUTOR_ALLOWED_ORIGINS;
+    /// `0`/`false`: no `/metrics` route (`--metrics`, default true).
+    MCP_EXECUTOR_METRICS;
+
+    // ---- admission and tenants ----
+    /// Highest timeout a call may ask for, in seconds (`--max-timeout`, default 300).
+    MCP_EXECUTOR_MAX_TIMEOUT;
+    /// Run slots over all tenants; further calls wait (`--max-concurrent`, default 4).
+    MCP_EXECUTOR_MAX_CONCURRENT;
+    /// Calls of one tenant that may wait for a run slot; past it calls are refused
+    /// (`--max-queue`, default 256).
+    MCP_EXECUTOR_MAX_QUEUE;
+    /// The tenants file (TOML): tokens and limits per tenant (`--tenants`; unset: one local
+    /// tenant, no authentication).
+    MCP_EXECUTOR_TENANTS;
+    /// Without a tenants file, the tenant id: the label on this server's containers
+    /// (`--tenant`, default `local`).
+    MCP_EXECUTOR_TENANT;
+
+    // ---- execute_python sessions ----
+    /// Seconds without a call after which a session is removed (`--session-idle`, default
+    /// 600).
+    MCP_EXECUTOR_SESSION_IDLE;
+    /// Seconds after which a session is removed however busy (`--session-max-lifetime`,
+    /// default 3600).
+    MCP_EXECUTOR_SESSION_MAX_LIFETIME;
+    /// Sessions alive at once, per tenant (`--max-sessions`, default 16).
+    MCP_EXECUTOR_MAX_SESSIONS;
+
+    // ---- the Python environment (names of the tools this server replaces) ----
+    /// `conda`, `venv` or `venv-uv` (`--env-type`); unset: the managed default environment.
+    ENV_TYPE;
+    /// The conda environment (name or prefix) when `ENV_TYPE=conda`; alone, it means conda.
+    CONDA_ENV_NAME;
+    /// The venv when `ENV_TYPE=venv`.
+    VENV_PATH;
+    /// The uv venv when `ENV_TYPE=venv-uv`.
+    UV_VENV_PATH;
+    /// The `conda` program that lists environments by name (conda's shell hook sets it);
+    /// else `conda` is looked for on `PATH`.
+    CONDA_EXE;
+    /// Searched for `conda` when `CONDA_EXE` is unset.
+    PATH;
+
+    // ---- installs ----
+    /// CA bundle (PEM) the fetch phase of installs trusts (`--ca-bundle`; default the
+    /// host's system bundle when present).
+    MCP_EXECUTOR_CA_BUNDLE;
+    /// Package index the fetch phase of installs uses (default PyPI).
+    PIP_INDEX_URL;
+    /// Extra package indexes the fetch phase of installs uses.
+    PIP_EXTRA_INDEX_URL;
+
+    // ---- the host ----
+    /// Where `image build --offline` bootstraps the base image's root filesystem (the
+    /// standard library's temporary directory; `/tmp` when unset).
+    TMPDIR;
+
+    // ---- logs ----
+    /// Log filter (`tracing` syntax, default `mcp_code_executor=warn`); logs go to stderr.
+    RUST_LOG;
+}
+
+/// Variables that `docker-compose.yml` reads and the server does not: documented in the
+/// same table, and never a typo.
+pub const COMPOSE_ONLY: &[&str] = &[
+    "MCP_EXECUTOR_SERVER_IMAGE",
+    "MCP_EXECUTOR_PORT",
+    "MCP_EXECUTOR_TENANTS_FILE",
+];
+
+/// The `MCP_EXECUTOR_*` names among `names` that nothing reads: most likely typos
+/// (`MCP_EXECUTOR_MEMROY`), which would otherwise be ignored without a word.
+pub fn unknown<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    names
+        .into_iter()
+        .filter(|n| n.starts_with("MCP_EXECUTOR_"))
+        .filter(|n| !ALL.iter().any(|v| v.name == *n) && !COMPOSE_ONLY.contains(n))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_is_declared_once_with_a_doc() {
+        for (i, v) in ALL.iter().enumerate() {
+            assert!(!v.summary().is_empty(), "{} has no documentation", v.name);
+            assert!(
+                !ALL[..i].iter().any(|w| w.name == v.name),
+                "{} is declared twice",
+                v.name
+            );
+            assert!(!COMPOSE_ONLY.contains(&v.name), "{}", v.name);
+        }
+        assert_eq!(MCP_EXECUTOR_TIMEOUT, "MCP_EXECUTOR_TIMEOUT");
+        assert!(ALL.iter().any(|v| v.name == "PIP_INDEX_URL"));
+    }
+
+    #[test]
+    fn typos_are_found() {
+        let set = [
+            "MCP_EXECUTOR_MEMROY",
+            "MCP_EXECUTOR_MEMORY",
+            "MCP_EXECUTOR_PORT",
+            "HOME",
+        ];
+        assert_eq!(unknown(set), ["MCP_EXECUTOR_MEMROY"]);
+    }
+}
