@@ -20,8 +20,29 @@ use super::BackendError;
 
 /// The Dockerfile of the default sandbox.
 pub const DOCKERFILE: &str = include_str!("../../images/sandbox/Dockerfile");
-/// The runner, PID 1 of every sandbox.
-pub const RUNNER: &str = include_str!("../../images/sandbox/runner.py");
+/// `(path, contents)` of a file under `images/sandbox/`.
+macro_rules! runner_file {
+    ($path:literal) => {
+        ($path, include_str!(concat!("../../images/sandbox/", $path)))
+    };
+}
+/// The runner, PID 1 of every sandbox: its launcher and the modules of its package, as
+/// (path in the build context under `images/sandbox/`, contents).
+pub const RUNNER_FILES: &[(&str, &str)] = &[
+    runner_file!("runner.py"),
+    runner_file!("mcp_runner/__init__.py"),
+    runner_file!("mcp_runner/cgroup.py"),
+    runner_file!("mcp_runner/child.py"),
+    runner_file!("mcp_runner/figures.py"),
+    runner_file!("mcp_runner/frames.py"),
+    runner_file!("mcp_runner/job.py"),
+    runner_file!("mcp_runner/limits.py"),
+    runner_file!("mcp_runner/main.py"),
+    runner_file!("mcp_runner/run.py"),
+    runner_file!("mcp_runner/session.py"),
+    runner_file!("mcp_runner/stubs.py"),
+    runner_file!("mcp_runner/workspace.py"),
+];
 /// The matplotlib backend that turns figures into PNG artifacts.
 pub const MPL_BACKEND: &str = include_str!("../../images/sandbox/mcp_backend.py");
 /// Repository of the sandbox image; the tag is a content hash.
@@ -38,8 +59,12 @@ pub fn default_image() -> String {
     let mut h = Sha256::new();
     h.update(DOCKERFILE.as_bytes());
     h.update([0]);
-    h.update(RUNNER.as_bytes());
-    h.update([0]);
+    for (path, text) in RUNNER_FILES {
+        h.update(path.as_bytes());
+        h.update([0]);
+        h.update(text.as_bytes());
+        h.update([0]);
+    }
     h.update(MPL_BACKEND.as_bytes());
     let hex: String = h
         .finalize()
@@ -337,12 +362,11 @@ async fn bootstrap_into(
 
 /// The build context: the embedded files, plus the CA bundle (empty when none).
 fn build_context(ca: &[u8]) -> Vec<u8> {
-    tar_of(&[
-        ("Dockerfile", DOCKERFILE.as_bytes(), 0o644),
-        ("runner.py", RUNNER.as_bytes(), 0o644),
-        ("mcp_backend.py", MPL_BACKEND.as_bytes(), 0o644),
-        ("extra-ca.crt", ca, 0o644),
-    ])
+    let mut files = vec![("Dockerfile", DOCKERFILE.as_bytes(), 0o644)];
+    files.extend(RUNNER_FILES.iter().map(|(p, t)| (*p, t.as_bytes(), 0o644)));
+    files.push(("mcp_backend.py", MPL_BACKEND.as_bytes(), 0o644));
+    files.push(("extra-ca.crt", ca, 0o644));
+    tar_of(&files)
 }
 
 /// An in-memory tar of (name, contents, mode).
@@ -379,9 +403,19 @@ mod tests {
             .unwrap()
             .map(|e| e.unwrap().path().unwrap().display().to_string())
             .collect();
-        assert_eq!(
-            names,
-            ["Dockerfile", "runner.py", "mcp_backend.py", "extra-ca.crt"]
-        );
+        let mut want = vec!["Dockerfile"];
+        want.extend(RUNNER_FILES.iter().map(|(p, _)| *p));
+        want.extend(["mcp_backend.py", "extra-ca.crt"]);
+        assert_eq!(names, want);
+        assert!(names.contains(&"mcp_runner/main.py".to_string()));
+        // Every module of the runner's package is embedded: a new one must be listed.
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/images/sandbox/mcp_runner");
+        for e in std::fs::read_dir(dir).unwrap() {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            if name.ends_with(".py") {
+                let path = format!("mcp_runner/{name}");
+                assert!(names.contains(&path), "{path} is not in RUNNER_FILES");
+            }
+        }
     }
 }

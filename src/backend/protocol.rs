@@ -1,13 +1,15 @@
-//! The wire protocol between the server and `images/sandbox/runner.py`, PID 1 of every
-//! sandbox. Pure code, no I/O: the Docker backend feeds it bytes.
+//! The wire protocol between the server and the runner (`images/sandbox/mcp_runner/`),
+//! PID 1 of every sandbox. Pure code, no I/O: the Docker backend feeds it bytes.
 //!
-//! - stdin: `u32` header length, JSON [`JobHeader`], then `tar_len` bytes of tar.
+//! - stdin: `u32` header length, JSON [`JobHeader`], then `tar_len` bytes of tar. A
+//!   session then sends messages one at a time, each answered by frames ending in `X`:
+//!   a cell ([`encode_cell`]) or files to put into the workspace ([`encode_put_files`]).
 //! - stdout: frames of `kind: u8`, `len: u32` (big-endian), payload; see [`Frame`].
 
 use serde::{Deserialize, Serialize};
 
 use super::archive::{self, ArchiveError};
-use crate::job::JobSpec;
+use crate::job::{InputFile, JobSpec};
 
 /// Where the workspace tmpfs is mounted inside the sandbox.
 pub const WORKDIR: &str = "/workspace";
@@ -63,13 +65,33 @@ pub fn encode_session(job: &JobSpec, python: &str) -> Result<Vec<u8>, ArchiveErr
     encode(job, python, "session")
 }
 
-/// One cell of a session.
+/// One cell of a session: `u32` length, JSON `{"kind": "cell", "code", "output_limit"}`.
 pub fn encode_cell(code: &str, output_limit: u64) -> Vec<u8> {
-    let body = serde_json::to_vec(&serde_json::json!({
+    message(&serde_json::json!({
+        "kind": "cell",
         "code": code,
         "output_limit": output_limit,
     }))
-    .expect("cell serializes");
+}
+
+/// Files to put into a live session's workspace: `u32` length, JSON
+/// `{"kind": "files", "tar_len"}`, then the tar. The runner unpacks it itself, as safely as
+/// a job's archive (a symlink the code left where a file goes is replaced, never
+/// followed), without running anything in the session's interpreter, and answers with a
+/// report: exit code 0, or 1 with the reason on stderr; the session goes on either way.
+pub fn encode_put_files(files: &[InputFile]) -> Result<Vec<u8>, ArchiveError> {
+    let tar = archive::pack(files)?;
+    let mut out = message(&serde_json::json!({
+        "kind": "files",
+        "tar_len": tar.len(),
+    }));
+    out.extend_from_slice(&tar);
+    Ok(out)
+}
+
+/// A session message: `u32` length, JSON.
+fn message(body: &serde_json::Value) -> Vec<u8> {
+    let body = serde_json::to_vec(body).expect("a message serializes");
     let mut out = (body.len() as u32).to_be_bytes().to_vec();
     out.extend_from_slice(&body);
     out
@@ -314,5 +336,67 @@ mod tests {
         let mut bad = job.clone();
         bad.entry = "../x.py".into();
         assert!(encode_job(&bad, "python3").is_err());
+    }
+
+    /// Splits a session message into its JSON and what follows it.
+    fn split_message(bytes: &[u8]) -> (serde_json::Value, &[u8]) {
+        let n = u32::from_be_bytes(bytes[..4].try_into().unwrap()) as usize;
+        (
+            serde_json::from_slice(&bytes[4..4 + n]).unwrap(),
+            &bytes[4 + n..],
+        )
+    }
+
+    #[test]
+    fn a_cell_is_one_message() {
+        let bytes = encode_cell("x = 1", 99);
+        let (msg, rest) = split_message(&bytes);
+        assert_eq!(
+            msg,
+            serde_json::json!({"kind": "cell", "code": "x = 1", "output_limit": 99})
+        );
+        assert!(rest.is_empty());
+    }
+
+    #[test]
+    fn put_files_is_a_message_then_a_tar() {
+        let files = [
+            InputFile {
+                path: "data/a.csv".into(),
+                contents: b"1,2\n".to_vec(),
+            },
+            InputFile {
+                path: "b.txt".into(),
+                contents: vec![],
+            },
+        ];
+        let bytes = encode_put_files(&files).unwrap();
+        let (msg, tar) = split_message(&bytes);
+        assert_eq!(msg["kind"], "files");
+        assert_eq!(msg["tar_len"].as_u64(), Some(tar.len() as u64));
+        let mut ar = tar::Archive::new(tar);
+        let got: Vec<(String, Vec<u8>)> = ar
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let mut e = e.unwrap();
+                assert_eq!(e.header().entry_type(), tar::EntryType::Regular);
+                let mut data = vec![];
+                std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+                (e.path().unwrap().to_string_lossy().into_owned(), data)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("data/a.csv".to_string(), b"1,2\n".to_vec()),
+                ("b.txt".to_string(), vec![]),
+            ]
+        );
+        let escape = [InputFile {
+            path: "../etc/x".into(),
+            contents: vec![],
+        }];
+        assert!(encode_put_files(&escape).is_err());
     }
 }

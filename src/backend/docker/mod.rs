@@ -828,34 +828,46 @@ impl Session for DockerSession {
         if files.is_empty() {
             return Ok(());
         }
-        let o = self.exec(&put_files_code(files), timeout, None).await?;
-        if o.success() {
-            Ok(())
-        } else {
-            Err(BackendError::Runner(format!(
-                "workspace files could not be copied into the session: {}",
-                o.stderr_text()
-            )))
+        if !self.alive {
+            return Err(BackendError::Rejected(
+                "this session has ended; open a new one".into(),
+            ));
+        }
+        // A message of the runner's session protocol: the runner unpacks the files itself,
+        // the interpreter runs nothing and its state is untouched.
+        let msg =
+            protocol::encode_put_files(files).map_err(|e| BackendError::Rejected(e.to_string()))?;
+        let limits = Limits {
+            timeout,
+            ..self.limits.clone()
+        };
+        let outcome = match self.live.execute(&msg, false, &limits, &None).await {
+            Ok(ended) => self.inner.outcome_of(ended, &self.live.guard).await,
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(o) if o.success() => Ok(()),
+            Ok(o) => {
+                // Exit code 1: refused or the workspace is full, and the session goes on.
+                // A timeout, an OOM kill or a vanished runner end it.
+                if o.exit_code != Some(1) || o.timed_out || o.oom_killed {
+                    self.alive = false;
+                }
+                Err(BackendError::Runner(format!(
+                    "workspace files could not be copied into the session: {}",
+                    o.stderr_text().trim_end()
+                )))
+            }
+            Err(e) => {
+                self.alive = false;
+                Err(e)
+            }
         }
     }
 
     fn alive(&self) -> bool {
         self.alive
     }
-}
-
-/// A cell that writes `files` into /workspace without touching the session's variables.
-fn put_files_code(files: &[crate::job::InputFile]) -> String {
-    use base64::Engine as _;
-    let mut items = String::new();
-    for f in files {
-        let name = serde_json::to_string(&f.path).unwrap_or_default();
-        let data = base64::engine::general_purpose::STANDARD.encode(&f.contents);
-        items.push_str(&format!("({name}, '{data}'),"));
-    }
-    format!(
-        "__import__('builtins').exec(\"import base64\\nfor n, d in FILES:\\n    open('/workspace/' + n, 'wb').write(base64.b64decode(d))\", {{'FILES': [{items}]}})"
-    )
 }
 
 /// Sort a bollard error into "the daemon is not there" and "the daemon said no".

@@ -1,0 +1,41 @@
+"""What the kernel says the sandbox used: the container's cgroup (v1 or v2) is the
+whole sandbox, so these figures include everything the code started."""
+
+
+def read_int(path, prefix=None):
+    try:
+        with open(path) as f:
+            for line in f:
+                if prefix is None:
+                    return int(line.strip())
+                if line.startswith(prefix):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def oom_kills():
+    v1 = read_int("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill ")
+    if v1 is not None:
+        return v1
+    return read_int("/sys/fs/cgroup/memory.events", "oom_kill ")
+
+
+def peak_memory():
+    for path in ("/sys/fs/cgroup/memory/memory.max_usage_in_bytes", "/sys/fs/cgroup/memory.peak"):
+        v = read_int(path)
+        if v is not None:
+            return v
+    return None
+
+
+def cpu_ns():
+    """CPU time of the whole sandbox so far, nanoseconds."""
+    v = read_int("/sys/fs/cgroup/cpuacct/cpuacct.usage")
+    if v is None:
+        v = read_int("/sys/fs/cgroup/cpu,cpuacct/cpuacct.usage")
+    if v is None:
+        usec = read_int("/sys/fs/cgroup/cpu.stat", "usage_usec ")
+        v = usec * 1000 if usec is not None else None
+    return v

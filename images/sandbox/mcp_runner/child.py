@@ -1,0 +1,62 @@
+"""The user's interpreter: a child process started before the job arrives, with a stub
+(see `stubs`) that waits on fd 3 for what to run. Its stdout, stderr and (in a session)
+status line come back through pipes only the runner reads."""
+
+import os
+import signal
+
+from mcp_runner.stubs import STUB
+
+
+class Child:
+    """The user's interpreter, started and waiting for the file to run.
+
+    fds in the child: 0 /dev/null, 1 and 2 pipes to `out_r` / `err_r`, 3 the read end of
+    `go_w` (the file to run, or a session's cells), 4 the write end of `st_r` (a session's
+    status lines); nothing else stays open."""
+
+    def __init__(self, python, workdir, stub=None):
+        self.python = python
+        go_r, self.go_w = os.pipe()
+        self.out_r, out_w = os.pipe()
+        self.err_r, err_w = os.pipe()
+        self.st_r, st_w = os.pipe()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                os.dup2(devnull, 0)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                if go_r != 3:
+                    os.dup2(go_r, 3)
+                os.set_inheritable(3, True)  # dup2 onto itself keeps close-on-exec
+                os.dup2(st_w, 4)
+                os.closerange(5, 1 << 16)
+                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.chdir(workdir)
+                os.execv(python, [python, "-u", "-c", stub or STUB])
+            except BaseException as e:
+                os.write(2, ("could not start %s: %s\n" % (python, e)).encode())
+            os._exit(127)
+        for fd in (go_r, out_w, err_w, st_w, devnull):
+            os.close(fd)
+
+    def go(self, entry):
+        """Run `entry` (a one-shot run): the stub reads it up to EOF."""
+        os.write(self.go_w, entry.encode())
+        os.close(self.go_w)
+
+    def discard(self):
+        for fd in (self.go_w, self.out_r, self.err_r, self.st_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except OSError:
+            pass

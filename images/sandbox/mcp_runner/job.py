@@ -1,0 +1,35 @@
+"""The job: what the header the server sends first asks for (see `protocol.rs`'s
+`JobHeader`), and what the runner learns while setting it up."""
+
+from mcp_runner import frames
+
+
+class Job:
+    def __init__(self, header, default_python):
+        self.session = header.get("mode") == "session"
+        # Bytes of tar that follow the header.
+        self.tar_len = int(header["tar_len"])
+        # The file to run, relative to workdir (a one-shot run only).
+        self.entry = header.get("entry") if self.session else str(header["entry"])
+        self.workdir = header.get("workdir", "/workspace")
+        self.python = header.get("python", default_python)
+        self.output_limit = int(header.get("output_limit", 1 << 20))
+        self.return_files = bool(header.get("return_files"))
+        # Seconds after which the runner kills the code itself (None: never).
+        self.deadline_s = header.get("deadline_s")
+        # Set once the archive is unpacked: the workspace as the code finds it (None unless
+        # files are returned), and the OOM kills counted before the code started.
+        self.files_before = None
+        self.oom_before = 0
+        # Readable whenever a child exits (SIGCHLD), to wake the select loops.
+        self.wake_r = None
+
+
+def read_job(stdin, default_python):
+    """The header and the archive from stdin, or `F` and exit."""
+    try:
+        job = Job(frames.read_message(stdin), default_python)
+        archive = frames.read_exact(stdin, job.tar_len)
+    except (EOFError, ValueError, KeyError) as e:
+        frames.fail("bad job input: %s" % e)
+    return job, archive

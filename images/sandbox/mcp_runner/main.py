@@ -1,0 +1,95 @@
+"""Start-up: become an unkillable, undumpable PID 1, start the user's interpreter, say
+`R`, then read the job, unpack its files and run it once or serve it as a session."""
+
+import os
+import signal
+import sys
+
+from mcp_runner import cgroup, figures, frames, run, session
+from mcp_runner.child import Child
+from mcp_runner.job import read_job
+from mcp_runner.stubs import REPL_STUB
+from mcp_runner.workspace import Refused, snapshot, unpack
+
+
+def not_dumpable():
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except Exception:
+        pass
+
+
+def wait_for_job(limit):
+    """Block until stdin has data; exit quietly if none comes within `limit` seconds (a
+    pool container whose server is gone)."""
+    if limit is None:
+        return
+    import select
+
+    ready, _, _ = select.select([sys.stdin.buffer.fileno()], [], [], limit)
+    if not ready:
+        os._exit(0)
+
+
+def wake_on_sigchld():
+    """A pipe that becomes readable whenever a child exits, so that the select loops see
+    an exit at once."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    return wake_r
+
+
+def main():
+    not_dumpable()
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # As PID 1 the runner only receives the signals it handles: Python's own SIGINT
+    # handler would let the code interrupt it, so it goes.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    default_python = sys.argv[1] if len(sys.argv) > 1 else "/usr/bin/python3"
+    try:
+        wait_limit = float(os.environ.pop("MCPX_WAIT_LIMIT"))
+    except (KeyError, ValueError):
+        wait_limit = None
+    figures.seed_matplotlib_cache()
+    try:
+        child = Child(default_python, "/workspace")
+    except OSError as e:
+        frames.fail("could not start the interpreter: %s" % e)
+    frames.frame(b"R")
+    wait_for_job(wait_limit)
+    job, archive = read_job(sys.stdin.buffer, default_python)
+
+    try:
+        unpack(archive, job.workdir, [])
+    except Refused as e:
+        frames.fail(str(e))
+    except OSError as e:
+        frames.fail(
+            "could not unpack the job into %s: %s (the workspace size limit?)" % (job.workdir, e)
+        )
+    del archive
+    job.files_before = snapshot(job.workdir) if job.return_files else None
+    job.oom_before = cgroup.oom_kills() or 0
+    job.wake_r = wake_on_sigchld()
+
+    if job.session:
+        child.discard()
+        try:
+            repl = Child(job.python, job.workdir, REPL_STUB)
+        except OSError as e:
+            frames.fail("could not start %s: %s" % (job.python, e))
+        session.serve(repl, job)
+        return
+
+    if job.python != child.python:
+        child.discard()
+        try:
+            child = Child(job.python, job.workdir)
+        except OSError as e:
+            frames.fail("could not start %s: %s" % (job.python, e))
+    run.run(child, job)

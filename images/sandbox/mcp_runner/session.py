@@ -1,0 +1,188 @@
+"""A session: after the job's files, messages arrive on stdin one at a time (`u32 length,
+JSON`), each answered by frames that end with an `X` report, until stdin closes or the
+interpreter dies:
+
+  {"kind": "cell", "code": ..., "output_limit": ...}   (no `kind`: a cell)
+      runs in the session's interpreter (see `stubs.REPL_CODE`): its output, figures and
+      changed files, then a report with exit_code 0, or 1 when the cell raised; `ended`
+      when the interpreter exited, after which no further message is served.
+  {"kind": "files", "tar_len": N} then N bytes of tar
+      unpacked into the workspace by the runner itself, as safely as the job's archive;
+      the interpreter does not run and its state is untouched. Exit code 0, or 1 with the
+      reason on stderr (`E`); the session goes on either way.
+"""
+
+import json
+import os
+import selectors
+import signal
+import struct
+import sys
+
+from mcp_runner import cgroup, figures, frames, limits
+from mcp_runner.workspace import Refused, note_written, send_files, unpack, why
+
+
+def serve(child, job):
+    """Serve messages until stdin closes or the interpreter is gone."""
+    stdin = sys.stdin.buffer
+    sel = selectors.DefaultSelector()
+    sel.register(child.out_r, selectors.EVENT_READ, (b"O", 0))
+    sel.register(child.err_r, selectors.EVENT_READ, (b"E", 1))
+    sel.register(child.st_r, selectors.EVENT_READ, "status")
+    sel.register(job.wake_r, selectors.EVENT_READ, None)
+    while True:
+        try:
+            msg = frames.read_message(stdin)
+            kind = msg.get("kind", "cell")
+            if kind == "files":
+                tar = frames.read_exact(stdin, int(msg["tar_len"]))
+        except (EOFError, ValueError, KeyError, TypeError, AttributeError):
+            child.discard()
+            return
+        if kind == "files":
+            put_files(tar, job)
+        elif kind == "cell":
+            if run_cell(stdin, sel, child, job, msg):
+                return
+        else:
+            child.discard()
+            frames.fail("unknown session message %r" % (kind,))
+
+
+def put_files(tar, job):
+    """Unpack a `files` message into the workspace and report."""
+    written = []
+    error = None
+    try:
+        unpack(tar, job.workdir, written)
+    except Refused as e:
+        error = str(e)
+    except OSError as e:
+        error = why(e, job.workdir)
+    if job.files_before is not None:
+        # The server's files, not the code's: not returned after the next cell.
+        note_written(job.workdir, job.files_before, written)
+    err = b""
+    if error is not None:
+        err = (error + "\n").encode("utf-8", "replace")
+        frames.frame(b"E", err)
+    frames.report(
+        {
+            "exit_code": 0 if error is None else 1,
+            "signal": None,
+            "cpu_ms": None,
+            "peak_memory_bytes": cgroup.peak_memory(),
+            "oom_kills": 0,
+            "stdout_bytes": 0,
+            "stderr_bytes": len(err),
+            "artifacts_dropped": 0,
+            "files_dropped": 0,
+        }
+    )
+
+
+def run_cell(stdin, sel, child, job, cell):
+    """Run one cell and report; True when the interpreter is gone (the session ended)."""
+    limit = int(cell.get("output_limit", job.output_limit))
+    code = cell.get("code", "").encode("utf-8")
+    counts = [0, 0]
+    cpu0, oom0 = cgroup.cpu_ns(), cgroup.oom_kills() or 0
+    msg = struct.pack(">I", len(code)) + code
+    try:
+        while msg:
+            msg = msg[os.write(child.go_w, msg) :]
+    except OSError:
+        pass
+    status, exited = None, None
+    # While the cell runs, stdin is watched too: the server never sends a message before
+    # the last one's report, so stdin only becomes readable when it closes, i.e. when
+    # the server's attach connection went away. Then nobody will ever collect this
+    # cell or stop it: stop everything now.
+    sel.register(stdin.fileno(), selectors.EVENT_READ, "stdin")
+    watching = True
+    while status is None and exited is None:
+        for key, _ in sel.select():
+            if key.data == "stdin":
+                if stdin.peek(1):
+                    # An early message after all: it is read once this cell is done.
+                    sel.unregister(stdin.fileno())
+                    watching = False
+                    continue
+                try:
+                    os.kill(-1, signal.SIGKILL)
+                finally:
+                    os._exit(0)
+            if key.data is None:
+                try:
+                    os.read(job.wake_r, 512)
+                except OSError:
+                    pass
+            elif key.data == "status":
+                line = os.read(child.st_r, 4096)
+                if line:
+                    status = json.loads(line.decode())
+                else:
+                    # The interpreter is gone (OOM killer, os._exit, a crash).
+                    sel.unregister(child.st_r)
+                    try:
+                        exited = os.waitpid(child.pid, 0)[1]
+                    except ChildProcessError:
+                        exited = exited if exited is not None else (9 & 0x7F)
+            else:
+                kind, idx = key.data
+                data = os.read(key.fd, limits.CHUNK)
+                if data:
+                    room = limit - counts[idx]
+                    counts[idx] += len(data)
+                    if room > 0:
+                        frames.frame(kind, data[:room])
+        try:
+            wpid, wstatus = os.waitpid(-1, os.WNOHANG)
+            while wpid:
+                if wpid == child.pid:
+                    exited = wstatus
+                wpid, wstatus = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            pass
+    if watching:
+        sel.unregister(stdin.fileno())
+    # What the cell printed before its status is already in the pipes: take it.
+    for fd, kind, idx in ((child.out_r, b"O", 0), (child.err_r, b"E", 1)):
+        os.set_blocking(fd, False)
+        while True:
+            try:
+                data = os.read(fd, limits.CHUNK)
+            except (BlockingIOError, OSError):
+                break
+            if not data:
+                break
+            room = limit - counts[idx]
+            counts[idx] += len(data)
+            if room > 0:
+                frames.frame(kind, data[:room])
+        os.set_blocking(fd, True)
+    dropped = figures.send_artifacts()
+    files_dropped = 0
+    if job.files_before is not None:
+        job.files_before, files_dropped = send_files(job.workdir, job.files_before)
+    figures.clear()
+    cpu1 = cgroup.cpu_ns()
+    report = {
+        "exit_code": 0 if (status or {}).get("ok") else 1,
+        "signal": None,
+        "cpu_ms": (cpu1 - cpu0) // 1000000 if cpu0 is not None and cpu1 is not None else None,
+        "peak_memory_bytes": cgroup.peak_memory(),
+        "oom_kills": max(0, (cgroup.oom_kills() or 0) - oom0),
+        "stdout_bytes": counts[0],
+        "stderr_bytes": counts[1],
+        "artifacts_dropped": dropped,
+        "files_dropped": files_dropped,
+    }
+    if exited is not None:
+        # The interpreter is gone (exit(), sys.exit(), a crash): so is the session.
+        report["exit_code"] = os.WEXITSTATUS(exited) if os.WIFEXITED(exited) else None
+        report["signal"] = os.WTERMSIG(exited) if os.WIFSIGNALED(exited) else None
+        report["ended"] = True
+    frames.report(report)
+    return exited is not None

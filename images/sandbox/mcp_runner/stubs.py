@@ -1,0 +1,129 @@
+"""The code the user's interpreter runs, passed to it with `-c` (see `child`). It runs in
+that interpreter, not in the runner's: standard library only, Python 3.6+, and nothing
+defined here may stay visible to the user's code (each stub clears `__main__` before the
+user's code runs)."""
+
+FIGURES_CODE = r"""
+def _mcp_figures():
+    # Figures shown with plt.show() are saved by the sandbox backend (mcp_backend.py);
+    # those still open when the code ends are saved by the function returned here
+    # (called before interpreter shutdown: matplotlib's own atexit closes them all).
+    import os, sys
+    sys.path.append('/opt/mcp-code-executor/pylib')
+    os.environ['MPLBACKEND'] = 'module://mcp_backend'
+    def save_open():
+        if 'matplotlib.pyplot' in sys.modules:
+            try:
+                import mcp_backend
+                mcp_backend.save_all()
+            except Exception as e:
+                sys.stderr.write('[figure capture failed: %r]\n' % (e,))
+    return save_open
+"""
+
+# Runs in the child interpreter: wait for the entry file's name on fd 3, then run it in
+# the real `__main__` module, as `python FILE` does (so pickling functions defined there
+# works), with tracebacks that start at the user's file.
+RUN_CODE = r"""
+def _mcp_run(save_open_figures):
+    import os, sys, builtins
+    b = b''
+    while True:
+        c = os.read(3, 65536)
+        if not c:
+            break
+        b += c
+    os.close(3)
+    if not b:
+        os._exit(0)
+    path = os.path.abspath(b.decode())
+    sys.argv = [path]
+    sys.path[0] = os.path.dirname(path)
+    with open(path, 'rb') as f:
+        code = compile(f.read(), path, 'exec', dont_inherit=True)
+    loader = sys.modules['_frozen_importlib_external'].SourceFileLoader('__main__', path)
+    g = sys.modules['__main__'].__dict__
+    g.clear()
+    g.update(__name__='__main__', __doc__=None, __package__=None, __spec__=None,
+             __loader__=loader, __file__=path, __cached__=None, __builtins__=builtins)
+    try:
+        exec(code, g)
+    except SystemExit:
+        save_open_figures()
+        raise
+    except BaseException as e:
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != path:
+            tb = tb.tb_next
+        if tb is not None:
+            e.__traceback__ = tb
+        sys.excepthook(type(e), e, e.__traceback__)
+        save_open_figures()
+        sys.exit(1)
+    save_open_figures()
+_mcp_run(_mcp_figures())
+"""
+
+# A session's interpreter: cells arrive on fd 3 (u32 length, source), run REPL-style in
+# one persistent `__main__` (the value of a final expression is displayed), and each ends
+# with a status line on fd 4.
+REPL_CODE = r"""
+def _mcp_repl(save_open_figures):
+    import os, sys, ast, builtins, json, linecache, struct
+    g = sys.modules['__main__'].__dict__
+    g.clear()
+    g.update(__name__='__main__', __doc__=None, __package__=None, __spec__=None,
+             __loader__=None, __builtins__=builtins)
+    sys.argv = ['']
+    sys.path[0] = os.getcwd()
+    def read_exact(n):
+        b = b''
+        while len(b) < n:
+            c = os.read(3, n - len(b))
+            if not c:
+                os._exit(0)
+            b += c
+        return b
+    n = 0
+    while True:
+        (size,) = struct.unpack('>I', read_exact(4))
+        src = read_exact(size).decode('utf-8', 'replace')
+        n += 1
+        name = '<cell %d>' % n
+        linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+        ok = True
+        try:
+            tree = ast.parse(src, name, 'exec')
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(tree.body.pop().value)
+            exec(compile(tree, name, 'exec'), g)
+            if last is not None:
+                sys.displayhook(eval(compile(last, name, 'eval'), g))
+        except SystemExit:
+            save_open_figures()
+            raise
+        except BaseException as e:
+            ok = False
+            tb = e.__traceback__
+            while tb is not None and not tb.tb_frame.f_code.co_filename.startswith('<cell'):
+                tb = tb.tb_next
+            e.__traceback__ = tb
+            if sys.excepthook is sys.__excepthook__:
+                import traceback  # the Python one reads cell sources from linecache
+                traceback.print_exception(type(e), e, tb)
+            else:
+                sys.excepthook(type(e), e, tb)
+        save_open_figures()
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:
+            pass
+        os.write(4, (json.dumps({'ok': ok}) + '\n').encode())
+_mcp_repl(_mcp_figures())
+"""
+
+# A one-shot run; a session.
+STUB = FIGURES_CODE + RUN_CODE
+REPL_STUB = FIGURES_CODE + REPL_CODE

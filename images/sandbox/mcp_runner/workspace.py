@@ -1,0 +1,183 @@
+"""The workspace: what the server puts there (a tar of regular files, unpacked here) and
+what the code leaves there (new or changed files, returned as `W` frames).
+
+Everything here treats the workspace as hostile: in a session the code has had the run of
+it, so a name may be a symlink, a FIFO or a directory by the time the runner looks.
+Nothing is ever followed through a symlink, no read or write blocks on a FIFO."""
+
+import errno
+import io
+import os
+import shutil
+import stat
+import tarfile
+
+from mcp_runner import frames, limits
+
+
+class Refused(Exception):
+    """An archive entry the runner does not unpack (the message names it)."""
+
+
+def unpack(data, dest, written):
+    """Unpack the tar `data` into `dest`: regular files and directories only, paths
+    inside `dest`, no symlink followed on the way (a symlink or FIFO where a file goes is
+    replaced). Appends the relative path of each file written to `written`. Raises
+    `Refused` for an entry that is not allowed, `OSError` when writing fails (ENOSPC: the
+    workspace is full); the entries before it stay written."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        for member in tar:
+            name = os.path.normpath(member.name)
+            if name.startswith(("/", "..")) or "\0" in name:
+                raise Refused("refused archive entry: %r" % member.name)
+            parts = [p for p in name.split("/") if p not in ("", ".")]
+            if not (member.isdir() or (member.isfile() and parts)):
+                raise Refused(
+                    "refused archive entry that is not a regular file: %r" % member.name
+                )
+            try:
+                if member.isdir():
+                    os.close(_open_dir(dest, parts))
+                    continue
+                dfd = _open_dir(dest, parts[:-1])
+                try:
+                    _write_file(dfd, parts[-1], tar.extractfile(member))
+                finally:
+                    os.close(dfd)
+            except OSError as e:
+                e.entry = name
+                raise
+            written.append("/".join(parts))
+
+
+def why(e, dest):
+    """Words for an `OSError` of `unpack`."""
+    if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        return "could not unpack into %s: %s (the workspace size limit?)" % (dest, e)
+    return "could not write %s into %s: %s" % (getattr(e, "entry", "?"), dest, e)
+
+
+def _open_dir(root, parts):
+    """An fd of the directory `root/parts...`, made where missing; a component that is a
+    symlink or a file fails (ELOOP, ENOTDIR) rather than being followed."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for part in parts:
+        try:
+            try:
+                os.mkdir(part, 0o777, dir_fd=fd)
+            except FileExistsError:
+                pass
+            child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = child
+    return fd
+
+
+_WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
+
+
+def _write_file(dfd, name, src):
+    """Write `src` to `name` in the directory `dfd`, mode 0644. A symlink, FIFO or socket
+    of that name is removed first; a directory of that name fails (EISDIR)."""
+    fd = None
+    for _ in range(3):
+        try:
+            fd = os.open(name, _WRITE, 0o644, dir_fd=dfd)
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENXIO):
+                raise
+            # A symlink (O_NOFOLLOW), or a FIFO or socket nobody reads (O_NONBLOCK).
+            os.unlink(name, dir_fd=dfd)
+            continue
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            break
+        os.close(fd)  # a FIFO somebody reads: not where a file goes either
+        fd = None
+        os.unlink(name, dir_fd=dfd)
+    if fd is None:
+        raise Refused("%r keeps being replaced by something that is not a file" % name)
+    with os.fdopen(fd, "wb") as out:
+        os.set_blocking(fd, True)
+        os.fchmod(fd, 0o644)
+        shutil.copyfileobj(src, out)
+
+
+def open_regular(path):
+    """Open `path` for reading if it is a regular file: never follows a symlink, never
+    blocks on a FIFO the code left there. None otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        os.set_blocking(fd, True)
+    except OSError:
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
+def snapshot(root):
+    """{relative path: (size, mtime_ns)} of the regular files under root (no symlinks)."""
+    seen = {}
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if not os.path.islink(os.path.join(d, x))]
+        for f in files:
+            p = os.path.join(d, f)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                seen[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
+    return seen
+
+
+def note_written(root, before, written):
+    """Record files the server put in (`unpack`) in the snapshot `before`, so that they are
+    not returned as the code's own changes."""
+    for rel in written:
+        try:
+            st = os.lstat(os.path.join(root, rel))
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            before[rel] = (st.st_size, st.st_mtime_ns)
+
+
+def send_files(root, before):
+    """Send the files under root that are new or changed since `before` (frames `W`:
+    u16 path length, path, bytes); return (the new snapshot, how many were dropped)."""
+    now = snapshot(root)
+    sent = total = dropped = 0
+    for rel in sorted(now):
+        if before.get(rel) == now[rel]:
+            continue
+        size = now[rel][0]
+        if (
+            sent >= limits.MAX_FILES
+            or size > limits.MAX_FILE_BYTES
+            or total + size > limits.MAX_FILES_TOTAL
+        ):
+            dropped += 1
+            continue
+        f = open_regular(os.path.join(root, rel))
+        if f is None:
+            continue
+        with f:
+            data = f.read(limits.MAX_FILE_BYTES + 1)
+        if len(data) > limits.MAX_FILE_BYTES:
+            dropped += 1
+            continue
+        raw = rel.encode("utf-8", "surrogateescape")
+        if len(raw) > limits.MAX_FILE_PATH:
+            dropped += 1
+            continue
+        frames.named(b"W", raw, data)
+        sent += 1
+        total += len(data)
+    return now, dropped
