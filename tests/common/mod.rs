@@ -19,7 +19,7 @@ pub async fn sandbox() -> Arc<DockerBackend> {
     });
     // As the product does at start-up: what a dead test process left is removed.
     s.sweep().await.expect("sweep");
-    image::ensure(&image::default_image(), &Default::default(), &mut |l| {
+    mcp_code_executor::backend::docker::image::ensure(&image::default_image(), &Default::default(), &mut |l| {
         eprintln!("[image] {l}")
     })
     .await

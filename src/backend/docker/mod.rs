@@ -28,6 +28,7 @@ use super::{emit, Backend, BackendError, BackendInfo, Events, Session};
 use crate::job::{JobSpec, Limits, Outcome, RunEnv, RunEvent};
 
 mod guard;
+pub mod image;
 mod lifecycle;
 mod live;
 mod pool;

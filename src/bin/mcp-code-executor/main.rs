@@ -8,7 +8,6 @@ mod serve;
 use std::process::ExitCode;
 
 use clap::Parser;
-use mcp_code_executor::backend::image::{self, BuildOptions};
 use mcp_code_executor::backend::Backend;
 use mcp_code_executor::cli::run::{self, RunArgs};
 use mcp_code_executor::config;
@@ -16,6 +15,7 @@ use mcp_code_executor::job::Limits;
 use mcp_code_executor::ops::{bench, doctor};
 
 use args::{Cli, Command, ImageCmd, TenantCmd};
+use backend::image::{self, BuildOptions};
 
 fn main() -> ExitCode {
     use std::io::IsTerminal as _;
