@@ -263,4 +263,3 @@ async fn bootstrap_into(
     }
     Ok(())
 }
-

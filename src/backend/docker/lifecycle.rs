@@ -9,7 +9,8 @@ use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder};
 use futures::StreamExt;
 
-use super::{classify, host_config, DockerBackend, LABEL_MANAGED, LABEL_OWNER};
+use super::spec::{host_config, LABEL_MANAGED, LABEL_OWNER};
+use super::{classify, DockerBackend};
 use crate::backend::BackendError;
 use crate::job::{new_job_id, Limits, RunEnv};
 
