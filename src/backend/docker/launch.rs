@@ -9,7 +9,7 @@ use super::guard::ContainerGuard;
 use super::live::Live;
 use super::{classify, spec, Inner};
 use crate::backend::BackendError;
-use crate::job::{Limits, RunEnv};
+use crate::job::{Limits, RunEnv, Source};
 
 impl Inner {
     /// Create, attach and start a container of the given shape for `tenant`.
@@ -20,7 +20,8 @@ impl Inner {
         tenant: &str,
         id: &str,
     ) -> Result<Live, BackendError> {
-        let body = spec::create_body(&self.config, &self.owner, limits, env, tenant, id);
+        let body = spec::create_body(&self.config, &self.owner, limits, env, tenant, id)?;
+        self.check_volumes(env).await?;
         let name = format!("mcpx-{id}");
         let mut guard = ContainerGuard::new(&self.docker, &name, &self.cleanup);
         let created = self
@@ -64,5 +65,27 @@ impl Inner {
             .await
             .map_err(|e| classify("starting the container", e))?;
         Ok(Live::new(guard, attached.input, attached.output))
+    }
+
+    /// Docker creates a missing named volume, empty, when a container mounts it: an
+    /// environment volume with a typo would give a sandbox without its environment and an
+    /// error about a missing interpreter. Refuse it by name instead.
+    async fn check_volumes(&self, env: &RunEnv) -> Result<(), BackendError> {
+        for s in &env.sources {
+            if let Source::Volume { name, .. } = s {
+                match self.docker.inspect_volume(name).await {
+                    Ok(_) => {}
+                    Err(BollardError::DockerResponseServerError {
+                        status_code: 404, ..
+                    }) => {
+                        return Err(BackendError::Rejected(format!(
+                            "the volume `{name}` does not exist: create it and put the                              environment into it first"
+                        )))
+                    }
+                    Err(e) => return Err(classify("inspecting a volume", e)),
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -56,7 +56,7 @@ impl DockerBackend {
                         &Limits::default(),
                         &RunEnv::default(),
                         inner.config.runtime.clone(),
-                    )),
+                    )?),
                     ..Default::default()
                 };
                 let s = Instant::now();

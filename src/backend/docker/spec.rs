@@ -1,16 +1,20 @@
-//! What a sandbox container is made of: its labels, its command and environment, and the
-//! hardening of its `HostConfig`, all in one place so that one unit test
+//! What a sandbox container is made of: its labels, its command and environment, how the
+//! environment's [`Source`]s are mounted, and the hardening of its `HostConfig`, all in one
+//! place so that one unit test
 //! ([`tests::hardening_is_all_there`]) sees every piece of it, and so that the `docker run`
 //! flags the benchmark compares against are read off the same code. Pure: nothing here
 //! talks to the daemon.
 
 use std::collections::HashMap;
 
-use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
+use bollard::models::{
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType, MountVolumeOptions,
+    ResourcesUlimits,
+};
 
 use super::DockerConfig;
-use crate::backend::protocol;
-use crate::job::{Limits, RunEnv};
+use crate::backend::{protocol, BackendError};
+use crate::job::{Limits, RunEnv, Source};
 
 /// Label on everything this project creates: the sweep and tests find containers by it.
 pub const LABEL_MANAGED: &str = "io.mcp-code-executor.managed";
@@ -49,7 +53,8 @@ pub(super) fn python<'a>(config: &'a DockerConfig, env: &'a RunEnv) -> &'a str {
 }
 
 /// The create body of a sandbox container for `tenant`'s job (or pool slot) `id`: the
-/// runner as its command, stdin open for the job, the sandbox user, and [`host_config`].
+/// runner as its command, stdin open for the job, the sandbox user, and [`host_config`]
+/// (whose refusal of a source it passes on).
 pub(super) fn create_body(
     config: &DockerConfig,
     owner: &str,
@@ -57,8 +62,8 @@ pub(super) fn create_body(
     env: &RunEnv,
     tenant: &str,
     id: &str,
-) -> ContainerCreateBody {
-    ContainerCreateBody {
+) -> Result<ContainerCreateBody, BackendError> {
+    Ok(ContainerCreateBody {
         image: Some(config.image.clone()),
         cmd: Some(
             [RUNNER_CMD, &[python(config, env)]]
@@ -87,15 +92,16 @@ pub(super) fn create_body(
         stdin_once: Some(true),
         tty: Some(false),
         labels: Some(labels(id, tenant, owner)),
-        host_config: Some(host_config(limits, env, config.runtime.clone())),
+        host_config: Some(host_config(limits, env, config.runtime.clone())?),
         ..Default::default()
-    }
+    })
 }
 
 /// The `docker run` flags that give a container the same hardening as [`host_config`] (and
 /// the sandbox user), read off it, for baselines that compare the engine with the CLI.
 pub fn docker_run_flags(limits: &Limits, runtime: Option<&str>) -> Vec<String> {
-    let hc = host_config(limits, &RunEnv::default(), runtime.map(str::to_string));
+    let hc = host_config(limits, &RunEnv::default(), runtime.map(str::to_string))
+        .expect("no sources: nothing to refuse");
     let mut f: Vec<String> = vec!["--user".into(), SANDBOX_USER.into()];
     let mut flag = |name: &str, value: String| {
         f.push(name.to_string());
@@ -150,20 +156,89 @@ pub fn docker_run_flags(limits: &Limits, runtime: Option<&str>) -> Vec<String> {
     f
 }
 
-/// The hardening every sandbox gets. Each line is checked by `doctor` or the tests.
-pub(super) fn host_config(l: &Limits, env: &RunEnv, runtime: Option<String>) -> HostConfig {
+/// How environment sources reach a Docker container: bind mounts (`binds`) for host paths,
+/// volume mounts (`mounts`) for volumes, nothing for what the image holds. A source Docker
+/// cannot provide faithfully is refused before anything is created.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Mounts {
+    pub binds: Vec<String>,
+    pub mounts: Vec<Mount>,
+}
+
+/// Map `sources` to [`Mounts`], or say why one cannot be given.
+pub(super) fn mounts_of(sources: &[Source]) -> Result<Mounts, BackendError> {
+    let mut m = Mounts::default();
+    for s in sources {
+        match s {
+            Source::HostPath { path, writable } => {
+                // The bind syntax is `src:dst:mode`: a relative path would name a volume,
+                // a colon would split the path.
+                let p = path
+                    .to_str()
+                    .filter(|p| path.is_absolute() && !p.contains(':'));
+                let Some(p) = p else {
+                    return Err(BackendError::Rejected(format!(
+                        "the host path `{}` cannot be bind-mounted: it must be absolute,                          UTF-8 and without `:`",
+                        path.display()
+                    )));
+                };
+                m.binds
+                    .push(format!("{p}:{p}:{}", if *writable { "rw" } else { "ro" }));
+            }
+            Source::Volume {
+                name,
+                subpath,
+                target,
+                writable,
+            } => {
+                if let Some(sub) = subpath {
+                    // Volume subpaths came with API 1.45 (Docker 26); older daemons (1.41
+                    // here) ignore the field silently and would mount the whole volume.
+                    return Err(BackendError::Rejected(format!(
+                        "the Docker backend mounts whole volumes only, not `{}` inside                          volume `{name}`: give the environment a volume of its own",
+                        sub.display()
+                    )));
+                }
+                if name.is_empty() || !target.is_absolute() {
+                    return Err(BackendError::Rejected(format!(
+                        "volume `{name}` at `{}`: a volume needs a name and an absolute target",
+                        target.display()
+                    )));
+                }
+                m.mounts.push(Mount {
+                    typ: Some(MountType::VOLUME),
+                    source: Some(name.clone()),
+                    target: Some(target.display().to_string()),
+                    read_only: Some(!writable),
+                    // An empty volume must stay empty: no copy of the image's files at the
+                    // target into it.
+                    volume_options: Some(MountVolumeOptions {
+                        no_copy: Some(true),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                });
+            }
+            // In the image already: its read-only root holds it.
+            Source::Image { .. } => {}
+        }
+    }
+    Ok(m)
+}
+
+/// The hardening every sandbox gets. Each line is checked by `doctor` or the tests. Fails
+/// only when the environment asks for a source Docker cannot provide ([`mounts_of`]).
+pub(super) fn host_config(
+    l: &Limits,
+    env: &RunEnv,
+    runtime: Option<String>,
+) -> Result<HostConfig, BackendError> {
     let tmpfs = |size: u64| format!("rw,nosuid,nodev,noexec,size={size},mode=1777");
-    let binds: Vec<String> = env
-        .mounts
-        .iter()
-        .map(|m| {
-            let p = m.path.display();
-            format!("{p}:{p}:{}", if m.writable { "rw" } else { "ro" })
-        })
-        .collect();
-    HostConfig {
+    let Mounts { binds, mounts } = mounts_of(&env.sources)?;
+    Ok(HostConfig {
         network_mode: Some(if env.network { "bridge" } else { "none" }.to_string()),
         binds: (!binds.is_empty()).then_some(binds),
+        mounts: (!mounts.is_empty()).then_some(mounts),
         readonly_rootfs: Some(true),
         tmpfs: Some(HashMap::from([
             (protocol::WORKDIR.to_string(), tmpfs(l.workspace_bytes)),
@@ -189,7 +264,7 @@ pub(super) fn host_config(l: &Limits, env: &RunEnv, runtime: Option<String>) -> 
         auto_remove: Some(false),
         runtime,
         ..Default::default()
-    }
+    })
 }
 
 #[cfg(test)]
@@ -210,7 +285,7 @@ mod tests {
             tmp_bytes: 3 << 20,
             ..Limits::default()
         };
-        let hc = host_config(&l, &RunEnv::default(), None);
+        let hc = host_config(&l, &RunEnv::default(), None).unwrap();
         assert_eq!(hc.network_mode.as_deref(), Some("none"));
         assert_eq!(hc.readonly_rootfs, Some(true));
         assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
@@ -218,6 +293,7 @@ mod tests {
         assert_eq!(hc.privileged, None);
         assert_eq!(hc.devices, None);
         assert_eq!(hc.binds, None, "no mounts unless the environment asks");
+        assert_eq!(hc.mounts, None, "no volumes either");
         assert_eq!(
             hc.security_opt,
             Some(vec!["no-new-privileges".to_string()]),
@@ -256,22 +332,17 @@ mod tests {
         assert_eq!(SANDBOX_USER, "65534:65534");
         assert_eq!(RunEnv::default().user, None);
 
-        // An installer's environment: network, and its mounts read-only unless writable.
+        // An installer's environment: network, and its host paths bind-mounted read-only
+        // unless writable.
         let env = RunEnv {
             network: true,
-            mounts: vec![
-                crate::job::Mount {
-                    path: "/opt/venv".into(),
-                    writable: false,
-                },
-                crate::job::Mount {
-                    path: "/opt/cache".into(),
-                    writable: true,
-                },
+            sources: vec![
+                Source::host("/opt/venv"),
+                Source::host_writable("/opt/cache"),
             ],
             ..RunEnv::default()
         };
-        let hc = host_config(&l, &env, Some("crun".into()));
+        let hc = host_config(&l, &env, Some("crun".into())).unwrap();
         assert_eq!(hc.network_mode.as_deref(), Some("bridge"));
         assert_eq!(
             hc.binds,
@@ -280,8 +351,85 @@ mod tests {
                 "/opt/cache:/opt/cache:rw".to_string()
             ])
         );
+        assert_eq!(hc.mounts, None);
         assert_eq!(hc.runtime.as_deref(), Some("crun"));
         assert_eq!(hc.readonly_rootfs, Some(true), "installers too");
         assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+
+        // A source Docker cannot provide: no container at all, not one without it.
+        let env = RunEnv {
+            sources: vec![Source::host("relative/venv")],
+            ..RunEnv::default()
+        };
+        assert!(matches!(
+            host_config(&l, &env, None),
+            Err(BackendError::Rejected(_))
+        ));
+    }
+
+    /// Each kind of source, and what Docker makes of it: host paths are binds at the same
+    /// path, volumes are volume mounts (read-only unless writable, never filled from the
+    /// image), the image's own environment is nothing at all; what Docker cannot do
+    /// faithfully is refused with a message naming the source.
+    #[test]
+    fn sources_map_to_binds_volumes_or_nothing() {
+        let volume =
+            |name: &str, subpath: Option<&str>, target: &str, writable: bool| Source::Volume {
+                name: name.into(),
+                subpath: subpath.map(Into::into),
+                target: target.into(),
+                writable,
+            };
+        let m = mounts_of(&[
+            Source::host("/srv/envs/a"),
+            volume("envs", None, "/opt/envs", false),
+            Source::Image {
+                path: "/opt/conda".into(),
+            },
+            Source::host_writable("/srv/installs/1"),
+            volume("cache", None, "/var/cache/pip", true),
+        ])
+        .unwrap();
+        assert_eq!(
+            m.binds,
+            [
+                "/srv/envs/a:/srv/envs/a:ro",
+                "/srv/installs/1:/srv/installs/1:rw"
+            ]
+        );
+        assert_eq!(m.mounts.len(), 2, "the image's own source mounts nothing");
+        let (env, cache) = (&m.mounts[0], &m.mounts[1]);
+        assert_eq!(env.typ, Some(MountType::VOLUME));
+        assert_eq!(env.source.as_deref(), Some("envs"));
+        assert_eq!(env.target.as_deref(), Some("/opt/envs"));
+        assert_eq!(env.read_only, Some(true));
+        assert_eq!(
+            env.volume_options.as_ref().and_then(|o| o.no_copy),
+            Some(true)
+        );
+        assert_eq!(cache.read_only, Some(false));
+        assert_eq!(
+            mounts_of(&[Source::Image {
+                path: "/opt/conda".into()
+            }])
+            .unwrap(),
+            Mounts::default()
+        );
+
+        for (bad, says) in [
+            (Source::host("venv"), "`venv`"),
+            (Source::host("/srv/a:b"), "`/srv/a:b`"),
+            (
+                volume("envs", Some("tenant-a"), "/opt/envs", false),
+                "`tenant-a`",
+            ),
+            (volume("envs", None, "opt/envs", false), "absolute target"),
+            (volume("", None, "/opt/envs", false), "needs a name"),
+        ] {
+            match mounts_of(&[Source::host("/ok"), bad.clone()]) {
+                Err(BackendError::Rejected(m)) => assert!(m.contains(says), "{bad:?}: {m}"),
+                other => panic!("{bad:?} was not refused: {other:?}"),
+            }
+        }
     }
 }
