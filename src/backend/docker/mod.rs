@@ -32,7 +32,7 @@ pub use self::pool::PoolStats;
 use self::session::DockerSession;
 pub use self::spec::{docker_run_flags, LABEL_JOB, LABEL_MANAGED, LABEL_OWNER, LABEL_TENANT};
 use super::protocol;
-use super::{emit, Backend, BackendError, BackendInfo, Events, Session};
+use super::{emit, Backend, BackendError, BackendInfo, Events, LifecycleFigures, Session};
 use crate::job::{JobSpec, Limits, Outcome, RunEnv, RunEvent};
 
 mod guard;
@@ -44,8 +44,6 @@ mod outcome;
 mod pool;
 mod session;
 pub mod spec;
-
-pub use self::lifecycle::LifecycleFigures;
 
 /// The [`LABEL_OWNER`] value of what process `pid` of this host makes
 /// (`host/pid/start-time`); `None` when there is no such process.
@@ -67,7 +65,8 @@ pub struct DockerConfig {
     /// The limits pool containers are made with; jobs with other memory/CPU/pids/tmpfs
     /// limits take the cold path.
     pub pool_limits: Limits,
-    /// The environment pool containers are made with (see [`DockerBackend::reconfigure_pool`]).
+    /// The environment the shared pool's containers are made with at start ([`Backend::prewarm`]
+    /// changes it).
     pub pool_env: RunEnv,
     /// The daemon's address (`unix://…`, `tcp://…`); `None`: `DOCKER_HOST`, else the local
     /// socket.
@@ -198,7 +197,8 @@ impl DockerBackend {
         self.pools.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Pool figures, all pools together; `None` when the pool is off.
+    /// Pool figures, all pools together; `None` when the pool is off. The Docker backend's
+    /// own tests read them; everything else reads [`Backend::stats`].
     pub fn pool_stats(&self) -> Option<PoolStats> {
         if self.inner.config.pool_size == 0 {
             return None;
@@ -209,12 +209,6 @@ impl DockerBackend {
                 .map(|(h, _)| h.pool.stats())
                 .fold(PoolStats::default(), |a, b| a + b),
         )
-    }
-
-    /// Make the shared pool's containers with another environment (a configuration
-    /// change): the waiting containers of the old one are removed, never handed to a run.
-    pub fn reconfigure_pool(&self, limits: Limits, env: RunEnv) {
-        self.replace_pool(SHARED_POOL, limits, env);
     }
 
     /// Start the pool `key` (a tenant, or the shared one) anew with this shape; the old
@@ -402,11 +396,23 @@ impl Backend for DockerBackend {
     }
 
     fn stats(&self) -> crate::backend::BackendStats {
+        let pool = self.pool_stats().unwrap_or_default();
         crate::backend::BackendStats {
             live_containers: self.inner.cleanup.live(),
-            pool_ready: self.pool_stats().map(|p| p.ready).unwrap_or(0),
-            pool_target: self.pool_stats().map(|p| p.target).unwrap_or(0),
+            pool_ready: pool.ready,
+            pool_target: pool.target,
+            pool_hits: pool.hits,
+            pool_misses: pool.misses,
         }
+    }
+
+    /// Bare containers of `/bin/true` with the same hardening: what Docker alone allows.
+    async fn lifecycle_ceiling(
+        &self,
+        total: usize,
+        concurrency: usize,
+    ) -> Option<Result<LifecycleFigures, BackendError>> {
+        Some(lifecycle::ceiling(&self.inner, total, concurrency).await)
     }
 
     /// Remove containers of ours whose owning process on this host is gone (a crash, a
