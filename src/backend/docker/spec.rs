@@ -1,9 +1,8 @@
 //! What a sandbox container is made of: its labels, its command and environment, how the
 //! environment's [`Source`]s are mounted, and the hardening of its `HostConfig`, all in one
-//! place so that one unit test
-//! (`hardening_is_all_there`) sees every piece of it, and so that the `docker run`
-//! flags the benchmark compares against are read off the same code. Pure: nothing here
-//! talks to the daemon.
+//! place so that one unit test (`hardening_is_all_there`) sees every piece of it, and so
+//! that the `docker run` flags the benchmark compares against are read off the same code.
+//! Pure: nothing here talks to the daemon.
 
 use std::collections::HashMap;
 
