@@ -591,9 +591,7 @@ mod tests {
             panic!("doctor ran a job although an earlier check failed")
         }
         async fn info(&self) -> Result<BackendInfo, crate::backend::BackendError> {
-            self.0
-                .clone()
-                .map_err(|detail| crate::backend::BackendError::Runner(detail))
+            self.0.clone().map_err(crate::backend::BackendError::Runner)
         }
         async fn drain(&self) {}
     }
