@@ -3,7 +3,7 @@
 //! backend type leaks through them.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Serialize, Serializer};
@@ -39,22 +39,82 @@ pub struct JobSpec {
     pub keep_warm: bool,
 }
 
-/// A host directory (or file) bind-mounted into the sandbox at the same path: a venv's
-/// `bin/python` and its `home` are absolute paths, so they must stay where they are.
+/// Where a piece of a sandbox's environment (a venv, its base interpreter, an installer's
+/// work directory, a CA bundle) comes from. The `env` module decides *which* environment a
+/// run gets and says so with sources; the backend decides *how* each source reaches the
+/// sandbox, and refuses (with [`BackendError::Rejected`](crate::backend::BackendError)) a
+/// source it cannot provide. Each variant exists because some backend needs it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Mount {
-    pub path: PathBuf,
-    /// Read-only unless an installer needs to write into it.
-    pub writable: bool,
+pub enum Source {
+    /// A directory (or file) of the server's host, seen in the sandbox at the same path: a
+    /// venv's `bin/python` and its `home` are absolute paths, so they must stay where they
+    /// are. Only a backend whose sandboxes run on the server's host can provide it (Docker:
+    /// a bind mount). What the `env` module produces today.
+    HostPath {
+        path: PathBuf,
+        /// Read-only unless an installer needs to write into it.
+        writable: bool,
+    },
+    /// A named volume of the backend (a Docker volume, a Kubernetes PersistentVolumeClaim),
+    /// or `subpath` inside it, at `target` in the sandbox: for sandboxes that do not share
+    /// the server's filesystem (pods on other nodes), environments live on storage both can
+    /// reach. `target` is absolute, and where the environment's interpreter expects it.
+    Volume {
+        name: String,
+        /// A directory inside the volume, relative; `None` is the whole volume.
+        subpath: Option<PathBuf>,
+        target: PathBuf,
+        writable: bool,
+    },
+    /// Already in the sandbox image at `path` (an environment baked in at build time, as a
+    /// cluster without shared storage needs): nothing to mount, and never writable, since
+    /// the image's root is read-only.
+    Image { path: PathBuf },
+}
+
+impl Source {
+    /// The host's `path`, read-only.
+    pub fn host(path: impl Into<PathBuf>) -> Source {
+        Source::HostPath {
+            path: path.into(),
+            writable: false,
+        }
+    }
+
+    /// The host's `path`, writable (installers).
+    pub fn host_writable(path: impl Into<PathBuf>) -> Source {
+        Source::HostPath {
+            path: path.into(),
+            writable: true,
+        }
+    }
+
+    /// Where the source appears inside the sandbox.
+    pub fn target(&self) -> &Path {
+        match self {
+            Source::HostPath { path, .. } | Source::Image { path } => path,
+            Source::Volume { target, .. } => target,
+        }
+    }
+
+    /// Can the sandbox write into it?
+    pub fn writable(&self) -> bool {
+        match self {
+            Source::HostPath { writable, .. } | Source::Volume { writable, .. } => *writable,
+            Source::Image { .. } => false,
+        }
+    }
 }
 
 /// What a sandbox runs with beyond its limits. The default is the image's own Python, no
-/// mounts, no network, uid 65534: what every one-shot run of untrusted code gets.
+/// sources, no network, uid 65534: what every one-shot run of untrusted code gets.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct RunEnv {
     /// The interpreter inside the sandbox; `None` is the image's `/usr/bin/python3`.
     pub python: Option<String>,
-    pub mounts: Vec<Mount>,
+    /// What the sandbox needs beyond the image (the environment, an installer's
+    /// directories), each provided by the backend its own way.
+    pub sources: Vec<Source>,
     /// Extra environment variables (e.g. `SSL_CERT_FILE` for installers).
     pub vars: Vec<(String, String)>,
     /// Network access (installers only): the default bridge instead of `none`.

@@ -16,7 +16,9 @@ use mcp_code_executor::backend::docker::{
 };
 use mcp_code_executor::backend::image;
 use mcp_code_executor::backend::{Backend, BackendError};
-use mcp_code_executor::job::{InputFile, JobSpec, Limits, RunEvent, StreamKind};
+use mcp_code_executor::job::{
+    new_job_id, InputFile, JobSpec, Limits, RunEnv, RunEvent, Source, StreamKind,
+};
 
 #[tokio::test]
 async fn hello_world_with_usage_figures() {
@@ -661,4 +663,75 @@ async fn the_start_up_sweep_removes_only_what_dead_processes_left() {
     assert!(exists(&elsewhere), "another host's container was removed");
     drop(made);
     assert!(!exists(&live) && !exists(&elsewhere));
+}
+
+/// A volume removed when the test ends, whatever happens.
+struct Volume(String);
+
+impl Drop for Volume {
+    fn drop(&mut self) {
+        let _ = Command::new("docker")
+            .args(["volume", "rm", "-f", &self.0])
+            .output();
+    }
+}
+
+/// An environment kept on a named volume (what a sandbox that does not share the server's
+/// filesystem needs) reaches the sandbox at its target, read-only; a volume that does not
+/// exist is refused by name, before any container, and is not created empty.
+#[tokio::test]
+async fn a_volume_source_is_mounted_read_only_and_a_missing_one_is_refused() {
+    let _clean = remove_on_drop("t-volume");
+    let s = sandbox().await;
+    let vol = Volume(format!("mcpx-test-{}", new_job_id()));
+    let ok = |c: &mut Command| c.output().expect("docker CLI").status.success();
+    assert!(ok(Command::new("docker").args(["volume", "create", &vol.0])));
+    // Fill it as root in a throwaway container of the sandbox image (no registry here).
+    assert!(ok(Command::new("docker").args([
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--user",
+        "0",
+        "--label",
+        &format!("{LABEL_MANAGED}=true"),
+        "--label",
+        &format!("{LABEL_OWNER}={}", owner_id()),
+        "-v",
+        &format!("{}:/data", vol.0),
+        &image::default_image(),
+        "/usr/bin/python3",
+        "-c",
+        "open('/data/env.txt', 'w').write('from the volume')",
+    ])));
+
+    let volume = |name: &str| Source::Volume {
+        name: name.to_string(),
+        subpath: None,
+        target: "/opt/env".into(),
+        writable: false,
+    };
+    let code = "import errno\nprint(open('/opt/env/env.txt').read())\ntry:\n    open('/opt/env/x', 'w')\nexcept OSError as e:\n    print(errno.errorcode[e.errno])\n";
+    let mut job = JobSpec::python(code, limits());
+    job.tenant = "t-volume".into();
+    job.env = RunEnv {
+        sources: vec![volume(&vol.0)],
+        ..RunEnv::default()
+    };
+    let o = s.run(job.clone(), None).await.expect("run");
+    assert_eq!(o.stdout_text(), "from the volume\nEROFS\n", "{o:?}");
+
+    let missing = format!("mcpx-test-missing-{}", new_job_id());
+    job.env.sources = vec![volume(&missing)];
+    match s.run(job, None).await {
+        Err(BackendError::Rejected(m)) => assert!(m.contains(&missing), "{m}"),
+        other => panic!("a missing volume was not refused: {other:?}"),
+    }
+    let inspected = Command::new("docker")
+        .args(["volume", "inspect", &missing])
+        .output()
+        .expect("docker CLI");
+    assert!(!inspected.status.success(), "{missing} was created");
+    assert_clean(&s, "t-volume").await;
 }

@@ -1,6 +1,9 @@
 //! The sandbox backend: runs one [`JobSpec`] in a fresh, isolated environment and reports
-//! its [`Outcome`]. The [`Sandbox`] trait is the seam: the Docker backend
-//! ([`docker::DockerBackend`]) is the real one; unit tests above it may use a fake.
+//! its [`Outcome`]. The [`Backend`] trait (with [`Session`]) is the seam: the Docker backend
+//! ([`docker::DockerBackend`]) is the real one; unit tests above it may use a fake. What a
+//! backend must provide is said in neutral words ([`BackendInfo`], [`BackendStats`],
+//! [`LifecycleFigures`], environments as [`Source`](crate::job::Source)s it resolves); the
+//! sandbox image is described in [`image`] and built by the backend.
 
 pub mod archive;
 pub mod docker;
@@ -8,6 +11,8 @@ pub mod docker;
 pub mod fake;
 pub mod image;
 pub mod protocol;
+
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::mpsc::UnboundedSender;
@@ -72,7 +77,7 @@ pub trait Session: Send {
 }
 
 /// Facts about the backend, for `doctor`, `/readyz` and health checks, in words every
-/// backend can use; what only one backend knows travels in `details`.
+/// backend can use; what only one backend knows travels in `details` (Docker: `runtime`).
 #[derive(Debug, Clone)]
 pub struct BackendInfo {
     /// Which backend: `docker`.
@@ -94,6 +99,22 @@ pub struct BackendStats {
     /// Warm sandboxes waiting for a run, and how many the pool aims at (0: no pool).
     pub pool_ready: usize,
     pub pool_target: usize,
+    /// Runs served by a warm sandbox, and runs that found none of their shape, since start.
+    pub pool_hits: u64,
+    pub pool_misses: u64,
+}
+
+/// The backend's own ceiling, for the benchmark's profile: how long each step of a bare
+/// sandbox's life takes (same hardening, no runner, no Python), medians, and sandboxes per
+/// second at the concurrency asked, so the engine's figures can be read against what the
+/// backend alone allows.
+#[derive(Debug, Clone)]
+pub struct LifecycleFigures {
+    pub create: Duration,
+    pub start: Duration,
+    pub wait: Duration,
+    pub remove: Duration,
+    pub per_second: f64,
 }
 
 /// Runs jobs, one fresh sandbox each. Dropping the future of [`Backend::run`] cancels the
@@ -142,5 +163,15 @@ pub trait Backend: Send + Sync {
     /// removals (bounded); what is left goes to the next start-up sweep.
     async fn shutdown(&self) {
         self.drain().await
+    }
+
+    /// Measure [`LifecycleFigures`] over `total` bare sandboxes, `concurrency` at once;
+    /// `None` where the backend has no such measure (the benchmark then skips the profile).
+    async fn lifecycle_ceiling(
+        &self,
+        _total: usize,
+        _concurrency: usize,
+    ) -> Option<Result<LifecycleFigures, BackendError>> {
+        None
     }
 }

@@ -20,7 +20,7 @@ use tokio::sync::{Mutex, OwnedRwLockReadGuard, RwLock};
 use super::spec::{self, SpecError};
 use super::{EnvError, EnvKind, Environment};
 use crate::backend::{Backend, BackendError};
-use crate::job::{InputFile, JobSpec, Limits, Mount, Outcome, RunEnv};
+use crate::job::{InputFile, JobSpec, Limits, Outcome, RunEnv, Source};
 
 /// Uid:gid of sandboxes; the managed environment belongs to it so installers need no root.
 const SANDBOX_UID: u32 = 65534;
@@ -181,10 +181,7 @@ impl EnvManager {
             let mut job = JobSpec::python(code, setup_limits());
             job.tenant = tenant.to_string();
             job.env = RunEnv {
-                mounts: vec![Mount {
-                    path: path.clone(),
-                    writable: true,
-                }],
+                sources: vec![Source::host_writable(&path)],
                 ..RunEnv::default()
             };
             let o = sandbox.run(job, None).await?;

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::config::HostEnv;
-use crate::job::{Mount, RunEnv};
+use crate::job::{RunEnv, Source};
 
 /// The kind of environment, named as `ENV_TYPE` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -87,21 +87,17 @@ pub struct Environment {
 }
 
 impl Environment {
-    /// How runs see it: everything read-only, no network.
+    /// How runs see it: everything read-only, no network. The environment is a directory
+    /// of the server's host ([`Source::HostPath`]), its prefix first; how it reaches the
+    /// sandbox is the backend's business.
     pub fn run_env(&self) -> RunEnv {
-        let mut mounts = vec![Mount {
-            path: self.prefix.clone(),
-            writable: false,
-        }];
+        let mut sources = vec![Source::host(&self.prefix)];
         if let Some(b) = &self.base {
-            mounts.push(Mount {
-                path: b.clone(),
-                writable: false,
-            });
+            sources.push(Source::host(b));
         }
         RunEnv {
             python: Some(self.python.display().to_string()),
-            mounts,
+            sources,
             ..RunEnv::default()
         }
     }
@@ -457,8 +453,7 @@ mod tests {
         assert_eq!(e.python, t.join("v1/bin/python"));
         assert_eq!(e.version.as_deref(), Some("3.12.1"));
         let r = e.run_env();
-        assert_eq!(r.mounts.len(), 2);
-        assert!(r.mounts.iter().all(|m| !m.writable));
+        assert_eq!(r.sources, [Source::host(&e.prefix), Source::host(&base)]);
 
         // A venv of the system Python relies on the image's /usr, if the version agrees.
         venv(&t.join("v2"), "home = /usr/bin\nversion_info = 3.11.2\n");

@@ -356,9 +356,9 @@ mod tests {
         let writable: Vec<PathBuf> = fake
             .jobs()
             .iter()
-            .flat_map(|j| j.env.mounts.clone())
-            .filter(|m| m.writable)
-            .map(|m| m.path)
+            .flat_map(|j| j.env.sources.clone())
+            .filter(|m| m.writable())
+            .map(|m| m.target().to_path_buf())
             .collect();
         assert!(writable.contains(&managed), "{writable:?}");
         assert!(

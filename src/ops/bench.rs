@@ -285,10 +285,10 @@ pub async fn engine(opts: &BenchOptions) -> Result<Option<Stats>, String> {
     println!("| concurrency | containers/s | create ms | start ms | wait ms | remove ms |");
     println!("| --- | --- | --- | --- | --- | --- |");
     for &c in &opts.concurrency {
-        let f = warm
-            .lifecycle_ceiling(opts.throughput_runs, c)
-            .await
-            .map_err(|e| e.to_string())?;
+        let Some(f) = warm.lifecycle_ceiling(opts.throughput_runs, c).await else {
+            break;
+        };
+        let f = f.map_err(|e| e.to_string())?;
         println!(
             "| {c} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} |",
             f.per_second,

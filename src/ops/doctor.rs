@@ -1,12 +1,13 @@
-//! `doctor`: is the backend there, is the image there, and is isolation really enforced on
-//! this host? Each check runs real code in a real sandbox; the server refuses to serve when
-//! one fails.
+//! `doctor`: is the backend there, is the sandbox image there, and is isolation really
+//! enforced? Each check runs real code in a real sandbox of whatever [`Backend`] it is given
+//! (what the backend is, and its particulars, show as data in the details); the server
+//! refuses to serve when one fails.
 
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, BackendInfo};
 use crate::job::{JobSpec, Limits};
 
 /// One line of the table.
@@ -162,15 +163,28 @@ except OSError:
 print(n)
 "#;
 
-/// Run every check against `sandbox`.
-pub async fn diagnose(sandbox: &dyn Backend) -> Report {
+/// The name of the first check, for a caller that cannot even make a backend to report the
+/// same failure in the same words.
+pub const REACHABLE: &str = "backend reachable";
+
+/// The first check's detail: which backend, its version, and what else it tells.
+fn describe_backend(info: &BackendInfo) -> String {
+    let mut s = format!("{}: {}", info.kind, info.version);
+    for (name, value) in &info.details {
+        s.push_str(&format!(", {name} {value}"));
+    }
+    s
+}
+
+/// Run every check against `backend`.
+pub async fn diagnose(backend: &dyn Backend) -> Report {
     let mut checks = Vec::new();
-    match sandbox.info().await {
+    match backend.info().await {
         Ok(info) => {
             checks.push(Check {
-                name: "docker reachable",
+                name: REACHABLE,
                 ok: true,
-                detail: info.version,
+                detail: describe_backend(&info),
             });
             checks.push(Check {
                 name: "sandbox image",
@@ -190,7 +204,7 @@ pub async fn diagnose(sandbox: &dyn Backend) -> Report {
         }
         Err(e) => {
             checks.push(Check {
-                name: "docker reachable",
+                name: REACHABLE,
                 ok: false,
                 detail: e.to_string(),
             });
@@ -205,9 +219,9 @@ pub async fn diagnose(sandbox: &dyn Backend) -> Report {
         ..limits.clone()
     };
     let (probe, oom, fork) = tokio::join!(
-        sandbox.run(JobSpec::python(PROBE, limits.clone()), None),
-        sandbox.run(JobSpec::python(MEMORY_BOMB, small.clone()), None),
-        sandbox.run(JobSpec::python(FORK_BOMB, small.clone()), None),
+        backend.run(JobSpec::python(PROBE, limits.clone()), None),
+        backend.run(JobSpec::python(MEMORY_BOMB, small.clone()), None),
+        backend.run(JobSpec::python(FORK_BOMB, small.clone()), None),
     );
 
     match probe {
@@ -560,6 +574,58 @@ mod tests {
             !c.ok && c.detail.contains("swap accounting"),
             "{}",
             c.detail
+        );
+    }
+
+    /// A backend whose `info` answers what it is told to and whose runs never happen: the
+    /// checks before the first run stop the diagnosis by themselves.
+    struct Answers(Result<BackendInfo, String>);
+
+    #[async_trait::async_trait]
+    impl Backend for Answers {
+        async fn run(
+            &self,
+            _job: JobSpec,
+            _events: crate::backend::Events,
+        ) -> Result<crate::job::Outcome, crate::backend::BackendError> {
+            panic!("doctor ran a job although an earlier check failed")
+        }
+        async fn info(&self) -> Result<BackendInfo, crate::backend::BackendError> {
+            self.0.clone().map_err(crate::backend::BackendError::Runner)
+        }
+        async fn drain(&self) {}
+    }
+
+    fn info(image_present: bool) -> BackendInfo {
+        BackendInfo {
+            kind: "docker",
+            version: "Docker 20.10.24 (API 1.41)".into(),
+            image: "mcp-code-executor/sandbox:abc".into(),
+            image_present,
+            details: vec![("runtime".into(), "crun".into())],
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_backend_or_a_missing_image_fails_and_stops() {
+        let r = diagnose(&Answers(Err("no daemon here".into()))).await;
+        assert!(!r.ok());
+        assert_eq!(r.checks.len(), 1);
+        assert_eq!(r.checks[0].name, REACHABLE);
+        assert!(r.checks[0].detail.contains("no daemon here"));
+
+        let r = diagnose(&Answers(Ok(info(false)))).await;
+        assert!(!r.ok());
+        let names: Vec<_> = r.checks.iter().map(|c| (c.name, c.ok)).collect();
+        assert_eq!(names, [(REACHABLE, true), ("sandbox image", false)]);
+        assert_eq!(
+            r.checks[0].detail, "docker: Docker 20.10.24 (API 1.41), runtime crun",
+            "the backend's particulars are data"
+        );
+        assert!(
+            r.checks[1].detail.contains("image build"),
+            "{:?}",
+            r.checks[1]
         );
     }
 

@@ -19,9 +19,11 @@ pub async fn sandbox() -> Arc<DockerBackend> {
     });
     // As the product does at start-up: what a dead test process left is removed.
     s.sweep().await.expect("sweep");
-    image::ensure(&image::default_image(), &Default::default(), &mut |l| {
-        eprintln!("[image] {l}")
-    })
+    mcp_code_executor::backend::docker::image::ensure(
+        &image::default_image(),
+        &Default::default(),
+        &mut |l| eprintln!("[image] {l}"),
+    )
     .await
     .unwrap_or_else(|e| panic!("the sandbox image could not be built: {e}"));
     Arc::new(s)

@@ -1,5 +1,6 @@
 //! The Docker backend: one fresh, hardened container per run, optionally
-//! taken from a warm pool of pre-started ones. bollard types stay in here.
+//! taken from a warm pool of pre-started ones. bollard types stay in here: nothing outside
+//! `backend/docker/` uses bollard.
 //!
 //! Lifecycle of a run (see DESIGN.md for why each step is the way it is):
 //! create (read-only root, tmpfs workspace, no network, no capabilities, log driver `none`)
@@ -7,6 +8,13 @@
 //! stdin → decode its framed stdout → result as soon as the `X` frame arrives. The
 //! container is removed in the background on every path, by a guard whose `Drop` runs on
 //! success, error, timeout, cancellation (the future dropped) and panic alike.
+//!
+//! One file per concern: [`spec`] (what a container is made of: labels, command, the
+//! hardening, how environment sources are mounted), `launch` (create, attach, start),
+//! `live` (the conversation with the runner), `outcome` (how a run ended), `session`
+//! (stateful sessions), `pool` (warm containers), `guard` (removal on every path, sweeps),
+//! [`image`] (building the image), `lifecycle` (the benchmark's Docker ceiling). This file
+//! holds the configuration, the backend with its map of pools, and the [`Backend`] impl.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,53 +22,34 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bollard::errors::Error as BollardError;
-use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
-use bollard::query_parameters::{AttachContainerOptionsBuilder, CreateContainerOptionsBuilder};
 use bollard::Docker;
 use tokio::task::JoinHandle;
 
-use self::guard::{Cleanup, ContainerGuard};
+use self::guard::Cleanup;
 use self::live::{Ended, Live};
 use self::pool::Pool;
 pub use self::pool::PoolStats;
-use super::protocol::{self, Report};
-use super::{emit, Backend, BackendError, BackendInfo, Events, Session};
+use self::session::DockerSession;
+pub use self::spec::{docker_run_flags, LABEL_JOB, LABEL_MANAGED, LABEL_OWNER, LABEL_TENANT};
+use super::protocol;
+use super::{emit, Backend, BackendError, BackendInfo, Events, LifecycleFigures, Session};
 use crate::job::{JobSpec, Limits, Outcome, RunEnv, RunEvent};
 
 mod guard;
+pub mod image;
+mod launch;
 mod lifecycle;
 mod live;
+mod outcome;
 mod pool;
-
-pub use self::lifecycle::LifecycleFigures;
+mod session;
+pub mod spec;
 
 /// The [`LABEL_OWNER`] value of what process `pid` of this host makes
 /// (`host/pid/start-time`); `None` when there is no such process.
 pub fn owner_label(pid: u32) -> Option<String> {
     guard::owner_id(pid)
 }
-
-/// Label on everything this project creates: the sweep and tests find containers by it.
-pub const LABEL_MANAGED: &str = "io.mcp-code-executor.managed";
-/// Label with the job id (for a pool container: its own id until a job is dispatched).
-pub const LABEL_JOB: &str = "io.mcp-code-executor.job";
-/// Label with the tenant id (`pool` for a waiting pool container).
-pub const LABEL_TENANT: &str = "io.mcp-code-executor.tenant";
-/// Label naming the process that made the container (`host/pid/start-time`), so that the
-/// start-up sweep removes only what a dead process left behind.
-pub const LABEL_OWNER: &str = "io.mcp-code-executor.owner";
-
-/// How long to wait for Docker's verdict when the runner vanished without a report.
-const POST_MORTEM_DEADLINE: Duration = Duration::from_secs(10);
-/// Uid and gid the code runs as (`nobody`).
-const SANDBOX_USER: &str = "65534:65534";
-/// The runner, started with `-I -S`; the interpreter for the code is appended.
-const RUNNER_CMD: &[&str] = &[
-    "/usr/bin/python3",
-    "-I",
-    "-S",
-    "/opt/mcp-code-executor/runner.py",
-];
 
 /// Settings of the Docker backend.
 #[derive(Debug, Clone)]
@@ -76,7 +65,8 @@ pub struct DockerConfig {
     /// The limits pool containers are made with; jobs with other memory/CPU/pids/tmpfs
     /// limits take the cold path.
     pub pool_limits: Limits,
-    /// The environment pool containers are made with (see [`DockerBackend::reconfigure_pool`]).
+    /// The environment the shared pool's containers are made with at start ([`Backend::prewarm`]
+    /// changes it).
     pub pool_env: RunEnv,
     /// The daemon's address (`unix://…`, `tcp://…`); `None`: `DOCKER_HOST`, else the local
     /// socket.
@@ -207,7 +197,8 @@ impl DockerBackend {
         self.pools.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Pool figures, all pools together; `None` when the pool is off.
+    /// Pool figures, all pools together; `None` when the pool is off. The Docker backend's
+    /// own tests read them; everything else reads [`Backend::stats`].
     pub fn pool_stats(&self) -> Option<PoolStats> {
         if self.inner.config.pool_size == 0 {
             return None;
@@ -218,12 +209,6 @@ impl DockerBackend {
                 .map(|(h, _)| h.pool.stats())
                 .fold(PoolStats::default(), |a, b| a + b),
         )
-    }
-
-    /// Make the shared pool's containers with another environment (a configuration
-    /// change): the waiting containers of the old one are removed, never handed to a run.
-    pub fn reconfigure_pool(&self, limits: Limits, env: RunEnv) {
-        self.replace_pool(SHARED_POOL, limits, env);
     }
 
     /// Start the pool `key` (a tenant, or the shared one) anew with this shape; the old
@@ -308,261 +293,7 @@ impl Drop for DockerBackend {
 impl Inner {
     /// The interpreter a job with `env` runs.
     fn python<'a>(&'a self, env: &'a RunEnv) -> &'a str {
-        env.python.as_deref().unwrap_or(&self.config.python)
-    }
-
-    /// Create, attach and start a container of the given shape for `tenant`.
-    async fn launch(
-        &self,
-        limits: &Limits,
-        env: &RunEnv,
-        tenant: &str,
-        id: &str,
-    ) -> Result<Live, BackendError> {
-        let labels = HashMap::from([
-            (LABEL_MANAGED.to_string(), "true".to_string()),
-            (LABEL_JOB.to_string(), id.to_string()),
-            (LABEL_TENANT.to_string(), tenant.to_string()),
-            (LABEL_OWNER.to_string(), self.owner.clone()),
-        ]);
-        let body = ContainerCreateBody {
-            image: Some(self.config.image.clone()),
-            cmd: Some(
-                [RUNNER_CMD, &[self.python(env)]]
-                    .concat()
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect(),
-            ),
-            env: Some(
-                env.vars
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .chain([format!(
-                        "MCPX_WAIT_LIMIT={}",
-                        protocol::WAIT_LIMIT.as_secs()
-                    )])
-                    .collect(),
-            ),
-            user: Some(env.user.clone().unwrap_or_else(|| SANDBOX_USER.to_string())),
-            working_dir: Some(protocol::WORKDIR.to_string()),
-            hostname: Some("sandbox".to_string()),
-            attach_stdin: Some(true),
-            attach_stdout: Some(true),
-            attach_stderr: Some(true),
-            open_stdin: Some(true),
-            stdin_once: Some(true),
-            tty: Some(false),
-            labels: Some(labels),
-            host_config: Some(host_config(limits, env, self.config.runtime.clone())),
-            ..Default::default()
-        };
-        let name = format!("mcpx-{id}");
-        let mut guard = ContainerGuard::new(&self.docker, &name, &self.cleanup);
-        let created = self
-            .docker
-            .create_container(
-                Some(CreateContainerOptionsBuilder::default().name(&name).build()),
-                body,
-            )
-            .await
-            .map_err(|e| {
-                if let BollardError::DockerResponseServerError { .. } = e {
-                    guard.disarm();
-                }
-                match e {
-                    BollardError::DockerResponseServerError {
-                        status_code: 404, ..
-                    } => BackendError::ImageMissing {
-                        image: self.config.image.clone(),
-                    },
-                    e => classify("creating the container", e),
-                }
-            })?;
-        guard.confirm(&created.id);
-        let attached = self
-            .docker
-            .attach_container(
-                &created.id,
-                Some(
-                    AttachContainerOptionsBuilder::default()
-                        .stdin(true)
-                        .stdout(true)
-                        .stderr(true)
-                        .stream(true)
-                        .build(),
-                ),
-            )
-            .await
-            .map_err(|e| classify("attaching to the container", e))?;
-        self.docker
-            .start_container(&created.id, None)
-            .await
-            .map_err(|e| classify("starting the container", e))?;
-        Ok(Live::new(guard, attached.input, attached.output))
-    }
-
-    /// Turn how a conversation ended into the user's outcome, or into an infrastructure
-    /// error when the sandbox ended without its runner reporting and Docker does not say
-    /// the code ran out of memory: then something outside stopped it (`docker kill`, a
-    /// daemon restart) and nothing is known of the code's own outcome.
-    async fn outcome_of(
-        &self,
-        ended: Ended,
-        guard: &ContainerGuard,
-    ) -> Result<Outcome, BackendError> {
-        Ok(match ended {
-            Ended::Report(report, out) => out.into_outcome(&report),
-            Ended::TimedOut(out) => {
-                // Kill now rather than in the background: the CPU is the next run's.
-                guard.kill_now().await;
-                let mut o = out.into_outcome(&Report::default());
-                o.timed_out = true;
-                o.signal = Some(9);
-                o
-            }
-            Ended::Vanished(out) => {
-                // The runner died before it could report: the OOM killer chose it, or
-                // something outside killed the container. Ask Docker which.
-                let (exit_code, oom) = self.post_mortem(guard.id()).await;
-                if !oom {
-                    let how = match exit_code {
-                        Some(c) if c > 128 => format!("killed by signal {}", c - 128),
-                        Some(c) => format!("exit status {c}"),
-                        None => "the container is gone".to_string(),
-                    };
-                    return Err(BackendError::Runner(format!(
-                        "the sandbox stopped before its runner reported ({how}): it was \
-                         stopped from outside (docker kill or rm, a daemon restart) or the \
-                         runner crashed; the code's own outcome is unknown, run it again"
-                    )));
-                }
-                let mut o = out.into_outcome(&Report::default());
-                o.oom_killed = true;
-                o.signal = Some(9);
-                o
-            }
-        })
-    }
-
-    async fn post_mortem(&self, id: &str) -> (Option<i64>, bool) {
-        let wait = async {
-            loop {
-                match self.docker.inspect_container(id, None).await {
-                    Ok(c) => {
-                        let state = c.state.unwrap_or_default();
-                        if state.running != Some(true) {
-                            return (state.exit_code, state.oom_killed.unwrap_or(false));
-                        }
-                    }
-                    Err(_) => return (None, false),
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        };
-        tokio::time::timeout(POST_MORTEM_DEADLINE, wait)
-            .await
-            .unwrap_or((None, false))
-    }
-}
-
-/// The `docker run` flags that give a container the same hardening as [`host_config`] (and
-/// the sandbox user), read off it, for baselines that compare the engine with the CLI.
-pub fn docker_run_flags(limits: &Limits, runtime: Option<&str>) -> Vec<String> {
-    let hc = host_config(limits, &RunEnv::default(), runtime.map(str::to_string));
-    let mut f: Vec<String> = vec!["--user".into(), SANDBOX_USER.into()];
-    let mut flag = |name: &str, value: String| {
-        f.push(name.to_string());
-        f.push(value);
-    };
-    if let Some(n) = hc.network_mode {
-        flag("--network", n);
-    }
-    for c in hc.cap_drop.unwrap_or_default() {
-        flag("--cap-drop", c);
-    }
-    for o in hc.security_opt.unwrap_or_default() {
-        flag("--security-opt", o);
-    }
-    let mut tmpfs: Vec<_> = hc.tmpfs.unwrap_or_default().into_iter().collect();
-    tmpfs.sort();
-    for (path, opts) in tmpfs {
-        flag("--tmpfs", format!("{path}:{opts}"));
-    }
-    if let Some(p) = hc.pids_limit {
-        flag("--pids-limit", p.to_string());
-    }
-    if let Some(m) = hc.memory {
-        flag("--memory", m.to_string());
-    }
-    if let Some(m) = hc.memory_swap {
-        flag("--memory-swap", m.to_string());
-    }
-    if let Some(n) = hc.nano_cpus {
-        flag("--cpus", (n as f64 / 1e9).to_string());
-    }
-    for u in hc.ulimits.unwrap_or_default() {
-        let (name, soft, hard) = (
-            u.name.unwrap_or_default(),
-            u.soft.unwrap_or(0),
-            u.hard.unwrap_or(0),
-        );
-        flag("--ulimit", format!("{name}={soft}:{hard}"));
-    }
-    if let Some(s) = hc.shm_size {
-        flag("--shm-size", s.to_string());
-    }
-    if let Some(l) = hc.log_config.and_then(|l| l.typ) {
-        flag("--log-driver", l);
-    }
-    if let Some(r) = hc.runtime {
-        flag("--runtime", r);
-    }
-    if hc.readonly_rootfs == Some(true) {
-        f.push("--read-only".into());
-    }
-    f
-}
-
-/// The hardening every sandbox gets. Each line is checked by `doctor` or the tests.
-fn host_config(l: &Limits, env: &RunEnv, runtime: Option<String>) -> HostConfig {
-    let tmpfs = |size: u64| format!("rw,nosuid,nodev,noexec,size={size},mode=1777");
-    let binds: Vec<String> = env
-        .mounts
-        .iter()
-        .map(|m| {
-            let p = m.path.display();
-            format!("{p}:{p}:{}", if m.writable { "rw" } else { "ro" })
-        })
-        .collect();
-    HostConfig {
-        network_mode: Some(if env.network { "bridge" } else { "none" }.to_string()),
-        binds: (!binds.is_empty()).then_some(binds),
-        readonly_rootfs: Some(true),
-        tmpfs: Some(HashMap::from([
-            (protocol::WORKDIR.to_string(), tmpfs(l.workspace_bytes)),
-            ("/tmp".to_string(), tmpfs(l.tmp_bytes)),
-        ])),
-        cap_drop: Some(vec!["ALL".to_string()]),
-        security_opt: Some(vec!["no-new-privileges".to_string()]),
-        pids_limit: Some(l.pids),
-        memory: Some(l.memory_bytes as i64),
-        memory_swap: Some(l.memory_bytes as i64),
-        nano_cpus: Some((l.cpus * 1e9) as i64),
-        shm_size: Some(16 << 20),
-        ulimits: Some(vec![ResourcesUlimits {
-            name: Some("nofile".to_string()),
-            soft: Some(l.nofile as i64),
-            hard: Some(l.nofile as i64),
-        }]),
-        log_config: Some(HostConfigLogConfig {
-            typ: Some("none".to_string()),
-            config: None,
-        }),
-        init: Some(false),
-        auto_remove: Some(false),
-        runtime,
-        ..Default::default()
+        spec::python(&self.config, env)
     }
 }
 
@@ -626,12 +357,11 @@ impl Backend for DockerBackend {
         live.wait_ready().await?;
         live.send(&input).await?;
         tracing::debug!(job_id = %job.id, tenant = %job.tenant, container = %live.guard.id(), "session opened");
-        Ok(Box::new(DockerSession {
-            inner: self.inner.clone(),
+        Ok(Box::new(DockerSession::new(
+            self.inner.clone(),
             live,
-            limits: job.limits,
-            alive: true,
-        }))
+            job.limits,
+        )))
     }
 
     async fn info(&self) -> Result<BackendInfo, BackendError> {
@@ -666,11 +396,23 @@ impl Backend for DockerBackend {
     }
 
     fn stats(&self) -> crate::backend::BackendStats {
+        let pool = self.pool_stats().unwrap_or_default();
         crate::backend::BackendStats {
             live_containers: self.inner.cleanup.live(),
-            pool_ready: self.pool_stats().map(|p| p.ready).unwrap_or(0),
-            pool_target: self.pool_stats().map(|p| p.target).unwrap_or(0),
+            pool_ready: pool.ready,
+            pool_target: pool.target,
+            pool_hits: pool.hits,
+            pool_misses: pool.misses,
         }
+    }
+
+    /// Bare containers of `/bin/true` with the same hardening: what Docker alone allows.
+    async fn lifecycle_ceiling(
+        &self,
+        total: usize,
+        concurrency: usize,
+    ) -> Option<Result<LifecycleFigures, BackendError>> {
+        Some(lifecycle::ceiling(&self.inner, total, concurrency).await)
     }
 
     /// Remove containers of ours whose owning process on this host is gone (a crash, a
@@ -763,113 +505,6 @@ async fn connect_docker_at(host: Option<&str>) -> Result<Docker, BackendError> {
     Ok(docker)
 }
 
-/// A session: one container, one interpreter, cell after cell.
-struct DockerSession {
-    inner: Arc<Inner>,
-    live: Live,
-    limits: Limits,
-    alive: bool,
-}
-
-#[async_trait]
-impl Session for DockerSession {
-    async fn exec(
-        &mut self,
-        code: &str,
-        timeout: Duration,
-        events: Events,
-    ) -> Result<Outcome, BackendError> {
-        if !self.alive {
-            return Err(BackendError::Rejected(
-                "this session has ended; open a new one".into(),
-            ));
-        }
-        let started = Instant::now();
-        let limits = Limits {
-            timeout,
-            ..self.limits.clone()
-        };
-        emit(
-            &events,
-            RunEvent::Created {
-                container: self.live.guard.id().to_string(),
-            },
-        );
-        let cell = protocol::encode_cell(code, limits.output_bytes);
-        let ended = match self.live.execute(&cell, false, &limits, &events).await {
-            Ok(e) => e,
-            Err(e) => {
-                self.alive = false;
-                return Err(e);
-            }
-        };
-        let report_ok = matches!(&ended, Ended::Report(r, _) if !r.ended && r.signal.is_none() && r.exit_code.is_some_and(|c| c <= 1));
-        let mut outcome = match self.inner.outcome_of(ended, &self.live.guard).await {
-            Ok(o) => o,
-            Err(e) => {
-                self.alive = false;
-                return Err(e);
-            }
-        };
-        // A timeout, an OOM kill or a dead interpreter (`exit()` included, whatever its
-        // status) ends the session: its state is gone.
-        if !report_ok || outcome.timed_out || outcome.oom_killed {
-            self.alive = false;
-        }
-        outcome.duration_ms = started.elapsed().as_millis() as u64;
-        Ok(outcome)
-    }
-
-    async fn put_files(
-        &mut self,
-        files: &[crate::job::InputFile],
-        timeout: Duration,
-    ) -> Result<(), BackendError> {
-        if files.is_empty() {
-            return Ok(());
-        }
-        if !self.alive {
-            return Err(BackendError::Rejected(
-                "this session has ended; open a new one".into(),
-            ));
-        }
-        // A message of the runner's session protocol: the runner unpacks the files itself,
-        // the interpreter runs nothing and its state is untouched.
-        let msg =
-            protocol::encode_put_files(files).map_err(|e| BackendError::Rejected(e.to_string()))?;
-        let limits = Limits {
-            timeout,
-            ..self.limits.clone()
-        };
-        let outcome = match self.live.execute(&msg, false, &limits, &None).await {
-            Ok(ended) => self.inner.outcome_of(ended, &self.live.guard).await,
-            Err(e) => Err(e),
-        };
-        match outcome {
-            Ok(o) if o.success() => Ok(()),
-            Ok(o) => {
-                // Exit code 1: refused or the workspace is full, and the session goes on.
-                // A timeout, an OOM kill or a vanished runner end it.
-                if o.exit_code != Some(1) || o.timed_out || o.oom_killed {
-                    self.alive = false;
-                }
-                Err(BackendError::Runner(format!(
-                    "workspace files could not be copied into the session: {}",
-                    o.stderr_text().trim_end()
-                )))
-            }
-            Err(e) => {
-                self.alive = false;
-                Err(e)
-            }
-        }
-    }
-
-    fn alive(&self) -> bool {
-        self.alive
-    }
-}
-
 /// Sort a bollard error into "the daemon is not there" and "the daemon said no".
 pub(crate) fn classify(action: &'static str, e: BollardError) -> BackendError {
     match e {
@@ -883,99 +518,5 @@ pub(crate) fn classify(action: &'static str, e: BollardError) -> BackendError {
             action,
             detail: e.to_string(),
         },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every piece of hardening `host_config` gives, with limits unlike the defaults so that
-    /// each one is seen to come from the job. `doctor` and tests/engine.rs check the same
-    /// from inside a running sandbox.
-    #[test]
-    fn hardening_is_all_there() {
-        let l = Limits {
-            memory_bytes: 300 << 20,
-            cpus: 0.25,
-            pids: 17,
-            nofile: 99,
-            workspace_bytes: 5 << 20,
-            tmp_bytes: 3 << 20,
-            ..Limits::default()
-        };
-        let hc = host_config(&l, &RunEnv::default(), None);
-        assert_eq!(hc.network_mode.as_deref(), Some("none"));
-        assert_eq!(hc.readonly_rootfs, Some(true));
-        assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
-        assert_eq!(hc.cap_add, None);
-        assert_eq!(hc.privileged, None);
-        assert_eq!(hc.devices, None);
-        assert_eq!(hc.binds, None, "no mounts unless the environment asks");
-        assert_eq!(
-            hc.security_opt,
-            Some(vec!["no-new-privileges".to_string()]),
-            "no-new-privileges, and nothing that turns seccomp off"
-        );
-        assert_eq!(hc.pids_limit, Some(17));
-        assert_eq!(hc.memory, Some(300 << 20));
-        assert_eq!(hc.memory_swap, hc.memory, "no swap on top of the memory");
-        assert_eq!(hc.nano_cpus, Some(250_000_000));
-        let ulimits = hc.ulimits.unwrap();
-        assert_eq!(ulimits.len(), 1);
-        assert_eq!(ulimits[0].name.as_deref(), Some("nofile"));
-        assert_eq!((ulimits[0].soft, ulimits[0].hard), (Some(99), Some(99)));
-        let log = hc.log_config.unwrap();
-        assert_eq!(log.typ.as_deref(), Some("none"), "no log file on the host");
-        // The runner is PID 1 and reaps; Docker's init would make it killable by the code.
-        assert_eq!(hc.init, Some(false));
-        // Removed explicitly on every path: auto_remove races `wait`.
-        assert_eq!(hc.auto_remove, Some(false));
-        assert_eq!(hc.runtime, None);
-        assert_eq!(hc.shm_size, Some(16 << 20));
-
-        let tmpfs = hc.tmpfs.unwrap();
-        assert_eq!(tmpfs.len(), 2, "{tmpfs:?}");
-        for (path, size) in [(protocol::WORKDIR, 5u64 << 20), ("/tmp", 3 << 20)] {
-            let mut opts: Vec<&str> = tmpfs[path].split(',').collect();
-            opts.sort();
-            let size = format!("size={size}");
-            let mut want = vec!["rw", "nosuid", "nodev", "noexec", &size, "mode=1777"];
-            want.sort();
-            assert_eq!(opts, want, "{path}");
-        }
-
-        // The user is set on the container, not in host_config: nobody, unless the
-        // environment (an installer) says otherwise.
-        assert_eq!(SANDBOX_USER, "65534:65534");
-        assert_eq!(RunEnv::default().user, None);
-
-        // An installer's environment: network, and its mounts read-only unless writable.
-        let env = RunEnv {
-            network: true,
-            mounts: vec![
-                crate::job::Mount {
-                    path: "/opt/venv".into(),
-                    writable: false,
-                },
-                crate::job::Mount {
-                    path: "/opt/cache".into(),
-                    writable: true,
-                },
-            ],
-            ..RunEnv::default()
-        };
-        let hc = host_config(&l, &env, Some("crun".into()));
-        assert_eq!(hc.network_mode.as_deref(), Some("bridge"));
-        assert_eq!(
-            hc.binds,
-            Some(vec![
-                "/opt/venv:/opt/venv:ro".to_string(),
-                "/opt/cache:/opt/cache:rw".to_string()
-            ])
-        );
-        assert_eq!(hc.runtime.as_deref(), Some("crun"));
-        assert_eq!(hc.readonly_rootfs, Some(true), "installers too");
-        assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
     }
 }

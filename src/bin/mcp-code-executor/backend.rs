@@ -1,12 +1,20 @@
 //! The one place the binary names a concrete backend: every command gets its sandboxes
-//! from here, as a [`Backend`] (today always Docker).
+//! from here, as a [`Backend`] (today always Docker), and builds its images through
+//! [`image`].
 
 use mcp_code_executor::backend::docker::{DockerBackend, DockerConfig};
-use mcp_code_executor::backend::image::{self, BuildOptions};
 use mcp_code_executor::backend::Backend;
 use mcp_code_executor::job::Limits;
 
+use self::image::BuildOptions;
 use crate::args::SandboxOpts;
+
+/// The sandbox image: what names and packs it (backend-neutral), and the backend's build of
+/// it (`ensure`, `build_server`), under one name for the image commands.
+pub mod image {
+    pub use mcp_code_executor::backend::docker::image::{build_server, ensure};
+    pub use mcp_code_executor::backend::image::*;
+}
 
 /// Connect to Docker, sweep what dead processes left, and make sure the image exists
 /// (building it on first use unless told not to).

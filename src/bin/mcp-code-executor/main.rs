@@ -9,7 +9,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use mcp_code_executor::app::{Capacity, Service, Settings, TenantParts};
-use mcp_code_executor::backend::image::{self, BuildOptions};
 use mcp_code_executor::backend::Backend;
 use mcp_code_executor::cli::run::{self, RunArgs};
 use mcp_code_executor::config;
@@ -17,6 +16,7 @@ use mcp_code_executor::job::Limits;
 use mcp_code_executor::ops::{bench, doctor};
 
 use args::{Cli, Command, ImageCmd, TenantCmd};
+use backend::image::{self, BuildOptions};
 
 fn main() -> ExitCode {
     use std::io::IsTerminal as _;

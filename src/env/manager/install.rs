@@ -32,7 +32,7 @@ use super::{
 use crate::backend::{Backend, BackendError};
 use crate::env::spec;
 use crate::env::{EnvKind, Environment};
-use crate::job::{InputFile, JobSpec, Limits, Mount, Outcome, RunEnv, RunEvent};
+use crate::job::{InputFile, JobSpec, Limits, Outcome, RunEnv, RunEvent, Source};
 
 /// The sandbox image is Debian bookworm: glibc 2.36, so wheels tagged up to
 /// manylinux_2_36 run in it.
@@ -173,10 +173,7 @@ impl EnvManager {
         job.tenant = req.tenant.to_string();
         let mut env = RunEnv {
             python: None,
-            mounts: vec![Mount {
-                path: dir.root.clone(),
-                writable: true,
-            }],
+            sources: vec![Source::host_writable(&dir.root)],
             vars: pip_vars(),
             network: true,
             user: Some(format!("{SANDBOX_UID}:{SANDBOX_UID}")),
@@ -185,10 +182,7 @@ impl EnvManager {
         env.vars
             .push(("TMPDIR".into(), dir.tmp().display().to_string()));
         if let Some(ca) = ca {
-            env.mounts.push(Mount {
-                path: ca.to_path_buf(),
-                writable: false,
-            });
+            env.sources.push(Source::host(ca));
             for var in ["SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE"] {
                 env.vars.push((var.into(), ca.display().to_string()));
             }
@@ -348,16 +342,11 @@ fn install_job(
         .map(|s| spec::name_of(s).to_string())
         .collect();
     let mut run_env = env.run_env();
-    run_env.mounts[0].writable = true;
-    run_env.mounts.push(Mount {
-        path: dir.wheels(),
-        writable: false,
-    });
+    // The environment itself (the first source), read-write: pip writes into it.
+    run_env.sources[0] = Source::host_writable(&env.prefix);
+    run_env.sources.push(Source::host(dir.wheels()));
     if pip_wheel.is_some() {
-        run_env.mounts.push(Mount {
-            path: dir.tools(),
-            writable: false,
-        });
+        run_env.sources.push(Source::host(dir.tools()));
     }
     run_env.network = false;
     run_env.user = Some(format!("{uid}:{gid}"));
@@ -881,20 +870,19 @@ mod tests {
         assert!(f.env.network);
         assert_eq!(f.env.python, None, "the image's own Python and pip");
         assert_eq!(f.env.user.as_deref(), Some("65534:65534"));
-        for mount in &f.env.mounts {
+        for source in &f.env.sources {
             assert!(
-                !mount.path.starts_with(&env.prefix) && !mount.path.starts_with(&base),
-                "the environment is mounted in the fetch phase: {mount:?}"
+                matches!(source, Source::HostPath { .. })
+                    && !source.target().starts_with(&env.prefix)
+                    && !source.target().starts_with(&base),
+                "the environment is mounted in the fetch phase: {source:?}"
             );
         }
-        let writable: Vec<_> = f.env.mounts.iter().filter(|m| m.writable).collect();
-        assert_eq!(writable.len(), 1, "{:?}", f.env.mounts);
-        assert!(writable[0].path.starts_with(&installs), "{writable:?}");
+        let writable: Vec<_> = f.env.sources.iter().filter(|m| m.writable()).collect();
+        assert_eq!(writable.len(), 1, "{:?}", f.env.sources);
+        assert!(writable[0].target().starts_with(&installs), "{writable:?}");
         let ca_copy = std::fs::canonicalize(data.join("ca-bundle.pem")).unwrap();
-        assert!(f.env.mounts.contains(&Mount {
-            path: ca_copy.clone(),
-            writable: false
-        }));
+        assert!(f.env.sources.contains(&Source::host(&ca_copy)));
         let var = |j: &JobSpec, k: &str| {
             j.env
                 .vars
@@ -930,26 +918,17 @@ mod tests {
         // Phase 2: network off, the environment read-write, the wheels read-only.
         let i = &jobs[1];
         assert!(!i.env.network);
-        assert_eq!(
-            i.env.mounts[0],
-            Mount {
-                path: env.prefix.clone(),
-                writable: true
-            }
-        );
-        assert!(i.env.mounts.contains(&Mount {
-            path: base.clone(),
-            writable: false
-        }));
+        assert_eq!(i.env.sources[0], Source::host_writable(&env.prefix));
+        assert!(i.env.sources.contains(&Source::host(&base)));
         let wheels: Vec<_> = i
             .env
-            .mounts
+            .sources
             .iter()
-            .filter(|m| m.path.starts_with(&installs))
+            .filter(|m| m.target().starts_with(&installs))
             .collect();
         assert_eq!(wheels.len(), 1);
-        assert!(!wheels[0].writable);
-        assert!(wheels[0].path.ends_with("wheels"));
+        assert!(!wheels[0].writable());
+        assert!(wheels[0].target().ends_with("wheels"));
         assert_eq!(i.env.python.as_deref(), Some(env.python.to_str().unwrap()));
         let (uid, gid) = owner_of(&env.prefix).unwrap();
         assert_eq!(i.env.user, Some(format!("{uid}:{gid}")));
@@ -1075,10 +1054,7 @@ mod tests {
         let wheel = config(&jobs[1], "install.json")["pip_wheel"].clone();
         let wheel = PathBuf::from(wheel.as_str().expect("a pip wheel"));
         let tools = wheel.parent().unwrap();
-        assert!(jobs[1].env.mounts.contains(&Mount {
-            path: tools.to_path_buf(),
-            writable: false
-        }));
+        assert!(jobs[1].env.sources.contains(&Source::host(tools)));
         assert!(INSTALL_PIP.contains("pip = [cfg['python'], cfg['pip_wheel'] + '/pip']"));
 
         // 3.11: the image's pip, nothing else mounted.
@@ -1094,7 +1070,7 @@ mod tests {
         let jobs = fake.jobs();
         assert_eq!(config(&jobs[0], "fetch.json")["own_pip"], false);
         assert!(config(&jobs[1], "install.json")["pip_wheel"].is_null());
-        assert_eq!(jobs[1].env.mounts.len(), 2, "{:?}", jobs[1].env.mounts);
+        assert_eq!(jobs[1].env.sources.len(), 2, "{:?}", jobs[1].env.sources);
         std::fs::remove_dir_all(t).ok();
     }
 

@@ -1,0 +1,91 @@
+//! Making a sandbox: create (with the [`spec`](super::spec)), attach, start. Attach comes
+//! before start, or output is lost (1 run in 10 lost it when attached after), and the guard
+//! exists before the create call, so a container is removed on every path out of here.
+
+use bollard::errors::Error as BollardError;
+use bollard::query_parameters::{AttachContainerOptionsBuilder, CreateContainerOptionsBuilder};
+
+use super::guard::ContainerGuard;
+use super::live::Live;
+use super::{classify, spec, Inner};
+use crate::backend::BackendError;
+use crate::job::{Limits, RunEnv, Source};
+
+impl Inner {
+    /// Create, attach and start a container of the given shape for `tenant`.
+    pub(super) async fn launch(
+        &self,
+        limits: &Limits,
+        env: &RunEnv,
+        tenant: &str,
+        id: &str,
+    ) -> Result<Live, BackendError> {
+        let body = spec::create_body(&self.config, &self.owner, limits, env, tenant, id)?;
+        self.check_volumes(env).await?;
+        let name = format!("mcpx-{id}");
+        let mut guard = ContainerGuard::new(&self.docker, &name, &self.cleanup);
+        let created = self
+            .docker
+            .create_container(
+                Some(CreateContainerOptionsBuilder::default().name(&name).build()),
+                body,
+            )
+            .await
+            .map_err(|e| {
+                if let BollardError::DockerResponseServerError { .. } = e {
+                    guard.disarm();
+                }
+                match e {
+                    BollardError::DockerResponseServerError {
+                        status_code: 404, ..
+                    } => BackendError::ImageMissing {
+                        image: self.config.image.clone(),
+                    },
+                    e => classify("creating the container", e),
+                }
+            })?;
+        guard.confirm(&created.id);
+        let attached = self
+            .docker
+            .attach_container(
+                &created.id,
+                Some(
+                    AttachContainerOptionsBuilder::default()
+                        .stdin(true)
+                        .stdout(true)
+                        .stderr(true)
+                        .stream(true)
+                        .build(),
+                ),
+            )
+            .await
+            .map_err(|e| classify("attaching to the container", e))?;
+        self.docker
+            .start_container(&created.id, None)
+            .await
+            .map_err(|e| classify("starting the container", e))?;
+        Ok(Live::new(guard, attached.input, attached.output))
+    }
+
+    /// Docker creates a missing named volume, empty, when a container mounts it: an
+    /// environment volume with a typo would give a sandbox without its environment and an
+    /// error about a missing interpreter. Refuse it by name instead.
+    async fn check_volumes(&self, env: &RunEnv) -> Result<(), BackendError> {
+        for s in &env.sources {
+            if let Source::Volume { name, .. } = s {
+                match self.docker.inspect_volume(name).await {
+                    Ok(_) => {}
+                    Err(BollardError::DockerResponseServerError {
+                        status_code: 404, ..
+                    }) => {
+                        return Err(BackendError::Rejected(format!(
+                            "the volume `{name}` does not exist: create it and put the                              environment into it first"
+                        )))
+                    }
+                    Err(e) => return Err(classify("inspecting a volume", e)),
+                }
+            }
+        }
+        Ok(())
+    }
+}
