@@ -8,7 +8,9 @@
 
 use std::time::{Duration, Instant};
 
+use mcp_code_executor::backend::docker::{DockerBackend, DockerConfig};
 use mcp_code_executor::backend::image;
+use mcp_code_executor::backend::Backend;
 use mcp_code_executor::ops::bench::{self, latency_row, load, BenchOptions, Stats};
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::RunningService;
@@ -91,6 +93,18 @@ async fn main() {
         bench::CODE
     );
     let opts = BenchOptions {
+        connect: std::sync::Arc::new(|pool_size| {
+            Box::pin(async move {
+                let config = DockerConfig {
+                    pool_size,
+                    ..DockerConfig::new(image::default_image())
+                };
+                let b = DockerBackend::connect(config)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(std::sync::Arc::new(b) as std::sync::Arc<dyn Backend>)
+            })
+        }),
         image: image::default_image(),
         runtime: None,
         samples,

@@ -189,7 +189,7 @@ fn doctor_passes_every_isolation_check() {
     let table = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{table}\n{out:?}");
     for check in [
-        "docker reachable",
+        "backend reachable",
         "sandbox image",
         "python runs",
         "non-root uid",
@@ -236,7 +236,7 @@ fn an_unreachable_daemon_is_exit_125_and_says_what_to_do() {
     let (out, _) = run_cli_env(&["doctor"], "", &[("DOCKER_HOST", NO_DAEMON)]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(0), "{stderr}");
-    assert!(stderr.contains("FAIL  docker reachable"), "{stderr}");
+    assert!(stderr.contains("FAIL  backend reachable"), "{stderr}");
     assert!(stderr.contains("DOCKER_HOST"), "{stderr}");
 }
 

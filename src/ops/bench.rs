@@ -2,23 +2,36 @@
 //! against baselines measured in the same run (plain `docker run --rm`, and `docker run
 //! --rm` with the engine's hardening flags), so that the figures are ratios on the same
 //! noisy machine rather than absolute promises. Ratios are to the plain one.
+//!
+//! Every engine row runs through the application core ([`crate::app`]: admission, a run
+//! slot, the backend), as the server's tools do, so what it measures is what the server
+//! does. The caller supplies the backend ([`Connect`]); the baselines use the `docker` CLI.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::docker::{docker_run_flags, DockerBackend, DockerConfig};
-use crate::backend::{Backend, BackendError};
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use crate::app::{self, Capacity, Executor, Service, TenantParts};
+use crate::backend::docker::docker_run_flags;
+use crate::backend::Backend;
 use crate::job::{JobSpec, Limits};
-use crate::tenancy::scheduler::Scheduler;
+
+/// How the bench gets a backend with a warm pool of the given size (0: none).
+pub type Connect =
+    Arc<dyn Fn(usize) -> BoxFuture<'static, Result<Arc<dyn Backend>, String>> + Send + Sync>;
 
 /// The code every measurement runs.
 pub const CODE: &str = "print(1)";
 
 /// What to measure.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct BenchOptions {
+    /// The backend under test.
+    pub connect: Connect,
     pub image: String,
     pub runtime: Option<String>,
     /// Sequential samples per latency row.
@@ -112,22 +125,55 @@ async fn docker_run_once(image: &str, hardening: Option<&[String]>) -> Result<Du
     Ok(t.elapsed())
 }
 
-async fn engine_once(s: &DockerBackend) -> Result<Duration, BackendError> {
+/// The core with the bench's local policy around `backend`: one tenant per name in
+/// `tenants`, `slots` run slots shared fairly between them, no quotas.
+fn local_service(backend: Arc<dyn Backend>, slots: usize, tenants: &[&str]) -> Service {
+    let mut s = Service::new(
+        backend,
+        Capacity {
+            max_concurrent: slots,
+            max_queue: 1024,
+        },
+    );
+    for t in tenants {
+        s.add_tenant(TenantParts {
+            settings: app::Settings {
+                tenant: t.to_string(),
+                ..app::Settings::default()
+            },
+            storage: None,
+            environments: None,
+        });
+    }
+    s
+}
+
+/// One run of `code` through `ex`, as the tools run one: the time from the call to the
+/// outcome.
+async fn run_once(ex: &Executor, code: &str) -> Result<Duration, String> {
     let t = Instant::now();
-    let o = s
-        .run(JobSpec::python(CODE, Limits::default()), None)
-        .await?;
+    let mut job = JobSpec::python(code, Limits::default());
+    job.tenant = ex.tenant().to_string();
+    job.keep_warm = true;
+    let o = ex
+        .run(job, None, None, &CancellationToken::new())
+        .await
+        .map_err(|e| e.to_string())?;
     let d = t.elapsed();
-    if !o.success() || o.stdout != b"1\n" {
-        return Err(BackendError::Runner(format!("unexpected outcome {o:?}")));
+    if !o.success() {
+        return Err(format!("unexpected outcome {}", o.status_line()));
     }
     Ok(d)
 }
 
-/// Wait until the pool holds `n` waiting containers (steady state between samples).
-async fn pool_filled(s: &DockerBackend, n: usize) {
+async fn engine_once(ex: &Executor) -> Result<Duration, String> {
+    run_once(ex, CODE).await
+}
+
+/// Wait until the pool holds `n` waiting sandboxes (steady state between samples).
+async fn pool_filled(s: &dyn Backend, n: usize) {
     let t = Instant::now();
-    while s.pool_stats().map(|p| p.ready).unwrap_or(n) < n && t.elapsed() < Duration::from_secs(30)
+    while s.stats().pool_target > 0 && s.stats().pool_ready < n && t.elapsed() < Duration::from_secs(30)
     {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -211,19 +257,13 @@ pub async fn engine(opts: &BenchOptions) -> Result<Option<Stats>, String> {
         );
     }
 
-    let cfg = |pool_size| DockerConfig {
-        runtime: opts.runtime.clone(),
-        pool_size,
-        ..DockerConfig::new(opts.image.clone())
-    };
-    let cold = DockerBackend::connect(cfg(0))
-        .await
-        .map_err(|e| e.to_string())?;
+    let cold = local_service((opts.connect)(0).await?, 4, &["bench"]);
+    let ex = cold.tenants()[0].clone();
     let mut v = Vec::new();
-    engine_once(&cold).await.map_err(|e| e.to_string())?;
+    engine_once(&ex).await?;
     for _ in 0..opts.samples {
-        cold.drain().await;
-        v.push(engine_once(&cold).await.map_err(|e| e.to_string())?);
+        cold.backend().drain().await;
+        v.push(engine_once(&ex).await?);
     }
     cold.shutdown().await;
     if let Some(s) = Stats::of(v) {
@@ -233,16 +273,19 @@ pub async fn engine(opts: &BenchOptions) -> Result<Option<Stats>, String> {
         );
     }
 
-    let warm = Arc::new(
-        DockerBackend::connect(cfg(opts.pool_size.max(1)))
-            .await
-            .map_err(|e| e.to_string())?,
+    let slots = opts.concurrency.iter().copied().max().unwrap_or(1).max(opts.burst);
+    let warm_service = local_service(
+        (opts.connect)(opts.pool_size.max(1)).await?,
+        slots,
+        &["local"],
     );
+    let warm = warm_service.backend().clone();
+    let ex = warm_service.tenants()[0].clone();
     let mut v = Vec::new();
     for _ in 0..opts.samples {
-        pool_filled(&warm, opts.pool_size.max(1)).await;
+        pool_filled(&*warm, opts.pool_size.max(1)).await;
         warm.drain().await;
-        v.push(engine_once(&warm).await.map_err(|e| e.to_string())?);
+        v.push(engine_once(&ex).await?);
     }
     if let Some(s) = Stats::of(v) {
         println!(
@@ -258,16 +301,16 @@ pub async fn engine(opts: &BenchOptions) -> Result<Option<Stats>, String> {
     println!("| concurrency | runs/s | p50 ms | p95 ms | failed | pool hits |");
     println!("| --- | --- | --- | --- | --- | --- |");
     for &c in &opts.concurrency {
-        pool_filled(&warm, opts.pool_size).await;
+        pool_filled(&*warm, opts.pool_size).await;
         warm.drain().await;
-        let hits0 = warm.pool_stats().map(|p| p.hits).unwrap_or(0);
-        let w = warm.clone();
+        let hits0 = warm.stats().pool_hits;
+        let w = ex.clone();
         let (lat, failed, wall) = load(opts.throughput_runs, c, move || {
             let w = w.clone();
-            async move { engine_once(&w).await.map_err(|e| e.to_string()) }
+            async move { engine_once(&w).await }
         })
         .await;
-        let hits = warm.pool_stats().map(|p| p.hits).unwrap_or(0) - hits0;
+        let hits = warm.stats().pool_hits - hits0;
         let s = Stats::of(lat.clone());
         println!(
             "| {c} | {:.1} | {} | {} | {failed} | {hits}/{} |",
@@ -299,12 +342,12 @@ pub async fn engine(opts: &BenchOptions) -> Result<Option<Stats>, String> {
         );
     }
 
-    pool_filled(&warm, opts.pool_size).await;
+    pool_filled(&*warm, opts.pool_size).await;
     warm.drain().await;
-    let w = warm.clone();
+    let w = ex.clone();
     let (lat, failed, wall) = load(opts.burst, opts.burst, move || {
         let w = w.clone();
-        async move { engine_once(&w).await.map_err(|e| e.to_string()) }
+        async move { engine_once(&w).await }
     })
     .await;
     let (_, peak_rss) = rss();
@@ -323,32 +366,9 @@ pub async fn engine(opts: &BenchOptions) -> Result<Option<Stats>, String> {
         idle_rss as f64 / 1048576.0,
         peak_rss as f64 / 1048576.0
     );
-    warm.shutdown().await;
+    warm_service.shutdown().await;
     fairness(opts).await?;
     Ok(baseline)
-}
-
-/// One run of `code` for `tenant` through `scheduler`, as the MCP tools run it; the time
-/// from asking for a slot to the outcome.
-async fn scheduled_run(
-    s: &DockerBackend,
-    scheduler: &Arc<Scheduler>,
-    tenant: &str,
-    code: &str,
-) -> Result<Duration, String> {
-    let t = Instant::now();
-    let _slot = scheduler
-        .acquire(tenant, usize::MAX)
-        .await
-        .map_err(|e| e.to_string())?;
-    let o = s
-        .run(JobSpec::python(code, Limits::default()), None)
-        .await
-        .map_err(|e| e.to_string())?;
-    if !o.success() {
-        return Err(format!("unexpected outcome {}", o.status_line()));
-    }
-    Ok(t.elapsed())
 }
 
 /// Fairness between tenants: a quiet tenant's sequential runs while a noisy one keeps
@@ -359,24 +379,17 @@ pub async fn fairness(opts: &BenchOptions) -> Result<(), String> {
     const FLOOD_DEPTH: usize = 8;
     const QUIET_SAMPLES: usize = 5;
     const NOISY_CODE: &str = "import time\ntime.sleep(1)";
-    let sandbox = Arc::new(
-        DockerBackend::connect(DockerConfig {
-            runtime: opts.runtime.clone(),
-            ..DockerConfig::new(opts.image.clone())
-        })
-        .await
-        .map_err(|e| e.to_string())?,
-    );
+    let sandbox = (opts.connect)(0).await?;
     println!(
         "\n## Fairness: a quiet tenant's `{CODE}` while a noisy tenant keeps {} calls of 1 s on {SLOTS} run slots\n",
         FLOOD_DEPTH + SLOTS
     );
     println!("| scheduling | n | min ms | median ms | p95 ms | ratio to quiet alone |");
     println!("| --- | --- | --- | --- | --- | --- |");
-    let scheduler = Scheduler::new(SLOTS, 64);
+    let service = local_service(sandbox.clone(), SLOTS, &["quiet"]);
     let mut alone = Vec::new();
     for _ in 0..QUIET_SAMPLES {
-        alone.push(scheduled_run(&sandbox, &scheduler, "quiet", CODE).await?);
+        alone.push(run_once(&service.tenants()[0], CODE).await?);
     }
     let alone = Stats::of(alone).expect("samples");
     println!("{}", latency_row("quiet tenant alone", &alone, None));
@@ -384,19 +397,22 @@ pub async fn fairness(opts: &BenchOptions) -> Result<(), String> {
         ("first come, first served (baseline)", false),
         ("turns between tenants (this server)", true),
     ] {
-        let scheduler = Scheduler::new(SLOTS, 64);
-        let (noisy_key, quiet_key) = if fair {
-            ("noisy", "quiet")
+        // Two tenants take turns (the server's scheduler); one tenant for both is a
+        // single first-come-first-served queue.
+        let service = if fair {
+            local_service(sandbox.clone(), SLOTS, &["noisy", "quiet"])
         } else {
-            ("all", "all")
+            local_service(sandbox.clone(), SLOTS, &["all"])
         };
+        let noisy = service.tenants()[0].clone();
+        let quiet_ex = service.tenants().last().unwrap().clone();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let workers: Vec<_> = (0..FLOOD_DEPTH + SLOTS)
             .map(|_| {
-                let (s, sch, stop) = (sandbox.clone(), scheduler.clone(), stop.clone());
+                let (ex, stop) = (noisy.clone(), stop.clone());
                 tokio::spawn(async move {
                     while !stop.load(Ordering::SeqCst) {
-                        if let Err(e) = scheduled_run(&s, &sch, noisy_key, NOISY_CODE).await {
+                        if let Err(e) = run_once(&ex, NOISY_CODE).await {
                             eprintln!("bench: noisy run failed: {e}");
                         }
                     }
@@ -406,7 +422,7 @@ pub async fn fairness(opts: &BenchOptions) -> Result<(), String> {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let mut quiet = Vec::new();
         for _ in 0..QUIET_SAMPLES {
-            quiet.push(scheduled_run(&sandbox, &scheduler, quiet_key, CODE).await?);
+            quiet.push(run_once(&quiet_ex, CODE).await?);
         }
         stop.store(true, Ordering::SeqCst);
         for w in workers {

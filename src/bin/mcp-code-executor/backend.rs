@@ -56,3 +56,14 @@ pub async fn connect_with_pool(
     }
     Ok(sandbox)
 }
+
+/// The bench's way to get a backend with a warm pool of a given size (0: none).
+pub fn bench_connect(opts: SandboxOpts) -> mcp_code_executor::ops::bench::Connect {
+    std::sync::Arc::new(move |pool_size| {
+        let opts = opts.clone();
+        Box::pin(async move {
+            let b = connect_with_pool(&opts, pool_size, Limits::default(), false).await?;
+            Ok(std::sync::Arc::new(b) as std::sync::Arc<dyn Backend>)
+        })
+    })
+}

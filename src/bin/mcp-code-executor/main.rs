@@ -147,6 +147,7 @@ async fn dispatch(cli: Cli) -> i32 {
             };
             drop(sandbox);
             let opts = bench::BenchOptions {
+                connect: backend::bench_connect(cmd.sandbox.clone()),
                 image: cmd
                     .sandbox
                     .image
@@ -176,7 +177,7 @@ async fn dispatch(cli: Cli) -> i32 {
             let sandbox = match backend::connect(&opts).await {
                 Ok(s) => s,
                 Err(e) => {
-                    eprintln!("FAIL  docker reachable  {e}");
+                    eprintln!("FAIL  {}  {e}", doctor::REACHABLE);
                     return 1;
                 }
             };
