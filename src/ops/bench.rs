@@ -173,7 +173,9 @@ async fn engine_once(ex: &Executor) -> Result<Duration, String> {
 /// Wait until the pool holds `n` waiting sandboxes (steady state between samples).
 async fn pool_filled(s: &dyn Backend, n: usize) {
     let t = Instant::now();
-    while s.stats().pool_target > 0 && s.stats().pool_ready < n && t.elapsed() < Duration::from_secs(30)
+    while s.stats().pool_target > 0
+        && s.stats().pool_ready < n
+        && t.elapsed() < Duration::from_secs(30)
     {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -273,7 +275,13 @@ pub async fn engine(opts: &BenchOptions) -> Result<Option<Stats>, String> {
         );
     }
 
-    let slots = opts.concurrency.iter().copied().max().unwrap_or(1).max(opts.burst);
+    let slots = opts
+        .concurrency
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(1)
+        .max(opts.burst);
     let warm_service = local_service(
         (opts.connect)(opts.pool_size.max(1)).await?,
         slots,
