@@ -3,38 +3,67 @@
 
 use crate::job::Outcome;
 
-/// One file's result, or the infrastructure error that kept it from running.
+/// One file's result: its outcome, the infrastructure error that kept it from running, or
+/// why it was not run.
 pub struct CaseResult<'a> {
     pub name: &'a str,
-    pub result: Result<&'a Outcome, String>,
+    pub result: Case<'a>,
 }
 
-/// Render a `<testsuites>` document.
-pub fn render(cases: &[CaseResult<'_>]) -> String {
+/// What became of one file.
+pub enum Case<'a> {
+    Ran(&'a Outcome),
+    Error(String),
+    /// Not run; the reason (e.g. `--fail-fast` after another file failed).
+    Skipped(&'a str),
+}
+
+/// Render a `<testsuites>` document. Times are each file's wall time; the suite's `time`
+/// is `wall_ms` when given (files ran in parallel), else their sum.
+pub fn render(cases: &[CaseResult<'_>], wall_ms: Option<u64>) -> String {
     let failures = cases
         .iter()
-        .filter(|c| matches!(c.result, Ok(o) if !o.success()))
+        .filter(|c| matches!(c.result, Case::Ran(o) if !o.success()))
         .count();
-    let errors = cases.iter().filter(|c| c.result.is_err()).count();
-    let total_ms: u64 = cases
+    let errors = cases
         .iter()
-        .filter_map(|c| c.result.as_ref().ok().map(|o| o.duration_ms))
-        .sum();
+        .filter(|c| matches!(c.result, Case::Error(_)))
+        .count();
+    let skipped = cases
+        .iter()
+        .filter(|c| matches!(c.result, Case::Skipped(_)))
+        .count();
+    let total_ms: u64 = wall_ms.unwrap_or_else(|| {
+        cases
+            .iter()
+            .filter_map(|c| match c.result {
+                Case::Ran(o) => Some(o.duration_ms),
+                _ => None,
+            })
+            .sum()
+    });
     let mut s = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     s.push_str(&format!(
-        "<testsuites tests=\"{n}\" failures=\"{failures}\" errors=\"{errors}\" time=\"{t:.3}\">\n\
-         <testsuite name=\"mcp-code-executor\" tests=\"{n}\" failures=\"{failures}\" errors=\"{errors}\" time=\"{t:.3}\">\n",
+        "<testsuites tests=\"{n}\" failures=\"{failures}\" errors=\"{errors}\" skipped=\"{skipped}\" time=\"{t:.3}\">\n\
+         <testsuite name=\"mcp-code-executor\" tests=\"{n}\" failures=\"{failures}\" errors=\"{errors}\" skipped=\"{skipped}\" time=\"{t:.3}\">\n",
         n = cases.len(),
         t = total_ms as f64 / 1000.0
     ));
     for c in cases {
-        let time = c.result.as_ref().map(|o| o.duration_ms).unwrap_or(0) as f64 / 1000.0;
+        let ms = match c.result {
+            Case::Ran(o) => o.duration_ms,
+            _ => 0,
+        };
+        let time = ms as f64 / 1000.0;
         s.push_str(&format!(
             "  <testcase classname=\"run\" name=\"{}\" time=\"{time:.3}\">\n",
             escape(c.name)
         ));
         match &c.result {
-            Ok(o) => {
+            Case::Skipped(why) => {
+                s.push_str(&format!("    <skipped message=\"{}\"/>\n", escape(why)))
+            }
+            Case::Ran(o) => {
                 if !o.success() {
                     let kind = if o.timed_out {
                         "timeout"
@@ -54,7 +83,7 @@ pub fn render(cases: &[CaseResult<'_>]) -> String {
                     escape(&o.stderr_text())
                 ));
             }
-            Err(e) => s.push_str(&format!(
+            Case::Error(e) => s.push_str(&format!(
                 "    <error type=\"infrastructure\" message=\"{}\"/>\n",
                 escape(e)
             )),
@@ -98,21 +127,31 @@ mod tests {
             timed_out: true,
             ..Default::default()
         };
-        let xml = render(&[
-            CaseResult {
-                name: "a.py",
-                result: Ok(&ok),
-            },
-            CaseResult {
-                name: "b\"py",
-                result: Ok(&bad),
-            },
-            CaseResult {
-                name: "c.py",
-                result: Err("daemon down".into()),
-            },
-        ]);
-        assert!(xml.contains("tests=\"3\" failures=\"1\" errors=\"1\""));
+        let xml = render(
+            &[
+                CaseResult {
+                    name: "a.py",
+                    result: Case::Ran(&ok),
+                },
+                CaseResult {
+                    name: "b\"py",
+                    result: Case::Ran(&bad),
+                },
+                CaseResult {
+                    name: "c.py",
+                    result: Case::Error("daemon down".into()),
+                },
+                CaseResult {
+                    name: "d.py",
+                    result: Case::Skipped("not run: --fail-fast"),
+                },
+            ],
+            None,
+        );
+        assert!(xml.contains("tests=\"4\" failures=\"1\" errors=\"1\" skipped=\"1\""));
+        assert!(xml.contains(
+            "name=\"d.py\" time=\"0.000\">\n    <skipped message=\"not run: --fail-fast\"/>"
+        ));
         assert!(xml.contains("&lt;ok&gt; &amp; fine"));
         assert!(xml.contains("name=\"b&quot;py\""));
         assert!(xml.contains("<failure type=\"timeout\""));

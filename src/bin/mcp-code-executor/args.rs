@@ -244,9 +244,25 @@ pub struct SandboxOpts {
 
 #[derive(Args)]
 pub struct RunCmd {
-    /// Python files to run; `-` reads the code from stdin.
+    /// Python files to run: files, directories (every `*.py` under them, hidden ones
+    /// skipped, in path order) and quoted glob patterns (`'tests/**/*.py'`); `-` reads the
+    /// code from stdin.
     #[arg(required = true)]
     pub files: Vec<String>,
+    /// Files run at once (default: the number of CPUs, at most as many as the host's
+    /// memory holds at --memory each). A warm pool of this many sandboxes serves them; one
+    /// file keeps no pool.
+    #[arg(long, short = 'j', value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub jobs: Option<u16>,
+    /// Start no new file after the first one that fails (running ones finish); the rest
+    /// are reported as skipped.
+    #[arg(long)]
+    pub fail_fast: bool,
+    /// How results are printed: `text` (output, then a status line), `json` (one JSON
+    /// outcome per file on stdout) or `github` (output in collapsible groups, failures as
+    /// GitHub Actions `::error` annotations at the traceback's line).
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: FormatArg,
     /// Wall-clock limit per file, seconds.
     #[arg(long, env = vars::MCP_EXECUTOR_TIMEOUT, value_parser = config::parse_duration, default_value = "30")]
     pub timeout: std::time::Duration,
@@ -265,14 +281,22 @@ pub struct RunCmd {
     /// Size of the /workspace tmpfs.
     #[arg(long, env = vars::MCP_EXECUTOR_WORKSPACE_SIZE, value_parser = config::parse_size, default_value = "64m")]
     pub workspace_size: u64,
-    /// Print one JSON outcome per file on stdout instead of the live output.
-    #[arg(long)]
+    /// Same as `--format json`.
+    #[arg(long, conflicts_with = "format")]
     pub json: bool,
     /// Write a JUnit XML report, one test case per file.
     #[arg(long, value_name = "PATH")]
     pub junit: Option<PathBuf>,
     #[command(flatten)]
     pub sandbox: SandboxOpts,
+}
+
+/// `run --format`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum FormatArg {
+    Text,
+    Json,
+    Github,
 }
 
 #[derive(Args)]

@@ -10,12 +10,14 @@ use std::process::ExitCode;
 use clap::Parser;
 use mcp_code_executor::app::{Capacity, Service, Settings, TenantParts};
 use mcp_code_executor::backend::Backend;
-use mcp_code_executor::cli::run::{self, RunArgs};
+use mcp_code_executor::cli::files;
+use mcp_code_executor::cli::output::Format;
+use mcp_code_executor::cli::run::{self, RunOptions};
 use mcp_code_executor::config;
 use mcp_code_executor::job::Limits;
 use mcp_code_executor::ops::{bench, doctor};
 
-use args::{Cli, Command, ImageCmd, TenantCmd};
+use args::{Cli, Command, FormatArg, ImageCmd, RunCmd, TenantCmd};
 use backend::image::{self, BuildOptions};
 
 fn main() -> ExitCode {
@@ -190,69 +192,144 @@ async fn dispatch(cli: Cli) -> i32 {
                 1
             }
         }
-        Command::Run(cmd) => {
-            let limits = Limits {
-                timeout: cmd.timeout,
-                memory_bytes: cmd.memory,
-                cpus: cmd.cpus,
-                pids: cmd.pids,
-                output_bytes: cmd.output_limit,
-                workspace_bytes: cmd.workspace_size,
-                ..Limits::default()
-            };
-            if let Err(e) = config::validate_limits(&limits) {
-                eprintln!("mcp-code-executor: {e}");
-                return run::exit::USAGE;
-            }
-            let sandbox = match backend::connect(&cmd.sandbox).await {
-                Ok(s) => s,
-                Err(e) => {
-                    eprintln!("mcp-code-executor: {e}");
-                    return run::exit::INFRA;
-                }
-            };
-            // The same core the server uses, with a local policy: one tenant, one run at a
-            // time, no quotas, no code storage.
-            let sandbox = std::sync::Arc::new(sandbox);
-            let mut service = Service::new(
-                sandbox.clone(),
-                Capacity {
-                    max_concurrent: 1,
-                    ..Capacity::default()
-                },
-            );
-            let executor = service.add_tenant(TenantParts {
-                settings: Settings {
-                    limits: limits.clone(),
-                    ..Settings::default()
-                },
-                storage: None,
-                environments: None,
-            });
-            let args = RunArgs {
-                files: cmd.files,
-                limits,
-                json: cmd.json,
-                junit: cmd.junit,
-            };
-            // SIGINT (Ctrl-C) or SIGTERM (a CI job cancelled): the run's future is dropped,
-            // which kills and removes its sandbox; then wait for the removal.
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("SIGTERM handler");
-            let code = tokio::select! {
-                c = run::run_files(&executor, args) => c,
-                _ = tokio::signal::ctrl_c() => {
-                    eprintln!("mcp-code-executor: interrupted; removing the sandbox");
-                    130
-                }
-                _ = term.recv() => {
-                    eprintln!("mcp-code-executor: terminated; removing the sandbox");
-                    143
-                }
-            };
-            sandbox.drain().await;
-            code
-        }
+        Command::Run(cmd) => run_command(cmd).await,
     }
+}
+
+/// `run`: read the files, connect (with a warm pool sized to `--jobs` when several files
+/// run), run them through the application core, and remove every sandbox before exiting,
+/// whether the run ended, failed, or was interrupted (SIGINT, SIGTERM).
+async fn run_command(cmd: RunCmd) -> i32 {
+    use std::sync::atomic::{AtomicI32, Ordering};
+    use std::sync::Arc;
+    use tokio_util::sync::CancellationToken;
+
+    let limits = Limits {
+        timeout: cmd.timeout,
+        memory_bytes: cmd.memory,
+        cpus: cmd.cpus,
+        pids: cmd.pids,
+        output_bytes: cmd.output_limit,
+        workspace_bytes: cmd.workspace_size,
+        ..Limits::default()
+    };
+    if let Err(e) = config::validate_limits(&limits) {
+        eprintln!("mcp-code-executor: {e}");
+        return run::exit::USAGE;
+    }
+    let format = match (cmd.json, cmd.format) {
+        (true, _) | (_, FormatArg::Json) => Format::Json,
+        (_, FormatArg::Text) => Format::Text,
+        (_, FormatArg::Github) => Format::Github,
+    };
+    // Every file is found and read before any runs: a typo in the last name fails the job
+    // at once, not after the others ran (and without a half-written report).
+    let mut files = match files::expand(&cmd.files) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("mcp-code-executor: {e}");
+            return run::exit::USAGE;
+        }
+    };
+    if files.iter().filter(|f| f.path.is_none()).count() > 1 {
+        eprintln!("mcp-code-executor: `-` (stdin) may be given once");
+        return run::exit::USAGE;
+    }
+    if let Err(e) = files::read_all(&mut files).await {
+        eprintln!("mcp-code-executor: {e}");
+        return run::exit::USAGE;
+    }
+    let jobs = cmd
+        .jobs
+        .map_or_else(|| run::default_jobs(&limits), usize::from)
+        .min(files.len())
+        .max(1);
+
+    // SIGINT (Ctrl-C) or SIGTERM (a cancelled CI job) from here on: no new file starts, the
+    // running ones are cancelled, and every sandbox is removed before exiting.
+    let stop = CancellationToken::new();
+    let signalled = Arc::new(AtomicI32::new(0));
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("mcp-code-executor: cannot handle SIGTERM: {e}");
+            return run::exit::INFRA;
+        }
+    };
+    let watcher = tokio::spawn({
+        let (stop, signalled) = (stop.clone(), signalled.clone());
+        async move {
+            let code = tokio::select! {
+                _ = tokio::signal::ctrl_c() => run::exit::INTERRUPTED,
+                _ = term.recv() => run::exit::TERMINATED,
+            };
+            let what = if code == run::exit::INTERRUPTED {
+                "interrupted"
+            } else {
+                "terminated"
+            };
+            eprintln!("mcp-code-executor: {what}; removing the sandboxes");
+            signalled.store(code, Ordering::SeqCst);
+            stop.cancel();
+        }
+    });
+    let interrupted = || match signalled.load(Ordering::SeqCst) {
+        0 => None,
+        code => Some(code),
+    };
+
+    // Connect (and build the image on first use) without a pool, so that a signal meanwhile
+    // leaves no sandbox behind; then, for several files, a backend with a warm pool of
+    // `jobs` sandboxes of the run's shape (one file keeps no pool).
+    let plain = tokio::select! {
+        r = backend::connect(&cmd.sandbox) => r,
+        _ = stop.cancelled() => return interrupted().unwrap_or(run::exit::INTERRUPTED),
+    };
+    let sandbox = match plain {
+        Ok(s) if files.len() > 1 => {
+            drop(s);
+            let opts = args::SandboxOpts {
+                no_build: true,
+                ..cmd.sandbox.clone()
+            };
+            backend::connect_with_pool(&opts, jobs, limits.clone(), false).await
+        }
+        other => other,
+    };
+    let sandbox: Arc<dyn Backend> = match sandbox {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            eprintln!("mcp-code-executor: {e}");
+            return run::exit::INFRA;
+        }
+    };
+    // The same core the server uses, with a local policy: one tenant, `jobs` runs at once,
+    // no quotas, no code storage.
+    let mut service = Service::new(
+        sandbox.clone(),
+        Capacity {
+            max_concurrent: jobs,
+            ..Capacity::default()
+        },
+    );
+    let executor = service.add_tenant(TenantParts {
+        settings: Settings {
+            limits: limits.clone(),
+            ..Settings::default()
+        },
+        storage: None,
+        environments: None,
+    });
+    let opts = RunOptions {
+        limits,
+        format,
+        junit: cmd.junit,
+        jobs,
+        fail_fast: cmd.fail_fast,
+    };
+    let code = run::run_files(executor, files, opts, stop).await;
+    // Pools stopped, every sandbox removed (bounded; what is left goes to the next sweep).
+    sandbox.shutdown().await;
+    watcher.abort();
+    interrupted().unwrap_or(code)
 }
