@@ -29,7 +29,9 @@
 //!   gets its own [`mcp::CodeExecutor`]; [`mcp::http`] picks it by token.
 //! - [`metrics`]: Prometheus counters and gauges (`/metrics`); [`health`]: the client
 //!   side of the container healthcheck.
-//! - [`cli`]: the `run` command for CI pipelines (output, JSON, JUnit, exit codes).
+//! - [`cli`]: the `run` command for CI pipelines (files, directories and globs run `--jobs` at
+//!   once through the application core; output blocks, summary, JSON, JUnit, GitHub
+//!   annotations, exit codes).
 //! - [`bench`](mod@bench): latency and throughput against a `docker run` baseline from the same run.
 //!
 //! The binary (`src/bin/mcp-code-executor/`) only parses the command line (`args.rs`), sets

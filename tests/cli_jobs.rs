@@ -190,9 +190,9 @@ fn twenty_mixed_files_give_the_same_outcomes_and_exit_code_with_jobs_4_as_with_j
         // The exit code is the first failure's in file order, whatever finished first.
         assert_eq!(out.status.code(), Some(3), "--jobs {jobs}: {stderr}");
         assert!(
-            stderr.contains(&format!(
+            stderr.contains(
                 "summary: 20 files, 13 passed, 3 failed, 2 timed out, 2 OOM-killed, 0 skipped, 0 errors in "
-            )) && stderr.contains(&format!("(--jobs {jobs})")),
+            ) && stderr.contains(&format!("(--jobs {jobs})")),
             "{stderr}"
         );
         let xml = std::fs::read_to_string(&report).unwrap();

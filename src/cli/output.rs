@@ -82,7 +82,7 @@ impl Printer {
             return;
         }
         match self.format {
-            Format::Text if self.several => eprintln!("==> {} <==", f.name),
+            Format::Text if self.several => err_line(&format!("==> {} <==", f.name)),
             Format::Github => {
                 let mut out = std::io::stdout().lock();
                 let _ = out
@@ -136,7 +136,7 @@ impl Printer {
                     serde_json::json!({"file": f.name, "skipped": true, "reason": SKIPPED_WHY})
                 }
             };
-            println!("{v}");
+            out_line(&v.to_string());
             return;
         }
         if matches!(report, FileReport::Skipped) {
@@ -247,6 +247,18 @@ fn title_of(o: &Outcome) -> String {
             None => "no exit code".into(),
         }
     }
+}
+
+/// Print a line on stdout; a reader that went away (`| head`) is not an error (and must not
+/// panic, which would leave sandboxes to the next start-up sweep).
+pub fn out_line(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|_| out.flush());
+}
+
+/// Print a line on stderr, as [`out_line`].
+pub fn err_line(line: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// Append `data`, ending it with a newline if it has none.

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::files::SourceFile;
 use super::junit::{self, Case, CaseResult};
-use super::output::{FileReport, Format, Printer, Summary, Tail, SKIPPED_WHY};
+use super::output::{err_line, FileReport, Format, Printer, Summary, Tail, SKIPPED_WHY};
 use crate::app::{AppError, Executor};
 use crate::job::{InputFile, JobSpec, Limits, Outcome};
 
@@ -190,7 +190,7 @@ pub async fn run_files(
         .map(|r| r.expect("every file has a report").0)
         .collect();
     if n > 1 {
-        eprintln!("{}", Summary::of(&reports).line(wall, jobs));
+        err_line(&Summary::of(&reports).line(wall, jobs));
     }
     if let Some(path) = &opts.junit {
         let cases: Vec<CaseResult<'_>> = files
@@ -205,7 +205,7 @@ pub async fn run_files(
                 },
             })
             .collect();
-        let wall_ms = (jobs > 1).then(|| wall.as_millis() as u64);
+        let wall_ms = (jobs > 1).then_some(wall.as_millis() as u64);
         if let Err(e) = std::fs::write(path, junit::render(&cases, wall_ms)) {
             eprintln!("mcp-code-executor: cannot write {}: {e}", path.display());
             return exit::USAGE;
