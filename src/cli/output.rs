@@ -163,7 +163,7 @@ impl Printer {
                 match report {
                     FileReport::Ran(r) if !r.success() => {
                         let failure = github::failure(r, &f.entry);
-                        let title = format!("{} failed: {}", f.name, title_of(r));
+                        let title = format!("{} failed: {}", shown(&f.name), title_of(r));
                         o.extend(github::error_command(&f.name, &title, &failure).as_bytes());
                         o.push(b'\n');
                     }
@@ -172,7 +172,7 @@ impl Printer {
                             line: None,
                             message: msg.clone(),
                         };
-                        let title = format!("{}: the sandbox failed", f.name);
+                        let title = format!("{}: the sandbox failed", shown(&f.name));
                         o.extend(github::error_command(&f.name, &title, &failure).as_bytes());
                         o.push(b'\n');
                     }
@@ -230,6 +230,15 @@ impl Printer {
             github::data(name),
             self.token
         )
+    }
+}
+
+/// A file's name in a title: `stdin` for `-`.
+fn shown(name: &str) -> &str {
+    if name == "-" {
+        "stdin"
+    } else {
+        name
     }
 }
 
