@@ -5,7 +5,10 @@
 #
 #   cargo build --release && scripts/bench-run-jobs.sh [BINARY] [FILES]
 #
-# The goal: --jobs 4 takes at most 0.35x the wall time of --jobs 1, for both sets.
+# The goal: --jobs 4 takes at most 0.35x the wall time of --jobs 1, for both sets. A last row
+# gives Docker's own ceiling in the same run: the same 40 `print(1)` as plain
+# `docker run --rm` of the sandbox image (no hardening, no runner), one at a time and 4 at
+# once (needs the docker CLI; skipped without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-${CARGO_TARGET_DIR:-target}/release/mcp-code-executor}
@@ -40,3 +43,21 @@ for set in print numpy; do
   ratio=$(awk -v a="$one" -v b="$four" 'BEGIN { printf "%.2f", b / a }')
   printf '%-8s %6s %12s %12s %8s\n' "$set" "$n" "$one" "$four" "$ratio"
 done
+
+if command -v docker >/dev/null; then
+  image=$("$bin" image name)
+  drun() {
+    docker run --rm --network none --label io.mcp-code-executor.bench-run-jobs=1 "$image" \
+      python3 -c 'print(1)' >/dev/null
+  }
+  export -f drun
+  export image
+  start=$(date +%s.%N)
+  for _ in $(seq "$n"); do drun; done
+  one=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+  start=$(date +%s.%N)
+  seq "$n" | xargs -P 4 -I{} bash -c drun
+  four=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+  ratio=$(awk -v a="$one" -v b="$four" 'BEGIN { printf "%.2f", b / a }')
+  printf '%-8s %6s %12s %12s %8s\n' "docker" "$n" "$one" "$four" "$ratio"
+fi
