@@ -1,6 +1,6 @@
 //! A connection: one client's view of its tenant's executor, with the state that belongs to
 //! that client alone, its execute_python session and (unless the tenant shares one) its
-//! workspace. Made by an explicit constructor, [`Executor::connect`], once per MCP
+//! workspace. Made by an explicit constructor, [`Connection::new`], once per MCP
 //! connection; dropping it removes that session and that workspace.
 
 use std::path::Path;
@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::cell::{self, CellDone};
 use super::error::AppError;
 use super::executor::{code_digest, Executor};
-use super::sessions::{self, CellDone};
 use super::workspaces::{self, WriteError};
 use crate::backend::Events;
 use crate::job::{JobSpec, Outcome};
@@ -34,18 +34,16 @@ pub struct RunDone {
     pub note: Option<String>,
 }
 
-impl Executor {
-    /// A new connection to this executor, with its own session and workspace.
-    pub fn connect(self: &Arc<Self>) -> Connection {
+impl Connection {
+    /// A new connection to `executor`, with its own session and workspace.
+    pub fn new(executor: Arc<Executor>) -> Connection {
         Connection {
             id: NEXT_CONNECTION.fetch_add(1, Ordering::SeqCst),
             key: crate::job::new_job_id(),
-            executor: self.clone(),
+            executor,
         }
     }
-}
 
-impl Connection {
     pub fn executor(&self) -> &Arc<Executor> {
         &self.executor
     }
@@ -128,7 +126,7 @@ impl Connection {
         cancel: &CancellationToken,
     ) -> Result<CellDone, AppError> {
         crate::storage::check_code_size(code).map_err(|e| AppError::Invalid(e.to_string()))?;
-        sessions::cell(
+        cell::cell(
             &self.executor,
             self.id,
             &self.workspace_key(),
@@ -143,7 +141,7 @@ impl Connection {
 
     /// End this connection's session: true when there was one.
     pub async fn reset_session(&self) -> bool {
-        sessions::reset(&self.executor.sessions, self.id).await
+        cell::reset(&self.executor.sessions, self.id).await
     }
 
     /// Write a workspace file (`/workspace/x` and `./x` name `x`): its name and size.

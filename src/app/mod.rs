@@ -7,15 +7,17 @@
 //!   read lock, a run slot, then the backend; cancellation and shutdown race every run;
 //!   code storage.
 //! - [`connection`]: a client's [`Connection`] to its executor (explicit constructor
-//!   [`Executor::connect`]): its execute_python session and its workspace, removed when it
+//!   [`Connection::new`]): its execute_python session and its workspace, removed when it
 //!   is dropped; one-shot runs of stored code with the workspace's files.
-//! - [`sessions`]: the registry of stateful sessions (caps, reaper, cells one at a time).
+//! - [`sessions`]: the registry of stateful sessions (caps, reaper); [`cell`]: one cell in
+//!   a session (its turn, environment, run slot, files in and out).
 //! - [`workspaces`]: workspace directories, their caps, files returned by runs.
 //! - [`packages`]: package checks, installs and environment switches of a tenant.
 //! - [`settings`]: what a tenant's executor may do (limits, quotas, session options).
 //! - [`metrics`]: the counters behind `/metrics`.
 //! - [`error`]: [`AppError`], which front ends translate.
 
+pub mod cell;
 pub mod connection;
 pub mod error;
 pub mod executor;

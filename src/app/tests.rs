@@ -175,9 +175,9 @@ async fn sessions_keep_state_are_capped_and_go_with_their_connection() {
     let ex = tenant(&mut s, set);
     let t = (Duration::from_secs(5), None);
     let never = CancellationToken::new();
-    let a = ex.connect();
-    let b = ex.connect();
-    let out = |d: sessions::CellDone| d.outcome.stdout_text();
+    let a = Connection::new(ex.clone());
+    let b = Connection::new(ex.clone());
+    let out = |d: cell::CellDone| d.outcome.stdout_text();
     let first = a.cell("x = 41", t.clone(), None, &never).await.unwrap();
     assert_eq!(first.note.as_deref(), Some("a new session was started"));
     assert_eq!(out(first), "cell 1 files \n");
@@ -220,7 +220,7 @@ async fn workspace_files_reach_runs_and_sessions_once() {
     let fake = FakeBackend::new();
     let mut s = service(fake.clone(), 2);
     let ex = tenant(&mut s, settings("acme"));
-    let c = ex.connect();
+    let c = Connection::new(ex.clone());
     let never = CancellationToken::new();
     let t = (Duration::from_secs(5), None);
     c.write_file("/workspace/a.csv", b"1,2\n").await.unwrap();
@@ -260,7 +260,7 @@ async fn shutdown_stops_runs_closes_sessions_then_shuts_the_backend_down() {
     let fake = FakeBackend::new();
     let mut s = service(fake.clone(), 2);
     let ex = tenant(&mut s, settings("acme"));
-    let c = ex.connect();
+    let c = Connection::new(ex.clone());
     let never = CancellationToken::new();
     c.cell("x = 1", (Duration::from_secs(5), None), None, &never)
         .await
@@ -347,8 +347,7 @@ mod env_lock {
         let install = {
             let ex = ex.clone();
             tokio::spawn(async move {
-                ex.install(&["six".into()], None, &CancellationToken::new())
-                    .await
+                packages::install(&ex, &["six".into()], None, &CancellationToken::new()).await
             })
         };
         fake.installing.notified().await;

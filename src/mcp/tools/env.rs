@@ -7,7 +7,7 @@ use rmcp::service::RequestContext;
 use rmcp::{tool, tool_router, ErrorData, RoleServer};
 
 use super::{answer, CodeExecutor};
-use crate::app::packages::{EnvAsked, PackagesReport};
+use crate::app::packages::{self, EnvAsked, PackagesReport};
 use crate::env::manager::{InstallEvent, PackageStatus, Phase};
 use crate::job::RunEvent;
 use crate::mcp::args::{self, Args};
@@ -42,7 +42,7 @@ impl CodeExecutor {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let (progress, events) = Progress::start_with(&ctx, InstallNarration::default());
-        let result = self.executor().install(&a.packages, events, &ctx.ct).await;
+        let result = packages::install(self.executor(), &a.packages, events, &ctx.ct).await;
         if let Some(p) = progress {
             p.finish().await;
         }
@@ -89,7 +89,7 @@ impl CodeExecutor {
         Args(a): Args<args::Packages>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let report = match self.executor().check_packages(&a.packages, &ctx.ct).await {
+        let report = match packages::check_packages(self.executor(), &a.packages, &ctx.ct).await {
             Ok(r) => r,
             Err(e) => return answer(e),
         };
@@ -119,7 +119,7 @@ impl CodeExecutor {
             uv_venv_path: a.uv_venv_path,
             conda_name: a.conda_name,
         };
-        match self.executor().configure(asked).await {
+        match packages::configure(self.executor(), asked).await {
             Ok(report) => {
                 let text = format!(
                     "environment switched to {} at {} (Python {}), mounted read-only in every run",
@@ -140,7 +140,7 @@ impl CodeExecutor {
     async fn get_environment_config(&self) -> Result<CallToolResult, ErrorData> {
         let ex = self.executor();
         let s = ex.settings();
-        let current = ex.environment_report().await;
+        let current = packages::environment_report(ex).await;
         let report = EnvironmentReport {
             env_type: current
                 .as_ref()

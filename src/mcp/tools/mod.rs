@@ -46,7 +46,7 @@ impl CodeExecutor {
 
     /// A handler on a new connection to `executor`.
     pub fn connect(executor: &Arc<Executor>) -> Self {
-        Self::new(executor.connect())
+        Self::new(Connection::new(executor.clone()))
     }
 
     fn executor(&self) -> &Arc<Executor> {
