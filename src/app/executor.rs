@@ -27,7 +27,7 @@ use crate::tenancy::scheduler::{Permit, QueueError, Scheduler};
 /// What the server's executors share: the backend, the run slots, the counters and the
 /// shutdown signal.
 #[derive(Clone)]
-pub struct Shared {
+pub(crate) struct Shared {
     pub backend: Arc<dyn Backend>,
     pub scheduler: Arc<Scheduler>,
     pub metrics: Arc<Metrics>,
@@ -57,7 +57,7 @@ pub struct Executor {
 }
 
 impl Executor {
-    pub fn new(shared: Shared, parts: TenantParts) -> Arc<Executor> {
+    pub(crate) fn new(shared: Shared, parts: TenantParts) -> Arc<Executor> {
         let TenantParts {
             settings,
             storage,

@@ -43,6 +43,9 @@ pub const RUNNER_FILES: &[(&str, &str)] = &[
 ];
 /// The matplotlib backend that turns figures into PNG artifacts.
 pub const MPL_BACKEND: &str = include_str!("../../images/sandbox/mcp_backend.py");
+/// The sandbox image's own interpreter: the runner's, and the code's unless an environment
+/// brings another.
+pub const PYTHON: &str = "/usr/bin/python3";
 /// Repository of the sandbox image; the tag is a content hash.
 pub const IMAGE_REPO: &str = "mcp-code-executor/sandbox";
 /// The base pulled where a registry is reachable.

@@ -136,7 +136,7 @@ mod tests {
             max_timeout: Duration::from_secs(300),
             max_concurrent: 4,
             max_queue: 256,
-            tenant: "local".into(),
+            tenant: crate::job::LOCAL_TENANT.into(),
             tenants_file: None,
             data_dir: "/d".into(),
             code_storage_dir: "/d/code".into(),

@@ -137,7 +137,7 @@ impl EnvManager {
 
     /// Where the managed environment of `tenant` lives.
     pub fn managed_path(&self, tenant: &str) -> PathBuf {
-        if tenant == "local" {
+        if tenant == crate::job::LOCAL_TENANT {
             return self.data_dir.join("envs/default");
         }
         // A tenant id is one path component, whatever it holds.

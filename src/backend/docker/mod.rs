@@ -93,7 +93,7 @@ impl DockerConfig {
         DockerConfig {
             image: image.into(),
             runtime: None,
-            python: "/usr/bin/python3".into(),
+            python: crate::backend::image::PYTHON.into(),
             pool_size: 0,
             pool_limits: Limits::default(),
             pool_env: RunEnv::default(),

@@ -138,8 +138,6 @@ pub struct ServeCmd {
     pub sandbox: SandboxOpts,
 }
 
-// serve.rs builds its configuration with these once it is switched over; until then only
-// the tests call them.
 impl ServeCmd {
     /// The configuration of `serve`, resolved once: what clap parsed (flag, else its
     /// variable, else `.env`, else the default), and, for what has no flag, `get` (a
