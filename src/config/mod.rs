@@ -138,6 +138,15 @@ impl HostEnv {
             path: std::env::var_os(vars::PATH),
         }
     }
+
+    /// The same from `get` (the configuration's view of the environment).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Self {
+        HostEnv {
+            home: get(vars::HOME).map(PathBuf::from),
+            conda_exe: get(vars::CONDA_EXE).map(PathBuf::from),
+            path: get(vars::PATH).map(std::ffi::OsString::from),
+        }
+    }
 }
 
 /// A value that could not be understood, with the input named.

@@ -51,6 +51,8 @@ pub struct ServeConfig {
     pub pip_index: PipIndex,
     /// Where sandboxes come from.
     pub backend: BackendConfig,
+    /// Host facts environments are resolved with (`HOME`, `CONDA_EXE`, `PATH`).
+    pub host: super::HostEnv,
     /// Serve even when the isolation self-test fails.
     pub allow_unsafe: bool,
 }
@@ -157,6 +159,7 @@ mod tests {
                 pool_size: 2,
                 build_missing: true,
             },
+            host: Default::default(),
             allow_unsafe: false,
         }
     }

@@ -196,6 +196,7 @@ impl ServeCmd {
                 pool_size: self.pool_size,
                 build_missing: !self.sandbox.no_build,
             },
+            host: config::HostEnv::from_vars(&get),
             data_dir,
             allow_unsafe: self.allow_unsafe,
         };

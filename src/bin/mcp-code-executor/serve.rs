@@ -193,8 +193,9 @@ async fn environments(
     restrict: Option<Vec<std::path::PathBuf>>,
 ) -> anyhow::Result<Environments> {
     let request = state::request_from(&cfg.env)?;
-    let manager =
-        EnvManager::new(cfg.data_dir.clone(), cfg.ca_bundle.clone()).with_pip_index(&cfg.pip_index);
+    let manager = EnvManager::new(cfg.data_dir.clone(), cfg.ca_bundle.clone())
+        .with_pip_index(&cfg.pip_index)
+        .with_host(cfg.host.clone());
     let mut state = EnvState::init(sandbox, &manager, tenant, request)
         .await
         .map_err(|e| anyhow::anyhow!("the configured Python environment cannot be used: {e}"))?;
