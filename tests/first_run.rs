@@ -81,13 +81,10 @@ impl BuildGate {
 
     /// Wait until the server asked Docker to build (and is held there).
     async fn wait_build_requested(&mut self) {
-        tokio::time::timeout(
-            BUILD_REQUEST_WITHIN,
-            self.build_requested.wait_for(|r| *r),
-        )
-        .await
-        .expect("the server starts building the missing image")
-        .unwrap();
+        tokio::time::timeout(BUILD_REQUEST_WITHIN, self.build_requested.wait_for(|r| *r))
+            .await
+            .expect("the server starts building the missing image")
+            .unwrap();
     }
 
     fn let_build_through(&self) {
@@ -203,7 +200,7 @@ impl Drop for Made {
     }
 }
 
-/// The server's stderr, raw, collected as it comes (and echoed for the test log).
+/// The server's stderr, raw, collected as it comes (failures print it whole).
 #[derive(Clone, Default)]
 struct Stderr(Arc<Mutex<Vec<u8>>>);
 
@@ -218,7 +215,6 @@ impl Stderr {
                 if n == 0 {
                     break;
                 }
-                eprint!("[server] {}", String::from_utf8_lossy(&chunk[..n]));
                 buf.lock().unwrap().extend_from_slice(&chunk[..n]);
             }
         });
@@ -253,7 +249,10 @@ impl Stderr {
         );
         let text = self.text();
         let warnings: Vec<&str> = text.lines().filter(|l| l.contains("WARN")).collect();
-        assert!(warnings.is_empty(), "warnings during a first run: {warnings:?}");
+        assert!(
+            warnings.is_empty(),
+            "warnings during a first run: {warnings:?}"
+        );
         for phase in [
             "building the sandbox image",
             "step 1 of ",
@@ -308,9 +307,11 @@ async fn http_answers_health_and_building_while_the_image_builds() {
     let mcp = http
         .post(format!("{base}/mcp"))
         .header("accept", "application/json, text/event-stream")
-        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        .json(
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-03-26", "capabilities": {},
-            "clientInfo": {"name": "first-run-test", "version": "0"}}}))
+            "clientInfo": {"name": "first-run-test", "version": "0"}}}),
+        )
         .send()
         .await
         .unwrap();
@@ -342,7 +343,9 @@ async fn http_answers_health_and_building_while_the_image_builds() {
     .unwrap_or_else(|_| panic!("not ready in time:\n{}", stderr.text()));
     assert_eq!(ready["ready"], true, "{ready}");
     assert_eq!(ready["image_present"], true, "{ready}");
-    stderr.wait_for("serving Streamable HTTP at", LISTEN_WITHIN).await;
+    stderr
+        .wait_for("serving Streamable HTTP at", LISTEN_WITHIN)
+        .await;
 
     let child = made.child.as_mut().unwrap();
     sigterm(child);
@@ -391,9 +394,11 @@ async fn stdio_call_made_during_start_up_gets_its_result_once_ready() {
     gate.wait_build_requested().await;
     // initialize is answered while the image builds.
     stdin
-        .write_all(&send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        .write_all(&send(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-03-26", "capabilities": {},
-            "clientInfo": {"name": "first-run-test", "version": "0"}}})))
+            "clientInfo": {"name": "first-run-test", "version": "0"}}}),
+        ))
         .await
         .unwrap();
     let (init, _) = until_answer(&mut lines, 1, Duration::from_secs(30), &stderr).await;
@@ -408,7 +413,9 @@ async fn stdio_call_made_during_start_up_gets_its_result_once_ready() {
         .await
         .unwrap();
     stdin
-        .write_all(&send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})))
+        .write_all(&send(
+            json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+        ))
         .await
         .unwrap();
     let (tools, _) = until_answer(&mut lines, 2, Duration::from_secs(30), &stderr).await;
@@ -422,9 +429,11 @@ async fn stdio_call_made_during_start_up_gets_its_result_once_ready() {
 
     // A call during start-up: it waits, saying why, and runs once the server is ready.
     stdin
-        .write_all(&send(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        .write_all(&send(
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
             "name": "execute_code", "arguments": {"code": "print(6 * 7)"},
-            "_meta": {"progressToken": "first-run"}}})))
+            "_meta": {"progressToken": "first-run"}}}),
+        ))
         .await
         .unwrap();
     let waiting = tokio::time::timeout(Duration::from_secs(30), async {
@@ -440,10 +449,7 @@ async fn stdio_call_made_during_start_up_gets_its_result_once_ready() {
     .await
     .expect("a progress notification while the call waits for start-up");
     let message = waiting["params"]["message"].as_str().unwrap();
-    assert!(
-        message.contains("building the sandbox image"),
-        "{message}"
-    );
+    assert!(message.contains("building the sandbox image"), "{message}");
     assert!(waiting["params"]["progress"].as_f64().unwrap() < 1.0);
 
     gate.let_build_through();

@@ -280,9 +280,12 @@ mod tests {
     fn control_sequences_are_stripped() {
         assert_eq!(strip_control("\u{1b}[91mE: boom\u{1b}[0m"), "E: boom");
         assert_eq!(strip_control("\u{1b}[0m"), "");
-        assert_eq!(strip_control("a\u{1b}]0;title\u{7}b\u{1b}]8;;x\u{1b}\\c"), "abc");
+        assert_eq!(
+            strip_control("a\u{1b}]0;title\u{7}b\u{1b}]8;;x\u{1b}\\c"),
+            "abc"
+        );
         assert_eq!(strip_control("50%\r100%\u{8}\tok\n"), "50%100%\tok\n");
-        assert_eq!(strip_control("\u{1b}7saved\u{1b}[2K\u{9b}1mx"), "7savedx");
+        assert_eq!(strip_control("\u{1b}7saved\u{1b}[2K\u{9b}1mx"), "savedx");
         assert_eq!(strip_control("plain – ünïcode"), "plain – ünïcode");
     }
 
@@ -290,7 +293,10 @@ mod tests {
     fn build_steps_are_named_briefly() {
         let (i, n, name) = parse_step("Step 4/13 : RUN set -eux;     export DEBIAN_FRONTEND=noninteractive;     apt-get update; apt-get install -y python3").unwrap();
         assert_eq!((i, n), (4, 13));
-        assert!(name.starts_with("RUN set -eux; export DEBIAN_FRONTEND"), "{name}");
+        assert!(
+            name.starts_with("RUN set -eux; export DEBIAN_FRONTEND"),
+            "{name}"
+        );
         assert_eq!(name.chars().count(), 60);
         assert!(name.ends_with('…'));
         assert_eq!(
@@ -299,9 +305,16 @@ mod tests {
         );
         assert!(parse_step(" ---> Using cache").is_none());
         assert!(parse_step("Step x/13 : USER").is_none());
-        let e = BuildEvent::Step { index: 4, total: 13, name: "RUN x" };
+        let e = BuildEvent::Step {
+            index: 4,
+            total: 13,
+            name: "RUN x",
+        };
         assert_eq!(e.to_string(), "step 4 of 13: RUN x");
-        let e = BuildEvent::Finished { image: "i:t", secs: 125 };
+        let e = BuildEvent::Finished {
+            image: "i:t",
+            secs: 125,
+        };
         assert_eq!(e.to_string(), "built i:t in 2m05s");
     }
 }

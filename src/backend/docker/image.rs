@@ -12,8 +12,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use super::{classify, connect_docker, LABEL_MANAGED};
 use crate::backend::image::{
-    build_context, parse_step, server_context, strip_control, BuildEvent, BuildOptions,
-    ImageError, BOOTSTRAP_BASE, DEFAULT_MIRROR, FIRST_BUILD_MINUTES, UPSTREAM_BASE,
+    build_context, parse_step, server_context, strip_control, BuildEvent, BuildOptions, ImageError,
+    BOOTSTRAP_BASE, DEFAULT_MIRROR, FIRST_BUILD_MINUTES, UPSTREAM_BASE,
 };
 
 /// Lines of the build's own output kept for the error message of a failed build (they are

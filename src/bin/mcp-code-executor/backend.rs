@@ -65,9 +65,8 @@ pub fn bench_connect(opts: SandboxOpts) -> mcp_code_executor::ops::bench::Connec
     std::sync::Arc::new(move |pool_size| {
         let opts = opts.clone();
         Box::pin(async move {
-            let b =
-                connect_with_pool(&opts, pool_size, Limits::default(), false, &mut print_build)
-                    .await?;
+            let b = connect_with_pool(&opts, pool_size, Limits::default(), false, &mut print_build)
+                .await?;
             Ok(std::sync::Arc::new(b) as std::sync::Arc<dyn Backend>)
         })
     })

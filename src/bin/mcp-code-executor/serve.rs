@@ -70,7 +70,7 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
     });
 
     // The front first: it answers (health, readiness, "starting up") while the rest starts.
-    let mut front = if cfg.stdio {
+    let front = if cfg.stdio {
         let pending = Pending::new(startup.clone());
         let task = tokio::spawn(mcp::transports::stdio::serve_stdio_starting(
             pending.clone(),
@@ -99,30 +99,20 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
             cfg.backend.pool_size
         };
         let starting = http::Starting::new(startup.clone(), pool_target);
-        let task = tokio::spawn(http::serve(
-            listener,
-            starting.router(),
-            shutdown.clone(),
-        ));
+        let task = tokio::spawn(http::serve(listener, starting.router(), shutdown.clone()));
         Front::Http {
             starting,
             task,
             addr,
         }
     };
-    let task = match &mut front {
-        Front::Stdio { task, .. } | Front::Http { task, .. } => task,
-    };
-
+    // A stdio client that leaves during start-up does not cut it short: a failed self-test
+    // is still reported (exit 1), a build still finishes for the next start.
     let started = tokio::select! {
         r = start(&cmd, &cfg, tenants.as_deref(), &startup, shutdown.clone()) => r,
         _ = shutdown.cancelled() => {
             eprintln!("mcp-code-executor: stopped during start-up");
             return Ok(());
-        }
-        r = &mut *task => {
-            // The stdio client left (or the listener failed) before start-up ended.
-            return r.context("the transport task")?.context("serving");
         }
     };
     let service = match started {

@@ -127,11 +127,11 @@ impl Pending {
             _ = context.ct.cancelled() => Err("the call was cancelled while the server started up".into()),
         };
         match r {
-            Ok(()) => self
-                .executor
-                .get()
-                .cloned()
-                .ok_or_else(|| ErrorData::internal_error("start-up ended without a handler", None)),
+            Ok(()) => {
+                self.executor.get().cloned().ok_or_else(|| {
+                    ErrorData::internal_error("start-up ended without a handler", None)
+                })
+            }
             Err(message) => Err(ErrorData::internal_error(message, None)),
         }
     }
