@@ -31,7 +31,7 @@ pub mod workspaces;
 pub use connection::{Connection, RunDone};
 pub use error::AppError;
 pub use executor::{Executor, TenantParts};
-pub use service::{Capacity, Readiness, Service};
+pub use service::{Capacity, Phase, Readiness, Service, Startup};
 pub use settings::{Quota, SessionOptions, Settings};
 
 #[cfg(test)]

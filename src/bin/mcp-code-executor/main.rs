@@ -9,7 +9,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use mcp_code_executor::app::{Capacity, Service, Settings, TenantParts};
-use mcp_code_executor::backend::Backend;
 use mcp_code_executor::cli::run::{self, RunArgs};
 use mcp_code_executor::config;
 use mcp_code_executor::job::Limits;
@@ -181,7 +180,7 @@ async fn dispatch(cli: Cli) -> i32 {
                     return 1;
                 }
             };
-            let report = doctor::diagnose(&sandbox).await;
+            let report = doctor::diagnose(&*sandbox).await;
             sandbox.drain().await;
             print!("{}", report.table());
             if report.ok() {
@@ -213,7 +212,6 @@ async fn dispatch(cli: Cli) -> i32 {
             };
             // The same core the server uses, with a local policy: one tenant, one run at a
             // time, no quotas, no code storage.
-            let sandbox = std::sync::Arc::new(sandbox);
             let mut service = Service::new(
                 sandbox.clone(),
                 Capacity {

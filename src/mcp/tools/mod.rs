@@ -37,11 +37,28 @@ impl CodeExecutor {
     pub fn new(conn: Connection) -> Self {
         CodeExecutor {
             conn: Arc::new(conn),
-            tool_router: Self::code_router()
-                + Self::env_router()
-                + Self::session_router()
-                + Self::workspace_router(),
+            tool_router: Self::routes(),
         }
+    }
+
+    fn routes() -> ToolRouter<CodeExecutor> {
+        Self::code_router() + Self::env_router() + Self::session_router() + Self::workspace_router()
+    }
+
+    /// The tools, as `tools/list` gives them: also for a server still starting up, which
+    /// has no connection yet.
+    pub fn tool_list() -> Vec<rmcp::model::Tool> {
+        Self::routes().list_all()
+    }
+
+    /// What `initialize` answers (name, version, capabilities, instructions).
+    pub fn server_info() -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(
+                "mcp-code-executor",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(INSTRUCTIONS)
     }
 
     /// A handler on a new connection to `executor`.
@@ -91,11 +108,6 @@ impl ServerHandler for CodeExecutor {
     }
 
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new(
-                "mcp-code-executor",
-                env!("CARGO_PKG_VERSION"),
-            ))
-            .with_instructions(INSTRUCTIONS)
+        Self::server_info()
     }
 }
