@@ -28,10 +28,11 @@ pub mod sessions;
 pub mod settings;
 pub mod workspaces;
 
-pub use connection::{Connection, RunDone};
+pub use connection::{Connection, RunDone, Wanted};
 pub use error::AppError;
 pub use executor::{Executor, TenantParts};
 pub use service::{Capacity, Readiness, Service};
+pub use sessions::SessionRef;
 pub use settings::{Quota, SessionOptions, Settings};
 
 #[cfg(test)]
