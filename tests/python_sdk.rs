@@ -121,7 +121,11 @@ async fn the_official_python_sdk_works_over_every_transport() {
     })
     .await
     .unwrap();
-    for want in ["ok: http auto 2026-07-28", "ok: http legacy 2025-", "ok: http\n"] {
+    for want in [
+        "ok: http auto 2026-07-28",
+        "ok: http legacy 2025-",
+        "ok: http\n",
+    ] {
         assert!(http.0.contains(want), "{want}: {}", http.0);
     }
     for want in ["ok: sse auto", "ok: sse legacy 2025-", "ok: sse\n"] {
