@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::AppError;
 use super::executor::{code_digest, Executor};
-use super::sessions::{Live, Sessions};
+use super::sessions::{Live, Sessions, Slot};
 use crate::backend::Events;
 use crate::job::{JobSpec, Outcome};
 
@@ -40,15 +40,14 @@ pub struct CellDone {
     pub note: Option<String>,
 }
 
-/// One cell of connection `conn` (workspace `key`): wait for this session's turn, then for a
+/// One cell in session `slot`: wait for this session's turn, then for a
 /// run slot (both given up, leaving the session untouched, when the call is cancelled or the
 /// server shuts down), open the session if needed, copy changed workspace files in, run
 /// the code.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn cell(
     ex: &Executor,
-    conn: u64,
-    key: &str,
+    slot: &Arc<Slot>,
     code: &str,
     timeout: Duration,
     note: Option<String>,
@@ -65,7 +64,7 @@ pub(super) async fn cell(
         return Err(failed(format!("the cell was not run: {e}")));
     }
     x.start_reaper();
-    let slot = x.slot(conn);
+    let key = slot.workspace.as_str();
     let started = Instant::now();
     // This session's turn: cells of one session run one at a time.
     let mut cell = tokio::select! {
@@ -104,15 +103,23 @@ pub(super) async fn cell(
             Err(e) => return Err(not_run(&e.to_string())),
         },
     };
-    *slot.used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    slot.touch();
     let files = ex.workspaces.input_files(key).await.map_err(failed)?;
     let mut notes: Vec<String> = note.into_iter().collect();
     if cell.is_none() {
-        let Some(ticket) = x.reserve() else {
-            return Err(failed(format!(
-                "no session could be opened: tenant `{}` already has {} sessions open, its maximum (max_sessions). Close one (reset_session ends this connection's), wait for idle ones to expire, or use execute_code (no state).",
-                x.tenant, x.options.max_sessions
-            )));
+        // A standalone session already holds its place among max_sessions.
+        let ticket = if slot.ticket.is_some() {
+            None
+        } else {
+            match x.reserve() {
+                Some(t) => Some(t),
+                None => {
+                    return Err(failed(format!(
+                        "no session could be opened: tenant `{}` already has {} sessions open, its maximum (max_sessions). Close one (reset_session ends this connection's), wait for idle ones to expire, or use execute_code (no state).",
+                        x.tenant, x.options.max_sessions
+                    )))
+                }
+            }
         };
         let mut job = JobSpec::python("", x.limits.clone());
         job.tenant = x.tenant.clone();
@@ -192,7 +199,7 @@ pub(super) async fn cell(
         _ = cancel.cancelled() => None,
         _ = shutdown.cancelled() => None,
     };
-    *slot.used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    slot.touch();
     let label = match &result {
         None => "cancelled",
         Some(Err(_)) => "failed",
@@ -261,10 +268,9 @@ pub(super) async fn cell(
     })
 }
 
-/// End connection `conn`'s session: true when there was one.
-pub(super) async fn reset(x: &Arc<Sessions>, conn: u64) -> bool {
+/// End the REPL of session `slot` (its workspace stays): true when one was open.
+pub(super) async fn reset(x: &Arc<Sessions>, slot: &Arc<Slot>) -> bool {
     let _busy = x.busy();
-    let slot = x.slot(conn);
     let mut cell = slot.cell.lock().await;
     cell.take().is_some()
 }

@@ -52,7 +52,7 @@ pub struct Executor {
     environments: Option<Arc<Environments>>,
     /// Runs per minute of this tenant, when limited.
     rate: Option<RateLimiter>,
-    pub(super) workspaces: Workspaces,
+    pub(super) workspaces: Arc<Workspaces>,
     pub(super) sessions: Arc<Sessions>,
 }
 
@@ -83,7 +83,7 @@ impl Executor {
             settings,
             storage,
             environments,
-            workspaces,
+            workspaces: Arc::new(workspaces),
             sessions,
         })
     }

@@ -18,7 +18,9 @@ use crate::job::JobSpec;
 /// One package asked about in check_installed_packages.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct PackageStatus {
+    /// The name as asked for.
     pub name: String,
+    /// True when the environment has it.
     pub installed: bool,
     /// The installed version, when installed.
     pub version: Option<String>,
@@ -34,6 +36,7 @@ pub struct PackagesReport {
     /// Its directory, when environments are on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// Each package asked about, in order.
     pub packages: Vec<PackageStatus>,
 }
 

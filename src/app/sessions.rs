@@ -1,11 +1,21 @@
 //! The registry of stateful sessions (`execute_python`): one tenant's sessions, their caps
 //! and their reaper. How a cell runs in one is [`super::cell`].
 //!
-//! One session per connection (an MCP Streamable HTTP or legacy SSE session, or the stdio
-//! connection), scoped by tenant: each [`Connection`](super::Connection) has its own id, and
-//! when it is dropped its session's container goes too. [`Sessions`] holds one tenant's
-//! sessions and caps how many live at once; a background reaper removes those idle longer
-//! than the idle timeout or older than the maximum lifetime. Cells of one session run one at
+//! A session is a REPL and its workspace, named by a handle ([`SessionRef::handle`]: 128
+//! random bits, scoped to the tenant since each tenant has its own registry). Two kinds:
+//!
+//! - a connection's own session (an MCP Streamable HTTP session of the 2025 revisions, a
+//!   legacy SSE session, the stdio connection): made on first use, removed with its
+//!   [`Connection`](super::Connection); its container counts against `max_sessions` while
+//!   it is open.
+//! - a standalone session, opened for a client without protocol sessions (Streamable HTTP at
+//!   2026-07-28, where every request is its own connection) and named only by its handle,
+//!   which the client passes back: it counts against `max_sessions` for its whole life and
+//!   is removed, workspace and all, once idle longer than the idle timeout.
+//!
+//! [`Sessions`] holds one tenant's sessions and caps how many live at once; a background
+//! reaper removes containers idle longer than the idle timeout or older than the maximum
+//! lifetime, and idle standalone sessions. Cells of one session run one at
 //! a time (later calls queue; a call cancelled while it waits leaves the session as it was),
 //! each in a run slot of the scheduler, like one-shot runs. Opening a session takes one of
 //! the tenant's `max_sessions` atomically. Server shutdown removes every session, and
@@ -18,7 +28,9 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use super::error::AppError;
 use super::settings::{SessionOptions, Settings};
+use super::workspaces::Workspaces;
 use crate::backend::Session;
 use crate::job::Limits;
 
@@ -27,8 +39,10 @@ pub struct Sessions {
     pub(super) limits: Limits,
     pub(super) tenant: String,
     pub(super) options: SessionOptions,
-    sessions: Mutex<HashMap<u64, Arc<Slot>>>,
-    /// Sessions open or being opened (each counted by a [`Ticket`]).
+    /// By handle.
+    sessions: Mutex<HashMap<String, Arc<Slot>>>,
+    /// Sessions counted against `max_sessions` (each by a [`Ticket`]): open containers and
+    /// standalone sessions.
     live: AtomicUsize,
     /// execute_python and reset_session calls in progress (shutdown waits for them).
     busy: AtomicUsize,
@@ -36,12 +50,85 @@ pub struct Sessions {
     pub(super) shutdown: CancellationToken,
 }
 
-/// One connection's session: the sandbox (when one is open) behind the lock that makes
-/// cells run one at a time.
+/// One session: its handle, its workspace, and the sandbox (when one is open) behind the
+/// lock that makes cells run one at a time.
 pub(super) struct Slot {
+    pub(super) handle: String,
+    /// Its workspace directory's key (see [`Workspaces`]).
+    pub(super) workspace: String,
+    /// The connection whose own session this is; `None` for a standalone session.
+    owner: Option<u64>,
+    /// A standalone session's place among `max_sessions`, for its whole life.
+    pub(super) ticket: Option<Ticket>,
     pub(super) cell: tokio::sync::Mutex<Option<Live>>,
     /// Last use, for the idle timeout.
     pub(super) used: Mutex<Instant>,
+    /// Where its workspace lives; removed with the session unless shared by the tenant.
+    workspaces: Arc<Workspaces>,
+    shared_workspace: bool,
+}
+
+impl Slot {
+    pub(super) fn touch(&self) {
+        *self.used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    fn idle(&self) -> Duration {
+        self.used
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .elapsed()
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if !self.shared_workspace {
+            self.workspaces.remove(&self.workspace);
+        }
+    }
+}
+
+/// A session a call is about, as the core hands it to a front end: its handle to give
+/// the client, and whether this call opened it.
+#[derive(Clone)]
+pub struct SessionRef {
+    pub(super) slot: Arc<Slot>,
+    /// True when the call that asked for it opened it (a new standalone session).
+    pub created: bool,
+}
+
+impl SessionRef {
+    /// The handle the client passes back (`session_id`) to continue this session.
+    pub fn handle(&self) -> &str {
+        &self.slot.handle
+    }
+
+    /// The key of its workspace.
+    pub(super) fn workspace(&self) -> &str {
+        &self.slot.workspace
+    }
+}
+
+/// A new handle: 128 bits from two random (v4) UUIDs, as 32 hex digits after `s_`.
+pub fn new_handle() -> String {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    h.update(uuid::Uuid::new_v4().as_bytes());
+    h.update(uuid::Uuid::new_v4().as_bytes());
+    let d = h.finalize();
+    let hex: String = d[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("s_{hex}")
+}
+
+/// The answer for a handle this tenant does not know, whatever the reason (never made,
+/// expired, another tenant's): always the same words.
+pub fn not_found(handle: &str) -> AppError {
+    let shown: String = handle.chars().take(40).collect();
+    AppError::Failed(format!(
+        "session `{shown}` not found: it may have expired after a period without calls, or the server restarted. \
+         Call again without session_id to start a new session (variables and workspace files of the old one are gone)."
+    ))
 }
 
 /// An open session, counted while it lives.
@@ -52,7 +139,8 @@ pub(super) struct Live {
     pub(super) opened: Instant,
     /// Digest of each workspace file as the session last received it.
     pub(super) synced: HashMap<String, [u8; 32]>,
-    pub(super) _ticket: Ticket,
+    /// Its place among `max_sessions` (`None` in a standalone session, which holds one).
+    pub(super) _ticket: Option<Ticket>,
 }
 
 /// One of the tenant's `max_sessions`, taken before a session is opened (so that
@@ -93,7 +181,7 @@ impl Sessions {
         &self.options
     }
 
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Slot>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Slot>>> {
         self.sessions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -141,25 +229,91 @@ impl Sessions {
         }
     }
 
-    pub(super) fn slot(&self, conn: u64) -> Arc<Slot> {
-        self.map()
-            .entry(conn)
+    /// The own session of connection `conn`, named `handle`, with workspace `workspace`
+    /// (made on first use).
+    pub(super) fn own(
+        self: &Arc<Self>,
+        workspaces: &Arc<Workspaces>,
+        conn: u64,
+        handle: &str,
+        workspace: &str,
+    ) -> Arc<Slot> {
+        let slot = self
+            .map()
+            .entry(handle.to_string())
             .or_insert_with(|| {
                 Arc::new(Slot {
+                    handle: handle.to_string(),
+                    workspace: workspace.to_string(),
+                    owner: Some(conn),
+                    ticket: None,
                     cell: tokio::sync::Mutex::new(None),
                     used: Mutex::new(Instant::now()),
+                    workspaces: workspaces.clone(),
+                    shared_workspace: self.options.shared_workspace,
                 })
             })
-            .clone()
+            .clone();
+        slot.touch();
+        slot
     }
 
-    /// Forget a connection's session; its container is removed once no call holds it.
-    pub(super) fn forget(&self, conn: u64) {
-        let slot = self.map().remove(&conn);
+    /// The session named `handle`, or the "not found" answer.
+    pub(super) fn find(&self, handle: &str) -> Result<Arc<Slot>, AppError> {
+        let slot = self.map().get(handle).cloned();
+        match slot {
+            Some(s) => {
+                s.touch();
+                Ok(s)
+            }
+            None => Err(not_found(handle)),
+        }
+    }
+
+    /// Open a standalone session with workspace `workspace`: one of the `max_sessions`
+    /// for its whole life; refused at the cap.
+    pub(super) fn open_standalone(
+        self: &Arc<Self>,
+        workspaces: &Arc<Workspaces>,
+        workspace: String,
+    ) -> Result<Arc<Slot>, AppError> {
+        if self.shutdown.is_cancelled() {
+            return Err(AppError::ShuttingDown);
+        }
+        let Some(ticket) = self.reserve() else {
+            return Err(AppError::Refused(format!(
+                "no session could be opened: tenant `{}` already has {} sessions, its maximum (max_sessions). \
+                 Pass the session_id of one you have, end one with reset_session, or wait for idle ones to expire (after {} s without calls).",
+                self.tenant,
+                self.options.max_sessions,
+                self.options.idle.as_secs()
+            )));
+        };
+        let handle = new_handle();
+        let slot = Arc::new(Slot {
+            handle: handle.clone(),
+            workspace,
+            owner: None,
+            ticket: Some(ticket),
+            cell: tokio::sync::Mutex::new(None),
+            used: Mutex::new(Instant::now()),
+            workspaces: workspaces.clone(),
+            shared_workspace: self.options.shared_workspace,
+        });
+        self.map().insert(handle, slot.clone());
+        self.start_reaper();
+        tracing::info!(tenant = %self.tenant, "standalone session opened");
+        Ok(slot)
+    }
+
+    /// Forget a session (a connection's own, when it ends; a standalone one, when reset);
+    /// its container is removed once no call holds it, its workspace with the last holder.
+    pub(super) fn forget(&self, handle: &str) {
+        let slot = self.map().remove(handle);
         if let Some(slot) = slot {
             if let Ok(mut cell) = slot.cell.try_lock() {
                 if cell.take().is_some() {
-                    tracing::info!(conn, "session closed with its connection");
+                    tracing::info!(owner = ?slot.owner, "session closed");
                 }
             }
         }
@@ -182,6 +336,7 @@ impl Sessions {
                         if let Some(x) = weak.upgrade() {
                             let all: Vec<_> = x.map().drain().collect();
                             for (_, slot) in all {
+                                // Dropped here, or by the last call holding it.
                                 if let Ok(mut c) = slot.cell.try_lock() { c.take(); }
                             }
                         }
@@ -194,19 +349,22 @@ impl Sessions {
         });
     }
 
-    /// Remove sessions idle or alive too long (skipping those running a cell).
+    /// Remove containers idle or alive too long, and idle standalone sessions (skipping
+    /// those running a cell).
     fn reap(&self) {
-        let slots: Vec<(u64, Arc<Slot>)> =
-            self.map().iter().map(|(k, v)| (*k, v.clone())).collect();
-        for (conn, slot) in slots {
-            let idle = slot
-                .used
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .elapsed();
+        let slots: Vec<Arc<Slot>> = self.map().values().cloned().collect();
+        for slot in slots {
+            let idle = slot.idle();
             let Ok(mut cell) = slot.cell.try_lock() else {
                 continue;
             };
+            if slot.owner.is_none() && idle > self.options.idle {
+                tracing::info!(tenant = %self.tenant, "standalone session removed after its idle timeout");
+                cell.take();
+                drop(cell);
+                self.map().remove(&slot.handle);
+                continue;
+            }
             let Some(live) = cell.as_ref() else { continue };
             let why = if idle > self.options.idle {
                 "idle timeout"
@@ -215,7 +373,7 @@ impl Sessions {
             } else {
                 continue;
             };
-            tracing::info!(conn, why, "session removed");
+            tracing::info!(owner = ?slot.owner, why, "session container removed");
             cell.take();
         }
     }
