@@ -218,6 +218,9 @@ pub enum StreamKind {
 /// notifications in MCP. The [`Outcome`] holds the same output in full (up to the cap).
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunEvent {
+    /// The call passed admission (its quota): it now waits for its environment and a run
+    /// slot. A refused call sends no event at all.
+    Admitted,
     /// A container exists for the job (its backend id, for diagnostics).
     Created { container: String },
     /// The sandbox is up and the code is starting.

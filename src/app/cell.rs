@@ -63,6 +63,7 @@ pub(super) async fn cell(
     if let Err(e) = ex.admit() {
         return Err(failed(format!("the cell was not run: {e}")));
     }
+    crate::backend::emit(&events, crate::job::RunEvent::Admitted);
     x.start_reaper();
     let key = slot.workspace.as_str();
     let started = Instant::now();

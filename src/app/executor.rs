@@ -19,7 +19,7 @@ use super::workspaces::Workspaces;
 use crate::backend::{Backend, Events};
 use crate::env::state::Environments;
 use crate::env::Environment;
-use crate::job::{JobSpec, Outcome};
+use crate::job::{JobSpec, Outcome, RunEvent};
 use crate::storage::{self, CodeStorage, StorageError};
 use crate::tenancy::rate::RateLimiter;
 use crate::tenancy::scheduler::{Permit, QueueError, Scheduler};
@@ -206,6 +206,7 @@ impl Executor {
     ) -> Result<Outcome, AppError> {
         let job_id = job.id.clone();
         self.admit()?;
+        crate::backend::emit(&events, RunEvent::Admitted);
         let started = Instant::now();
         let result = tokio::select! {
             r = self.run_in_slot(job, env, events) => r,

@@ -107,6 +107,7 @@ print(json.dumps(out))
 pub async fn check_packages(
     ex: &Executor,
     names: &[String],
+    events: crate::backend::Events,
     cancel: &CancellationToken,
 ) -> Result<PackagesReport, AppError> {
     check_package_names(names)?;
@@ -124,7 +125,7 @@ pub async fn check_packages(
         ),
         None => ("default".to_string(), None),
     };
-    let outcome = match ex.run(job, env, None, cancel).await {
+    let outcome = match ex.run(job, env, events, cancel).await {
         Ok(o) if o.success() => o,
         Ok(o) => {
             return Err(AppError::Failed(format!(

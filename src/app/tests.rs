@@ -75,16 +75,31 @@ async fn runs_past_the_rate_are_refused_before_the_backend_sees_them() {
             .await;
         assert!(o.expect("within the rate").success());
     }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let e = ex
-        .run(job("acme", "r2.py"), None, None, &never)
+        .run(job("acme", "r2.py"), None, Some(tx), &never)
         .await
         .unwrap_err();
     assert!(
         matches!(&e, AppError::Refused(m) if m.contains("2 runs per minute")),
         "{e}"
     );
+    assert!(
+        rx.try_recv().is_err(),
+        "a refused run says nothing (not even `queued`)"
+    );
+    // An admitted one says so first.
+    let mut roomy = settings("roomy");
+    roomy.quota.runs_per_minute = Some(5);
+    let other = tenant(&mut s, roomy);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    other
+        .run(job("roomy", "a.py"), None, Some(tx), &never)
+        .await
+        .unwrap();
+    assert_eq!(rx.try_recv().ok(), Some(crate::job::RunEvent::Admitted));
     assert_eq!(
-        fake.jobs().len(),
+        fake.jobs().iter().filter(|j| j.tenant == "acme").count(),
         2,
         "the refused run never reached the backend"
     );

@@ -263,7 +263,12 @@ impl CodeExecutor {
         Args(a): Args<args::Packages>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let report = match packages::check_packages(self.executor(), &a.packages, &ctx.ct).await {
+        let (progress, events) = Progress::start(&ctx);
+        let result = packages::check_packages(self.executor(), &a.packages, events, &ctx.ct).await;
+        if let Some(p) = progress {
+            p.finish().await;
+        }
+        let report = match result {
             Ok(r) => r,
             Err(e) => return answer(e),
         };
@@ -424,6 +429,7 @@ impl Narration<InstallEvent> for InstallNarration {
                 Some(format!("{}: installer container created", p.as_str()))
             }
             InstallEvent::Run(p, RunEvent::Started) => Some(format!("{}: pip started", p.as_str())),
+            InstallEvent::Run(_, RunEvent::Admitted) => None,
             InstallEvent::Run(p, RunEvent::Output { data, .. }) => {
                 self.output.add(data.len()).then(|| {
                     format!(

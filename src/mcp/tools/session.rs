@@ -72,6 +72,8 @@ impl CodeExecutor {
         Args(a): Args<ExecutePython>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        crate::storage::check_code_size(&a.code)
+            .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
         let timeout = timeout(self.executor(), a.timeout)?;
         let session = match self.session(a.session_id.as_deref(), &ctx, true) {
             Ok(Some(s)) => s,
