@@ -28,10 +28,6 @@ fn not_run(why: &str) -> AppError {
     ))
 }
 
-fn failed(text: String) -> AppError {
-    AppError::Failed(text)
-}
-
 /// A cell that ran: its outcome, the limit that applied, and notes for the caller.
 #[derive(Debug)]
 pub struct CellDone {
@@ -61,7 +57,7 @@ pub(super) async fn cell(
         return Err(not_run(SHUTTING_DOWN));
     }
     if let Err(e) = ex.admit() {
-        return Err(failed(format!("the cell was not run: {e}")));
+        return Err(AppError::Failed(format!("the cell was not run: {e}")));
     }
     crate::backend::emit(&events, crate::job::RunEvent::Admitted);
     x.start_reaper();
@@ -105,7 +101,11 @@ pub(super) async fn cell(
         },
     };
     slot.touch();
-    let files = ex.workspaces.input_files(key).await.map_err(failed)?;
+    let files = ex
+        .workspaces
+        .input_files(key)
+        .await
+        .map_err(AppError::Failed)?;
     let mut notes: Vec<String> = note.into_iter().collect();
     if cell.is_none() {
         // A standalone session already holds its place among max_sessions.
@@ -115,7 +115,7 @@ pub(super) async fn cell(
             match x.reserve() {
                 Some(t) => Some(t),
                 None => {
-                    return Err(failed(format!(
+                    return Err(AppError::Failed(format!(
                         "no session could be opened: tenant `{}` already has {} sessions open, its maximum (max_sessions). Close one (reset_session ends this connection's), wait for idle ones to expire, or use execute_code (no state).",
                         x.tenant, x.options.max_sessions
                     )))
@@ -149,7 +149,11 @@ pub(super) async fn cell(
                 });
                 notes.push("a new session was started".into());
             }
-            Err(e) => return Err(failed(format!("the session could not be opened: {e}"))),
+            Err(e) => {
+                return Err(AppError::Failed(format!(
+                    "the session could not be opened: {e}"
+                )))
+            }
         }
     }
     let live = cell.as_mut().expect("opened above");
@@ -171,7 +175,7 @@ pub(super) async fn cell(
         match synced {
             None => {
                 cell.take();
-                return Err(failed(format!(
+                return Err(AppError::Failed(format!(
                     "the cell was not run: {SHUTTING_DOWN}. {LOST}"
                 )));
             }
@@ -187,7 +191,7 @@ pub(super) async fn cell(
         }
         if !live.session.alive() {
             cell.take();
-            return Err(failed(format!(
+            return Err(AppError::Failed(format!(
                 "the cell was not run: the session ended while workspace files were copied in. {LOST}"
             )));
         }
@@ -222,14 +226,14 @@ pub(super) async fn cell(
             } else {
                 "the call was cancelled while running"
             };
-            return Err(failed(format!("{why}. {LOST}")));
+            return Err(AppError::Failed(format!("{why}. {LOST}")));
         }
         Some(Err(e)) => {
             let ended = !live.session.alive();
             if ended {
                 cell.take();
             }
-            return Err(failed(format!(
+            return Err(AppError::Failed(format!(
                 "the code could not be run: {e}{}",
                 if ended {
                     format!("\n{LOST}")

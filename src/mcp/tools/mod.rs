@@ -33,7 +33,7 @@ pub struct CodeExecutor {
 }
 
 impl CodeExecutor {
-    /// The handler of `conn` (from [`Executor::connect`]).
+    /// The handler of `conn` (a [`Connection::new`]).
     pub fn new(conn: Connection) -> Self {
         CodeExecutor {
             conn: Arc::new(conn),
