@@ -128,7 +128,7 @@ impl JobSpec {
     pub fn python(code: impl Into<Vec<u8>>, limits: Limits) -> Self {
         JobSpec {
             id: new_job_id(),
-            tenant: "local".to_string(),
+            tenant: LOCAL_TENANT.to_string(),
             files: vec![InputFile {
                 path: "main.py".to_string(),
                 contents: code.into(),
@@ -141,6 +141,9 @@ impl JobSpec {
         }
     }
 }
+
+/// The tenant of a server without a tenants file (and of the `run` CLI).
+pub const LOCAL_TENANT: &str = "local";
 
 /// A fresh random job id (12 hex characters: short enough for container names, random
 /// enough not to collide across the lifetime of a daemon).
@@ -215,6 +218,9 @@ pub enum StreamKind {
 /// notifications in MCP. The [`Outcome`] holds the same output in full (up to the cap).
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunEvent {
+    /// The call passed admission (its quota): it now waits for its environment and a run
+    /// slot. A refused call sends no event at all.
+    Admitted,
     /// A container exists for the job (its backend id, for diagnostics).
     Created { container: String },
     /// The sandbox is up and the code is starting.

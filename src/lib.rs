@@ -1,41 +1,52 @@
-//! mcp-code-executor: run untrusted Python in short-lived, hardened Docker containers.
+//! mcp-code-executor: run untrusted Python in short-lived, hardened sandboxes (Docker
+//! containers today), for MCP clients and CI pipelines.
 //!
 //! # Layout
 //!
-//! - [`job`]: the job model. What to run ([`job::JobSpec`], [`job::Limits`]) and what came
-//!   of it ([`job::Outcome`]). Every front end speaks these types.
-//! - [`sandbox`]: the backend seam. [`sandbox::Sandbox`] runs one job in a fresh sandbox;
-//!   [`sandbox::docker`] is the Docker implementation (the only place bollard appears),
-//!   [`sandbox::protocol`] the wire format spoken with the runner inside the container
-//!   (`images/sandbox/runner.py`), [`sandbox::archive`] the tar packing of input files,
-//!   [`sandbox::image`] the build of the sandbox image from the embedded `images/`.
-//! - [`env`](mod@env): Python environments (venv, uv venv, conda, the managed default): resolution
-//!   into read-only mounts, package-spec validation, installs in sandboxed installer
-//!   containers ([`env::manager`]).
-//! - [`mcp`]: the MCP server. [`mcp::tools::CodeExecutor`] holds the nine tools; they turn
-//!   requests into jobs and storage calls and format outcomes ([`mcp::report`]), with
-//!   arguments parsed in [`mcp::args`], progress notifications sent by [`mcp::progress`],
-//!   and the environment tools translated in [`mcp::environment`].
-//!   Transports: stdio ([`mcp::stdio`]), Streamable HTTP and legacy SSE ([`mcp::http`],
-//!   [`mcp::sse`]).
-//!   Beside them (issue 7): stateful `execute_python` sessions ([`mcp::sessions`]), the
-//!   workspace file tools ([`mcp::workspace`]) and figures as image content
-//!   ([`mcp::figures`]).
-//! - [`storage`]: the code storage directory; every client `file_path` is confined to it.
-//! - [`config`]: environment variables, sizes and durations, limit validation.
-//! - [`doctor`]: live self-test that isolation is really enforced on this host.
-//! - [`tenancy`]: tenants of a hosted server (issue 6): the tenants file, bearer tokens
-//!   (stored as SHA-256), runs-per-minute buckets and the fair run scheduler. Each tenant
-//!   gets its own [`mcp::CodeExecutor`]; [`mcp::http`] picks it by token.
-//! - [`metrics`]: Prometheus counters and gauges (`/metrics`); [`health`]: the client
-//!   side of the container healthcheck.
-//! - [`cli`]: the `run` command for CI pipelines (files, directories and globs run `--jobs` at
-//!   once through the application core; output blocks, summary, JSON, JUnit, GitHub
-//!   annotations, exit codes).
-//! - [`bench`](mod@bench): latency and throughput against a `docker run` baseline from the same run.
+//! From the leaves up; each layer calls only the ones above it in this list.
+//!
+//! - [`job`]: the job model. What to run ([`job::JobSpec`], [`job::Limits`], the
+//!   environment's [`job::Source`]s) and what came of it ([`job::Outcome`]). No
+//!   dependencies: every layer speaks these types.
+//! - [`config`]: every environment variable declared once with its documentation
+//!   ([`config::vars`]; a test checks each is in `docs/mcp.md`), sizes and durations, limit
+//!   checks, and [`config::ServeConfig`], resolved once from flags, variables and `.env`.
+//!   Nothing else reads the process environment.
+//! - [`backend`]: the seam. The [`backend::Backend`] and [`backend::Session`] traits (run,
+//!   sessions and putting files into them, prewarm, stats, sweep, shutdown, info), the
+//!   runner protocol ([`backend::protocol`]) and tar packing ([`backend::archive`]) every
+//!   backend shares, the neutral description of the sandbox image ([`backend::image`]), and
+//!   a fake for fast tests (`backend::fake`). [`backend::docker`] is the Docker backend and
+//!   the only place the Docker client crate is used: the container spec, launch, sessions, the warm pool, the
+//!   removal guard and sweep, the image build. The runner itself, PID 1 of every sandbox, is
+//!   the Python package `images/sandbox/mcp_runner/`.
+//! - [`env`](mod@env): which Python environment (venv, uv venv, conda, the managed
+//!   default) and installs into it in sandboxed installer jobs; the backend decides how an
+//!   environment reaches the sandbox.
+//! - [`tenancy`]: the tenants file, bearer tokens (stored as SHA-256), runs-per-minute
+//!   buckets and the fair run scheduler. [`storage`]: the code storage directory; every
+//!   client `file_path` is confined to it.
+//! - [`app`]: the application core every front end calls. [`app::Service`] holds the
+//!   backend, the run slots shared fairly by every tenant, the metrics, readiness and
+//!   shutdown; a tenant's [`app::Executor`] admits a run (rate), holds its environment,
+//!   takes a run slot and calls the backend, racing cancellation and shutdown; a client's
+//!   [`app::Connection`] owns its `execute_python` session and workspace.
+//! - [`mcp`]: the MCP server, which only translates. [`mcp::tools`] holds the fourteen
+//!   tools (the nine of the code-executor servers we replace, `execute_python`,
+//!   `reset_session` and the three workspace file tools): each parses its arguments, makes
+//!   one call into [`app`] and formats the result ([`mcp::report`], [`mcp::figures`],
+//!   progress in [`mcp::progress`]). [`mcp::transports`]: stdio, Streamable HTTP and legacy
+//!   SSE, `/healthz`, `/readyz`, `/metrics`.
+//! - [`cli`]: the `run` command for CI pipelines, through [`app`] with a local policy:
+//!   files, directories and globs run `--jobs` at once on a warm pool; output blocks, a
+//!   summary, JSON, JUnit, GitHub annotations, exit codes.
+//! - [`ops`]: `doctor` (a live self-test that isolation is really enforced), the container
+//!   healthcheck's client, and `bench` (through [`app`], against a `docker run` baseline
+//!   from the same run).
 //!
 //! The binary (`src/bin/mcp-code-executor/`) only parses the command line (`args.rs`), sets
-//! up logging to stderr and calls in here; `serve.rs` wires the server together.
+//! up logging to stderr and calls in here; `serve.rs` wires the server together, and
+//! `backend.rs` is the one place that names the concrete backend.
 
 pub mod app;
 pub mod backend;

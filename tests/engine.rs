@@ -590,10 +590,7 @@ async fn an_unreachable_daemon_is_an_infrastructure_error_that_says_what_to_do()
         Err(e) => e,
         Ok(_) => panic!("connected to a daemon that does not exist"),
     };
-    assert!(
-        matches!(err, BackendError::DaemonUnreachable { .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, BackendError::Unreachable { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains("cannot reach the Docker daemon"), "{msg}");
     assert!(

@@ -208,7 +208,11 @@ async fn a_uv_venv() {
     // is root's here, so the install phase runs as root (then setuid bits are swept).
     assert!(!v.join("lib/python3.11/site-packages/pip").exists());
     let data = tempdir("uv-data");
-    let m = EnvManager::new(data.clone(), EnvManager::default_ca_bundle());
+    let m = EnvManager::new(data.clone(), EnvManager::default_ca_bundle())
+        .with_pip_index(&mcp_code_executor::config::PipIndex::from_vars(|k| {
+            std::env::var(k).ok()
+        }))
+        .with_host(mcp_code_executor::config::HostEnv::from_process());
     let report = install(&m, &s, &e, "t-uv", &["six"])
         .await
         .unwrap_or_else(|err| panic!("install into a uv venv failed: {err}"));
@@ -276,7 +280,11 @@ async fn a_pip_less_venv_of_a_newer_python_installs() {
     };
     let e = env::resolve(&req, &Context::from_host()).unwrap();
     assert!(e.base.is_some(), "its own prefix is mounted beside it");
-    let m = EnvManager::new(dir.join("data"), EnvManager::default_ca_bundle());
+    let m = EnvManager::new(dir.join("data"), EnvManager::default_ca_bundle())
+        .with_pip_index(&mcp_code_executor::config::PipIndex::from_vars(|k| {
+            std::env::var(k).ok()
+        }))
+        .with_host(mcp_code_executor::config::HostEnv::from_process());
     let report = install(&m, &s, &e, "t-py312", &["six"])
         .await
         .unwrap_or_else(|err| panic!("install into a Python 3.12+ venv failed: {err}"));
@@ -346,7 +354,11 @@ async fn a_conda_shaped_prefix_found_by_name() {
 async fn the_managed_default_installs_from_pypi() {
     let s = common::sandbox().await;
     let data = tempdir("managed");
-    let m = EnvManager::new(data.clone(), EnvManager::default_ca_bundle());
+    let m = EnvManager::new(data.clone(), EnvManager::default_ca_bundle())
+        .with_pip_index(&mcp_code_executor::config::PipIndex::from_vars(|k| {
+            std::env::var(k).ok()
+        }))
+        .with_host(mcp_code_executor::config::HostEnv::from_process());
     let e = m
         .ensure_managed(&*s, "t-managed")
         .await

@@ -49,18 +49,22 @@ async fn environments_configure_install_and_stay_read_only() {
         assert!(e.to_string().contains("packages[1]"), "{e}");
     }
 
-    // A real install from PyPI, then the package imports in the next run.
+    // A real install from PyPI (a small wheel the image does not have), then the package
+    // imports in the next run.
     let r = call(
         &client,
         "install_dependencies",
-        json!({"packages": ["six"]}),
+        json!({"packages": ["iniconfig"]}),
     )
     .await;
     assert!(!is_error(&r), "{}", text(&r));
-    assert!(text(&r).contains("six: 1."), "{}", text(&r));
+    assert!(text(&r).contains("iniconfig: "), "{}", text(&r));
+    assert!(!text(&r).contains("already satisfied"), "{}", text(&r));
     let report = structured(&r);
-    assert_eq!(report["environment"]["type"], "default", "{report}");
-    assert_eq!(report["environment"]["path"], cfg["path"], "{report}");
+    assert_eq!(report["environment"], "default", "{report}");
+    assert_eq!(report["path"], cfg["path"], "{report}");
+    assert_eq!(report["changed"], true, "{report}");
+    assert_eq!(report["packages"][0]["status"], "installed", "{report}");
     assert!(report["dependencies"].is_array(), "{report}");
     // Progress names the two phases.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
@@ -74,10 +78,23 @@ async fn environments_configure_install_and_stay_read_only() {
     let r = call(
         &client,
         "execute_code",
-        json!({"code": "import six, sys\nprint(six.__version__)\nprint(sys.prefix)"}),
+        json!({"code": "import iniconfig, six, sys\nprint(iniconfig.__file__)\nprint(sys.prefix)"}),
     )
     .await;
     assert!(!is_error(&r), "{}", text(&r));
+    // A package the environment already has is said to be there, not "installed".
+    let r = call(
+        &client,
+        "install_dependencies",
+        json!({"packages": ["six"]}),
+    )
+    .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    assert!(
+        text(&r).contains("six: already satisfied by 1."),
+        "{}",
+        text(&r)
+    );
     assert!(
         text(&r).contains(cfg["path"].as_str().unwrap()),
         "{}",

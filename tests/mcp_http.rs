@@ -310,7 +310,7 @@ async fn protocol_errors_for_unknown_tools_and_malformed_arguments() {
         (
             "execute_code",
             json!({"code": "print(1)", "timout": 5}),
-            "unknown argument `timout`; it accepts `code`, `filename`, `timeout`",
+            "unknown argument `timout`; it accepts `code`, `filename`, `session_id`, `timeout`",
         ),
         (
             "execute_python",

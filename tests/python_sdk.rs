@@ -1,7 +1,11 @@
 //! Interoperability with the official MCP Python SDK (PyPI `mcp`): `tests/sdk/client.py`
 //! drives a real `serve` over Streamable HTTP, legacy SSE and stdio as a user's client
 //! would (the nine tools listed, numpy, the incremental file flow, `/etc/passwd` refused,
-//! a non-zero exit as `isError`). `scripts/test.sh` makes the SDK's venv; without it this
+//! a non-zero exit as `isError`), then with the SDK's `Client` in its default mode (over
+//! HTTP: protocol 2026-07-28, no protocol session, each request on its own) and in legacy
+//! mode: `x = 41` then `x + 1` with the returned session_id gives 42, write_file, read_file
+//! and execute_code see the same file, and a 3 MB print comes back (under the SDK's 1 MiB
+//! event limit) as its head and tail with the whole output in the workspace. `scripts/test.sh` makes the SDK's venv; without it this
 //! test fails and says how to make it.
 
 mod common;
@@ -117,8 +121,17 @@ async fn the_official_python_sdk_works_over_every_transport() {
     })
     .await
     .unwrap();
-    assert!(http.0.contains("ok: http"), "{}", http.0);
-    assert!(http.1.contains("ok: sse"), "{}", http.1);
+    for want in [
+        "ok: http auto 2026-07-28",
+        "ok: http legacy 2025-",
+        "ok: http\n",
+    ] {
+        assert!(http.0.contains(want), "{want}: {}", http.0);
+    }
+    for want in ["ok: sse auto", "ok: sse legacy 2025-", "ok: sse\n"] {
+        assert!(http.1.contains(want), "{want}: {}", http.1);
+    }
+    eprintln!("{}{}", http.0, http.1);
 
     // stdio: the SDK starts the server itself, as a client configured with it does.
     let env = serde_json::json!({
@@ -143,7 +156,10 @@ async fn the_official_python_sdk_works_over_every_transport() {
     })
     .await
     .unwrap();
-    assert!(stdio.contains("ok: stdio"), "{stdio}");
+    for want in ["ok: stdio auto", "ok: stdio legacy 2025-", "ok: stdio\n"] {
+        assert!(stdio.contains(want), "{want}: {stdio}");
+    }
+    eprintln!("{stdio}");
 
     let pid = server.id().expect("running");
     let term = Command::new("kill")

@@ -1,7 +1,10 @@
-//! A connection: one client's view of its tenant's executor, with the state that belongs to
-//! that client alone, its execute_python session and (unless the tenant shares one) its
-//! workspace. Made by an explicit constructor, [`Executor::connect`], once per MCP
-//! connection; dropping it removes that session and that workspace.
+//! A connection: one client's view of its tenant's executor. A session (a REPL and its
+//! workspace, [`super::sessions`]) is what a call works on: the connection's own (made on
+//! first use, removed with the connection, the default on transports that keep a
+//! connection: stdio, legacy SSE, Streamable HTTP of the 2025 revisions) or one a client
+//! names by its handle (`session_id`), which is how clients without protocol sessions
+//! (Streamable HTTP at 2026-07-28, a new connection per request) keep state. Made by an
+//! explicit constructor, [`Connection::new`], once per MCP connection.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,9 +13,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::cell::{self, CellDone};
 use super::error::AppError;
 use super::executor::{code_digest, Executor};
-use super::sessions::{self, CellDone};
+use super::sessions::SessionRef;
 use super::workspaces::{self, WriteError};
 use crate::backend::Events;
 use crate::job::{JobSpec, Outcome};
@@ -22,55 +26,107 @@ static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
 /// One client of a tenant's executor.
 pub struct Connection {
     id: u64,
-    /// Random: names the connection's own workspace directory.
-    key: String,
+    /// The handle of the connection's own session.
+    handle: String,
     executor: Arc<Executor>,
 }
 
-/// A one-shot run of stored code: its outcome and notes for the caller (a capped timeout,
-/// workspace files saved or refused).
+/// A one-shot run of stored code: its outcome, notes for the caller (a capped timeout,
+/// workspace files saved or refused) and the session whose workspace it used (`None`: a
+/// client without protocol sessions named none and the run left nothing to keep).
 pub struct RunDone {
     pub outcome: Outcome,
     pub note: Option<String>,
+    pub session: Option<SessionRef>,
 }
 
-impl Executor {
-    /// A new connection to this executor, with its own session and workspace.
-    pub fn connect(self: &Arc<Self>) -> Connection {
-        Connection {
-            id: NEXT_CONNECTION.fetch_add(1, Ordering::SeqCst),
-            key: crate::job::new_job_id(),
-            executor: self.clone(),
-        }
-    }
+/// Which session a call works on.
+#[derive(Debug, Clone, Copy)]
+pub struct Wanted<'a> {
+    /// The handle the client passed (`session_id`), if any.
+    pub handle: Option<&'a str>,
+    /// The request came without a protocol session (a new connection per request): without
+    /// a handle there is no session to default to.
+    pub stateless: bool,
+    /// Then open a new standalone session (a call that makes state); else none.
+    pub open: bool,
 }
 
 impl Connection {
+    /// A new connection to `executor`, with its own session and workspace (made on first
+    /// use).
+    pub fn new(executor: Arc<Executor>) -> Connection {
+        Connection {
+            id: NEXT_CONNECTION.fetch_add(1, Ordering::SeqCst),
+            handle: super::sessions::new_handle(),
+            executor,
+        }
+    }
+
+    /// The session a call works on: the one named by `w.handle` ("not found" when this
+    /// tenant has none of that name), else the connection's own, else (a stateless request)
+    /// a new standalone one when `w.open`, else none.
+    pub fn session(&self, w: Wanted<'_>) -> Result<Option<SessionRef>, AppError> {
+        let x = &self.executor;
+        if let Some(h) = w.handle {
+            let slot = x.sessions.find(h.trim())?;
+            return Ok(Some(SessionRef {
+                slot,
+                created: false,
+            }));
+        }
+        if !w.stateless {
+            let slot = x.sessions.own(
+                &x.workspaces,
+                self.id,
+                &self.handle,
+                &self.new_workspace_key(),
+            );
+            return Ok(Some(SessionRef {
+                slot,
+                created: false,
+            }));
+        }
+        if !w.open {
+            return Ok(None);
+        }
+        self.open_standalone().map(Some)
+    }
+
+    fn open_standalone(&self) -> Result<SessionRef, AppError> {
+        let x = &self.executor;
+        let slot = x
+            .sessions
+            .open_standalone(&x.workspaces, self.new_workspace_key())?;
+        Ok(SessionRef {
+            slot,
+            created: true,
+        })
+    }
+
     pub fn executor(&self) -> &Arc<Executor> {
         &self.executor
     }
 
-    /// A short name of this connection's session, for results.
-    pub fn session_name(&self) -> String {
-        format!("<session {}>", self.id)
-    }
-
-    /// The workspace directory of this connection, under the workspace root: `<tenant>`
-    /// when shared, else `<tenant>.sessions/<random>`.
-    fn workspace_key(&self) -> String {
+    /// A workspace directory for a new session, under the workspace root: `<tenant>` when
+    /// shared, else `<tenant>.sessions/<random>`.
+    fn new_workspace_key(&self) -> String {
         let x = &self.executor;
         let tenant = crate::storage::sanitize_stem(Some(x.tenant()));
         if x.sessions.options().shared_workspace {
             tenant
         } else {
-            format!("{tenant}.sessions/{}", self.key)
+            format!("{tenant}.sessions/{}", crate::job::new_job_id())
         }
     }
 
-    /// Run `code`, stored at `path`, in a fresh sandbox with the workspace's files; files
-    /// the code writes to `/workspace` are saved back to the workspace.
+    /// Run `code`, stored at `path`, in a fresh sandbox with the files of `session`'s
+    /// workspace; files the code writes to `/workspace` are saved back to it. Without a
+    /// session (a stateless request that named none) the run starts with an empty
+    /// workspace, and a standalone session is opened only when the code wrote files.
     pub async fn run_stored(
         &self,
+        session: Option<SessionRef>,
         code: String,
         path: &Path,
         (timeout, note): (Duration, Option<String>),
@@ -87,7 +143,10 @@ impl Connection {
             job.files[0].path = name.clone();
             job.entry = name;
         }
-        self.add_workspace_files(&mut job).await;
+        match &session {
+            Some(s) => self.add_workspace_files(s.workspace(), &mut job).await,
+            None => job.return_files = true,
+        }
         tracing::info!(
             job_id = %job.id,
             tenant = %job.tenant,
@@ -96,19 +155,60 @@ impl Connection {
             "run requested"
         );
         let outcome = x.run(job, x.current_env().await, events, cancel).await?;
-        let said = workspaces::save_returned(&x.workspaces, &self.workspace_key(), &outcome).await;
-        let note = match (note, said) {
-            (Some(n), Some(s)) => Some(format!("{n}; {s}")),
-            (n, s) => n.or(s),
+        let mut session = session;
+        let mut notes: Vec<String> = note.into_iter().collect();
+        let wrote = !outcome.files.is_empty() || outcome.files_dropped > 0;
+        if session.is_none() && wrote {
+            match self.open_standalone() {
+                Ok(s) => session = Some(s),
+                Err(e) => notes.push(format!("files written to /workspace were not kept: {e}")),
+            }
+        }
+        if let Some(s) = &session {
+            s.slot.touch();
+            if let Some(said) =
+                workspaces::save_returned(&x.workspaces, s.workspace(), &outcome).await
+            {
+                notes.push(said);
+            }
+        }
+        let note = (!notes.is_empty()).then(|| notes.join("; "));
+        Ok(RunDone {
+            outcome,
+            note,
+            session,
+        })
+    }
+
+    /// Keep `data` as workspace file `name` of `session` (opening a standalone session
+    /// when there is none): output too large for a result, to be read back with read_file.
+    /// Within the workspace caps, not those of one write_file call.
+    pub async fn keep_file(
+        &self,
+        session: Option<SessionRef>,
+        name: &str,
+        data: &[u8],
+    ) -> Result<SessionRef, AppError> {
+        let s = match session {
+            Some(s) => s,
+            None => self.open_standalone()?,
         };
-        Ok(RunDone { outcome, note })
+        let x = &self.executor;
+        match x.workspaces.keep(s.workspace(), name, data).await {
+            Ok(_) => Ok(s),
+            Err(WriteError::Quota(e)) => {
+                x.metrics().rejected(x.tenant(), "storage");
+                Err(e)
+            }
+            Err(WriteError::Refused(e)) => Err(e),
+        }
     }
 
     /// Put the workspace's files into a one-shot job (a file named like the job's entry is
     /// left out: the code wins).
-    async fn add_workspace_files(&self, job: &mut JobSpec) {
+    async fn add_workspace_files(&self, key: &str, job: &mut JobSpec) {
         let x = &self.executor;
-        match x.workspaces.input_files(&self.workspace_key()).await {
+        match x.workspaces.input_files(key).await {
             Ok(files) => {
                 let entry = job.entry.clone();
                 job.files
@@ -119,19 +219,19 @@ impl Connection {
         job.return_files = true;
     }
 
-    /// Run one cell in this connection's session (opened on first use).
+    /// Run one cell in `session` (its REPL opened on first use).
     pub async fn cell(
         &self,
+        session: &SessionRef,
         code: &str,
         (timeout, note): (Duration, Option<String>),
         events: Events,
         cancel: &CancellationToken,
     ) -> Result<CellDone, AppError> {
         crate::storage::check_code_size(code).map_err(|e| AppError::Invalid(e.to_string()))?;
-        sessions::cell(
+        cell::cell(
             &self.executor,
-            self.id,
-            &self.workspace_key(),
+            &session.slot,
             code,
             timeout,
             note,
@@ -141,18 +241,23 @@ impl Connection {
         .await
     }
 
-    /// End this connection's session: true when there was one.
-    pub async fn reset_session(&self) -> bool {
-        sessions::reset(&self.executor.sessions, self.id).await
+    /// End the REPL of `session` (its workspace and handle stay): true when one was open.
+    pub async fn reset_session(&self, session: &SessionRef) -> bool {
+        cell::reset(&self.executor.sessions, &session.slot).await
     }
 
     /// Write a workspace file (`/workspace/x` and `./x` name `x`): its name and size.
-    pub async fn write_file(&self, path: &str, data: &[u8]) -> Result<(String, u64), AppError> {
+    pub async fn write_file(
+        &self,
+        session: &SessionRef,
+        path: &str,
+        data: &[u8],
+    ) -> Result<(String, u64), AppError> {
         let name = workspaces::name_of(path);
         match self
             .executor
             .workspaces
-            .write(&self.workspace_key(), name, data)
+            .write(session.workspace(), name, data)
             .await
         {
             Ok(size) => Ok((name.to_string(), size)),
@@ -167,36 +272,42 @@ impl Connection {
     }
 
     /// Read a workspace file: its name and bytes.
-    pub async fn read_file(&self, path: &str) -> Result<(String, Vec<u8>), AppError> {
+    pub async fn read_file(
+        &self,
+        session: &SessionRef,
+        path: &str,
+    ) -> Result<(String, Vec<u8>), AppError> {
         let name = workspaces::name_of(path);
         let data = self
             .executor
             .workspaces
-            .read(&self.workspace_key(), name)
+            .read(session.workspace(), name)
             .await?;
         Ok((name.to_string(), data))
     }
 
     /// The workspace's files (names starting with `prefix`, when given) and their sizes.
-    pub async fn list_files(&self, prefix: Option<&str>) -> Result<Vec<(String, u64)>, AppError> {
+    pub async fn list_files(
+        &self,
+        session: &SessionRef,
+        prefix: Option<&str>,
+    ) -> Result<Vec<(String, u64)>, AppError> {
         let prefix = prefix
             .map(workspaces::name_of)
             .filter(|p| !matches!(*p, "" | "." | "/"))
             .unwrap_or("");
         self.executor
             .workspaces
-            .list_prefixed(&self.workspace_key(), prefix)
+            .list_prefixed(session.workspace(), prefix)
             .await
     }
 }
 
 impl Drop for Connection {
+    /// The connection's own session goes with it: its container once no call holds it,
+    /// its workspace (unless shared by the tenant) with the session.
     fn drop(&mut self) {
-        let x = &self.executor;
-        x.sessions.forget(self.id);
-        if !x.sessions.options().shared_workspace {
-            x.workspaces.remove(&self.workspace_key());
-        }
+        self.executor.sessions.forget(&self.handle);
     }
 }
 

@@ -19,7 +19,7 @@ use super::workspaces::Workspaces;
 use crate::backend::{Backend, Events};
 use crate::env::state::Environments;
 use crate::env::Environment;
-use crate::job::{JobSpec, Outcome};
+use crate::job::{JobSpec, Outcome, RunEvent};
 use crate::storage::{self, CodeStorage, StorageError};
 use crate::tenancy::rate::RateLimiter;
 use crate::tenancy::scheduler::{Permit, QueueError, Scheduler};
@@ -27,7 +27,7 @@ use crate::tenancy::scheduler::{Permit, QueueError, Scheduler};
 /// What the server's executors share: the backend, the run slots, the counters and the
 /// shutdown signal.
 #[derive(Clone)]
-pub struct Shared {
+pub(crate) struct Shared {
     pub backend: Arc<dyn Backend>,
     pub scheduler: Arc<Scheduler>,
     pub metrics: Arc<Metrics>,
@@ -52,12 +52,12 @@ pub struct Executor {
     environments: Option<Arc<Environments>>,
     /// Runs per minute of this tenant, when limited.
     rate: Option<RateLimiter>,
-    pub(super) workspaces: Workspaces,
+    pub(super) workspaces: Arc<Workspaces>,
     pub(super) sessions: Arc<Sessions>,
 }
 
 impl Executor {
-    pub fn new(shared: Shared, parts: TenantParts) -> Arc<Executor> {
+    pub(crate) fn new(shared: Shared, parts: TenantParts) -> Arc<Executor> {
         let TenantParts {
             settings,
             storage,
@@ -83,7 +83,7 @@ impl Executor {
             settings,
             storage,
             environments,
-            workspaces,
+            workspaces: Arc::new(workspaces),
             sessions,
         })
     }
@@ -206,6 +206,7 @@ impl Executor {
     ) -> Result<Outcome, AppError> {
         let job_id = job.id.clone();
         self.admit()?;
+        crate::backend::emit(&events, RunEvent::Admitted);
         let started = Instant::now();
         let result = tokio::select! {
             r = self.run_in_slot(job, env, events) => r,

@@ -7,15 +7,19 @@
 //!   read lock, a run slot, then the backend; cancellation and shutdown race every run;
 //!   code storage.
 //! - [`connection`]: a client's [`Connection`] to its executor (explicit constructor
-//!   [`Executor::connect`]): its execute_python session and its workspace, removed when it
-//!   is dropped; one-shot runs of stored code with the workspace's files.
-//! - [`sessions`]: the registry of stateful sessions (caps, reaper, cells one at a time).
+//!   [`Connection::new`]): picks the session a call works on (its own, removed when it is
+//!   dropped, or one named by a handle); one-shot runs of stored code with a session's
+//!   workspace files.
+//! - [`sessions`]: the registry of sessions by handle (own and standalone; caps, reaper,
+//!   idle expiry); [`cell`]: one cell in a session (its turn, environment, run slot, files
+//!   in and out).
 //! - [`workspaces`]: workspace directories, their caps, files returned by runs.
 //! - [`packages`]: package checks, installs and environment switches of a tenant.
 //! - [`settings`]: what a tenant's executor may do (limits, quotas, session options).
 //! - [`metrics`]: the counters behind `/metrics`.
 //! - [`error`]: [`AppError`], which front ends translate.
 
+pub mod cell;
 pub mod connection;
 pub mod error;
 pub mod executor;
@@ -26,10 +30,11 @@ pub mod sessions;
 pub mod settings;
 pub mod workspaces;
 
-pub use connection::{Connection, RunDone};
+pub use connection::{Connection, RunDone, Wanted};
 pub use error::AppError;
 pub use executor::{Executor, TenantParts};
-pub use service::{Capacity, Readiness, Service};
+pub use service::{Capacity, Phase, Readiness, Service, Startup};
+pub use sessions::SessionRef;
 pub use settings::{Quota, SessionOptions, Settings};
 
 #[cfg(test)]

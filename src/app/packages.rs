@@ -18,7 +18,9 @@ use crate::job::JobSpec;
 /// One package asked about in check_installed_packages.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct PackageStatus {
+    /// The name as asked for.
     pub name: String,
+    /// True when the environment has it.
     pub installed: bool,
     /// The installed version, when installed.
     pub version: Option<String>,
@@ -34,6 +36,7 @@ pub struct PackagesReport {
     /// Its directory, when environments are on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// Each package asked about, in order.
     pub packages: Vec<PackageStatus>,
 }
 
@@ -99,180 +102,178 @@ for name in NAMES:
 print(json.dumps(out))
 "#;
 
-impl Executor {
-    /// Which of `names` the current environment has, by a probe run in the sandbox (it
-    /// counts as a run). The environment is read once: the one checked is the one reported.
-    pub async fn check_packages(
-        &self,
-        names: &[String],
-        cancel: &CancellationToken,
-    ) -> Result<PackagesReport, AppError> {
-        check_package_names(names)?;
-        let names_json = serde_json::to_string(names).unwrap_or_default();
-        let code = PACKAGE_PROBE.replace("NAMES", &names_json);
-        let mut limits = self.settings.limits.clone();
-        limits.timeout = std::time::Duration::from_secs(30).min(self.settings.max_timeout);
-        let mut job = JobSpec::python(code, limits);
-        job.tenant = self.tenant().to_string();
-        let env = self.current_env().await;
-        let (environment, path) = match &env {
-            Some(e) => (
-                e.kind.as_str().to_string(),
-                Some(e.prefix.display().to_string()),
-            ),
-            None => ("default".to_string(), None),
-        };
-        let outcome = match self.run(job, env, None, cancel).await {
-            Ok(o) if o.success() => o,
-            Ok(o) => {
-                return Err(AppError::Failed(format!(
-                    "the package check failed in the sandbox: {}\n{}",
-                    o.status_line(),
-                    o.stderr_text()
-                )))
-            }
-            Err(e) => {
-                return Err(AppError::Failed(format!(
-                    "the package check could not run: {e}"
-                )))
-            }
-        };
-        let packages: Vec<PackageStatus> =
-            serde_json::from_slice(&outcome.stdout).map_err(|e| {
-                AppError::Failed(format!("the package check gave an unreadable answer: {e}"))
-            })?;
-        Ok(PackagesReport {
-            environment,
-            path,
-            packages,
-        })
-    }
-
-    /// Install `packages` into the current environment (two installer phases; the
-    /// environment is read once, so the one checked is the one written to). Counts as a run
-    /// of the tenant's quota; refused without environments or without `install_network`.
-    pub async fn install(
-        &self,
-        packages: &[String],
-        events: InstallEvents,
-        cancel: &CancellationToken,
-    ) -> Result<InstallReport, AppError> {
-        let tenant = self.tenant();
-        let Some(envs) = self.environments() else {
-            check_package_names(packages)?;
+/// Which of `names` the current environment has, by a probe run in the sandbox (it
+/// counts as a run). The environment is read once: the one checked is the one reported.
+pub async fn check_packages(
+    ex: &Executor,
+    names: &[String],
+    events: crate::backend::Events,
+    cancel: &CancellationToken,
+) -> Result<PackagesReport, AppError> {
+    check_package_names(names)?;
+    let names_json = serde_json::to_string(names).unwrap_or_default();
+    let code = PACKAGE_PROBE.replace("NAMES", &names_json);
+    let mut limits = ex.settings.limits.clone();
+    limits.timeout = std::time::Duration::from_secs(30).min(ex.settings.max_timeout);
+    let mut job = JobSpec::python(code, limits);
+    job.tenant = ex.tenant().to_string();
+    let env = ex.current_env().await;
+    let (environment, path) = match &env {
+        Some(e) => (
+            e.kind.as_str().to_string(),
+            Some(e.prefix.display().to_string()),
+        ),
+        None => ("default".to_string(), None),
+    };
+    let outcome = match ex.run(job, env, events, cancel).await {
+        Ok(o) if o.success() => o,
+        Ok(o) => {
             return Err(AppError::Failed(format!(
-                "install_dependencies is not available on this server instance (it runs without environments): the sandbox runs the image's default Python, mounted read-only, \
-                 and installing into environments is a later feature of this server. Nothing was installed ({}). \
-                 What works today: check_installed_packages tells you which packages the default environment already has \
-                 (numpy and the standard library among them); write code that uses those.",
-                packages.join(", ")
-            )));
-        };
-        let refused = |why: String| {
-            self.metrics().install(tenant, "refused");
-            AppError::Failed(format!(
+                "the package check failed in the sandbox: {}\n{}",
+                o.status_line(),
+                o.stderr_text()
+            )))
+        }
+        Err(e) => {
+            return Err(AppError::Failed(format!(
+                "the package check could not run: {e}"
+            )))
+        }
+    };
+    let packages: Vec<PackageStatus> = serde_json::from_slice(&outcome.stdout).map_err(|e| {
+        AppError::Failed(format!("the package check gave an unreadable answer: {e}"))
+    })?;
+    Ok(PackagesReport {
+        environment,
+        path,
+        packages,
+    })
+}
+
+/// Install `packages` into the current environment (two installer phases; the
+/// environment is read once, so the one checked is the one written to). Counts as a run
+/// of the tenant's quota; refused without environments or without `install_network`.
+pub async fn install(
+    ex: &Executor,
+    packages: &[String],
+    events: InstallEvents,
+    cancel: &CancellationToken,
+) -> Result<InstallReport, AppError> {
+    let tenant = ex.tenant();
+    let Some(envs) = ex.environments() else {
+        check_package_names(packages)?;
+        return Err(AppError::Failed(format!(
+            "install_dependencies is not available on this server instance (it runs without environments): the sandbox runs the image's default Python, mounted read-only, \
+             and installing into environments is a later feature of this server. Nothing was installed ({}). \
+             What works today: check_installed_packages tells you which packages the default environment already has \
+             (numpy and the standard library among them); write code that uses those.",
+            packages.join(", ")
+        )));
+    };
+    let refused = |why: String| {
+        ex.metrics().install(tenant, "refused");
+        AppError::Failed(format!(
+            "nothing was installed ({}): {why}",
+            packages.join(", ")
+        ))
+    };
+    if !ex.settings.quota.install_network {
+        return Err(refused(format!(
+            "tenant `{tenant}` may not install packages (install_network = false in the tenants file; installs need the network). \
+             Use what the environment has: check_installed_packages lists it"
+        )));
+    }
+    // An install starts containers: it counts as a run of the tenant's quota (a
+    // malformed request is refused before it costs one).
+    check_specs(packages)?;
+    if let Err(e) = ex.admit() {
+        return Err(refused(e.to_string()));
+    }
+    let result = tokio::select! {
+        r = envs.install(ex.backend().clone(), packages, events) => r,
+        _ = cancel.cancelled() => {
+            Err(ManagerError::Failed {
+                what: "the install",
+                status: "cancelled by the client".into(),
+                stderr: "the installer container was stopped (an install phase already begun runs to its end)".into(),
+            })
+        }
+    };
+    let (result, label) = match result {
+        Ok(report) => (Ok(report), "ok"),
+        Err(ManagerError::NotAllowed(why)) => (
+            Err(AppError::Failed(format!(
                 "nothing was installed ({}): {why}",
                 packages.join(", ")
-            ))
-        };
-        if !self.settings.quota.install_network {
-            return Err(refused(format!(
-                "tenant `{tenant}` may not install packages (install_network = false in the tenants file; installs need the network). \
-                 Use what the environment has: check_installed_packages lists it"
-            )));
-        }
-        // An install starts containers: it counts as a run of the tenant's quota (a
-        // malformed request is refused before it costs one).
-        check_specs(packages)?;
-        if let Err(e) = self.admit() {
-            return Err(refused(e.to_string()));
-        }
-        let result = tokio::select! {
-            r = envs.install(self.backend().clone(), packages, events) => r,
-            _ = cancel.cancelled() => {
-                Err(ManagerError::Failed {
-                    what: "the install",
-                    status: "cancelled by the client".into(),
-                    stderr: "the installer container was stopped (an install phase already begun runs to its end)".into(),
-                })
-            }
-        };
-        let (result, label) = match result {
-            Ok(report) => (Ok(report), "ok"),
-            Err(ManagerError::NotAllowed(why)) => (
-                Err(AppError::Failed(format!(
-                    "nothing was installed ({}): {why}",
-                    packages.join(", ")
-                ))),
-                "refused",
-            ),
-            Err(e @ ManagerError::NotAvailable { .. }) => (
-                Err(AppError::Failed(format!("the install failed: {e}"))),
-                "failed",
-            ),
-            Err(e) => (
-                Err(AppError::Failed(format!(
-                    "the install failed and the environment is unchanged where pip left it usable: {e}"
-                ))),
-                "failed",
-            ),
-        };
-        self.metrics().install(tenant, label);
-        result
-    }
+            ))),
+            "refused",
+        ),
+        Err(e @ ManagerError::NotAvailable { .. }) => (
+            Err(AppError::Failed(format!("the install failed: {e}"))),
+            "failed",
+        ),
+        Err(e) => (
+            Err(AppError::Failed(format!(
+                "the install failed and the environment is unchanged where pip left it usable: {e}"
+            ))),
+            "failed",
+        ),
+    };
+    ex.metrics().install(tenant, label);
+    result
+}
 
-    /// Switch the environment runs use to the one `asked` names (validated in a sandbox
-    /// first: it counts as a run); a bad one is refused and the previous one stays.
-    pub async fn configure(&self, asked: EnvAsked) -> Result<EnvReport, AppError> {
-        let Some(envs) = self.environments() else {
-            if !matches!(asked.env_type.as_str(), "conda" | "venv" | "venv-uv") {
-                return Err(AppError::Invalid(format!(
-                    "invalid argument `type`: `{}`; use `conda`, `venv` or `venv-uv`",
-                    asked.env_type
-                )));
-            }
-            return Err(AppError::Failed(format!(
-                "configure_environment is not available on this server instance (it runs without environments): switching to a `{}` environment is not possible here, \
-                 and the configuration was not changed. What works today: code runs in the sandbox image's default Python \
-                 (see get_environment_config; check_installed_packages lists what it has).",
+/// Switch the environment runs use to the one `asked` names (validated in a sandbox
+/// first: it counts as a run); a bad one is refused and the previous one stays.
+pub async fn configure(ex: &Executor, asked: EnvAsked) -> Result<EnvReport, AppError> {
+    let Some(envs) = ex.environments() else {
+        if !matches!(asked.env_type.as_str(), "conda" | "venv" | "venv-uv") {
+            return Err(AppError::Invalid(format!(
+                "invalid argument `type`: `{}`; use `conda`, `venv` or `venv-uv`",
                 asked.env_type
             )));
-        };
-        let kind = EnvKind::parse(&asked.env_type)
-            .map_err(|e| AppError::Invalid(format!("invalid argument `type`: {e}")))?;
-        let path = match kind {
-            EnvKind::Venv => asked.venv_path,
-            EnvKind::UvVenv => asked.uv_venv_path,
-            _ => None,
-        };
-        let request = EnvRequest {
-            kind,
-            path: path.map(std::path::PathBuf::from),
-            conda_name: asked.conda_name,
-        };
-        if let Err(e) = self.admit() {
-            return Err(AppError::Failed(format!(
-                "the environment was not changed: {e}"
-            )));
         }
-        let before = envs.state.report().await;
-        envs.state
-            .configure(&**self.backend(), &envs.manager, Some(request))
-            .await
-            .map_err(|e| {
-                AppError::Failed(format!(
-                    "the environment was not changed: {e}\nstill using: {} at {}",
-                    before.kind,
-                    before.path.display()
-                ))
-            })
+        return Err(AppError::Failed(format!(
+            "configure_environment is not available on this server instance (it runs without environments): switching to a `{}` environment is not possible here, \
+             and the configuration was not changed. What works today: code runs in the sandbox image's default Python \
+             (see get_environment_config; check_installed_packages lists what it has).",
+            asked.env_type
+        )));
+    };
+    let kind = EnvKind::parse(&asked.env_type)
+        .map_err(|e| AppError::Invalid(format!("invalid argument `type`: {e}")))?;
+    let path = match kind {
+        EnvKind::Venv => asked.venv_path,
+        EnvKind::UvVenv => asked.uv_venv_path,
+        _ => None,
+    };
+    let request = EnvRequest {
+        kind,
+        path: path.map(std::path::PathBuf::from),
+        conda_name: asked.conda_name,
+    };
+    if let Err(e) = ex.admit() {
+        return Err(AppError::Failed(format!(
+            "the environment was not changed: {e}"
+        )));
     }
+    let before = envs.state.report().await;
+    envs.state
+        .configure(&**ex.backend(), &envs.manager, Some(request))
+        .await
+        .map_err(|e| {
+            AppError::Failed(format!(
+                "the environment was not changed: {e}\nstill using: {} at {}",
+                before.kind,
+                before.path.display()
+            ))
+        })
+}
 
-    /// The current environment, when the server has environments.
-    pub async fn environment_report(&self) -> Option<EnvReport> {
-        match self.environments() {
-            Some(envs) => Some(envs.state.report().await),
-            None => None,
-        }
+/// The current environment, when the server has environments.
+pub async fn environment_report(ex: &Executor) -> Option<EnvReport> {
+    match ex.environments() {
+        Some(envs) => Some(envs.state.report().await),
+        None => None,
     }
 }

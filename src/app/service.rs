@@ -39,12 +39,18 @@ pub struct Service {
     tenants: Vec<Arc<Executor>>,
 }
 
-/// What `/readyz` answers: ready when the backend answers, its image is there, and its
-/// warm pool (if it has one) has a sandbox waiting.
+/// What `/readyz` answers: ready when start-up is over (the image built, the isolation
+/// self-test passed), the backend answers, its image is there, and its warm pool (if it has
+/// one) has a sandbox waiting.
 #[derive(Debug, Clone, Serialize)]
 pub struct Readiness {
     pub ready: bool,
     pub problem: Option<String>,
+    /// Where start-up is ([`Phase::name`]): `serving` once the service answers.
+    pub phase: &'static str,
+    /// The image build's current step (`step 4 of 13: RUN …`), while it builds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
     /// Which backend (`docker`), its version and backend-specific details.
     pub backend: Option<BackendReport>,
     pub image_present: bool,
@@ -60,6 +66,145 @@ pub struct BackendReport {
     pub version: String,
     pub image: String,
     pub details: std::collections::BTreeMap<String, String>,
+}
+
+/// Where a server is in its start-up. The HTTP listener and the stdio handler exist before
+/// the [`Service`] does: until it does, `/readyz` answers from here
+/// ([`Startup::readiness`]) and early tool calls wait here ([`Startup::wait_serving`]).
+pub struct Startup {
+    phase: tokio::sync::watch::Sender<Phase>,
+}
+
+/// A phase of start-up, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Phase {
+    /// Connecting to the backend, looking for the image.
+    Starting,
+    /// Building the sandbox image (first run); `step` is the current step when known.
+    BuildingImage { step: Option<String> },
+    /// The isolation self-test.
+    SelfTest,
+    /// Checking the Python environment the runs start in.
+    Environment,
+    /// The service answers; its own readiness says the rest (backend, image, pool).
+    Serving,
+    /// Start-up failed (the server exits).
+    Failed(String),
+}
+
+impl Phase {
+    /// The phase as `/readyz` names it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Phase::Starting => "starting",
+            Phase::BuildingImage { .. } => "building_image",
+            Phase::SelfTest => "self_test",
+            Phase::Environment => "environment",
+            Phase::Serving => "serving",
+            Phase::Failed(_) => "failed",
+        }
+    }
+
+    /// Why the server is not ready in this phase (`None` once serving).
+    pub fn problem(&self) -> Option<String> {
+        match self {
+            Phase::Starting => Some("starting up".into()),
+            Phase::BuildingImage { .. } => Some("building the sandbox image".into()),
+            Phase::SelfTest => Some("running the isolation self-test".into()),
+            Phase::Environment => Some("checking the Python environment".into()),
+            Phase::Serving => None,
+            Phase::Failed(e) => Some(format!("start-up failed: {e}")),
+        }
+    }
+
+    /// The phase in a few words, with the build's step: for people (progress messages).
+    pub fn describe(&self) -> String {
+        match self {
+            Phase::BuildingImage { step: Some(step) } => {
+                format!("building the sandbox image ({step})")
+            }
+            p => p.problem().unwrap_or_else(|| "ready".into()),
+        }
+    }
+}
+
+impl Startup {
+    pub fn new() -> Arc<Startup> {
+        Arc::new(Startup {
+            phase: tokio::sync::watch::Sender::new(Phase::Starting),
+        })
+    }
+
+    pub fn set(&self, phase: Phase) {
+        self.phase.send_replace(phase);
+    }
+
+    /// The current build step, while the image builds.
+    pub fn set_build_step(&self, step: String) {
+        self.phase.send_if_modified(|p| match p {
+            Phase::BuildingImage { step: s } => {
+                *s = Some(step);
+                true
+            }
+            _ => false,
+        });
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.phase.borrow().clone()
+    }
+
+    /// Readiness before the service exists: not ready, and why; `pool_target` is the warm
+    /// pool the server will keep.
+    pub fn readiness(&self, pool_target: usize) -> Readiness {
+        let phase = self.phase();
+        let image_present = matches!(phase, Phase::SelfTest | Phase::Environment | Phase::Serving);
+        Readiness {
+            ready: false,
+            problem: Some(phase.problem().unwrap_or_else(|| "starting up".into())),
+            phase: phase.name(),
+            progress: match &phase {
+                Phase::BuildingImage { step } => step.clone(),
+                _ => None,
+            },
+            backend: None,
+            image_present,
+            pool_ready: 0,
+            pool_target,
+            live_containers: 0,
+        }
+    }
+
+    /// Wait until start-up is over, at most `bound`; `on_change` is told each phase (and
+    /// build step) seen, the current one first. `Err` says why not: start-up failed, or
+    /// is still going on after `bound`.
+    pub async fn wait_serving(
+        &self,
+        bound: Duration,
+        mut on_change: impl FnMut(&Phase),
+    ) -> Result<(), String> {
+        let mut rx = self.phase.subscribe();
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            let phase = rx.borrow_and_update().clone();
+            match &phase {
+                Phase::Serving => return Ok(()),
+                Phase::Failed(e) => return Err(format!("the server could not start: {e}")),
+                p => on_change(p),
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err("the server is shutting down".into()),
+                Err(_) => {
+                    return Err(format!(
+                        "the server is still starting up ({}) after {} s; retry in a moment",
+                        self.phase().describe(),
+                        bound.as_secs()
+                    ))
+                }
+            }
+        }
+    }
 }
 
 impl Service {
@@ -99,6 +244,14 @@ impl Service {
         &self.shared.scheduler
     }
 
+    /// Shut down by `token` (a server's signal handler made before the service) rather than
+    /// a token of its own. Call it before adding tenants: they take the token then.
+    pub fn shutdown_on(mut self, token: CancellationToken) -> Service {
+        assert!(self.tenants.is_empty(), "shutdown_on before add_tenant");
+        self.shared.shutdown = token;
+        self
+    }
+
     /// Cancelled when the service shuts down: every run and session in flight stops.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shared.shutdown.clone()
@@ -134,6 +287,8 @@ impl Service {
         Readiness {
             ready: problem.is_none(),
             problem,
+            phase: Phase::Serving.name(),
+            progress: None,
             backend: report,
             image_present,
             pool_ready: stats.pool_ready,

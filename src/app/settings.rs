@@ -26,7 +26,7 @@ pub mod defaults {
     /// Sessions alive at once, per tenant.
     pub const MAX_SESSIONS: usize = 16;
     /// The interpreter of the sandbox image.
-    pub const IMAGE_PYTHON: &str = "/usr/bin/python3";
+    pub const IMAGE_PYTHON: &str = crate::backend::image::PYTHON;
 }
 
 /// How long shutdown waits for execute_python calls to stop and sessions to close before it

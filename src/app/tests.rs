@@ -42,6 +42,17 @@ fn tenant(s: &mut Service, settings: Settings) -> Arc<Executor> {
     })
 }
 
+/// The connection's own session (a stateful transport, no handle).
+fn own(c: &Connection) -> SessionRef {
+    c.session(Wanted {
+        handle: None,
+        stateless: false,
+        open: true,
+    })
+    .unwrap()
+    .unwrap()
+}
+
 fn job(tenant: &str, name: &str) -> JobSpec {
     let mut j = JobSpec::python("print(1)", Limits::default());
     j.tenant = tenant.into();
@@ -64,16 +75,31 @@ async fn runs_past_the_rate_are_refused_before_the_backend_sees_them() {
             .await;
         assert!(o.expect("within the rate").success());
     }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let e = ex
-        .run(job("acme", "r2.py"), None, None, &never)
+        .run(job("acme", "r2.py"), None, Some(tx), &never)
         .await
         .unwrap_err();
     assert!(
         matches!(&e, AppError::Refused(m) if m.contains("2 runs per minute")),
         "{e}"
     );
+    assert!(
+        rx.try_recv().is_err(),
+        "a refused run says nothing (not even `queued`)"
+    );
+    // An admitted one says so first.
+    let mut roomy = settings("roomy");
+    roomy.quota.runs_per_minute = Some(5);
+    let other = tenant(&mut s, roomy);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    other
+        .run(job("roomy", "a.py"), None, Some(tx), &never)
+        .await
+        .unwrap();
+    assert_eq!(rx.try_recv().ok(), Some(crate::job::RunEvent::Admitted));
     assert_eq!(
-        fake.jobs().len(),
+        fake.jobs().iter().filter(|j| j.tenant == "acme").count(),
         2,
         "the refused run never reached the backend"
     );
@@ -175,20 +201,26 @@ async fn sessions_keep_state_are_capped_and_go_with_their_connection() {
     let ex = tenant(&mut s, set);
     let t = (Duration::from_secs(5), None);
     let never = CancellationToken::new();
-    let a = ex.connect();
-    let b = ex.connect();
-    let out = |d: sessions::CellDone| d.outcome.stdout_text();
-    let first = a.cell("x = 41", t.clone(), None, &never).await.unwrap();
+    let a = Connection::new(ex.clone());
+    let b = Connection::new(ex.clone());
+    let out = |d: cell::CellDone| d.outcome.stdout_text();
+    let first = a
+        .cell(&own(&a), "x = 41", t.clone(), None, &never)
+        .await
+        .unwrap();
     assert_eq!(first.note.as_deref(), Some("a new session was started"));
     assert_eq!(out(first), "cell 1 files \n");
     assert_eq!(
-        out(a.cell("x + 1", t.clone(), None, &never).await.unwrap()),
+        out(a
+            .cell(&own(&a), "x + 1", t.clone(), None, &never)
+            .await
+            .unwrap()),
         "cell 2 files \n",
         "the same session, its state kept"
     );
     assert_eq!(ex.live_sessions(), 1);
     let e = b
-        .cell("y = 1", t.clone(), None, &never)
+        .cell(&own(&b), "y = 1", t.clone(), None, &never)
         .await
         .err()
         .unwrap();
@@ -198,19 +230,27 @@ async fn sessions_keep_state_are_capped_and_go_with_their_connection() {
     assert_eq!(ex.live_sessions(), 0);
     assert_eq!(fake.live(), 0);
     assert_eq!(
-        out(b.cell("y = 1", t.clone(), None, &never).await.unwrap()),
+        out(b
+            .cell(&own(&b), "y = 1", t.clone(), None, &never)
+            .await
+            .unwrap()),
         "cell 1 files \n"
     );
-    assert!(b.reset_session().await);
-    assert!(!b.reset_session().await, "nothing left to reset");
+    assert!(b.reset_session(&own(&b)).await);
+    assert!(!b.reset_session(&own(&b)).await, "nothing left to reset");
     assert_eq!(fake.live(), 0);
     // exit() ends the session and says so; the next cell starts a fresh one.
-    b.cell("z = 1", t.clone(), None, &never).await.unwrap();
-    let ended = b.cell("exit()", t.clone(), None, &never).await.unwrap();
+    b.cell(&own(&b), "z = 1", t.clone(), None, &never)
+        .await
+        .unwrap();
+    let ended = b
+        .cell(&own(&b), "exit()", t.clone(), None, &never)
+        .await
+        .unwrap();
     assert!(ended.note.unwrap().contains("The session has ended"));
     assert_eq!(ex.live_sessions(), 0);
     assert_eq!(
-        out(b.cell("z", t, None, &never).await.unwrap()),
+        out(b.cell(&own(&b), "z", t, None, &never).await.unwrap()),
         "cell 1 files \n"
     );
 }
@@ -220,31 +260,41 @@ async fn workspace_files_reach_runs_and_sessions_once() {
     let fake = FakeBackend::new();
     let mut s = service(fake.clone(), 2);
     let ex = tenant(&mut s, settings("acme"));
-    let c = ex.connect();
+    let c = Connection::new(ex.clone());
     let never = CancellationToken::new();
     let t = (Duration::from_secs(5), None);
-    c.write_file("/workspace/a.csv", b"1,2\n").await.unwrap();
-    let e = c.write_file("../etc/passwd", b"x").await.unwrap_err();
+    c.write_file(&own(&c), "/workspace/a.csv", b"1,2\n")
+        .await
+        .unwrap();
+    let e = c
+        .write_file(&own(&c), "../etc/passwd", b"x")
+        .await
+        .unwrap_err();
     assert!(matches!(e, AppError::Failed(_)), "{e}");
-    let first = c.cell("1", t.clone(), None, &never).await.unwrap();
+    let first = c
+        .cell(&own(&c), "1", t.clone(), None, &never)
+        .await
+        .unwrap();
     assert_eq!(first.outcome.stdout_text(), "cell 1 files a.csv\n");
-    c.write_file("b.csv", b"3\n").await.unwrap();
-    c.cell("2", t.clone(), None, &never).await.unwrap();
-    c.cell("3", t, None, &never).await.unwrap();
+    c.write_file(&own(&c), "b.csv", b"3\n").await.unwrap();
+    c.cell(&own(&c), "2", t.clone(), None, &never)
+        .await
+        .unwrap();
+    c.cell(&own(&c), "3", t, None, &never).await.unwrap();
     assert_eq!(
         fake.put_files(),
         vec!["b.csv".to_string()],
         "only the file written after the session opened is put in, once"
     );
     let names: Vec<String> = c
-        .list_files(None)
+        .list_files(&own(&c), None)
         .await
         .unwrap()
         .into_iter()
         .map(|(n, _)| n)
         .collect();
     assert_eq!(names, ["a.csv", "b.csv"]);
-    assert_eq!(c.read_file("./b.csv").await.unwrap().1, b"3\n");
+    assert_eq!(c.read_file(&own(&c), "./b.csv").await.unwrap().1, b"3\n");
     // The connection's own workspace goes with it.
     let root = ex.settings().sessions.workspace_root.clone();
     drop(c);
@@ -260,11 +310,17 @@ async fn shutdown_stops_runs_closes_sessions_then_shuts_the_backend_down() {
     let fake = FakeBackend::new();
     let mut s = service(fake.clone(), 2);
     let ex = tenant(&mut s, settings("acme"));
-    let c = ex.connect();
+    let c = Connection::new(ex.clone());
     let never = CancellationToken::new();
-    c.cell("x = 1", (Duration::from_secs(5), None), None, &never)
-        .await
-        .unwrap();
+    c.cell(
+        &own(&c),
+        "x = 1",
+        (Duration::from_secs(5), None),
+        None,
+        &never,
+    )
+    .await
+    .unwrap();
     fake.hold();
     let run = {
         let ex = ex.clone();
@@ -283,10 +339,102 @@ async fn shutdown_stops_runs_closes_sessions_then_shuts_the_backend_down() {
     assert_eq!(fake.live(), 0, "the session's sandbox went too");
     assert!(fake.was_shut_down(), "the backend was shut down last");
     let e = c
-        .cell("x", (Duration::from_secs(5), None), None, &never)
+        .cell(&own(&c), "x", (Duration::from_secs(5), None), None, &never)
         .await
         .unwrap_err();
     assert!(e.to_string().contains("shutting down"), "{e}");
+}
+
+#[tokio::test]
+async fn handles_name_sessions_across_connections_within_a_tenant_only() {
+    let fake = FakeBackend::new();
+    let mut s = service(fake.clone(), 2);
+    let mut set = settings("acme");
+    set.sessions.max_sessions = 2;
+    set.sessions.idle = Duration::from_millis(300);
+    let ex = tenant(&mut s, set);
+    let other = tenant(&mut s, settings("globex"));
+    let t = (Duration::from_secs(5), None);
+    let never = CancellationToken::new();
+    let stateless = |handle| Wanted {
+        handle,
+        stateless: true,
+        open: true,
+    };
+    // A stateless request without a handle opens a standalone session...
+    let first = Connection::new(ex.clone());
+    let s1 = first.session(stateless(None)).unwrap().unwrap();
+    assert!(s1.created);
+    let h = s1.handle().to_string();
+    assert!(h.starts_with("s_") && h.len() == 34, "{h}");
+    first
+        .cell(&s1, "x = 41", t.clone(), None, &never)
+        .await
+        .unwrap();
+    first.write_file(&s1, "a.txt", b"hi").await.unwrap();
+    drop(first);
+    // ...which outlives that request's connection: the next one names it.
+    let next = Connection::new(ex.clone());
+    let s1b = next.session(stateless(Some(&h))).unwrap().unwrap();
+    assert!(!s1b.created);
+    let out = next
+        .cell(&s1b, "x + 1", t.clone(), None, &never)
+        .await
+        .unwrap();
+    assert_eq!(
+        out.outcome.stdout_text(),
+        "cell 2 files a.txt\n",
+        "same REPL"
+    );
+    assert_eq!(next.read_file(&s1b, "a.txt").await.unwrap().1, b"hi");
+    // Without open, a stateless request gets no session.
+    let none = next
+        .session(Wanted {
+            handle: None,
+            stateless: true,
+            open: false,
+        })
+        .unwrap();
+    assert!(none.is_none());
+    // Another tenant's handle, or a made-up one: the same "not found".
+    let stranger = Connection::new(other.clone());
+    let e1 = stranger
+        .session(stateless(Some(&h)))
+        .err()
+        .unwrap()
+        .to_string();
+    let e2 = next
+        .session(stateless(Some("s_00000000000000000000000000000000")))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e1.contains("not found"), "{e1}");
+    assert_eq!(
+        e1.replace(&h, "H"),
+        e2.replace("s_00000000000000000000000000000000", "H")
+    );
+    // Standalone sessions count against max_sessions for their whole life.
+    let s2 = next.session(stateless(None)).unwrap().unwrap();
+    assert_eq!(ex.live_sessions(), 2);
+    let e = next.session(stateless(None)).err().unwrap().to_string();
+    assert!(e.contains("max_sessions"), "{e}");
+    // Idle ones expire, workspace and all; their handle is then unknown.
+    let root = ex.settings().sessions.workspace_root.clone();
+    drop((s1, s1b, s2));
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while ex.live_sessions() > 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("idle standalone sessions expire");
+    assert!(next.session(stateless(Some(&h))).is_err());
+    assert_eq!(fake.live(), 0);
+    let left: Vec<_> = std::fs::read_dir(root.join("acme.sessions"))
+        .map(|d| d.collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+    let _ = std::fs::remove_dir_all(root);
 }
 
 mod env_lock {
@@ -347,8 +495,7 @@ mod env_lock {
         let install = {
             let ex = ex.clone();
             tokio::spawn(async move {
-                ex.install(&["six".into()], None, &CancellationToken::new())
-                    .await
+                packages::install(&ex, &["six".into()], None, &CancellationToken::new()).await
             })
         };
         fake.installing.notified().await;

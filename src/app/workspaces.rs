@@ -1,5 +1,5 @@
-//! Workspaces: a directory on the server per connection (`<root>/<tenant>.sessions/<random>`,
-//! deleted when the connection ends) or, with `shared_workspace`, one per tenant
+//! Workspaces: a directory on the server per session (`<root>/<tenant>.sessions/<random>`,
+//! deleted when the session ends) or, with `shared_workspace`, one per tenant
 //! (`<root>/<tenant>`). Its files are sent into every run and session at `/workspace`, and
 //! files the code writes there come back into it. Paths get the same refusals as code
 //! storage ([`CodeStorage::resolve`]: no traversal, no absolute paths outside, no
@@ -168,13 +168,19 @@ pub fn name_of(path: &str) -> &str {
 
 /// Storage errors speak of code storage; here it is the workspace.
 fn ws_error(e: crate::storage::StorageError) -> String {
+    if let crate::storage::StorageError::NotFound { path } = &e {
+        let name = std::path::Path::new(path)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| path.clone());
+        return format!(
+            "file `{name}` does not exist in this session's workspace: list_files shows what is there. \
+             Write it with write_file, or let your code write it to /workspace/{name}; a client that passes session_id must pass the same one it used then"
+        );
+    }
     e.to_string()
         .replace("file_path", "path")
         .replace("the code storage directory", "the workspace")
-        .replace(
-            "in the code storage directory: create it with initialize_code_file first",
-            "in the workspace (see list_files)",
-        )
         .replace(
             ". Split the code into several append_to_code_file calls",
             "",
@@ -192,11 +198,18 @@ pub fn too_large(size: u64) -> AppError {
 }
 
 impl Workspaces {
-    /// Write `data` as `name` into workspace `key`, within the caps: its name and size.
+    /// Write `data` as `name` into workspace `key` (a write_file call), within the caps:
+    /// its size.
     pub async fn write(&self, key: &str, name: &str, data: &[u8]) -> Result<u64, WriteError> {
         if data.len() as u64 > caps::WRITE_BYTES {
             return Err(WriteError::Refused(too_large(data.len() as u64)));
         }
+        self.keep(key, name, data).await
+    }
+
+    /// Write `data` as `name` into workspace `key` within the workspace caps (not those of
+    /// one write_file call): its size.
+    pub async fn keep(&self, key: &str, name: &str, data: &[u8]) -> Result<u64, WriteError> {
         let ws = self
             .of(key)
             .map_err(|e| WriteError::Refused(AppError::Failed(e)))?;

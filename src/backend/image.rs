@@ -43,6 +43,9 @@ pub const RUNNER_FILES: &[(&str, &str)] = &[
 ];
 /// The matplotlib backend that turns figures into PNG artifacts.
 pub const MPL_BACKEND: &str = include_str!("../../images/sandbox/mcp_backend.py");
+/// The sandbox image's own interpreter: the runner's, and the code's unless an environment
+/// brings another.
+pub const PYTHON: &str = "/usr/bin/python3";
 /// Repository of the sandbox image; the tag is a content hash.
 pub const IMAGE_REPO: &str = "mcp-code-executor/sandbox";
 /// The base pulled where a registry is reachable.
@@ -100,6 +103,109 @@ pub enum ImageError {
         path: PathBuf,
         source: std::io::Error,
     },
+}
+
+/// About how long a first build takes on a fresh machine, minutes: the Debian packages of
+/// the scientific stack dominate (plus about a minute when the base is bootstrapped offline).
+pub const FIRST_BUILD_MINUTES: u32 = 5;
+
+/// What a build reports as it goes: a few lines a person reads. The build's own output
+/// (every shell line of a RUN step) is logged at debug level, not reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuildEvent<'a> {
+    /// The image is missing and is being built; about `minutes` minutes.
+    Started { image: &'a str, minutes: u32 },
+    /// A phase around the build: pulling or bootstrapping the base, what it builds from.
+    Note(&'a str),
+    /// Step `index` of `total` of the Dockerfile began; `name` is its instruction, shortened.
+    Step {
+        index: usize,
+        total: usize,
+        name: &'a str,
+    },
+    /// The image is built.
+    Finished { image: &'a str, secs: u64 },
+}
+
+impl std::fmt::Display for BuildEvent<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BuildEvent::Started { image, minutes } => write!(
+                f,
+                "building the sandbox image {image} (first run, about {minutes} minutes; later starts reuse it)"
+            ),
+            BuildEvent::Note(n) => f.write_str(n),
+            BuildEvent::Step { index, total, name } => {
+                write!(f, "step {index} of {total}: {name}")
+            }
+            BuildEvent::Finished { image, secs } => {
+                write!(f, "built {image} in {}m{:02}s", secs / 60, secs % 60)
+            }
+        }
+    }
+}
+
+/// The step a line of a classic Docker build announces (`Step 4/13 : RUN set -eux; …`):
+/// (index, total, the instruction with its whitespace collapsed, at most 60 characters).
+pub fn parse_step(line: &str) -> Option<(usize, usize, String)> {
+    let rest = line.trim_start().strip_prefix("Step ")?;
+    let (counts, instruction) = rest.split_once(" : ")?;
+    let (i, n) = counts.split_once('/')?;
+    let (index, total) = (i.trim().parse().ok()?, n.trim().parse().ok()?);
+    let words: Vec<&str> = instruction.split_whitespace().collect();
+    let mut name = words.join(" ");
+    const MAX: usize = 60;
+    if name.chars().count() > MAX {
+        name = name.chars().take(MAX - 1).collect::<String>() + "…";
+    }
+    Some((index, total, name))
+}
+
+/// `text` without terminal control sequences (colours, cursor moves, titles) or other
+/// control characters (tabs kept): what a build prints, safe for logs and compose output.
+pub fn strip_control(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\u{1b}' => match chars.next() {
+                // CSI: parameters and intermediates, then one final byte in @..~.
+                Some('[') => {
+                    for c in chars.by_ref() {
+                        if ('@'..='~').contains(&c) {
+                            break;
+                        }
+                    }
+                }
+                // OSC, DCS, APC, PM, SOS: up to BEL or ST (ESC \\).
+                Some(']' | 'P' | '_' | '^' | 'X') => {
+                    while let Some(c) = chars.next() {
+                        if c == '\u{7}' {
+                            break;
+                        }
+                        if c == '\u{1b}' && chars.peek() == Some(&'\\') {
+                            chars.next();
+                            break;
+                        }
+                    }
+                }
+                // Two-character sequences (ESC c, ESC 7, ...).
+                _ => {}
+            },
+            // C1 CSI.
+            '\u{9b}' => {
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            '\t' | '\n' => out.push(c),
+            c if c.is_control() => {}
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// The Dockerfile of the server image made from a built binary.
@@ -172,5 +278,46 @@ mod tests {
                 assert!(names.contains(&path), "{path} is not in RUNNER_FILES");
             }
         }
+    }
+    #[test]
+    fn control_sequences_are_stripped() {
+        assert_eq!(strip_control("\u{1b}[91mE: boom\u{1b}[0m"), "E: boom");
+        assert_eq!(strip_control("\u{1b}[0m"), "");
+        assert_eq!(
+            strip_control("a\u{1b}]0;title\u{7}b\u{1b}]8;;x\u{1b}\\c"),
+            "abc"
+        );
+        assert_eq!(strip_control("50%\r100%\u{8}\tok\n"), "50%100%\tok\n");
+        assert_eq!(strip_control("\u{1b}7saved\u{1b}[2K\u{9b}1mx"), "savedx");
+        assert_eq!(strip_control("plain – ünïcode"), "plain – ünïcode");
+    }
+
+    #[test]
+    fn build_steps_are_named_briefly() {
+        let (i, n, name) = parse_step("Step 4/13 : RUN set -eux;     export DEBIAN_FRONTEND=noninteractive;     apt-get update; apt-get install -y python3").unwrap();
+        assert_eq!((i, n), (4, 13));
+        assert!(
+            name.starts_with("RUN set -eux; export DEBIAN_FRONTEND"),
+            "{name}"
+        );
+        assert_eq!(name.chars().count(), 60);
+        assert!(name.ends_with('…'));
+        assert_eq!(
+            parse_step("Step 10/13 : USER 65534:65534").unwrap(),
+            (10, 13, "USER 65534:65534".to_string())
+        );
+        assert!(parse_step(" ---> Using cache").is_none());
+        assert!(parse_step("Step x/13 : USER").is_none());
+        let e = BuildEvent::Step {
+            index: 4,
+            total: 13,
+            name: "RUN x",
+        };
+        assert_eq!(e.to_string(), "step 4 of 13: RUN x");
+        let e = BuildEvent::Finished {
+            image: "i:t",
+            secs: 125,
+        };
+        assert_eq!(e.to_string(), "built i:t in 2m05s");
     }
 }

@@ -30,10 +30,17 @@ pub fn emit(events: &Events, event: RunEvent) {
 }
 
 /// A failure of the infrastructure, never of the user's code: the message says what to do.
+/// Backend-neutral variants; each backend fills in its own words (what it could not reach,
+/// what to do about it).
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
-    #[error("cannot reach the Docker daemon: {detail}. Is it running? Start it (`dockerd &` or `systemctl start docker`) or point DOCKER_HOST at it")]
-    DaemonUnreachable { detail: String },
+    /// The backend itself does not answer (`what`: e.g. "the Docker daemon").
+    #[error("cannot reach {what}: {detail}. {hint}")]
+    Unreachable {
+        what: &'static str,
+        detail: String,
+        hint: &'static str,
+    },
     #[error(
         "the sandbox image `{image}` is not present. Build it with `mcp-code-executor image build`"
     )]
@@ -42,8 +49,10 @@ pub enum BackendError {
     Rejected(String),
     #[error("the sandbox runner failed: {0}")]
     Runner(String),
-    #[error("Docker error while {action}: {detail}")]
-    Docker {
+    /// The backend answered with an error (`backend`: e.g. "Docker").
+    #[error("{backend} error while {action}: {detail}")]
+    Failed {
+        backend: &'static str,
         action: &'static str,
         detail: String,
     },

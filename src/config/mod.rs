@@ -24,7 +24,7 @@ pub mod defaults {
     /// Sandboxes `serve` keeps started and waiting.
     pub const POOL_SIZE: usize = 2;
     /// The tenant of a server without a tenants file: the label on its containers.
-    pub const TENANT: &str = "local";
+    pub const TENANT: &str = crate::job::LOCAL_TENANT;
     /// The host's system CA bundle (Debian's path), trusted by installs when no other is
     /// configured: it carries a TLS-intercepting proxy's CA where the host trusts one.
     pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -136,6 +136,15 @@ impl HostEnv {
             home: std::env::var_os(vars::HOME).map(PathBuf::from),
             conda_exe: std::env::var_os(vars::CONDA_EXE).map(PathBuf::from),
             path: std::env::var_os(vars::PATH),
+        }
+    }
+
+    /// The same from `get` (the configuration's view of the environment).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Self {
+        HostEnv {
+            home: get(vars::HOME).map(PathBuf::from),
+            conda_exe: get(vars::CONDA_EXE).map(PathBuf::from),
+            path: get(vars::PATH).map(std::ffi::OsString::from),
         }
     }
 }

@@ -51,6 +51,8 @@ pub struct ServeConfig {
     pub pip_index: PipIndex,
     /// Where sandboxes come from.
     pub backend: BackendConfig,
+    /// Host facts environments are resolved with (`HOME`, `CONDA_EXE`, `PATH`).
+    pub host: super::HostEnv,
     /// Serve even when the isolation self-test fails.
     pub allow_unsafe: bool,
 }
@@ -76,9 +78,39 @@ pub struct SessionLimits {
     pub max_sessions: usize,
 }
 
+/// Which sandbox backend runs the code.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BackendKind {
+    /// A hardened container per run on a Docker daemon.
+    #[default]
+    Docker,
+}
+
+impl BackendKind {
+    /// Every backend, by the name `--backend` takes.
+    pub const ALL: &'static [(&'static str, BackendKind)] = &[("docker", BackendKind::Docker)];
+
+    /// The backend named `name`, or what the choices are.
+    pub fn parse(name: &str) -> Result<BackendKind, String> {
+        Self::ALL
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name.trim()))
+            .map(|(_, k)| *k)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|(n, _)| *n).collect();
+                format!(
+                    "`{name}` is not a backend; choose one of: {}",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
 /// The sandbox backend's settings, in words every backend understands (Docker today).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackendConfig {
+    /// Which backend.
+    pub kind: BackendKind,
     /// The sandbox image; `None`: the tag that matches this binary.
     pub image: Option<String>,
     /// OCI runtime; `None`: the daemon's default.
@@ -136,7 +168,7 @@ mod tests {
             max_timeout: Duration::from_secs(300),
             max_concurrent: 4,
             max_queue: 256,
-            tenant: "local".into(),
+            tenant: crate::job::LOCAL_TENANT.into(),
             tenants_file: None,
             data_dir: "/d".into(),
             code_storage_dir: "/d/code".into(),
@@ -151,12 +183,14 @@ mod tests {
             ca_bundle: None,
             pip_index: PipIndex::default(),
             backend: BackendConfig {
+                kind: BackendKind::Docker,
                 image: None,
                 runtime: None,
                 docker_host: None,
                 pool_size: 2,
                 build_missing: true,
             },
+            host: Default::default(),
             allow_unsafe: false,
         }
     }

@@ -59,6 +59,8 @@ env_vars! {
     MCP_EXECUTOR_WORKSPACE_SIZE;
 
     // ---- the sandbox backend ----
+    /// Which sandbox backend runs the code (`--backend`; `docker`, the only one so far).
+    MCP_EXECUTOR_BACKEND;
     /// The sandbox image (`--image`; default: the tag that matches this binary).
     MCP_EXECUTOR_IMAGE;
     /// OCI runtime of sandboxes (`--runtime`; Docker's default, `runc`, when unset).

@@ -93,6 +93,9 @@ pub struct EnvManager {
     /// `PIP_INDEX_URL` / `PIP_EXTRA_INDEX_URL` for the fetch phase, as configured
     /// ([`EnvManager::with_pip_index`]); none: PyPI.
     index_vars: Vec<(String, String)>,
+    /// The host facts environments are resolved with (`HOME`, conda), read once by the
+    /// configuration ([`EnvManager::with_host`]); none by default.
+    host: crate::config::HostEnv,
     locks: Mutex<HashMap<PathBuf, Arc<EnvLocks>>>,
 }
 
@@ -112,8 +115,22 @@ impl EnvManager {
             data_dir: absolute(data_dir),
             ca_bundle: ca_bundle.map(absolute),
             index_vars: Vec::new(),
+            host: crate::config::HostEnv::default(),
             locks: Mutex::default(),
         }
+    }
+
+    /// Resolve environments with these host facts (`HOME`, `CONDA_EXE`, `PATH`), as the
+    /// configuration read them at start-up.
+    pub fn with_host(mut self, host: crate::config::HostEnv) -> Self {
+        self.host = host;
+        self
+    }
+
+    /// What requested environments are resolved against: the host facts, and conda's list
+    /// of environments as it is now (a conda environment made since start-up is found).
+    pub fn context(&self) -> super::Context {
+        super::Context::of(&self.host)
     }
 
     /// The package indexes the fetch phase uses (the server's `PIP_INDEX_URL` and
@@ -137,7 +154,7 @@ impl EnvManager {
 
     /// Where the managed environment of `tenant` lives.
     pub fn managed_path(&self, tenant: &str) -> PathBuf {
-        if tenant == "local" {
+        if tenant == crate::job::LOCAL_TENANT {
             return self.data_dir.join("envs/default");
         }
         // A tenant id is one path component, whatever it holds.

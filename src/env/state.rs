@@ -119,7 +119,7 @@ impl EnvState {
         request: Option<EnvRequest>,
     ) -> Result<EnvState, ManagerError> {
         let env = match &request {
-            Some(r) if r.kind != EnvKind::Managed => resolve(r, &Context::from_host())?,
+            Some(r) if r.kind != EnvKind::Managed => resolve(r, &manager.context())?,
             _ => manager.ensure_managed(sandbox, tenant).await?,
         };
         let probe = manager.probe(sandbox, &env, tenant).await?;
@@ -173,14 +173,12 @@ impl EnvState {
             (Some(r), _) if r.kind == EnvKind::Managed => {
                 manager.ensure_managed(sandbox, &self.tenant).await?
             }
-            (Some(r), None) => resolve(r, &Context::from_host())?,
+            (Some(r), None) => resolve(r, &manager.context())?,
             (Some(r), Some(roots)) => {
-                let (roots, r) = (roots.clone(), r.clone());
-                tokio::task::spawn_blocking(move || {
-                    resolve_within(&r, &roots, &Context::from_host())
-                })
-                .await
-                .map_err(|e| ManagerError::NotAllowed(e.to_string()))??
+                let (roots, r, ctx) = (roots.clone(), r.clone(), manager.context());
+                tokio::task::spawn_blocking(move || resolve_within(&r, &roots, &ctx))
+                    .await
+                    .map_err(|e| ManagerError::NotAllowed(e.to_string()))??
             }
         };
         let probe = manager.probe(sandbox, &env, &self.tenant).await?;

@@ -79,10 +79,84 @@ pub fn check_known(
     ))
 }
 
-/// The JSON Schema clients see for `T` (rmcp's draft 2020-12 settings).
+/// The JSON Schema clients see for the arguments `T` (rmcp's draft 2020-12 settings, made
+/// [`portable`]).
 pub fn schema<T: JsonSchema + 'static>() -> std::sync::Arc<rmcp::model::JsonObject> {
-    rmcp::handler::server::common::schema_for_input::<T>()
-        .unwrap_or_else(|e| panic!("input schema of {}: {e}", std::any::type_name::<T>()))
+    let s = rmcp::handler::server::common::schema_for_input::<T>()
+        .unwrap_or_else(|e| panic!("input schema of {}: {e}", std::any::type_name::<T>()));
+    std::sync::Arc::new(portable_object((*s).clone()))
+}
+
+/// The output schema of a tool whose `structuredContent` is a `T`, made [`portable`].
+pub fn output_schema<T: JsonSchema + 'static>() -> std::sync::Arc<rmcp::model::JsonObject> {
+    let s = rmcp::handler::server::common::schema_for_output::<T>();
+    std::sync::Arc::new(portable_object((*s).clone()))
+}
+
+fn portable_object(o: rmcp::model::JsonObject) -> rmcp::model::JsonObject {
+    let mut v = serde_json::Value::Object(o);
+    portable(&mut v);
+    match v {
+        serde_json::Value::Object(o) => o,
+        _ => unreachable!("an object stays an object"),
+    }
+}
+
+/// Formats schemars adds for Rust's number types, which JSON Schema does not define:
+/// validators print "unknown format ignored" for each.
+const RUST_FORMATS: [&str; 12] = [
+    "uint", "int", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
+    "float", "double",
+];
+
+/// Standard, portable JSON Schema: no Rust number formats, and no `type` arrays (a nullable
+/// field's `["integer", "null"]` becomes `anyOf` of single types, which clients that map
+/// schemas onto a single-type dialect accept; the Inspector's `--strict` asks for it).
+pub fn portable(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Object(o) => {
+            if o.get("format")
+                .and_then(Value::as_str)
+                .is_some_and(|f| RUST_FORMATS.contains(&f))
+            {
+                o.remove("format");
+            }
+            if let Some(Value::Array(types)) = o.get("type").cloned() {
+                o.remove("type");
+                // Annotations stay on the field; the rest describes the non-null value.
+                let keep = ["description", "title", "default", "examples", "deprecated"];
+                let moved: Vec<String> = o
+                    .keys()
+                    .filter(|k| !keep.contains(&k.as_str()))
+                    .cloned()
+                    .collect();
+                let mut constraints = serde_json::Map::new();
+                for k in moved {
+                    if let Some(x) = o.remove(&k) {
+                        constraints.insert(k, x);
+                    }
+                }
+                let branches: Vec<Value> = types
+                    .iter()
+                    .map(|t| {
+                        let mut b = serde_json::Map::new();
+                        b.insert("type".into(), t.clone());
+                        if t != "null" {
+                            b.extend(constraints.clone());
+                        }
+                        Value::Object(b)
+                    })
+                    .collect();
+                o.insert("anyOf".into(), Value::Array(branches));
+            }
+            for (_, x) in o.iter_mut() {
+                portable(x);
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(portable),
+        _ => {}
+    }
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -96,6 +170,9 @@ pub struct ExecuteCode {
     /// Wall-clock limit in seconds; capped by the server's maximum.
     #[serde(default)]
     pub timeout: Option<f64>,
+    /// The session whose workspace files the run sees at /workspace (and keeps the files it writes there): the session_id an earlier call returned. Omit it to use your connection's own session; a client without one (MCP 2026-07-28 over HTTP) gets a new session when the run writes files.
+    #[serde(default)]
+    pub session_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -125,6 +202,9 @@ pub struct ExecuteCodeFile {
     /// Wall-clock limit in seconds; capped by the server's maximum.
     #[serde(default)]
     pub timeout: Option<f64>,
+    /// The session whose workspace files the run sees at /workspace, as for execute_code.
+    #[serde(default)]
+    pub session_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -8,16 +8,19 @@ use serde::Serialize;
 
 use crate::job::{Artifact, Outcome, OutputFile};
 
-/// Files written under /workspace are embedded in the result up to this many bytes in all;
-/// the rest are named, to be read with read_file.
-pub const MAX_EMBEDDED_BYTES: usize = 1 << 20;
+/// Files written under /workspace are embedded in the result up to this many bytes in all
+/// (and within the room the result's budget leaves); the rest are named, to be read with
+/// read_file.
+pub const MAX_EMBEDDED_BYTES: usize = 256 << 10;
 
 /// One figure returned with a run (its bytes travel as an image content block).
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct FigureInfo {
     /// e.g. `figure-001.png`.
     pub name: String,
+    /// The media type, `image/png`.
     pub mime_type: String,
+    /// Size of the image in bytes (before base64).
     pub size_bytes: u64,
     /// True when the figure was larger than 4 megapixels and was scaled down to fit.
     pub downscaled: bool,
@@ -74,19 +77,20 @@ pub fn attach(result: &mut CallToolResult, artifacts: &[Artifact]) {
 }
 
 /// Embedded resources for the files the code wrote under /workspace (text as text, the
-/// rest base64), within [`MAX_EMBEDDED_BYTES`]; and a line for the text block.
-pub fn embed_files(files: &[OutputFile]) -> (Vec<ContentBlock>, String) {
+/// rest base64), within [`MAX_EMBEDDED_BYTES`] and `room` serialized bytes; and a line for
+/// the text block.
+pub fn embed_files(files: &[OutputFile], room: usize) -> (Vec<ContentBlock>, String) {
     use rmcp::model::ResourceContents;
     let mut blocks = Vec::new();
     let mut embedded = Vec::new();
     let mut skipped = Vec::new();
     let mut total = 0usize;
+    let mut wire = 0usize;
     for f in files {
         if total + f.data.len() > MAX_EMBEDDED_BYTES {
             skipped.push(f.path.clone());
             continue;
         }
-        total += f.data.len();
         let uri = format!("file:///workspace/{}", f.path);
         let mime = mime_of(&f.path);
         let contents = match std::str::from_utf8(&f.data) {
@@ -97,7 +101,17 @@ pub fn embed_files(files: &[OutputFile]) -> (Vec<ContentBlock>, String) {
             ),
         }
         .with_mime_type(mime);
-        blocks.push(ContentBlock::resource(contents));
+        let block = ContentBlock::resource(contents);
+        let size = serde_json::to_string(&block)
+            .map(|s| s.len())
+            .unwrap_or(usize::MAX);
+        if wire.saturating_add(size) > room {
+            skipped.push(f.path.clone());
+            continue;
+        }
+        total += f.data.len();
+        wire += size;
+        blocks.push(block);
         embedded.push(f.path.clone());
     }
     let mut line = String::new();
@@ -109,7 +123,7 @@ pub fn embed_files(files: &[OutputFile]) -> (Vec<ContentBlock>, String) {
     }
     if !skipped.is_empty() {
         line.push_str(&format!(
-            "files not embedded (over {} KiB in all; use read_file): {}\n",
+            "files not embedded (over {} KiB in all, or no room left in this result; use read_file): {}\n",
             MAX_EMBEDDED_BYTES >> 10,
             skipped.join(", ")
         ));
@@ -151,7 +165,7 @@ mod embed_tests {
                 data: vec![b'x'; MAX_EMBEDDED_BYTES],
             },
         ];
-        let (blocks, line) = embed_files(&files);
+        let (blocks, line) = embed_files(&files, 1 << 20);
         assert_eq!(blocks.len(), 2);
         let first = blocks[0].as_resource().unwrap();
         let json = serde_json::to_value(first).unwrap();

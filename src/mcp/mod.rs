@@ -28,9 +28,11 @@ pub mod defaults {
 }
 
 /// What the model is told about how the tools fit together.
-pub const INSTRUCTIONS: &str = "This server runs Python code in isolated, short-lived sandboxes (no network, limited time and memory; execute_code keeps nothing between runs). \
+pub const INSTRUCTIONS: &str = "This server runs Python code in isolated, short-lived sandboxes (no network, limited time and memory; execute_code keeps no variables between runs). \
 For notebook-style work where variables persist between calls, use execute_python (reset_session starts over). \
 Files written with write_file are at /workspace for the code; files the code writes there can be read back with read_file (list_files lists them); matplotlib figures come back as images. \
+A session (a Python REPL and its workspace) is named by the session_id results give: pass it back as session_id to execute_python, execute_code, execute_code_file, write_file, read_file, list_files and reset_session to keep the same state \
+(necessary when the client keeps no connection between calls). Long output comes back as its head and tail, the whole of it kept as a workspace file to page through with read_file. \
 For a short script call execute_code. For a script too long for one call, build it in pieces: initialize_code_file (returns a file_path), \
 append_to_code_file with that file_path as often as needed, optionally read_code_file to check it, then execute_code_file. \
 Results carry stdout, stderr and a status line; a non-zero exit, timeout or out-of-memory is reported as a tool error with the output. \

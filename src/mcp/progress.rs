@@ -97,16 +97,23 @@ async fn forward<E>(
             }
         }
     };
+    let mut said = false;
     if let Some(m) = narration.first() {
+        said = true;
         send(m).await;
     }
     // The sender is dropped when the call ends (or is cancelled): the loop ends then.
     while let Some(event) = rx.recv().await {
         if let Some(m) = narration.describe(event) {
+            said = true;
             send(m).await;
         }
     }
-    send(narration.last()).await;
+    // A call refused before it began (a quota, a bad argument) said nothing: it says no
+    // "finished" either.
+    if said {
+        send(narration.last()).await;
+    }
 }
 
 /// A run's phases.
@@ -116,12 +123,9 @@ struct RunNarration {
 }
 
 impl Narration<RunEvent> for RunNarration {
-    fn first(&self) -> Option<String> {
-        Some("queued: waiting for a sandbox".into())
-    }
-
     fn describe(&mut self, event: RunEvent) -> Option<String> {
         match event {
+            RunEvent::Admitted => Some("queued: waiting for a sandbox".into()),
             RunEvent::Created { .. } => Some("sandbox created".into()),
             RunEvent::Started => Some("started: the code is running".into()),
             RunEvent::Output { data, .. } => self

@@ -115,7 +115,7 @@ async fn docker_run_once(image: &str, hardening: Option<&[String]>) -> Result<Du
         None => cmd.args(["--network", "none"]),
     };
     let out = cmd
-        .args([image, "/usr/bin/python3", "-c", CODE])
+        .args([image, crate::backend::image::PYTHON, "-c", CODE])
         .output()
         .await
         .map_err(|e| format!("cannot run the docker CLI: {e}"))?;
@@ -160,8 +160,8 @@ async fn run_once(ex: &Executor, code: &str) -> Result<Duration, String> {
         .await
         .map_err(|e| e.to_string())?;
     let d = t.elapsed();
-    if !o.success() {
-        return Err(format!("unexpected outcome {}", o.status_line()));
+    if !o.success() || (code == CODE && o.stdout != b"1\n") {
+        return Err(format!("unexpected outcome {o:?}"));
     }
     Ok(d)
 }
@@ -285,7 +285,7 @@ pub async fn engine(opts: &BenchOptions) -> Result<Option<Stats>, String> {
     let warm_service = local_service(
         (opts.connect)(opts.pool_size.max(1)).await?,
         slots,
-        &["local"],
+        &[crate::job::LOCAL_TENANT],
     );
     let warm = warm_service.backend().clone();
     let ex = warm_service.tenants()[0].clone();

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use crate::config;
 
 /// The tenant of a server without a tenants file.
-pub const LOCAL: &str = "local";
+pub const LOCAL: &str = crate::job::LOCAL_TENANT;
 
 /// One tenant: its id, the hash of its token, and its limits.
 #[derive(Debug, Clone, PartialEq)]

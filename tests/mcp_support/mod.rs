@@ -47,7 +47,10 @@ pub async fn server_with_environments(tenant: &str, data_dir: &std::path::Path) 
     use mcp_code_executor::env::manager::EnvManager;
     use mcp_code_executor::env::state::{EnvState, Environments};
     let sandbox = common::sandbox().await;
-    let manager = EnvManager::new(data_dir.to_path_buf(), EnvManager::default_ca_bundle());
+    let manager = EnvManager::new(data_dir.to_path_buf(), EnvManager::default_ca_bundle())
+        .with_pip_index(&mcp_code_executor::config::PipIndex::from_vars(|k| {
+            std::env::var(k).ok()
+        }));
     let state = EnvState::init(&*sandbox, &manager, tenant, None)
         .await
         .expect("the managed environment");

@@ -1,6 +1,11 @@
 """Drive mcp-code-executor with the official MCP Python SDK (PyPI `mcp`), over one
 transport, as a user's MCP client would: list the tools, run numpy, the incremental file
-flow, a refused traversal, an unknown tool. Exits 0 when every check held, else prints
+flow, a refused traversal, an unknown tool (with the SDK's `ClientSession` and the
+`initialize` handshake); then state and size with the SDK's `Client`, in its default mode
+(which negotiates 2026-07-28 where the server offers it: over HTTP, no protocol session at
+all) and in its legacy mode: `x = 41` then `x + 1` with the returned session_id, a workspace
+file seen by write_file, read_file and execute_code, and a 3 MB print that comes back as its
+head and tail with the rest in the workspace. Exits 0 when every check held, else prints
 what failed and exits 1.
 
     python client.py http  http://127.0.0.1:PORT/mcp
@@ -13,6 +18,7 @@ import json
 import sys
 
 from mcp import ClientSession
+from mcp.client.client import Client
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -74,21 +80,72 @@ async def exercise(read, write):
             pass  # a JSON-RPC error is the other correct answer
 
 
+async def exercise_state(client, label):
+    """Sessions by handle and results that fit, through the SDK's high-level Client."""
+    r = await client.call_tool("execute_python", {"code": "x = 41"})
+    check(not r.is_error, f"{label}: x = 41", text_of(r))
+    sid = r.structured_content["session_id"]
+    check(sid and sid in text_of(r), f"{label}: session_id in structuredContent and text", text_of(r))
+    r = await client.call_tool("execute_python", {"code": "x + 1", "session_id": sid})
+    check(not r.is_error and r.structured_content["stdout"] == "42\n",
+          f"{label}: x + 1 with the session_id gives 42", text_of(r))
+
+    r = await client.call_tool("write_file", {
+        "path": "hello.txt", "content": "hello from write_file\n", "session_id": sid})
+    check(not r.is_error and r.structured_content["session_id"] == sid,
+          f"{label}: write_file in the session", text_of(r))
+    r = await client.call_tool("read_file", {"path": "hello.txt", "session_id": sid})
+    check(not r.is_error and "hello from write_file" in text_of(r), f"{label}: read_file sees it", text_of(r))
+    r = await client.call_tool("execute_code", {
+        "code": "print(open('/workspace/hello.txt').read().upper())", "session_id": sid})
+    check(not r.is_error and "HELLO FROM WRITE_FILE" in text_of(r),
+          f"{label}: execute_code opens it", text_of(r))
+    r = await client.call_tool("list_files", {"session_id": sid})
+    check("hello.txt" in text_of(r), f"{label}: list_files lists it", text_of(r))
+
+    # 3 MB of stdout: the SDK refuses an event over 1 MiB, so this must come back smaller.
+    # (The sandbox keeps 1 MiB of each stream, its output limit; the result carries less.)
+    r = await client.call_tool("execute_code", {
+        "code": "print('head-marker'); print('x' * 3_000_000)", "session_id": sid})
+    t = text_of(r)
+    check(len(t) < 512 * 1024 and "head-marker" in t and "bytes not shown" in t
+          and t.rstrip().endswith("xxxx"), f"{label}: head and tail of a 3 MB print", t[:300])
+    kept = r.structured_content.get("stdout_file")
+    check(kept and kept in t and "read_file" in t, f"{label}: says where the rest is", t[:600])
+    r = await client.call_tool("read_file", {"path": kept, "session_id": sid, "offset": 0})
+    page = r.structured_content
+    check(not r.is_error and page["content"].startswith("head-marker") and page.get("next_offset"),
+          f"{label}: the kept stdout pages with read_file", text_of(r)[:500])
+
+    r = await client.call_tool("read_file", {"path": "hello.txt", "session_id": "s_" + "0" * 32})
+    check(r.is_error and "not found" in text_of(r), f"{label}: an unknown session_id", text_of(r))
+
+
 async def main():
     kind, target, *rest = sys.argv[1:]
     if kind == "http":
         async with streamable_http_client(target) as (read, write):
             await exercise(read, write)
+        connect = lambda: target
     elif kind == "sse":
         async with sse_client(target) as (read, write):
             await exercise(read, write)
+        connect = lambda: sse_client(target)
     elif kind == "stdio":
         params = StdioServerParameters(command=target, args=rest, env=json.loads(
             sys.stdin.readline() or "{}"))
         async with stdio_client(params) as (read, write):
             await exercise(read, write)
+        connect = lambda: params
     else:
         raise SystemExit(f"unknown transport {kind}")
+    for mode in ("auto", "legacy"):
+        async with Client(connect(), mode=mode) as client:
+            version = client.protocol_version
+            if kind == "http" and mode == "auto":
+                check(version == "2026-07-28", "the default mode negotiates 2026-07-28 over HTTP", version)
+            await exercise_state(client, f"{kind} {mode} ({version})")
+            print(f"ok: {kind} {mode} {version}")
     print(f"ok: {kind}")
 
 

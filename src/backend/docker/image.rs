@@ -12,28 +12,48 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use super::{classify, connect_docker, LABEL_MANAGED};
 use crate::backend::image::{
-    build_context, server_context, BuildOptions, ImageError, BOOTSTRAP_BASE, DEFAULT_MIRROR,
-    UPSTREAM_BASE,
+    build_context, parse_step, server_context, strip_control, BuildEvent, BuildOptions, ImageError,
+    BOOTSTRAP_BASE, DEFAULT_MIRROR, FIRST_BUILD_MINUTES, UPSTREAM_BASE,
 };
 
-/// Build `image` unless it is present (or `force`), reporting progress line by line.
-/// Returns whether a build happened.
+/// Lines of the build's own output kept for the error message of a failed build (they are
+/// logged at debug level only).
+const TAIL_LINES: usize = 25;
+
+/// Report a [`BuildEvent::Note`].
+fn note(progress: &mut (dyn FnMut(&BuildEvent) + Send), text: &str) {
+    progress(&BuildEvent::Note(text));
+}
+
+/// Build `image` unless it is present (or `force`), reporting progress as a few
+/// [`BuildEvent`]s (the build's own output goes to the debug log). Returns whether a build
+/// happened.
 pub async fn ensure(
     image: &str,
     opts: &BuildOptions,
-    progress: &mut (dyn FnMut(&str) + Send),
+    progress: &mut (dyn FnMut(&BuildEvent) + Send),
 ) -> Result<bool, ImageError> {
     let docker = connect_docker().await?;
     if !opts.force && docker.inspect_image(image).await.is_ok() {
         if let Some(ca) = &opts.ca_bundle {
-            progress(&format!(
-                "{image} is present: the CA bundle {} is only read when the image is \
-                 built; add --force to rebuild with it",
-                ca.display()
-            ));
+            note(
+                progress,
+                &format!(
+                    "{image} is present: the CA bundle {} is only read when the image is \
+                     built; add --force to rebuild with it",
+                    ca.display()
+                ),
+            );
         }
         return Ok(false);
     }
+    let started = std::time::Instant::now();
+    let bootstrap = docker.inspect_image(UPSTREAM_BASE).await.is_err()
+        && docker.inspect_image(BOOTSTRAP_BASE).await.is_err();
+    progress(&BuildEvent::Started {
+        image,
+        minutes: FIRST_BUILD_MINUTES + u32::from(bootstrap),
+    });
     let base = base_image(&docker, opts, progress).await?;
     let ca = match &opts.ca_bundle {
         Some(p) => tokio::fs::read(p)
@@ -44,21 +64,26 @@ pub async fn ensure(
             })?,
         None => Vec::new(),
     };
-    progress(&format!("building {image} from {base}"));
+    note(progress, &format!("building {image} from {base}"));
     let labels = [(LABEL_MANAGED, "true")];
     build(&docker, build_context(&ca), image, &base, &labels, progress).await?;
+    progress(&BuildEvent::Finished {
+        image,
+        secs: started.elapsed().as_secs(),
+    });
     Ok(true)
 }
 
-/// Build `tag` from a context tar whose Dockerfile takes `BASE_IMAGE`, showing the build's
-/// output line by line.
+/// Build `tag` from a context tar whose Dockerfile takes `BASE_IMAGE`: each step reported
+/// as a [`BuildEvent::Step`], the rest of the build's output (terminal control sequences
+/// stripped) logged at debug level and its last lines kept for the error of a failed build.
 async fn build(
     docker: &Docker,
     context: Vec<u8>,
     tag: &str,
     base: &str,
     labels: &[(&str, &str)],
-    progress: &mut (dyn FnMut(&str) + Send),
+    progress: &mut (dyn FnMut(&BuildEvent) + Send),
 ) -> Result<(), ImageError> {
     let args = HashMap::from([("BASE_IMAGE", base)]);
     let labels: HashMap<&str, &str> = labels.iter().copied().collect();
@@ -70,20 +95,35 @@ async fn build(
         .forcerm(true)
         .build();
     let mut stream = docker.build_image(options, None, Some(bollard::body_full(context.into())));
-    let mut last = String::new();
+    let mut tail: std::collections::VecDeque<String> = std::collections::VecDeque::new();
     while let Some(item) = stream.next().await {
         match item {
             Ok(info) => {
-                if let Some(line) = info.stream.as_deref().or(info.status.as_deref()) {
+                let Some(text) = info.stream.as_deref().or(info.status.as_deref()) else {
+                    continue;
+                };
+                for line in strip_control(text).lines() {
                     let line = line.trim_end();
-                    if !line.is_empty() {
-                        progress(line);
-                        last = line.to_string();
+                    if line.trim().is_empty() {
+                        continue;
                     }
+                    match parse_step(line) {
+                        Some((index, total, name)) => progress(&BuildEvent::Step {
+                            index,
+                            total,
+                            name: &name,
+                        }),
+                        None => tracing::debug!(target: "mcp_code_executor::image_build", "{line}"),
+                    }
+                    if tail.len() == TAIL_LINES {
+                        tail.pop_front();
+                    }
+                    tail.push_back(line.to_string());
                 }
             }
             Err(e) => {
-                let detail = e.to_string();
+                let detail = strip_control(&e.to_string());
+                let last = tail.back().cloned().unwrap_or_default();
                 if detail.contains("GLIBC") || last.contains("GLIBC") {
                     return Err(ImageError::Build(format!(
                         "{detail} {last}: the binary was built against a newer glibc than the image's base has. \
@@ -91,7 +131,11 @@ async fn build(
                          or build the binary on a Debian bookworm host"
                     )));
                 }
-                return Err(ImageError::Build(detail));
+                let output: Vec<String> = tail.into_iter().collect();
+                return Err(ImageError::Build(format!(
+                    "{detail}\nthe build's last lines:\n  {}",
+                    output.join("\n  ")
+                )));
             }
         }
     }
@@ -100,7 +144,6 @@ async fn build(
             "the build ended but {tag} is not there"
         )));
     }
-    progress(&format!("built {tag}"));
     Ok(())
 }
 
@@ -111,30 +154,35 @@ pub async fn build_server(
     binary: &Path,
     tag: &str,
     opts: &BuildOptions,
-    progress: &mut (dyn FnMut(&str) + Send),
+    progress: &mut (dyn FnMut(&BuildEvent) + Send),
 ) -> Result<(), ImageError> {
     let docker = connect_docker().await?;
     let exe = tokio::fs::read(binary)
         .await
         .map_err(|e| ImageError::Build(format!("cannot read {}: {e}", binary.display())))?;
     let base = base_image(&docker, opts, progress).await?;
-    progress(&format!(
-        "building {tag} from {base} with {} ({} MiB)",
-        binary.display(),
-        exe.len() >> 20
-    ));
+    note(
+        progress,
+        &format!(
+            "building {tag} from {base} with {} ({} MiB)",
+            binary.display(),
+            exe.len() >> 20
+        ),
+    );
     let context = server_context(&exe);
     // Not the `managed` label of sandboxes: containers inherit image labels, and the server's
     // own container must never look like a sandbox to sweeps and leak checks.
     let labels = [("io.mcp-code-executor.server", "true")];
-    build(&docker, context, tag, &base, &labels, progress).await
+    build(&docker, context, tag, &base, &labels, progress).await?;
+    note(progress, &format!("built {tag}"));
+    Ok(())
 }
 
 /// The base to build on: pulled, already bootstrapped, or bootstrapped now.
 async fn base_image(
     docker: &Docker,
     opts: &BuildOptions,
-    progress: &mut (dyn FnMut(&str) + Send),
+    progress: &mut (dyn FnMut(&BuildEvent) + Send),
 ) -> Result<String, ImageError> {
     let pull_error = if opts.offline {
         "skipped (--offline)".to_string()
@@ -142,7 +190,7 @@ async fn base_image(
         if docker.inspect_image(UPSTREAM_BASE).await.is_ok() {
             return Ok(UPSTREAM_BASE.to_string());
         }
-        progress(&format!("pulling {UPSTREAM_BASE}"));
+        note(progress, &format!("pulling {UPSTREAM_BASE}"));
         let pull = docker
             .create_image(
                 Some(
@@ -161,14 +209,18 @@ async fn base_image(
         }
     };
     if docker.inspect_image(BOOTSTRAP_BASE).await.is_ok() {
-        progress(&format!(
-            "no registry ({pull_error}); using the bootstrapped base {BOOTSTRAP_BASE}"
-        ));
+        note(
+            progress,
+            &format!("no registry ({pull_error}); using the bootstrapped base {BOOTSTRAP_BASE}"),
+        );
         return Ok(BOOTSTRAP_BASE.to_string());
     }
-    progress(&format!(
-        "no registry ({pull_error}); bootstrapping a Debian bookworm base offline with debootstrap (about a minute)"
-    ));
+    note(
+        progress,
+        &format!(
+            "no registry ({pull_error}); bootstrapping a Debian bookworm base offline with debootstrap (about a minute)"
+        ),
+    );
     bootstrap(
         docker,
         opts.mirror.as_deref().unwrap_or(DEFAULT_MIRROR),
@@ -185,7 +237,7 @@ async fn base_image(
 async fn bootstrap(
     docker: &Docker,
     mirror: &str,
-    progress: &mut (dyn FnMut(&str) + Send),
+    progress: &mut (dyn FnMut(&BuildEvent) + Send),
 ) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!("mcp-code-executor-rootfs-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -198,7 +250,7 @@ async fn bootstrap_into(
     docker: &Docker,
     dir: &Path,
     mirror: &str,
-    progress: &mut (dyn FnMut(&str) + Send),
+    progress: &mut (dyn FnMut(&BuildEvent) + Send),
 ) -> Result<(), String> {
     let mut child = tokio::process::Command::new("debootstrap")
         .args(["--variant=minbase", "bookworm"])
@@ -221,7 +273,7 @@ async fn bootstrap_into(
     });
     while let Ok(Some(line)) = lines.next_line().await {
         if line.starts_with("I: Retrieving") || line.starts_with("I: Base system") {
-            progress(&format!("debootstrap: {line}"));
+            note(progress, &format!("debootstrap: {}", strip_control(&line)));
         }
     }
     let status = child.wait().await.map_err(|e| e.to_string())?;
@@ -229,9 +281,10 @@ async fn bootstrap_into(
         let err = err_task.await.unwrap_or_default();
         return Err(format!("debootstrap exited with {status}: {}", err.trim()));
     }
-    progress(&format!(
-        "importing the bootstrapped root as {BOOTSTRAP_BASE}"
-    ));
+    note(
+        progress,
+        &format!("importing the bootstrapped root as {BOOTSTRAP_BASE}"),
+    );
     let mut tar = tokio::process::Command::new("tar")
         .arg("-C")
         .arg(dir)

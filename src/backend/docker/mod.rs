@@ -93,7 +93,7 @@ impl DockerConfig {
         DockerConfig {
             image: image.into(),
             runtime: None,
-            python: "/usr/bin/python3".into(),
+            python: crate::backend::image::PYTHON.into(),
             pool_size: 0,
             pool_limits: Limits::default(),
             pool_env: RunEnv::default(),
@@ -493,16 +493,21 @@ async fn connect_docker_at(host: Option<&str>) -> Result<Docker, BackendError> {
         Some(h) => Docker::connect_with_host(h),
         None => Docker::connect_with_defaults(),
     }
-    .map_err(|e| BackendError::DaemonUnreachable {
-        detail: e.to_string(),
-    })?;
+    .map_err(|e| unreachable(e.to_string()))?;
     docker
         .ping()
         .await
-        .map_err(|e| BackendError::DaemonUnreachable {
-            detail: e.to_string(),
-        })?;
+        .map_err(|e| unreachable(e.to_string()))?;
     Ok(docker)
+}
+
+/// The daemon does not answer: in Docker's words, with what to do.
+pub(crate) fn unreachable(detail: String) -> BackendError {
+    BackendError::Unreachable {
+        what: "the Docker daemon",
+        detail,
+        hint: "Is it running? Start it (`dockerd &` or `systemctl start docker`) or point DOCKER_HOST at it",
+    }
 }
 
 /// Sort a bollard error into "the daemon is not there" and "the daemon said no".
@@ -511,10 +516,9 @@ pub(crate) fn classify(action: &'static str, e: BollardError) -> BackendError {
         BollardError::IOError { .. }
         | BollardError::HyperResponseError { .. }
         | BollardError::SocketNotFoundError(_)
-        | BollardError::HttpClientError { .. } => BackendError::DaemonUnreachable {
-            detail: e.to_string(),
-        },
-        e => BackendError::Docker {
+        | BollardError::HttpClientError { .. } => unreachable(e.to_string()),
+        e => BackendError::Failed {
+            backend: "Docker",
             action,
             detail: e.to_string(),
         },

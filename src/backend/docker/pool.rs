@@ -195,6 +195,9 @@ pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
             .await;
             match made {
                 Ok(live) => {
+                    if failures > 0 {
+                        tracing::info!(failures, "the warm pool refills again");
+                    }
                     failures = 0;
                     // Checked under the lock that `close` takes: nothing is pushed after it.
                     // The slot is released under the same lock, so that another worker
@@ -213,7 +216,13 @@ pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
                     pool.in_flight.fetch_sub(1, Ordering::SeqCst);
                     failures = failures.saturating_add(1);
                     let backoff = Duration::from_millis(100 << failures.min(7));
-                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "could not refill the warm pool");
+                    // One warning per streak of failures, not one per retry; the retries
+                    // (with their back-off) are at debug level.
+                    if failures == 1 {
+                        tracing::warn!(error = %e, "could not refill the warm pool; retrying with back-off");
+                    } else {
+                        tracing::debug!(error = %e, failures, retry_in_ms = backoff.as_millis() as u64, "could not refill the warm pool");
+                    }
                     // Woken early when the pool closes (or a run takes from it).
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}

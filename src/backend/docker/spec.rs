@@ -29,7 +29,7 @@ pub const LABEL_OWNER: &str = "io.mcp-code-executor.owner";
 const SANDBOX_USER: &str = "65534:65534";
 /// The runner, started with `-I -S`; the interpreter for the code is appended.
 const RUNNER_CMD: &[&str] = &[
-    "/usr/bin/python3",
+    crate::backend::image::PYTHON,
     "-I",
     "-S",
     "/opt/mcp-code-executor/runner.py",

@@ -138,8 +138,6 @@ pub struct ServeCmd {
     pub sandbox: SandboxOpts,
 }
 
-// serve.rs builds its configuration with these once it is switched over; until then only
-// the tests call them.
 impl ServeCmd {
     /// The configuration of `serve`, resolved once: what clap parsed (flag, else its
     /// variable, else `.env`, else the default), and, for what has no flag, `get` (a
@@ -191,13 +189,8 @@ impl ServeCmd {
             env,
             ca_bundle: self.ca_bundle.clone().or_else(|| config::ca_bundle(&get)),
             pip_index: config::PipIndex::from_vars(&get),
-            backend: config::BackendConfig {
-                image: self.sandbox.image.clone(),
-                runtime: self.sandbox.runtime.clone(),
-                docker_host: get(vars::DOCKER_HOST).filter(|h| !h.trim().is_empty()),
-                pool_size: self.pool_size,
-                build_missing: !self.sandbox.no_build,
-            },
+            backend: self.sandbox.config(self.pool_size, &get),
+            host: config::HostEnv::from_vars(&get),
             data_dir,
             allow_unsafe: self.allow_unsafe,
         };
@@ -231,6 +224,9 @@ pub enum TenantCmd {
 
 #[derive(Args, Clone)]
 pub struct SandboxOpts {
+    /// Which sandbox backend runs the code: docker (the only one so far).
+    #[arg(long, env = vars::MCP_EXECUTOR_BACKEND, value_parser = config::serve::BackendKind::parse, default_value = "docker")]
+    pub backend: config::serve::BackendKind,
     /// Sandbox image (default: the tag matching this binary's images/).
     #[arg(long, env = vars::MCP_EXECUTOR_IMAGE)]
     pub image: Option<String>,
@@ -240,6 +236,30 @@ pub struct SandboxOpts {
     /// Fail instead of building the image when it is missing.
     #[arg(long)]
     pub no_build: bool,
+}
+
+impl SandboxOpts {
+    /// [`config`](Self::config) from the process environment.
+    pub fn config_from_process(&self, pool_size: usize) -> config::BackendConfig {
+        self.config(pool_size, |k| std::env::var(k).ok())
+    }
+
+    /// The backend's configuration with a warm pool of `pool_size` (0: none); `get` gives
+    /// what has no flag (`DOCKER_HOST`).
+    pub fn config(
+        &self,
+        pool_size: usize,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> config::BackendConfig {
+        config::BackendConfig {
+            kind: self.backend,
+            image: self.image.clone(),
+            runtime: self.runtime.clone(),
+            docker_host: get(vars::DOCKER_HOST).filter(|h| !h.trim().is_empty()),
+            pool_size,
+            build_missing: !self.no_build,
+        }
+    }
 }
 
 #[derive(Args)]

@@ -2,8 +2,12 @@
 //! from here, as a [`Backend`] (today always Docker), and builds its images through
 //! [`image`].
 
+use std::sync::Arc;
+
 use mcp_code_executor::backend::docker::{DockerBackend, DockerConfig};
 use mcp_code_executor::backend::Backend;
+use mcp_code_executor::config::serve::BackendKind;
+use mcp_code_executor::config::BackendConfig;
 use mcp_code_executor::job::Limits;
 
 use self::image::BuildOptions;
@@ -16,54 +20,62 @@ pub mod image {
     pub use mcp_code_executor::backend::image::*;
 }
 
-/// Connect to Docker, sweep what dead processes left, and make sure the image exists
-/// (building it on first use unless told not to).
-pub async fn connect(opts: &SandboxOpts) -> Result<DockerBackend, String> {
-    connect_with_pool(opts, 0, Limits::default(), false).await
+/// The backend `opts` name, without a warm pool: the image made sure of (built on first
+/// use unless told not to, its progress as `[image]` lines), and what dead processes left
+/// swept.
+pub async fn connect(opts: &SandboxOpts) -> Result<Arc<dyn Backend>, String> {
+    let cfg = opts.config_from_process(0);
+    connect_with_pool(&cfg, Limits::default(), false, &mut print_build).await
 }
 
-/// [`connect`], with a warm pool of `pool_size` sandboxes made with `pool_limits` (or, with
-/// `per_tenant`, one such pool per tenant, made at its first run).
+/// A build's progress as `[image] …` lines on stderr.
+pub fn print_build(e: &image::BuildEvent) {
+    eprintln!("[image] {e}");
+}
+
+/// The backend `cfg` names, with a warm pool of `cfg.pool_size` sandboxes made with
+/// `pool_limits` (or, with `per_tenant`, one such pool per tenant, made at its first run),
+/// and the build's progress told to `report`. The image comes first: the pool starts
+/// filling only once it exists, so that a first run is not a stream of failed refills.
 pub async fn connect_with_pool(
-    opts: &SandboxOpts,
-    pool_size: usize,
+    cfg: &BackendConfig,
     pool_limits: Limits,
     per_tenant: bool,
-) -> Result<DockerBackend, String> {
-    let image = opts.image.clone().unwrap_or_else(image::default_image);
-    let config = DockerConfig {
-        runtime: opts.runtime.clone(),
-        pool_size,
-        pool_limits,
-        pool_per_tenant: per_tenant,
-        ..DockerConfig::new(image.clone())
-    };
-    let sandbox = DockerBackend::connect(config)
-        .await
-        .map_err(|e| e.to_string())?;
-    if let Err(e) = sandbox.sweep().await {
-        tracing::warn!(error = %e, "sweep of leftover containers failed");
-    }
-    if !opts.no_build {
-        let built = image::ensure(&image, &BuildOptions::default(), &mut |l| {
-            eprintln!("[image] {l}")
-        })
-        .await
-        .map_err(|e| e.to_string())?;
-        if built {
-            eprintln!("[image] the sandbox image {image} was built on first use");
+    report: &mut (dyn FnMut(&image::BuildEvent) + Send),
+) -> Result<Arc<dyn Backend>, String> {
+    match cfg.kind {
+        BackendKind::Docker => {
+            let image = cfg.image.clone().unwrap_or_else(image::default_image);
+            let config = DockerConfig {
+                runtime: cfg.runtime.clone(),
+                docker_host: cfg.docker_host.clone(),
+                pool_size: cfg.pool_size,
+                pool_limits,
+                pool_per_tenant: per_tenant,
+                ..DockerConfig::new(image.clone())
+            };
+            if cfg.build_missing {
+                image::ensure(&image, &BuildOptions::default(), report)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            let sandbox = DockerBackend::connect(config)
+                .await
+                .map_err(|e| e.to_string())?;
+            if let Err(e) = sandbox.sweep().await {
+                tracing::warn!(error = %e, "sweep of leftover containers failed");
+            }
+            Ok(Arc::new(sandbox))
         }
     }
-    Ok(sandbox)
 }
 
 /// The bench's way to get a backend with a warm pool of a given size (0: none).
 pub fn bench_connect(opts: SandboxOpts) -> mcp_code_executor::ops::bench::Connect {
-    std::sync::Arc::new(move |pool_size| {
-        let opts = opts.clone();
+    Arc::new(move |pool_size| {
+        let cfg = opts.config_from_process(pool_size);
         Box::pin(async move {
-            let b = connect_with_pool(&opts, pool_size, Limits::default(), false).await?;
-            Ok(std::sync::Arc::new(b) as std::sync::Arc<dyn Backend>)
+            connect_with_pool(&cfg, Limits::default(), false, &mut print_build).await
         })
     })
 }

@@ -9,7 +9,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use mcp_code_executor::app::{Capacity, Service, Settings, TenantParts};
-use mcp_code_executor::backend::Backend;
 use mcp_code_executor::cli::files;
 use mcp_code_executor::cli::output::Format;
 use mcp_code_executor::cli::run::{self, RunOptions};
@@ -183,7 +182,7 @@ async fn dispatch(cli: Cli) -> i32 {
                     return 1;
                 }
             };
-            let report = doctor::diagnose(&sandbox).await;
+            let report = doctor::diagnose(&*sandbox).await;
             sandbox.drain().await;
             print!("{}", report.table());
             if report.ok() {
@@ -288,16 +287,14 @@ async fn run_command(cmd: RunCmd) -> i32 {
     let sandbox = match plain {
         Ok(s) if files.len() > 1 => {
             drop(s);
-            let opts = args::SandboxOpts {
-                no_build: true,
-                ..cmd.sandbox.clone()
-            };
-            backend::connect_with_pool(&opts, jobs, limits.clone(), false).await
+            let mut cfg = cmd.sandbox.config_from_process(jobs);
+            cfg.build_missing = false;
+            backend::connect_with_pool(&cfg, limits.clone(), false, &mut backend::print_build).await
         }
         other => other,
     };
-    let sandbox: Arc<dyn Backend> = match sandbox {
-        Ok(s) => Arc::new(s),
+    let sandbox = match sandbox {
+        Ok(s) => s,
         Err(e) => {
             eprintln!("mcp-code-executor: {e}");
             return run::exit::INFRA;

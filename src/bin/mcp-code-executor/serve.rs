@@ -1,6 +1,11 @@
 //! `serve`: the MCP server on stdio or HTTP, after the isolation self-test, with the
 //! configured environment and a warm pool; stops cleanly on SIGINT/SIGTERM.
 //!
+//! Start-up is one story on stderr: the listener (or the stdio handler) answers first; then
+//! the sandbox image is built if missing (its steps as concise lines, or a progress bar on
+//! a terminal; the build's own output only at debug level); then the self-test; then
+//! "serving ...". `/readyz` says which phase it is in meanwhile.
+//!
 //! The configuration is resolved once ([`ServeCmd::config_from_process`]); from then on only
 //! the typed [`ServeConfig`] is read. This file wires the pieces together: the backend (from
 //! [`crate::backend`], the one file that names it), one executor per tenant in the
@@ -8,8 +13,13 @@
 
 use std::sync::Arc;
 
-use mcp_code_executor::app;
-use mcp_code_executor::backend::image;
+use mcp_code_executor::app::{self, Phase, Startup};
+use mcp_code_executor::mcp::transports::http;
+use mcp_code_executor::mcp::transports::stdio::Pending;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::image;
 use mcp_code_executor::backend::Backend;
 use mcp_code_executor::config::ServeConfig;
 use mcp_code_executor::env::manager::{EnvManager, InstallCaps};
@@ -21,8 +31,10 @@ use mcp_code_executor::tenancy::{self, token::Authenticator, Tenant};
 
 use crate::args::ServeCmd;
 
-/// `serve`: check the sandbox is safe, then serve until the client leaves or a signal comes;
-/// then cancel runs, wait for their containers to be removed, and exit 0.
+/// `serve`: answer at once (`/healthz`, `/readyz`, stdio's `initialize`), then start up as
+/// one story (the image built on a first run, the isolation self-test, the environment),
+/// then serve until the client leaves or a signal comes; then cancel runs, wait for their
+/// containers to be removed, and exit 0.
 pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
     use anyhow::Context as _;
     let cfg = cmd.config_from_process()?;
@@ -39,24 +51,146 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let dir = &cfg.code_storage_dir;
-    let code_root = CodeStorage::open(dir)?;
+    let code_root = CodeStorage::open(&cfg.code_storage_dir)?;
     eprintln!(
         "mcp-code-executor: code storage {}{}",
         code_root.dir().display(),
         if tenants.is_some() { "/<tenant>" } else { "" }
     );
 
-    let sandbox = Arc::new(
-        crate::backend::connect_with_pool(
-            &cmd.sandbox,
-            cfg.backend.pool_size,
-            cfg.limits.clone(),
-            tenants.is_some(),
-        )
-        .await
-        .map_err(anyhow::Error::msg)?,
-    );
+    let startup = Startup::new();
+    let shutdown = CancellationToken::new();
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            wait_for_signal().await;
+            eprintln!("mcp-code-executor: shutting down; stopping runs");
+            shutdown.cancel();
+        }
+    });
+
+    // The front first: it answers (health, readiness, "starting up") while the rest starts.
+    let front = if cfg.stdio {
+        let pending = Pending::new(startup.clone());
+        let task = tokio::spawn(mcp::transports::stdio::serve_stdio_starting(
+            pending.clone(),
+            shutdown.clone(),
+        ));
+        Front::Stdio { pending, task }
+    } else {
+        let http = &cfg.http;
+        let listener = tokio::net::TcpListener::bind((http.host.as_str(), http.port))
+            .await
+            .with_context(|| format!("cannot listen on {}:{}", http.host, http.port))?;
+        let addr = listener.local_addr()?;
+        eprintln!(
+            "mcp-code-executor: listening on http://{addr}: /healthz answers now, /readyz says \
+             how start-up goes, MCP requests are answered once it is done"
+        );
+        if tenants.is_none() && !addr.ip().is_loopback() {
+            eprintln!(
+                "WARNING: listening on {addr}, beyond loopback, with ONE local tenant and NO authentication: \
+                 anyone who can reach this port can run code. Give a tenants file (--tenants) to require tokens."
+            );
+        }
+        let pool_target = if tenants.is_some() {
+            0
+        } else {
+            cfg.backend.pool_size
+        };
+        let starting = http::Starting::new(startup.clone(), pool_target);
+        let task = tokio::spawn(http::serve(listener, starting.router(), shutdown.clone()));
+        Front::Http {
+            starting,
+            task,
+            addr,
+        }
+    };
+    // A stdio client that leaves during start-up does not cut it short: a failed self-test
+    // is still reported (exit 1), a build still finishes for the next start.
+    let started = tokio::select! {
+        r = start(&cfg, tenants.as_deref(), &startup, shutdown.clone()) => r,
+        _ = shutdown.cancelled() => {
+            eprintln!("mcp-code-executor: stopped during start-up");
+            return Ok(());
+        }
+    };
+    let service = match started {
+        Ok(service) => service,
+        Err(e) => {
+            startup.set(Phase::Failed(format!("{e:#}")));
+            // Calls waiting for start-up get their error answer before the process exits.
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            return Err(e);
+        }
+    };
+
+    let served = match front {
+        Front::Stdio { pending, task } => {
+            pending.ready(mcp::CodeExecutor::connect(&service.tenants()[0]));
+            startup.set(Phase::Serving);
+            eprintln!("mcp-code-executor: serving MCP over stdio");
+            tell_when_pool_ready(&service, shutdown.clone());
+            task.await
+        }
+        Front::Http {
+            starting,
+            task,
+            addr,
+        } => {
+            let http = &cfg.http;
+            let opts = http::HttpOptions {
+                allowed_hosts: http.allowed_hosts.clone(),
+                allowed_origins: http.allowed_origins.clone(),
+                metrics: http.metrics,
+                ..Default::default()
+            };
+            let auth = tenants.as_deref().map(Authenticator::new);
+            starting.ready(http::hosted(service.clone(), auth, &opts));
+            startup.set(Phase::Serving);
+            eprintln!("mcp-code-executor: serving Streamable HTTP at http://{addr}/mcp and legacy SSE at http://{addr}/sse; health at /healthz and /readyz{}",
+                if http.metrics { ", metrics at /metrics" } else { "" });
+            tell_when_pool_ready(&service, shutdown.clone());
+            task.await
+        }
+    };
+    // Runs stopped, sessions closed (bounded), then the backend's pools and sandboxes.
+    service.shutdown().await;
+    served.context("the transport task")?.context("serving")?;
+    Ok(())
+}
+
+/// The front that answers from the start: a stdio client, or the HTTP listener.
+enum Front {
+    Stdio {
+        pending: Arc<Pending>,
+        task: JoinHandle<std::io::Result<()>>,
+    },
+    Http {
+        starting: Arc<http::Starting>,
+        task: JoinHandle<std::io::Result<()>>,
+        addr: std::net::SocketAddr,
+    },
+}
+
+/// Start-up: the backend (the image built first if missing), the isolation self-test, then
+/// one executor per tenant with its environment. `startup` says which phase it is in.
+async fn start(
+    cfg: &ServeConfig,
+    tenants: Option<&[Tenant]>,
+    startup: &Arc<Startup>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Arc<app::Service>> {
+    let mut report = BuildReport::new(startup.clone());
+    let sandbox = crate::backend::connect_with_pool(
+        &cfg.backend,
+        cfg.limits.clone(),
+        tenants.is_some(),
+        &mut |e| report.event(e),
+    )
+    .await
+    .map_err(anyhow::Error::msg)?;
+    startup.set(Phase::SelfTest);
     let report = doctor::diagnose(&*sandbox).await;
     if report.ok() {
         eprintln!(
@@ -76,6 +210,7 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
             );
         }
     }
+    startup.set(Phase::Environment);
     let settings = app::Settings {
         limits: cfg.limits.clone(),
         max_timeout: cfg.max_timeout,
@@ -105,18 +240,20 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
             max_concurrent: cfg.max_concurrent,
             max_queue: cfg.max_queue,
         },
-    );
+    )
+    .shutdown_on(shutdown);
     let local = [Tenant {
         id: cfg.tenant.clone(),
         token_sha256: [0; 32],
         limits: tenancy::TenantLimits::local(),
     }];
-    for tenant in tenants.as_deref().unwrap_or(&local) {
+    let dir = &cfg.code_storage_dir;
+    for tenant in tenants.unwrap_or(&local) {
         let storage = match tenants {
             Some(_) => CodeStorage::open(dir.join(&tenant.id))?,
             None => CodeStorage::open(dir)?,
         };
-        let restrict = tenants.as_ref().map(|_| {
+        let restrict = tenants.map(|_| {
             tenant
                 .limits
                 .env_paths
@@ -124,7 +261,7 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
                 .map(|p| p.canonicalize().unwrap_or_else(|_| p.clone()))
                 .collect()
         });
-        let mut environments = environments(&cfg, &*sandbox, &tenant.id, restrict).await?;
+        let mut environments = environments(cfg, &*sandbox, &tenant.id, restrict).await?;
         // Installer containers stay within the tenant's own limits.
         environments
             .state
@@ -140,47 +277,95 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
             environments: Some(Arc::new(environments)),
         });
     }
-    let service = Arc::new(service);
-    let shutdown = service.shutdown_token();
-    tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            wait_for_signal().await;
-            eprintln!("mcp-code-executor: shutting down; stopping runs");
-            shutdown.cancel();
+    Ok(Arc::new(service))
+}
+
+/// Say once when the warm pool has its first sandbox waiting (the server is ready then).
+fn tell_when_pool_ready(service: &Arc<app::Service>, shutdown: CancellationToken) {
+    let backend = service.backend().clone();
+    if backend.stats().pool_target == 0 {
+        return;
+    }
+    tokio::spawn(async move {
+        loop {
+            let stats = backend.stats();
+            if stats.pool_ready > 0 {
+                eprintln!(
+                    "mcp-code-executor: ready: the warm pool has {} of {} sandboxes waiting",
+                    stats.pool_ready, stats.pool_target
+                );
+                return;
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+            }
         }
     });
-    let served = if cfg.stdio {
-        let executor = mcp::CodeExecutor::connect(&service.tenants()[0]);
-        mcp::serve_stdio(executor, shutdown.clone()).await
-    } else {
-        let http = &cfg.http;
-        let listener = tokio::net::TcpListener::bind((http.host.as_str(), http.port))
-            .await
-            .with_context(|| format!("cannot listen on {}:{}", http.host, http.port))?;
-        let addr = listener.local_addr()?;
-        let opts = mcp::transports::http::HttpOptions {
-            allowed_hosts: http.allowed_hosts.clone(),
-            allowed_origins: http.allowed_origins.clone(),
-            metrics: http.metrics,
-            ..Default::default()
-        };
-        eprintln!("mcp-code-executor: serving Streamable HTTP at http://{addr}/mcp and legacy SSE at http://{addr}/sse; health at /healthz and /readyz{}",
-            if http.metrics { ", metrics at /metrics" } else { "" });
-        if tenants.is_none() && !addr.ip().is_loopback() {
-            eprintln!(
-                "WARNING: listening on {addr}, beyond loopback, with ONE local tenant and NO authentication: \
-                 anyone who can reach this port can run code. Give a tenants file (--tenants) to require tokens."
-            );
+}
+
+/// Tells the image build's progress: the start-up phase (for `/readyz` and waiting calls),
+/// and stderr: a progress bar on a terminal, plain lines otherwise (CI, compose logs).
+struct BuildReport {
+    startup: Arc<Startup>,
+    terminal: bool,
+    /// A progress bar is drawn on the current line.
+    bar_drawn: bool,
+}
+
+impl BuildReport {
+    fn new(startup: Arc<Startup>) -> BuildReport {
+        use std::io::IsTerminal as _;
+        BuildReport {
+            startup,
+            terminal: std::io::stderr().is_terminal(),
+            bar_drawn: false,
         }
-        let auth = tenants.as_deref().map(Authenticator::new);
-        let router = mcp::transports::http::hosted(service.clone(), auth, &opts);
-        mcp::transports::http::serve(listener, router, shutdown.clone()).await
-    };
-    // Runs stopped, sessions closed (bounded), then the backend's pools and sandboxes.
-    service.shutdown().await;
-    served.context("serving")?;
-    Ok(())
+    }
+
+    fn event(&mut self, e: &image::BuildEvent) {
+        match e {
+            image::BuildEvent::Started { .. } => {
+                self.startup.set(Phase::BuildingImage { step: None });
+                self.line(e);
+            }
+            image::BuildEvent::Step { index, total, name } => {
+                self.startup.set_build_step(e.to_string());
+                if self.terminal {
+                    self.bar(*index, *total, name);
+                } else {
+                    self.line(e);
+                }
+            }
+            image::BuildEvent::Note(_) | image::BuildEvent::Finished { .. } => self.line(e),
+        }
+    }
+
+    fn line(&mut self, e: &image::BuildEvent) {
+        let indent = if matches!(e, image::BuildEvent::Step { .. }) {
+            "  "
+        } else {
+            ""
+        };
+        if self.bar_drawn {
+            // Carriage return, erase the line: the bar's place goes to this line.
+            eprint!("\r\x1b[2K");
+            self.bar_drawn = false;
+        }
+        eprintln!("mcp-code-executor: {indent}{e}");
+    }
+
+    fn bar(&mut self, index: usize, total: usize, name: &str) {
+        const WIDTH: usize = 24;
+        let done = (index * WIDTH / total.max(1)).min(WIDTH);
+        let name: String = name.chars().take(40).collect();
+        eprint!(
+            "\r\x1b[2Kmcp-code-executor: [{}{}] step {index} of {total}: {name}",
+            "#".repeat(done),
+            "-".repeat(WIDTH - done)
+        );
+        self.bar_drawn = true;
+    }
 }
 
 /// The environment `tenant`'s runs start in (from ENV_TYPE and friends, or its managed
@@ -193,8 +378,9 @@ async fn environments(
     restrict: Option<Vec<std::path::PathBuf>>,
 ) -> anyhow::Result<Environments> {
     let request = state::request_from(&cfg.env)?;
-    let manager =
-        EnvManager::new(cfg.data_dir.clone(), cfg.ca_bundle.clone()).with_pip_index(&cfg.pip_index);
+    let manager = EnvManager::new(cfg.data_dir.clone(), cfg.ca_bundle.clone())
+        .with_pip_index(&cfg.pip_index)
+        .with_host(cfg.host.clone());
     let mut state = EnvState::init(sandbox, &manager, tenant, request)
         .await
         .map_err(|e| anyhow::anyhow!("the configured Python environment cannot be used: {e}"))?;

@@ -1,7 +1,6 @@
 //! `execute_code` and the stored-code tools of the code-executor servers we replace:
 //! `initialize_code_file`, `append_to_code_file`, `execute_code_file`, `read_code_file`.
 
-use rmcp::handler::server::common::schema_for_output;
 use rmcp::model::CallToolResult;
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_router, ErrorData, RoleServer};
@@ -12,7 +11,10 @@ use crate::mcp::progress::Progress;
 use crate::mcp::report::{tool_error, with_structured, FileReport, RunReport};
 
 const EXECUTE_CODE: &str = "Run a complete Python script in a fresh, isolated sandbox and return its stdout, stderr and exit status. \
-Each call starts from scratch: no variables, files or installs survive between calls. There is no network access. \
+Each call starts a new Python process: variables and imports do not survive between calls (use execute_python for that). \
+What does persist: your workspace files (write_file, and files the code writes to /workspace are saved back, to read_file or use in the next run) and packages added with install_dependencies. \
+The result gives a session_id naming the session whose workspace the run used: pass it as `session_id` to keep using that workspace (needed on clients that keep no connection between calls). \
+There is no network access. A long output comes back as its head and tail, with the whole of it kept in the workspace (the result says which file). \
 Limits per run: the timeout (default given by get_environment_config, override with `timeout` in seconds up to the server maximum), memory, CPU and 1 MiB of code per call. \
 The code is also stored under `filename` (plus a unique suffix) and the result names its file_path, which execute_code_file can run again. \
 For scripts too long to send in one call, use initialize_code_file, append_to_code_file and execute_code_file instead.";
@@ -25,7 +27,7 @@ const APPEND_TO_CODE_FILE: &str = "Append `content` to a file created by initial
 The content is added exactly as given: include the newlines and indentation you need. At most 1 MiB per call; a file may grow to 8 MiB.";
 
 const EXECUTE_CODE_FILE: &str = "Run a stored Python file (built with initialize_code_file/append_to_code_file, or stored by execute_code) in a fresh, isolated sandbox. \
-Same limits and results as execute_code. Use read_code_file first if you are unsure the file is complete.";
+Same limits, workspace (pass `session_id` as for execute_code) and results as execute_code. Use read_code_file first if you are unsure the file is complete.";
 
 const READ_CODE_FILE: &str = "Return the current content of a stored Python file, to check it before appending more or running it.";
 
@@ -41,6 +43,7 @@ impl CodeExecutor {
     /// Run `code` stored at `path` and format the outcome.
     async fn run_stored(
         &self,
+        session: Option<crate::app::SessionRef>,
         code: String,
         path: &std::path::Path,
         timeout: (std::time::Duration, Option<String>),
@@ -50,14 +53,20 @@ impl CodeExecutor {
         let (progress, events) = Progress::start(&ctx);
         let result = self
             .conn
-            .run_stored(code, path, timeout, events, &ctx.ct)
+            .run_stored(session, code, path, timeout, events, &ctx.ct)
             .await;
         if let Some(p) = progress {
             p.finish().await;
         }
         let file_path = path.display().to_string();
         Ok(match result {
-            Ok(done) => RunReport::new(&done.outcome, secs, file_path).into_result(done.note),
+            Ok(done) => {
+                let report = RunReport::new(&done.outcome, secs, file_path);
+                let (session, kept) = self.keep(done.session, report.to_keep()).await;
+                report
+                    .kept(session.as_ref().map(|s| s.handle()), kept)
+                    .into_result(done.note)
+            }
             Err(e) => tool_error(format!(
                 "the code could not be run: {e}\nfile_path: {file_path}"
             )),
@@ -68,9 +77,16 @@ impl CodeExecutor {
 #[tool_router(router = code_router, vis = "pub(super)")]
 impl CodeExecutor {
     #[tool(
+        title = "Run a Python script",
         description = EXECUTE_CODE,
         input_schema = args::schema::<args::ExecuteCode>(),
-        output_schema = schema_for_output::<RunReport>()
+        output_schema = args::output_schema::<RunReport>(),
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn execute_code(
         &self,
@@ -78,6 +94,10 @@ impl CodeExecutor {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let timeout = timeout(self.executor(), a.timeout)?;
+        let session = match self.session(a.session_id.as_deref(), &ctx, false) {
+            Ok(s) => s,
+            Err(r) => return Ok(r),
+        };
         let path = match self
             .executor()
             .create_code(a.filename.as_deref(), &a.code)
@@ -86,13 +106,20 @@ impl CodeExecutor {
             Ok(p) => p,
             Err(e) => return answer(e),
         };
-        self.run_stored(a.code, &path, timeout, ctx).await
+        self.run_stored(session, a.code, &path, timeout, ctx).await
     }
 
     #[tool(
+        title = "Start a long script file",
         description = INITIALIZE_CODE_FILE,
         input_schema = args::schema::<args::InitializeCodeFile>(),
-        output_schema = schema_for_output::<FileReport>()
+        output_schema = args::output_schema::<FileReport>(),
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn initialize_code_file(
         &self,
@@ -116,9 +143,16 @@ impl CodeExecutor {
     }
 
     #[tool(
+        title = "Append to a script file",
         description = APPEND_TO_CODE_FILE,
         input_schema = args::schema::<args::AppendToCodeFile>(),
-        output_schema = schema_for_output::<FileReport>()
+        output_schema = args::output_schema::<FileReport>(),
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn append_to_code_file(
         &self,
@@ -140,9 +174,16 @@ impl CodeExecutor {
     }
 
     #[tool(
+        title = "Run a stored script file",
         description = EXECUTE_CODE_FILE,
         input_schema = args::schema::<args::ExecuteCodeFile>(),
-        output_schema = schema_for_output::<RunReport>()
+        output_schema = args::output_schema::<RunReport>(),
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn execute_code_file(
         &self,
@@ -150,17 +191,28 @@ impl CodeExecutor {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let timeout = timeout(self.executor(), a.timeout)?;
+        let session = match self.session(a.session_id.as_deref(), &ctx, false) {
+            Ok(s) => s,
+            Err(r) => return Ok(r),
+        };
         let (path, code) = match self.executor().read_code(&a.file_path).await {
             Ok(v) => v,
             Err(e) => return answer(e),
         };
-        self.run_stored(code, &path, timeout, ctx).await
+        self.run_stored(session, code, &path, timeout, ctx).await
     }
 
     #[tool(
+        title = "Read a script file",
         description = READ_CODE_FILE,
         input_schema = args::schema::<args::ReadCodeFile>(),
-        output_schema = schema_for_output::<FileReport>()
+        output_schema = args::output_schema::<FileReport>(),
+        annotations(
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn read_code_file(
         &self,

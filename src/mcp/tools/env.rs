@@ -1,25 +1,175 @@
 //! Packages and environments: `install_dependencies`, `check_installed_packages`,
 //! `configure_environment`, `get_environment_config`.
 
-use rmcp::handler::server::common::schema_for_output;
 use rmcp::model::CallToolResult;
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_router, ErrorData, RoleServer};
 
 use super::{answer, CodeExecutor};
-use crate::app::packages::{EnvAsked, PackagesReport};
-use crate::env::manager::{InstallEvent, PackageStatus, Phase};
+use crate::app::packages::{self, EnvAsked, PackagesReport};
+use crate::env::manager::{InstallEvent, Phase};
 use crate::job::RunEvent;
 use crate::mcp::args::{self, Args};
 use crate::mcp::progress::{Narration, OutputThrottle, Progress};
 use crate::mcp::report::{with_structured, EnvironmentReport, LimitsReport};
 use crate::storage;
+use schemars::JsonSchema;
+use serde::Serialize;
+
+/// One requested package after an install.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct InstalledPackage {
+    /// The name as requested.
+    pub name: String,
+    /// The version the environment has now; null when it cannot be found after the install.
+    pub version: Option<String>,
+    /// `installed` (pip installed or upgraded it now), `already_satisfied` (it was there
+    /// already: nothing was installed for it) or `missing`.
+    pub status: String,
+    /// Where pip found it when it was already satisfied (e.g. the image's own copy); null otherwise.
+    pub satisfied_by: Option<String>,
+}
+
+/// A dependency pip installed with the requested packages.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct Dependency {
+    /// Its distribution name.
+    pub name: String,
+    /// The version installed.
+    pub version: String,
+}
+
+/// The answer of install_dependencies.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct InstallResult {
+    /// The environment's type: `default` (managed), `venv`, `venv-uv` or `conda`.
+    pub environment: String,
+    /// The environment's directory on the server.
+    pub path: String,
+    /// True when pip installed anything at all.
+    pub changed: bool,
+    /// The requested packages.
+    pub packages: Vec<InstalledPackage>,
+    /// Dependencies pip installed (or upgraded) beyond them.
+    pub dependencies: Vec<Dependency>,
+    /// Wall time of the download phase (network on), in ms.
+    pub fetch_ms: u64,
+    /// Wall time of the install phase (network off), in ms.
+    pub install_ms: u64,
+}
+
+/// The answer of configure_environment.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct EnvironmentSwitched {
+    /// The environment's type: `default`, `venv`, `venv-uv` or `conda`.
+    #[serde(rename = "type")]
+    pub env_type: String,
+    /// Its directory (`sys.prefix` in runs).
+    pub path: String,
+    /// Its Python interpreter.
+    pub python: String,
+    /// Its Python version.
+    pub python_version: String,
+    /// The base interpreter mounted (read-only) beside a venv; null otherwise.
+    pub base_prefix: Option<String>,
+    /// How runs see it (mounted read-only).
+    pub mount: String,
+    /// How install_dependencies installs into it.
+    pub installs: String,
+}
+
+/// What pip said of each package: `Requirement already satisfied: six in /usr/lib/python3/dist-packages (1.16.0)`
+/// lines, by normalized name, as "<version> in <location>".
+fn already_satisfied(pip_output: &str) -> std::collections::HashMap<String, String> {
+    let mut found = std::collections::HashMap::new();
+    for line in pip_output.lines() {
+        let Some(rest) = line.trim().strip_prefix("Requirement already satisfied: ") else {
+            continue;
+        };
+        let Some((req, place)) = rest.split_once(" in ") else {
+            continue;
+        };
+        let name: String = req
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            .collect();
+        let place = place.trim();
+        let said = match place.rsplit_once(" (") {
+            Some((loc, v)) => format!("{} in {loc}", v.trim_end_matches(')')),
+            None => place.to_string(),
+        };
+        found.insert(crate::env::spec::normalize(&name), said);
+    }
+    found
+}
+
+/// The answer of an install, honest about what pip did.
+fn install_result(report: &crate::env::manager::InstallReport, asked: &[String]) -> InstallResult {
+    let pip = report.outcome.stderr_text() + &report.outcome.stdout_text();
+    let fresh: Vec<(String, String)> = pip
+        .lines()
+        .find(|l| l.trim().starts_with("Successfully installed"))
+        .map(|l| {
+            l.trim()
+                .trim_start_matches("Successfully installed")
+                .split_whitespace()
+                .filter_map(|item| {
+                    let (n, v) = item.rsplit_once('-')?;
+                    Some((n.to_string(), v.to_string()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let fresh_names: Vec<String> = fresh
+        .iter()
+        .map(|(n, _)| crate::env::spec::normalize(n))
+        .collect();
+    let satisfied = already_satisfied(&pip);
+    let packages = report
+        .installed
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let key = crate::env::spec::normalize(&p.name);
+            let (status, by) = if p.version.is_none() {
+                ("missing", None)
+            } else if fresh_names.contains(&key) {
+                ("installed", None)
+            } else {
+                ("already_satisfied", satisfied.get(&key).cloned())
+            };
+            InstalledPackage {
+                name: asked.get(i).cloned().unwrap_or_else(|| p.name.clone()),
+                version: p.version.clone(),
+                status: status.into(),
+                satisfied_by: by,
+            }
+        })
+        .collect();
+    InstallResult {
+        environment: report.environment.kind.to_string(),
+        path: report.environment.path.display().to_string(),
+        changed: !fresh.is_empty(),
+        packages,
+        dependencies: report
+            .dependencies
+            .iter()
+            .map(|d| Dependency {
+                name: d.name.clone(),
+                version: d.version.clone().unwrap_or_default(),
+            })
+            .collect(),
+        fetch_ms: report.fetch_ms,
+        install_ms: report.install_ms,
+    }
+}
 
 const INSTALL_DEPENDENCIES: &str = "Install Python packages (from PyPI, with pip) into the current execution environment, for the runs that follow. \
 Give plain requirement specifiers such as `six`, `pandas>=2` or `requests[socks]==2.31.0`; URLs, paths and pip options are refused. \
 The install runs in separate installer containers (wheels are downloaded with network access, then installed without; runs themselves have none) and may take a minute; \
-only packages that publish wheels (binary packages) for the environment's Python install, source builds are not run. The result lists the installed versions, dependencies included. \
-Check first with check_installed_packages: numpy, pandas and matplotlib are already there in the default environment.";
+only packages that publish wheels (binary packages) for the environment's Python install, source builds are not run. The result lists the installed versions, dependencies included, \
+and says `already satisfied` for a package that was already there (nothing was installed for it). Installed packages persist: every later execute_code run and every new execute_python session can import them \
+(an open execute_python session keeps the environment it started with; reset_session picks up the new one). Check first with check_installed_packages: numpy, pandas and matplotlib are already there in the default environment.";
 
 const CHECK_INSTALLED_PACKAGES: &str = "Check which of the given packages are installed in the execution environment, with their versions. \
 Answered by running a small script in the sandbox, so it reflects exactly what your code can import.";
@@ -33,8 +183,16 @@ const GET_ENVIRONMENT_CONFIG: &str = "Describe the execution environment: its ty
 #[tool_router(router = env_router, vis = "pub(super)")]
 impl CodeExecutor {
     #[tool(
+        title = "Install Python packages",
         description = INSTALL_DEPENDENCIES,
-        input_schema = args::schema::<args::Packages>()
+        input_schema = args::schema::<args::Packages>(),
+        output_schema = args::output_schema::<InstallResult>(),
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = true
+        )
     )]
     async fn install_dependencies(
         &self,
@@ -42,7 +200,7 @@ impl CodeExecutor {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let (progress, events) = Progress::start_with(&ctx, InstallNarration::default());
-        let result = self.executor().install(&a.packages, events, &ctx.ct).await;
+        let result = packages::install(self.executor(), &a.packages, events, &ctx.ct).await;
         if let Some(p) = progress {
             p.finish().await;
         }
@@ -50,46 +208,67 @@ impl CodeExecutor {
             Ok(r) => r,
             Err(e) => return answer(e),
         };
-        let line = |p: &PackageStatus| match &p.version {
-            Some(v) => format!("{}: {v}", p.name),
-            None => format!("{}: not found after the install", p.name),
-        };
+        let r = install_result(&report, &a.packages);
+        let lines: Vec<String> = r
+            .packages
+            .iter()
+            .map(|p| match (p.status.as_str(), &p.version) {
+                ("installed", Some(v)) => format!("{}: installed {v}", p.name),
+                ("already_satisfied", Some(v)) => format!(
+                    "{}: already satisfied by {}; nothing was installed for it",
+                    p.name,
+                    p.satisfied_by.clone().unwrap_or_else(|| v.clone())
+                ),
+                _ => format!("{}: not found after the install", p.name),
+            })
+            .collect();
         let mut text = format!(
-            "installed into {} ({}):\n{}",
-            report.environment.path.display(),
-            report.environment.kind,
-            report
-                .installed
-                .iter()
-                .map(line)
-                .collect::<Vec<_>>()
-                .join("\n")
+            "{} {} ({}):\n{}",
+            if r.changed {
+                "installed into"
+            } else {
+                "nothing was installed; already in"
+            },
+            r.path,
+            r.environment,
+            lines.join("\n")
         );
-        if !report.dependencies.is_empty() {
+        if !r.dependencies.is_empty() {
             text.push_str(&format!(
                 "\ndependencies installed with them:\n{}",
-                report
-                    .dependencies
+                r.dependencies
                     .iter()
-                    .map(line)
+                    .map(|d| format!("{}: {}", d.name, d.version))
                     .collect::<Vec<_>>()
                     .join("\n")
             ));
         }
-        Ok(with_structured(text, &report, false))
+        Ok(with_structured(text, &r, false))
     }
 
     #[tool(
+        title = "Check installed packages",
         description = CHECK_INSTALLED_PACKAGES,
         input_schema = args::schema::<args::Packages>(),
-        output_schema = schema_for_output::<PackagesReport>()
+        output_schema = args::output_schema::<PackagesReport>(),
+        annotations(
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn check_installed_packages(
         &self,
         Args(a): Args<args::Packages>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let report = match self.executor().check_packages(&a.packages, &ctx.ct).await {
+        let (progress, events) = Progress::start(&ctx);
+        let result = packages::check_packages(self.executor(), &a.packages, events, &ctx.ct).await;
+        if let Some(p) = progress {
+            p.finish().await;
+        }
+        let report = match result {
             Ok(r) => r,
             Err(e) => return answer(e),
         };
@@ -106,8 +285,16 @@ impl CodeExecutor {
     }
 
     #[tool(
+        title = "Switch the Python environment",
         description = CONFIGURE_ENVIRONMENT,
-        input_schema = args::schema::<args::ConfigureEnvironment>()
+        input_schema = args::schema::<args::ConfigureEnvironment>(),
+        output_schema = args::output_schema::<EnvironmentSwitched>(),
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn configure_environment(
         &self,
@@ -119,7 +306,7 @@ impl CodeExecutor {
             uv_venv_path: a.uv_venv_path,
             conda_name: a.conda_name,
         };
-        match self.executor().configure(asked).await {
+        match packages::configure(self.executor(), asked).await {
             Ok(report) => {
                 let text = format!(
                     "environment switched to {} at {} (Python {}), mounted read-only in every run",
@@ -127,20 +314,36 @@ impl CodeExecutor {
                     report.path.display(),
                     report.python_version
                 );
-                Ok(with_structured(text, &report, false))
+                let r = EnvironmentSwitched {
+                    env_type: report.kind.to_string(),
+                    path: report.path.display().to_string(),
+                    python: report.python.display().to_string(),
+                    python_version: report.python_version.clone(),
+                    base_prefix: report.base_prefix.as_ref().map(|b| b.display().to_string()),
+                    mount: report.mount.to_string(),
+                    installs: report.installs.to_string(),
+                };
+                Ok(with_structured(text, &r, false))
             }
             Err(e) => answer(e),
         }
     }
 
     #[tool(
+        title = "Describe the environment and limits",
         description = GET_ENVIRONMENT_CONFIG,
-        output_schema = schema_for_output::<EnvironmentReport>()
+        output_schema = args::output_schema::<EnvironmentReport>(),
+        annotations(
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn get_environment_config(&self) -> Result<CallToolResult, ErrorData> {
         let ex = self.executor();
         let s = ex.settings();
-        let current = ex.environment_report().await;
+        let current = packages::environment_report(ex).await;
         let report = EnvironmentReport {
             env_type: current
                 .as_ref()
@@ -226,6 +429,7 @@ impl Narration<InstallEvent> for InstallNarration {
                 Some(format!("{}: installer container created", p.as_str()))
             }
             InstallEvent::Run(p, RunEvent::Started) => Some(format!("{}: pip started", p.as_str())),
+            InstallEvent::Run(_, RunEvent::Admitted) => None,
             InstallEvent::Run(p, RunEvent::Output { data, .. }) => {
                 self.output.add(data.len()).then(|| {
                     format!(

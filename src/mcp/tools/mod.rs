@@ -20,9 +20,9 @@ use rmcp::service::RequestContext;
 use rmcp::{tool_handler, ErrorData, RoleServer, ServerHandler};
 
 use super::args;
-use super::report::tool_error;
+use super::report::{tool_error, Keep};
 use super::INSTRUCTIONS;
-use crate::app::{AppError, Connection, Executor};
+use crate::app::{AppError, Connection, Executor, SessionRef, Wanted};
 
 /// The MCP handler of one connection. Cloning shares the connection (rmcp clones handlers
 /// per request); a new connection is made only by [`CodeExecutor::new`].
@@ -33,26 +33,97 @@ pub struct CodeExecutor {
 }
 
 impl CodeExecutor {
-    /// The handler of `conn` (from [`Executor::connect`]).
+    /// The handler of `conn` (a [`Connection::new`]).
     pub fn new(conn: Connection) -> Self {
         CodeExecutor {
             conn: Arc::new(conn),
-            tool_router: Self::code_router()
-                + Self::env_router()
-                + Self::session_router()
-                + Self::workspace_router(),
+            tool_router: Self::routes(),
         }
+    }
+
+    fn routes() -> ToolRouter<CodeExecutor> {
+        Self::code_router() + Self::env_router() + Self::session_router() + Self::workspace_router()
+    }
+
+    /// The tools, as `tools/list` gives them: also for a server still starting up, which
+    /// has no connection yet.
+    pub fn tool_list() -> Vec<rmcp::model::Tool> {
+        Self::routes().list_all()
+    }
+
+    /// What `initialize` answers (name, version, capabilities, instructions).
+    pub fn server_info() -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(
+                "mcp-code-executor",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(INSTRUCTIONS)
     }
 
     /// A handler on a new connection to `executor`.
     pub fn connect(executor: &Arc<Executor>) -> Self {
-        Self::new(executor.connect())
+        Self::new(Connection::new(executor.clone()))
     }
 
     fn executor(&self) -> &Arc<Executor> {
         self.conn.executor()
     }
 }
+
+/// True when the request came without a protocol session, so that this handler lives for
+/// this one request: Streamable HTTP without `Mcp-Session-Id` (the 2026-07-28 revision has
+/// no sessions; its clients send each request on its own). stdio, legacy SSE and the
+/// sessions of the 2025 revisions keep a connection, whose own session is the default.
+pub(crate) fn stateless(ctx: &RequestContext<RoleServer>) -> bool {
+    ctx.extensions
+        .get::<axum::http::request::Parts>()
+        .is_some_and(|p| !p.headers.contains_key("mcp-session-id"))
+}
+
+impl CodeExecutor {
+    /// The session a call works on (see [`Wanted`]), or the tool error to answer with.
+    fn session(
+        &self,
+        handle: Option<&str>,
+        ctx: &RequestContext<RoleServer>,
+        open: bool,
+    ) -> Result<Option<SessionRef>, CallToolResult> {
+        let handle = handle.map(str::trim).filter(|h| !h.is_empty());
+        self.conn
+            .session(Wanted {
+                handle,
+                stateless: stateless(ctx),
+                open,
+            })
+            .map_err(|e| tool_error(e.to_string()))
+    }
+
+    /// Keep in the workspace what a result cannot carry (opening a session when there is
+    /// none): the session, and the names kept or why not.
+    async fn keep(
+        &self,
+        mut session: Option<SessionRef>,
+        keep: Keep,
+    ) -> (Option<SessionRef>, Result<Vec<String>, String>) {
+        let mut names = Vec::new();
+        for (name, data) in keep {
+            match self.conn.keep_file(session.clone(), &name, &data).await {
+                Ok(s) => {
+                    session = Some(s);
+                    names.push(name);
+                }
+                Err(e) => return (session, Err(e.to_string())),
+            }
+        }
+        (session, Ok(names))
+    }
+}
+
+/// What a tool says when a stateless request names no session for a call that only reads
+/// one.
+pub(crate) const NO_SESSION: &str = "no session was named: this client keeps no connection between calls (MCP 2026-07-28 over HTTP), \
+so pass the session_id that execute_python, write_file or execute_code returned. There is nothing to read without it.";
 
 /// An application error as MCP says it: a malformed request is a protocol error
 /// (`invalid_params`); everything else is a tool error the model reads.
@@ -91,11 +162,122 @@ impl ServerHandler for CodeExecutor {
     }
 
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new(
-                "mcp-code-executor",
-                env!("CARGO_PKG_VERSION"),
-            ))
-            .with_instructions(INSTRUCTIONS)
+        Self::server_info()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn all_tools() -> Vec<rmcp::model::Tool> {
+        (CodeExecutor::code_router()
+            + CodeExecutor::env_router()
+            + CodeExecutor::session_router()
+            + CodeExecutor::workspace_router())
+        .list_all()
+    }
+
+    /// Every problem of `schema` a portable client (or the Inspector's `--strict`) would
+    /// report, with its path.
+    fn problems(schema: &Value, path: &str, out: &mut Vec<String>) {
+        match schema {
+            Value::Object(o) => {
+                if o.get("type").is_some_and(Value::is_array) {
+                    out.push(format!("{path}: `type` is an array"));
+                }
+                if let Some(f) = o.get("format").and_then(Value::as_str) {
+                    if !["date-time", "date", "time", "email", "uri", "uuid", "byte"].contains(&f) {
+                        out.push(format!("{path}: non-standard format `{f}`"));
+                    }
+                }
+                if let Some(Value::Object(props)) = o.get("properties") {
+                    for (name, p) in props {
+                        if p.get("description").and_then(Value::as_str).is_none() {
+                            out.push(format!("{path}.{name}: no description"));
+                        }
+                    }
+                }
+                for (k, v) in o {
+                    problems(v, &format!("{path}/{k}"), out);
+                }
+            }
+            Value::Array(a) => {
+                for (i, v) in a.iter().enumerate() {
+                    problems(v, &format!("{path}[{i}]"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn every_tool_has_a_title_annotations_and_portable_described_schemas() {
+        let tools = all_tools();
+        assert_eq!(tools.len(), 14);
+        let mut found = Vec::new();
+        for t in &tools {
+            let name = t.name.to_string();
+            assert!(t.title.is_some(), "{name}: no title");
+            let a = t
+                .annotations
+                .as_ref()
+                .unwrap_or_else(|| panic!("{name}: no annotations"));
+            for (hint, v) in [
+                ("readOnlyHint", a.read_only_hint),
+                ("destructiveHint", a.destructive_hint),
+                ("idempotentHint", a.idempotent_hint),
+                ("openWorldHint", a.open_world_hint),
+            ] {
+                assert!(v.is_some(), "{name}: no {hint}");
+            }
+            // Every tool answers with structuredContent, so every tool declares its shape.
+            let out = t
+                .output_schema
+                .as_ref()
+                .unwrap_or_else(|| panic!("{name}: no outputSchema"));
+            problems(
+                &Value::Object((**out).clone()),
+                &format!("{name} output"),
+                &mut found,
+            );
+            problems(
+                &Value::Object((*t.input_schema).clone()),
+                &format!("{name} input"),
+                &mut found,
+            );
+        }
+        assert!(found.is_empty(), "{found:#?}");
+        let by = |n: &str| tools.iter().find(|t| t.name == n).unwrap().clone();
+        let install = by("install_dependencies").annotations.unwrap();
+        assert_eq!(install.open_world_hint, Some(true));
+        assert_eq!(
+            by("read_file").annotations.unwrap().read_only_hint,
+            Some(true)
+        );
+        for n in [
+            "execute_python",
+            "execute_code",
+            "execute_code_file",
+            "write_file",
+            "read_file",
+            "list_files",
+            "reset_session",
+        ] {
+            let props = by(n).input_schema["properties"].clone();
+            assert!(props.get("session_id").is_some(), "{n} takes session_id");
+        }
+    }
+
+    #[test]
+    fn nullable_fields_become_any_of_single_types() {
+        let s = crate::mcp::args::output_schema::<crate::mcp::report::RunReport>();
+        let exit = &s["properties"]["exit_code"];
+        assert!(exit.get("type").is_none(), "{exit}");
+        assert_eq!(exit["anyOf"][0]["type"], "integer", "{exit}");
+        assert_eq!(exit["anyOf"][1]["type"], "null", "{exit}");
+        assert!(exit["description"].is_string(), "{exit}");
+        assert!(exit["anyOf"][0].get("format").is_none(), "{exit}");
     }
 }

@@ -2,16 +2,20 @@
 //! workspace ([`crate::app::workspaces`] holds the directories and their caps).
 
 use base64::Engine as _;
-use rmcp::handler::server::common::schema_for_output;
 use rmcp::model::CallToolResult;
-use rmcp::{tool, tool_router, ErrorData};
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_router, ErrorData, RoleServer};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{answer, CodeExecutor};
+use super::{answer, CodeExecutor, NO_SESSION};
 use crate::app::workspaces::{caps, too_large, MOUNT};
 use crate::mcp::args::{self, Args};
-use crate::mcp::report::with_structured;
+use crate::mcp::report::{escaped_len, tool_error, with_structured};
+
+/// The most of a file one read_file call returns (JSON-escaped): the content travels in the
+/// text block and in `structuredContent`, and a result stays well under 1 MiB.
+pub const READ_PAGE: usize = 192 << 10;
 
 // A write_file call of WRITE_BYTES, base64-encoded, with room for the JSON-RPC envelope.
 const _: () = assert!(
@@ -29,6 +33,9 @@ pub struct WriteFile {
     /// `text` (default) or `base64` for binary content.
     #[serde(default)]
     pub encoding: Option<String>,
+    /// The session whose workspace to write to: the session_id an earlier call returned. Omit it to use your connection's own session; a client without one (MCP 2026-07-28 over HTTP) gets a new session, whose session_id the result gives.
+    #[serde(default)]
+    pub session_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -36,6 +43,15 @@ pub struct WriteFile {
 pub struct ReadFile {
     /// File name in the workspace, e.g. `result.csv` or `/workspace/result.csv`.
     pub path: String,
+    /// Byte offset to start reading at (default 0); a long file is read in pages, the result gives the next offset.
+    #[serde(default)]
+    pub offset: Option<u64>,
+    /// The most bytes to return (default and maximum: about 192 KiB).
+    #[serde(default)]
+    pub length: Option<u64>,
+    /// The session whose workspace to read: the session_id an earlier call returned. Omit it to use your connection's own session.
+    #[serde(default)]
+    pub session_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -44,6 +60,9 @@ pub struct ListFiles {
     /// Only names starting with this prefix (default: all files).
     #[serde(default)]
     pub path: Option<String>,
+    /// The session whose workspace to list: the session_id an earlier call returned. Omit it to use your connection's own session.
+    #[serde(default)]
+    pub session_id: Option<String>,
 }
 
 /// A workspace file.
@@ -51,42 +70,70 @@ pub struct ListFiles {
 pub struct WorkspaceFile {
     /// Name in the workspace; the code sees it at `/workspace/<path>`.
     pub path: String,
+    /// Size of the whole file in bytes.
     pub size_bytes: u64,
     /// `text` or `base64` (read_file only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub encoding: Option<String>,
-    /// The content (read_file only).
+    /// The content from `offset` on (read_file only): all of it, or one page of a long file.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// The byte offset `content` starts at (read_file only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    /// Where the next page starts, to pass as `offset`; absent when `content` reaches the end of the file (read_file only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_offset: Option<u64>,
+    /// The session whose workspace holds the file: pass it as session_id to keep using it (write_file and read_file only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
 }
 
 /// The answer of list_files.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct FileList {
+    /// The files, by name.
     pub files: Vec<WorkspaceFile>,
+    /// Their sizes added up, in bytes.
     pub total_bytes: u64,
+    /// The session whose workspace this is; absent when none was named and there is none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
 }
 
 const WRITE_FILE: &str = "Write a file into your workspace (created or replaced). Your code sees workspace files at /workspace/<path> \
 in every execute_code, execute_code_file and execute_python call (e.g. pandas.read_csv('/workspace/data.csv')). \
 `encoding`: `text` (default) or `base64` for binary data. Flat: a file name without directories. \
 At most 5 MiB per write_file call (what one request can carry once base64-encoded); files your code writes may reach 8 MiB; 100 files and 32 MiB in all. \
-The workspace belongs to your MCP session and is deleted when it ends (unless the server shares one workspace per tenant).";
+The workspace belongs to your session and is deleted when the session ends (unless the server shares one workspace per tenant). \
+The result gives a session_id: pass it as `session_id` to the calls that should see the file (some clients keep no connection between calls, and then each call without it gets a new, empty workspace).";
 
-const READ_FILE: &str = "Read a file from your workspace: files you wrote with write_file and files your code wrote to /workspace. \
-Returns text, or base64 (encoding `base64`) when the file is not UTF-8.";
+const READ_FILE: &str = "Read a file from your workspace: files you wrote with write_file and files your code wrote to /workspace (also the whole output of a run too long for its result). \
+Returns text, or base64 (encoding `base64`) when the file is not UTF-8. A long file comes in pages of about 192 KiB: pass the result's next_offset as `offset` for the next one. \
+Pass the session_id of the session that holds the file.";
 
 const LIST_FILES: &str =
-    "List the files of your workspace (name and size). Your code sees them at /workspace/<name>.";
+    "List the files of your workspace (name and size). Your code sees them at /workspace/<name>. Pass the session_id of the session whose workspace to list.";
 
 #[tool_router(router = workspace_router, vis = "pub(super)")]
 impl CodeExecutor {
     #[tool(
+        title = "Write a workspace file",
         description = WRITE_FILE,
         input_schema = args::schema::<WriteFile>(),
-        output_schema = schema_for_output::<WorkspaceFile>()
+        output_schema = args::output_schema::<WorkspaceFile>(),
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
-    async fn write_file(&self, Args(a): Args<WriteFile>) -> Result<CallToolResult, ErrorData> {
+    async fn write_file(
+        &self,
+        Args(a): Args<WriteFile>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
         let limit_b64 = (caps::WRITE_BYTES as usize).div_ceil(3) * 4;
         let data = match a.encoding.as_deref().unwrap_or("text") {
             "text" => a.content.into_bytes(),
@@ -109,16 +156,26 @@ impl CodeExecutor {
                 ))
             }
         };
-        match self.conn.write_file(&a.path, &data).await {
+        let session = match self.session(a.session_id.as_deref(), &ctx, true) {
+            Ok(Some(s)) => s,
+            Ok(None) => return Ok(tool_error(NO_SESSION)),
+            Err(r) => return Ok(r),
+        };
+        match self.conn.write_file(&session, &a.path, &data).await {
             Ok((name, size)) => {
                 let r = WorkspaceFile {
                     path: name.clone(),
                     size_bytes: size,
                     encoding: None,
                     content: None,
+                    offset: None,
+                    next_offset: None,
+                    session_id: Some(session.handle().to_string()),
                 };
-                let text =
-                    format!("wrote {size} bytes to {name}; your code sees it at {MOUNT}/{name}");
+                let text = format!(
+                    "wrote {size} bytes to {name}; your code sees it at {MOUNT}/{name}\nsession_id: {} (pass it as session_id to the calls that should see this file)",
+                    session.handle()
+                );
                 Ok(with_structured(text, &r, false))
             }
             Err(e) => answer(e),
@@ -126,44 +183,100 @@ impl CodeExecutor {
     }
 
     #[tool(
+        title = "Read a workspace file",
         description = READ_FILE,
         input_schema = args::schema::<ReadFile>(),
-        output_schema = schema_for_output::<WorkspaceFile>()
+        output_schema = args::output_schema::<WorkspaceFile>(),
+        annotations(
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
-    async fn read_file(&self, Args(a): Args<ReadFile>) -> Result<CallToolResult, ErrorData> {
-        let (name, data) = match self.conn.read_file(&a.path).await {
+    async fn read_file(
+        &self,
+        Args(a): Args<ReadFile>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let session = match self.session(a.session_id.as_deref(), &ctx, false) {
+            Ok(Some(s)) => s,
+            Ok(None) => return Ok(tool_error(NO_SESSION)),
+            Err(r) => return Ok(r),
+        };
+        let (name, data) = match self.conn.read_file(&session, &a.path).await {
             Ok(v) => v,
             Err(e) => return answer(e),
         };
         let size = data.len() as u64;
-        let (encoding, content) = match String::from_utf8(data) {
-            Ok(t) => ("text", t),
-            Err(e) => (
-                "base64",
-                base64::engine::general_purpose::STANDARD.encode(e.as_bytes()),
-            ),
-        };
+        let offset = a.offset.unwrap_or(0).min(size) as usize;
+        let want = a
+            .length
+            .map(|l| l as usize)
+            .unwrap_or(READ_PAGE)
+            .clamp(1, READ_PAGE);
+        let (encoding, content, end) = page(&data, offset, want);
+        let next_offset = (end < data.len()).then_some(end as u64);
         let r = WorkspaceFile {
             path: name.clone(),
             size_bytes: size,
             encoding: Some(encoding.into()),
             content: Some(content.clone()),
+            offset: Some(offset as u64),
+            next_offset,
+            session_id: Some(session.handle().to_string()),
         };
-        let text = if encoding == "text" {
+        let whole = offset == 0 && next_offset.is_none();
+        let mut text = if whole && encoding == "text" {
             content
-        } else {
+        } else if whole {
             format!("{name}: {size} bytes of binary data, base64:\n{content}")
+        } else {
+            format!(
+                "{name}: bytes {offset} to {end} of {size}{}{}:\n{content}",
+                if encoding == "base64" { ", base64" } else { "" },
+                match next_offset {
+                    Some(n) => format!(" (more follows: call read_file with offset {n})"),
+                    None => " (the end of the file)".into(),
+                }
+            )
         };
+        if session.created || super::stateless(&ctx) {
+            text.push_str(&format!("\nsession_id: {}", session.handle()));
+        }
         Ok(with_structured(text, &r, false))
     }
 
     #[tool(
+        title = "List workspace files",
         description = LIST_FILES,
         input_schema = args::schema::<ListFiles>(),
-        output_schema = schema_for_output::<FileList>()
+        output_schema = args::output_schema::<FileList>(),
+        annotations(
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
-    async fn list_files(&self, Args(a): Args<ListFiles>) -> Result<CallToolResult, ErrorData> {
-        let all = match self.conn.list_files(a.path.as_deref()).await {
+    async fn list_files(
+        &self,
+        Args(a): Args<ListFiles>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let session = match self.session(a.session_id.as_deref(), &ctx, false) {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                let r = FileList {
+                    files: Vec::new(),
+                    total_bytes: 0,
+                    session_id: None,
+                };
+                return Ok(with_structured(NO_SESSION.into(), &r, false));
+            }
+            Err(r) => return Ok(r),
+        };
+        let all = match self.conn.list_files(&session, a.path.as_deref()).await {
             Ok(v) => v,
             Err(e) => return answer(e),
         };
@@ -174,6 +287,9 @@ impl CodeExecutor {
                 size_bytes,
                 encoding: None,
                 content: None,
+                offset: None,
+                next_offset: None,
+                session_id: None,
             })
             .collect();
         let total_bytes = files.iter().map(|f| f.size_bytes).sum();
@@ -186,10 +302,82 @@ impl CodeExecutor {
             }
             t
         };
+        let session_id = Some(session.handle().to_string());
         Ok(with_structured(
             text,
-            &FileList { files, total_bytes },
+            &FileList {
+                files,
+                total_bytes,
+                session_id,
+            },
             false,
         ))
+    }
+}
+
+/// One page of `data` from `offset`, at most `max` bytes once JSON-escaped: UTF-8 text as
+/// text (cut on a character boundary), anything else as base64 of a multiple of 3 bytes
+/// (so pages decode on their own). The encoding, the content and where the page ends.
+fn page(data: &[u8], offset: usize, max: usize) -> (&'static str, String, usize) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let mut start = offset;
+        while !text.is_char_boundary(start) {
+            start -= 1;
+        }
+        let rest = &text[start..];
+        let mut len = rest.len().min(max);
+        while !rest.is_char_boundary(len) {
+            len -= 1;
+        }
+        let mut chunk = &rest[..len];
+        while escaped_len(chunk) > max {
+            let mut cut = chunk.len() * 3 / 4;
+            while !chunk.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            chunk = &chunk[..cut];
+        }
+        return ("text", chunk.to_string(), start + chunk.len());
+    }
+    let bytes = (max / 4 * 3).max(3);
+    let end = (offset + bytes).min(data.len());
+    let encoded = base64::engine::general_purpose::STANDARD.encode(&data[offset..end]);
+    ("base64", encoded, end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_fit_and_join_up() {
+        let text = "é\u{1}\"".repeat(100_000);
+        let (mut joined, mut at, mut pages) = (String::new(), 0, 0);
+        while at < text.len() {
+            let (enc, chunk, end) = page(text.as_bytes(), at, READ_PAGE);
+            assert_eq!(enc, "text");
+            assert!(escaped_len(&chunk) <= READ_PAGE);
+            assert!(end > at);
+            joined.push_str(&chunk);
+            at = end;
+            pages += 1;
+        }
+        assert_eq!(joined, text);
+        assert!(pages > 3, "{pages}");
+        let bin: Vec<u8> = (0..500_000u32).map(|i| (i % 251) as u8 | 0x80).collect();
+        let mut back = Vec::new();
+        let mut at = 0;
+        while at < bin.len() {
+            let (enc, chunk, end) = page(&bin, at, READ_PAGE);
+            assert_eq!(enc, "base64");
+            assert!(chunk.len() <= READ_PAGE);
+            back.extend(
+                base64::engine::general_purpose::STANDARD
+                    .decode(chunk)
+                    .unwrap(),
+            );
+            at = end;
+        }
+        assert_eq!(back, bin);
     }
 }

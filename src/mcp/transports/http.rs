@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::future::IntoFuture as _;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
 use super::sse::{self, SseState};
-use crate::app::{Executor, Service};
+use crate::app::{Executor, Service, Startup};
 use crate::mcp::{defaults, CodeExecutor};
 use crate::tenancy::token::Authenticator;
 
@@ -96,6 +96,83 @@ pub fn hosted(service: Arc<Service>, auth: Option<Authenticator>, opts: &HttpOpt
         router = router.route("/metrics", get(metrics));
     }
     router.fallback(dispatch).with_state(front)
+}
+
+/// The routes of a server still starting up (the listener comes first, before the image is
+/// built): `/healthz` answers at once, `/readyz` answers 503 with the start-up phase, and
+/// every other request gets 503 with `Retry-After` and a JSON-RPC error saying the server
+/// is starting up. [`Starting::ready`] hands over the real routes; from then on every
+/// request goes to them.
+pub struct Starting {
+    startup: Arc<Startup>,
+    routes: OnceLock<Router>,
+    pool_target: usize,
+}
+
+/// Seconds a client is asked to wait before retrying while the server starts up.
+const STARTING_RETRY_AFTER: &str = "5";
+
+impl Starting {
+    /// `pool_target`: the warm pool the server will keep (for `/readyz`).
+    pub fn new(startup: Arc<Startup>, pool_target: usize) -> Arc<Starting> {
+        Arc::new(Starting {
+            startup,
+            routes: OnceLock::new(),
+            pool_target,
+        })
+    }
+
+    /// The router to serve from the start.
+    pub fn router(self: &Arc<Self>) -> Router {
+        Router::new()
+            .route("/healthz", get(healthz))
+            .fallback(starting_dispatch)
+            .with_state(self.clone())
+    }
+
+    /// Start-up is over: serve `routes` (from [`hosted`]) from now on.
+    pub fn ready(&self, routes: Router) {
+        let _ = self.routes.set(routes);
+    }
+}
+
+async fn starting_dispatch(State(s): State<Arc<Starting>>, request: Request) -> Response {
+    if let Some(routes) = s.routes.get() {
+        return match routes.clone().oneshot(request).await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        };
+    }
+    if request.uri().path() == "/readyz" {
+        let r = s.startup.readiness(s.pool_target);
+        return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(r)).into_response();
+    }
+    // The id of a JSON-RPC request, so that the client matches the error to its call.
+    let id = match axum::body::to_bytes(request.into_body(), crate::mcp::defaults::MAX_BODY_BYTES)
+        .await
+    {
+        Ok(b) => serde_json::from_slice::<serde_json::Value>(&b)
+            .ok()
+            .and_then(|v| v.get("id").cloned())
+            .unwrap_or(serde_json::Value::Null),
+        Err(_) => serde_json::Value::Null,
+    };
+    let phase = s.startup.phase();
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {
+            "code": -32000,
+            "message": format!("mcp-code-executor is starting up ({}); retry in a moment", phase.describe()),
+            "data": {"phase": phase.name()},
+        },
+    });
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::RETRY_AFTER, STARTING_RETRY_AFTER)],
+        axum::Json(body),
+    )
+        .into_response()
 }
 
 /// What the top-level routes share.

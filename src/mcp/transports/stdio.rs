@@ -1,5 +1,6 @@
 //! The stdio transport: one JSON-RPC message per line on stdin, answers on stdout, nothing
-//! else on stdout. Unlike rmcp's own stdio transport, a line that is not a JSON-RPC message
+//! else on stdout. A server still starting up answers at once too ([`Pending`]): its tool
+//! calls wait for the start-up to end. Unlike rmcp's own stdio transport, a line that is not a JSON-RPC message
 //! gets a JSON-RPC error answer (-32700 parse error, -32600 invalid request) instead of
 //! being dropped silently, and an over-long line is refused without being buffered whole.
 
@@ -11,6 +12,17 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, ServerHandler};
+
+use crate::app::Startup;
 use crate::mcp::CodeExecutor;
 
 /// Serve one client over stdin/stdout until it closes stdin or `shutdown` is cancelled.
@@ -21,14 +33,167 @@ pub async fn serve_stdio(
     serve_lines(executor, tokio::io::stdin(), tokio::io::stdout(), shutdown).await
 }
 
+/// How long a tool call that came during start-up waits for the server to be ready (a first
+/// run builds the sandbox image, about five minutes on a fresh machine); then it gets an
+/// error saying to retry.
+pub const STARTUP_WAIT: Duration = Duration::from_secs(15 * 60);
+
+/// How often a call waiting for start-up is told it still waits, when nothing changed.
+const STARTUP_NOTICE_EVERY: Duration = Duration::from_secs(10);
+
+/// The stdio handler of a server that is still starting up: it answers `initialize` and
+/// `tools/list` at once; a tool call waits until [`Pending::ready`] hands over the
+/// connection's handler (at most [`STARTUP_WAIT`]), with progress notifications saying
+/// what start-up is doing when the client asked for progress.
+pub struct Pending {
+    startup: Arc<Startup>,
+    executor: OnceLock<CodeExecutor>,
+    tools: Vec<Tool>,
+    wait: Duration,
+}
+
+impl Pending {
+    pub fn new(startup: Arc<Startup>) -> Arc<Pending> {
+        Self::with_wait(startup, STARTUP_WAIT)
+    }
+
+    /// [`Pending::new`], waiting at most `wait` for start-up.
+    pub fn with_wait(startup: Arc<Startup>, wait: Duration) -> Arc<Pending> {
+        Arc::new(Pending {
+            startup,
+            executor: OnceLock::new(),
+            tools: CodeExecutor::tool_list(),
+            wait,
+        })
+    }
+
+    /// Start-up is over: calls go to `executor` from now on. Set it before the startup's
+    /// phase becomes [`crate::app::Phase::Serving`].
+    pub fn ready(&self, executor: CodeExecutor) {
+        let _ = self.executor.set(executor);
+    }
+
+    /// The connection's handler, once start-up is over.
+    async fn executor(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CodeExecutor, ErrorData> {
+        if let Some(e) = self.executor.get() {
+            return Ok(e.clone());
+        }
+        let token = context.meta.get_progress_token();
+        let peer = context.peer.clone();
+        // Progress values below 1, rising: the run's own notifications (same token) count
+        // from 1 on, and progress must increase.
+        let sent = std::sync::atomic::AtomicU32::new(0);
+        let notify = |message: String| {
+            let Some(token) = token.clone() else { return };
+            let n = sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            let progress = f64::from(n) / f64::from(n + 1);
+            let param = ProgressNotificationParam::new(token, progress).with_message(message);
+            let peer = peer.clone();
+            tokio::spawn(async move {
+                if let Err(e) = peer.notify_progress(param).await {
+                    tracing::debug!(error = %e, "progress notification not delivered");
+                }
+            });
+        };
+        let mut last = String::new();
+        let waited = async {
+            let mut ticker = tokio::time::interval(STARTUP_NOTICE_EVERY);
+            ticker.tick().await;
+            let wait = self.startup.wait_serving(self.wait, |p| {
+                let m = format!("waiting for the server to start: {}", p.describe());
+                if m != last {
+                    notify(m.clone());
+                    last = m;
+                }
+            });
+            tokio::pin!(wait);
+            loop {
+                tokio::select! {
+                    r = &mut wait => break r,
+                    _ = ticker.tick() => {
+                        notify(format!(
+                            "waiting for the server to start: {}",
+                            self.startup.phase().describe()
+                        ));
+                    }
+                }
+            }
+        };
+        let r = tokio::select! {
+            r = waited => r,
+            _ = context.ct.cancelled() => Err("the call was cancelled while the server started up".into()),
+        };
+        match r {
+            Ok(()) => {
+                self.executor.get().cloned().ok_or_else(|| {
+                    ErrorData::internal_error("start-up ended without a handler", None)
+                })
+            }
+            Err(message) => Err(ErrorData::internal_error(message, None)),
+        }
+    }
+}
+
+/// [`Pending`] as an rmcp handler.
+#[derive(Clone)]
+struct Deferred(Arc<Pending>);
+
+impl ServerHandler for Deferred {
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let executor = self.0.executor(&context).await?;
+        executor.call_tool(request, context).await
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        match self.0.executor.get() {
+            Some(e) => e.list_tools(request, context).await,
+            None => Ok(ListToolsResult::with_all_items(self.0.tools.clone())),
+        }
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.0.tools.iter().find(|t| t.name == name).cloned()
+    }
+
+    fn get_info(&self) -> ServerConfig {
+        CodeExecutor::server_info()
+    }
+}
+
+/// Serve one client over stdin/stdout while the server starts up: see [`Pending`].
+pub async fn serve_stdio_starting(
+    pending: Arc<Pending>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    serve_lines(
+        Deferred(pending),
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+        shutdown,
+    )
+    .await
+}
+
 /// Serve one client over a line-delimited byte stream pair.
-pub async fn serve_lines<R, W>(
-    executor: CodeExecutor,
+pub async fn serve_lines<H, R, W>(
+    executor: H,
     reader: R,
     mut writer: W,
     shutdown: CancellationToken,
 ) -> std::io::Result<()>
 where
+    H: ServerHandler,
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {

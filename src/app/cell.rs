@@ -1,0 +1,281 @@
+//! One `execute_python` cell in a connection's session (variables, imports and functions
+//! survive between cells): wait for the session's turn, hold its environment, take a run
+//! slot, open the session on first use, put in workspace files written since, run the
+//! code, save the files it wrote. Each wait gives up (leaving the session as it was) when
+//! the call is cancelled or the server shuts down.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use super::error::AppError;
+use super::executor::{code_digest, Executor};
+use super::sessions::{Live, Sessions, Slot};
+use crate::backend::Events;
+use crate::job::{JobSpec, Outcome};
+
+/// The text of a lost session, for the model.
+pub const LOST: &str = "The session has ended: its state (variables, imports, functions) is gone. The next execute_python call starts a fresh session; re-run any setup you need.";
+
+const SHUTTING_DOWN: &str = "the server is shutting down";
+
+/// The answer to a call that ended before its cell started: the session is as it was.
+fn not_run(why: &str) -> AppError {
+    AppError::Failed(format!(
+        "the cell was not run: {why}. The session is unchanged (its state is kept)."
+    ))
+}
+
+/// A cell that ran: its outcome, the limit that applied, and notes for the caller.
+#[derive(Debug)]
+pub struct CellDone {
+    pub outcome: Outcome,
+    pub timeout: Duration,
+    pub note: Option<String>,
+}
+
+/// One cell in session `slot`: wait for this session's turn, then for a
+/// run slot (both given up, leaving the session untouched, when the call is cancelled or the
+/// server shuts down), open the session if needed, copy changed workspace files in, run
+/// the code.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn cell(
+    ex: &Executor,
+    slot: &Arc<Slot>,
+    code: &str,
+    timeout: Duration,
+    note: Option<String>,
+    cancel: &CancellationToken,
+    events: Events,
+) -> Result<CellDone, AppError> {
+    let x = &ex.sessions;
+    let _busy = x.busy();
+    let shutdown = x.shutdown.clone();
+    if shutdown.is_cancelled() {
+        return Err(not_run(SHUTTING_DOWN));
+    }
+    if let Err(e) = ex.admit() {
+        return Err(AppError::Failed(format!("the cell was not run: {e}")));
+    }
+    crate::backend::emit(&events, crate::job::RunEvent::Admitted);
+    x.start_reaper();
+    let key = slot.workspace.as_str();
+    let started = Instant::now();
+    // This session's turn: cells of one session run one at a time.
+    let mut cell = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => return Err(not_run("the request was cancelled while it waited for the previous cell")),
+        _ = shutdown.cancelled() => return Err(not_run(SHUTTING_DOWN)),
+        c = slot.cell.lock() => c,
+    };
+    if cell.as_ref().is_some_and(|l| !l.session.alive()) {
+        cell.take();
+    }
+    // The session's environment (the current one for a session about to open), held for
+    // the cell: an install into it waits for the cell, and the cell for the install.
+    let env = match cell.as_ref() {
+        Some(l) => l.env.clone(),
+        None => ex.current_env().await,
+    };
+    let _env_lock = match &env {
+        Some(env) => tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Err(not_run("the request was cancelled while it waited for an install to finish")),
+            _ = shutdown.cancelled() => return Err(not_run(SHUTTING_DOWN)),
+            l = ex.lock_env(env) => l,
+        },
+        None => None,
+    };
+    // A run slot, from the scheduler one-shot runs use (the tenant's max_concurrent_runs,
+    // fair turns between tenants). Taken after the session's turn and its environment,
+    // so that queued cells do not hold slots while they wait.
+    let _permit = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => return Err(not_run("the request was cancelled while it waited for a run slot")),
+        _ = shutdown.cancelled() => return Err(not_run(SHUTTING_DOWN)),
+        p = ex.acquire_slot() => match p {
+            Ok(p) => p,
+            Err(e) => return Err(not_run(&e.to_string())),
+        },
+    };
+    slot.touch();
+    let files = ex
+        .workspaces
+        .input_files(key)
+        .await
+        .map_err(AppError::Failed)?;
+    let mut notes: Vec<String> = note.into_iter().collect();
+    if cell.is_none() {
+        // A standalone session already holds its place among max_sessions.
+        let ticket = if slot.ticket.is_some() {
+            None
+        } else {
+            match x.reserve() {
+                Some(t) => Some(t),
+                None => {
+                    return Err(AppError::Failed(format!(
+                        "no session could be opened: tenant `{}` already has {} sessions open, its maximum (max_sessions). Close one (reset_session ends this connection's), wait for idle ones to expire, or use execute_code (no state).",
+                        x.tenant, x.options.max_sessions
+                    )))
+                }
+            }
+        };
+        let mut job = JobSpec::python("", x.limits.clone());
+        job.tenant = x.tenant.clone();
+        job.files = files.clone();
+        job.return_files = true;
+        job.keep_warm = true;
+        job.env = env.as_ref().map(|e| e.run_env()).unwrap_or_default();
+        let synced = files
+            .iter()
+            .map(|f| (f.path.clone(), Sha256::digest(&f.contents).into()))
+            .collect();
+        // Dropping the future (cancelled, shutting down) removes a half-made container.
+        let session = tokio::select! {
+            s = ex.backend().open_session(job) => s,
+            _ = cancel.cancelled() => return Err(not_run("the request was cancelled while the session was being opened")),
+            _ = shutdown.cancelled() => return Err(not_run(SHUTTING_DOWN)),
+        };
+        match session {
+            Ok(session) => {
+                *cell = Some(Live {
+                    session,
+                    env,
+                    opened: Instant::now(),
+                    synced,
+                    _ticket: ticket,
+                });
+                notes.push("a new session was started".into());
+            }
+            Err(e) => {
+                return Err(AppError::Failed(format!(
+                    "the session could not be opened: {e}"
+                )))
+            }
+        }
+    }
+    let live = cell.as_mut().expect("opened above");
+    // Files written with write_file since the session opened: put them in first. Not
+    // given up on cancellation (that would leave the session half-synced); short.
+    let changed: Vec<crate::job::InputFile> = files
+        .iter()
+        .filter(|f| {
+            let d: [u8; 32] = Sha256::digest(&f.contents).into();
+            live.synced.get(&f.path) != Some(&d)
+        })
+        .cloned()
+        .collect();
+    if !changed.is_empty() {
+        let synced = tokio::select! {
+            r = live.session.put_files(&changed, timeout) => Some(r),
+            _ = shutdown.cancelled() => None,
+        };
+        match synced {
+            None => {
+                cell.take();
+                return Err(AppError::Failed(format!(
+                    "the cell was not run: {SHUTTING_DOWN}. {LOST}"
+                )));
+            }
+            Some(Ok(())) => {
+                for f in &changed {
+                    live.synced
+                        .insert(f.path.clone(), Sha256::digest(&f.contents).into());
+                }
+            }
+            Some(Err(e)) => notes.push(format!(
+                "workspace files could not be copied into the session: {e}"
+            )),
+        }
+        if !live.session.alive() {
+            cell.take();
+            return Err(AppError::Failed(format!(
+                "the cell was not run: the session ended while workspace files were copied in. {LOST}"
+            )));
+        }
+    }
+    if cancel.is_cancelled() {
+        return Err(not_run("the request was cancelled before the cell started"));
+    }
+    let result = tokio::select! {
+        r = live.session.exec(code, timeout, events) => Some(r),
+        _ = cancel.cancelled() => None,
+        _ = shutdown.cancelled() => None,
+    };
+    slot.touch();
+    let label = match &result {
+        None => "cancelled",
+        Some(Err(_)) => "failed",
+        Some(Ok(o)) => super::metrics::outcome_label(o),
+    };
+    let secs = started.elapsed().as_secs_f64();
+    ex.metrics().run(&x.tenant, label, secs);
+    tracing::info!(
+        tenant = %x.tenant,
+        code_sha256 = %code_digest(code.as_bytes()),
+        outcome = label,
+        "session cell ran"
+    );
+    let outcome = match result {
+        None => {
+            cell.take();
+            let why = if shutdown.is_cancelled() {
+                "the server is shutting down; the cell was stopped while running"
+            } else {
+                "the call was cancelled while running"
+            };
+            return Err(AppError::Failed(format!("{why}. {LOST}")));
+        }
+        Some(Err(e)) => {
+            let ended = !live.session.alive();
+            if ended {
+                cell.take();
+            }
+            return Err(AppError::Failed(format!(
+                "the code could not be run: {e}{}",
+                if ended {
+                    format!("\n{LOST}")
+                } else {
+                    String::new()
+                }
+            )));
+        }
+        Some(Ok(o)) => o,
+    };
+    // Files the cell wrote are saved to the workspace; the session already has them.
+    for f in &outcome.files {
+        live.synced
+            .insert(f.path.clone(), Sha256::digest(&f.data).into());
+    }
+    if let Some(saved) = super::workspaces::save_returned(&ex.workspaces, key, &outcome).await {
+        notes.push(saved);
+    }
+    if outcome.timed_out || outcome.oom_killed || !live.session.alive() {
+        if !outcome.timed_out && !outcome.oom_killed {
+            notes.push(
+                "the session's Python interpreter exited (exit(), sys.exit(), os._exit() or a crash)"
+                    .into(),
+            );
+        }
+        cell.take();
+        notes.push(LOST.into());
+    } else if shutdown.is_cancelled() {
+        // The shutdown sweep skipped this session while the cell ran.
+        cell.take();
+    }
+    let note = (!notes.is_empty()).then(|| notes.join("; "));
+    Ok(CellDone {
+        outcome,
+        timeout,
+        note,
+    })
+}
+
+/// End the REPL of session `slot` (its workspace stays): true when one was open.
+pub(super) async fn reset(x: &Arc<Sessions>, slot: &Arc<Slot>) -> bool {
+    let _busy = x.busy();
+    let mut cell = slot.cell.lock().await;
+    cell.take().is_some()
+}
