@@ -7,39 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{assert_nothing_left_by, containers_left_by};
+
 const BIN: &str = env!("CARGO_BIN_EXE_mcp-code-executor");
-
-/// Containers of ours made by the process `pid` on this host (`all`: stopped ones too).
-fn containers_left_by(pid: u32, all: bool) -> Vec<String> {
-    let mut ps = Command::new("docker");
-    ps.arg("ps");
-    if all {
-        ps.arg("-a");
-    }
-    let out = ps
-        .args([
-            "--filter",
-            "label=io.mcp-code-executor.managed=true",
-            "--format",
-            "{{.ID}} {{.Label \"io.mcp-code-executor.owner\"}}",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "docker ps: {out:?}");
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
-    let mine = format!("{}/{pid}/", host.trim());
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once(' '))
-        .filter(|(_, owner)| owner.starts_with(&mine))
-        .map(|(id, _)| id.to_string())
-        .collect()
-}
-
-fn assert_nothing_left_by(pid: u32) {
-    let left = containers_left_by(pid, true);
-    assert!(left.is_empty(), "process {pid} left containers: {left:?}");
-}
 
 /// A child `mcp-code-executor` that, should the test fail while it runs, is killed and has
 /// its containers removed.

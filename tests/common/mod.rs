@@ -149,3 +149,36 @@ try:
 except OSError as e:
     print(n, e.errno)
 "#;
+
+/// Containers of ours made by the process `pid` on this host (`all`: stopped ones too).
+pub fn containers_left_by(pid: u32, all: bool) -> Vec<String> {
+    let mut ps = Command::new("docker");
+    ps.arg("ps");
+    if all {
+        ps.arg("-a");
+    }
+    let out = ps
+        .args([
+            "--filter",
+            "label=io.mcp-code-executor.managed=true",
+            "--format",
+            "{{.ID}} {{.Label \"io.mcp-code-executor.owner\"}}",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "docker ps: {out:?}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let mine = format!("{}/{pid}/", host.trim());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(_, owner)| owner.starts_with(&mine))
+        .map(|(id, _)| id.to_string())
+        .collect()
+}
+
+/// Nothing made by the process `pid` may be left once it has exited.
+pub fn assert_nothing_left_by(pid: u32) {
+    let left = containers_left_by(pid, true);
+    assert!(left.is_empty(), "process {pid} left containers: {left:?}");
+}
