@@ -82,15 +82,43 @@ pub fn check_known(
 /// The JSON Schema clients see for the arguments `T` (rmcp's draft 2020-12 settings, made
 /// [`portable`]).
 pub fn schema<T: JsonSchema + 'static>() -> std::sync::Arc<rmcp::model::JsonObject> {
-    let s = rmcp::handler::server::common::schema_for_input::<T>()
-        .unwrap_or_else(|e| panic!("input schema of {}: {e}", std::any::type_name::<T>()));
-    std::sync::Arc::new(portable_object((*s).clone()))
+    cached::<T>("input", || {
+        let s = rmcp::handler::server::common::schema_for_input::<T>()
+            .unwrap_or_else(|e| panic!("input schema of {}: {e}", std::any::type_name::<T>()));
+        portable_object((*s).clone())
+    })
 }
 
 /// The output schema of a tool whose `structuredContent` is a `T`, made [`portable`].
 pub fn output_schema<T: JsonSchema + 'static>() -> std::sync::Arc<rmcp::model::JsonObject> {
-    let s = rmcp::handler::server::common::schema_for_output::<T>();
-    std::sync::Arc::new(portable_object((*s).clone()))
+    cached::<T>("output", || {
+        portable_object((*rmcp::handler::server::common::schema_for_output::<T>()).clone())
+    })
+}
+
+/// Schemas are made once per type and shared: every connection builds its tool router, and
+/// must not generate, walk and copy every schema again (a burst of connections would).
+fn cached<T: 'static>(
+    kind: &'static str,
+    make: impl FnOnce() -> rmcp::model::JsonObject,
+) -> std::sync::Arc<rmcp::model::JsonObject> {
+    use std::any::TypeId;
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+    type Cache = Mutex<HashMap<(TypeId, &'static str), Arc<rmcp::model::JsonObject>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let key = (TypeId::of::<T>(), kind);
+    let cache = CACHE.get_or_init(Cache::default);
+    if let Some(s) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return s.clone();
+    }
+    let made = Arc::new(make());
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(key)
+        .or_insert(made)
+        .clone()
 }
 
 fn portable_object(o: rmcp::model::JsonObject) -> rmcp::model::JsonObject {
