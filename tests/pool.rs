@@ -20,7 +20,7 @@ async fn pooled(size: usize) -> DockerBackend {
     let config = DockerConfig {
         pool_size: size,
         pool_limits: Limits::default(),
-        ..DockerConfig::new(image::default_image())
+        ..common::config()
     };
     DockerBackend::connect(config).await.expect("docker")
 }

@@ -63,7 +63,8 @@ env_vars! {
     MCP_EXECUTOR_BACKEND;
     /// The sandbox image (`--image`; default: the tag that matches this binary).
     MCP_EXECUTOR_IMAGE;
-    /// OCI runtime of sandboxes (`--runtime`; Docker's default, `runc`, when unset).
+    /// OCI runtime of sandboxes (`--runtime`; Docker's default, `runc`, when unset or empty;
+    /// `runsc`: the gVisor isolation tier).
     MCP_EXECUTOR_RUNTIME;
     /// The Docker daemon (`unix://…`, `tcp://…`); read by the Docker client itself; the
     /// local socket when unset.

@@ -2,6 +2,11 @@
 //! enforced? Each check runs real code in a real sandbox of whatever [`Backend`] it is given
 //! (what the backend is, and its particulars, show as data in the details); the server
 //! refuses to serve when one fails.
+//!
+//! Under gVisor (`--runtime runsc`) the code sees gVisor's kernel: a check proves it, and
+//! the checks whose evidence gVisor presents differently read it where gVisor shows it
+//! ([`Isolation::Gvisor`]): no cgroup files inside, `NoNewPrivs` only through `prctl`, the
+//! memory limit as the kernel's `MemTotal`, `EHOSTUNREACH` for a network without routes.
 
 use std::time::Duration;
 
@@ -43,6 +48,41 @@ impl Report {
 
 const PIDS_FOR_TEST: i64 = 32;
 
+/// What `uname` says inside gVisor (its kernel is not the host's; these have not changed
+/// across gVisor releases).
+const GVISOR_UNAME: (&str, &str) = ("4.4.0", "#1 SMP Sun Jan 10 15:06:54 PST 2016");
+
+/// Which kernel the sandboxes are meant to see, from the backend's details (the Docker
+/// backend says `isolation gvisor` and the host's kernel when its runtime is runsc).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Isolation {
+    /// Namespaces, seccomp and cgroups of the host kernel (runc, crun).
+    HostKernel,
+    /// gVisor's kernel between the code and the host's (`host_kernel`: the daemon's).
+    Gvisor { host_kernel: String },
+}
+
+impl Isolation {
+    pub fn of(info: &BackendInfo) -> Self {
+        let detail = |k: &str| {
+            info.details
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.clone())
+        };
+        match detail("isolation").as_deref() {
+            Some("gvisor") => Isolation::Gvisor {
+                host_kernel: detail("host kernel").unwrap_or_default(),
+            },
+            _ => Isolation::HostKernel,
+        }
+    }
+
+    fn gvisor(&self) -> bool {
+        matches!(self, Isolation::Gvisor { .. })
+    }
+}
+
 /// The limits the probe runs with. The CPU quota and `nofile` are values no host uses by
 /// default, so a limit the backend forgot to apply cannot pass by coincidence; the memory is
 /// the bombs' 128 MiB, so that the swap limit can be compared with it.
@@ -57,9 +97,20 @@ fn probe_limits() -> Limits {
     }
 }
 
+/// The fork bomb's limits: the bombs' pids limit, with room in memory for that many
+/// processes under gVisor too (each costs gVisor a few MiB of the sandbox's memory: 31
+/// sleeping forks of Python do not fit in 128 MiB there, and the bomb would end OOM-killed
+/// before the pids limit showed).
+fn fork_limits(small: &Limits) -> Limits {
+    Limits {
+        memory_bytes: 256 << 20,
+        ..small.clone()
+    }
+}
+
 /// What the probe reports: facts only, judged in [`evaluate`].
 const PROBE: &str = r#"
-import errno, json, os, resource, socket, stat
+import ctypes, errno, json, os, resource, socket, stat
 
 def read(p):
     try:
@@ -74,6 +125,21 @@ def status():
         k, _, v = line.partition(":")
         s[k] = v.strip()
     return {k: s.get(k) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp")}
+
+def prctl(option):
+    # PR_GET_NO_NEW_PRIVS, PR_GET_SECCOMP: what the kernel applies, also where
+    # /proc/self/status does not show it (gVisor has no NoNewPrivs line).
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, 0, 0, 0, 0)
+    except Exception:
+        return None
+
+def mem_total():
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return None
 
 def try_create(d):
     try:
@@ -133,6 +199,9 @@ def connect(host, port):
         s.close()
 
 print(json.dumps({
+    "kernel": {"release": os.uname().release, "version": os.uname().version},
+    "prctl": {"no_new_privs": prctl(39), "seccomp": prctl(21)},
+    "mem_total": mem_total(),
     "uid": os.getuid(),
     "gid": os.getgid(),
     "rofs": rofs(),
@@ -179,8 +248,10 @@ fn describe_backend(info: &BackendInfo) -> String {
 /// Run every check against `backend`.
 pub async fn diagnose(backend: &dyn Backend) -> Report {
     let mut checks = Vec::new();
+    let isolation;
     match backend.info().await {
         Ok(info) => {
+            isolation = Isolation::of(&info);
             checks.push(Check {
                 name: REACHABLE,
                 ok: true,
@@ -221,7 +292,7 @@ pub async fn diagnose(backend: &dyn Backend) -> Report {
     let (probe, oom, fork) = tokio::join!(
         backend.run(JobSpec::python(PROBE, limits.clone()), None),
         backend.run(JobSpec::python(MEMORY_BOMB, small.clone()), None),
-        backend.run(JobSpec::python(FORK_BOMB, small.clone()), None),
+        backend.run(JobSpec::python(FORK_BOMB, fork_limits(&small)), None),
     );
 
     match probe {
@@ -233,7 +304,7 @@ pub async fn diagnose(backend: &dyn Backend) -> Report {
                 ok: true,
                 detail: format!("in {} ms", o.duration_ms),
             });
-            checks.extend(evaluate(&v, &limits));
+            checks.extend(evaluate(&v, &limits, &isolation));
         }
         other => checks.push(Check {
             name: "python runs",
@@ -273,7 +344,7 @@ pub async fn diagnose(backend: &dyn Backend) -> Report {
 
 /// Judge the probe's report against the limits it ran with. Each check is one a sandbox
 /// without the matching piece of hardening fails.
-fn evaluate(v: &serde_json::Value, l: &Limits) -> Vec<Check> {
+fn evaluate(v: &serde_json::Value, l: &Limits, iso: &Isolation) -> Vec<Check> {
     use serde_json::Value;
     let mut checks = Vec::new();
     let text = |v: &Value| match v {
@@ -281,6 +352,21 @@ fn evaluate(v: &serde_json::Value, l: &Limits) -> Vec<Check> {
         Value::Null => "?".to_string(),
         v => v.to_string(),
     };
+    let gvisor = iso.gvisor();
+    let (release, version) = (text(&v["kernel"]["release"]), text(&v["kernel"]["version"]));
+    // The kernel the code talks to is gVisor's: its uname, and not the host's release.
+    let gvisor_kernel = (release.as_str(), version.as_str()) == GVISOR_UNAME
+        && !matches!(iso, Isolation::Gvisor { host_kernel } if *host_kernel == release);
+    if let Isolation::Gvisor { host_kernel } = iso {
+        checks.push(Check {
+            name: "gVisor kernel",
+            ok: gvisor_kernel,
+            detail: format!(
+                "the code sees kernel {release} ({version}); the host runs {}",
+                if host_kernel.is_empty() { "?" } else { host_kernel }
+            ),
+        });
+    }
 
     let (uid, gid) = (v["uid"].as_i64(), v["gid"].as_i64());
     checks.push(Check {
@@ -293,7 +379,14 @@ fn evaluate(v: &serde_json::Value, l: &Limits) -> Vec<Check> {
     // writable root too, and in a world-writable directory the write would succeed.
     let r = &v["rofs"];
     let root_owned = v["rofs_root_owned"].as_object();
-    let all_erofs = root_owned.is_some_and(|m| !m.is_empty() && m.values().all(|e| e == "EROFS"));
+    // gVisor checks permissions before the mount's read-only flag: EACCES there for a
+    // non-root uid, and only the world-writable directory tells (EROFS, or created).
+    let all_erofs = root_owned.is_some_and(|m| {
+        !m.is_empty()
+            && m
+                .values()
+                .all(|e| e == "EROFS" || (gvisor && e == "EACCES"))
+    });
     checks.push(Check {
         name: "read-only root",
         ok: r["dir"].is_string() && r["result"] == "EROFS" && all_erofs,
@@ -324,12 +417,12 @@ fn evaluate(v: &serde_json::Value, l: &Limits) -> Vec<Check> {
             == Some(0)
     };
     // CapBnd is the telling one: CapEff is 0 for any non-root uid whatever was dropped,
-    // the bounding set is empty only when `cap_drop ALL` applied.
+    // the bounding set is empty only when `cap_drop ALL` applied. gVisor has no CapAmb line.
     checks.push(Check {
         name: "no capabilities",
         ok: ["CapBnd", "CapEff", "CapPrm", "CapAmb", "CapInh"]
             .iter()
-            .all(|k| zero(k)),
+            .all(|k| zero(k) || (gvisor && *k == "CapAmb" && status[*k].is_null())),
         detail: format!(
             "CapBnd {} CapEff {} CapPrm {} CapAmb {}",
             text(&status["CapBnd"]),
@@ -338,15 +431,41 @@ fn evaluate(v: &serde_json::Value, l: &Limits) -> Vec<Check> {
             text(&status["CapAmb"])
         ),
     });
+    // prctl(PR_GET_NO_NEW_PRIVS) where the probe could call it, else /proc's line.
+    let nnp = &v["prctl"]["no_new_privs"];
     checks.push(Check {
         name: "no-new-privileges",
-        ok: status["NoNewPrivs"] == "1",
-        detail: format!("NoNewPrivs {}", text(&status["NoNewPrivs"])),
+        ok: if nnp.is_null() {
+            status["NoNewPrivs"] == "1"
+        } else {
+            nnp == 1
+        },
+        detail: format!(
+            "NoNewPrivs {}, prctl(PR_GET_NO_NEW_PRIVS) {}",
+            text(&status["NoNewPrivs"]),
+            text(nnp)
+        ),
     });
-    checks.push(Check {
-        name: "seccomp filter",
-        ok: status["Seccomp"] == "2",
-        detail: format!("Seccomp {} (2: filtering)", text(&status["Seccomp"])),
+    checks.push(if gvisor {
+        // Docker's seccomp profile is not loaded inside gVisor (runsc --oci-seccomp would,
+        // but with Docker 20.10's profile no thread can start): the code's system calls are
+        // served by gVisor's kernel, and runsc confines its own calls to the host with a
+        // seccomp filter of its own. The evidence is the kernel the code sees.
+        Check {
+            name: "seccomp filter",
+            ok: gvisor_kernel,
+            detail: format!(
+                "Seccomp {} inside; system calls served by {} (runsc filters its own host calls)",
+                text(&status["Seccomp"]),
+                if gvisor_kernel { "gVisor's kernel" } else { "NOT gVisor's kernel" }
+            ),
+        }
+    } else {
+        Check {
+            name: "seccomp filter",
+            ok: status["Seccomp"] == "2",
+            detail: format!("Seccomp {} (2: filtering)", text(&status["Seccomp"])),
+        }
     });
 
     let only_lo = v["ifaces"] == serde_json::json!(["lo"]) && v["routes"] == 0;
@@ -355,11 +474,16 @@ fn evaluate(v: &serde_json::Value, l: &Limits) -> Vec<Check> {
         ok: only_lo,
         detail: format!("interfaces {}, routes {}", v["ifaces"], v["routes"]),
     });
-    // ENETUNREACH, not a timeout: a timeout only says nothing answered in time.
+    // ENETUNREACH, not a timeout: a timeout only says nothing answered in time. gVisor's
+    // network stack says EHOSTUNREACH for the same (no route).
     let connects = v["connect"].as_object();
     checks.push(Check {
         name: "no outbound connections",
-        ok: connects.is_some_and(|m| !m.is_empty() && m.values().all(|e| e == "ENETUNREACH")),
+        ok: connects.is_some_and(|m| {
+            !m.is_empty()
+                && m.values()
+                    .all(|e| e == "ENETUNREACH" || (gvisor && e == "EHOSTUNREACH"))
+        }),
         detail: connects
             .map(|m| {
                 m.iter()
@@ -383,6 +507,10 @@ fn evaluate(v: &serde_json::Value, l: &Limits) -> Vec<Check> {
     });
 
     let cpu = &v["cpu"];
+    if gvisor && cpu["source"].is_null() {
+        checks.extend(gvisor_limits(v, l));
+        return checks;
+    }
     let cores = match (cpu["quota"].as_f64(), cpu["period"].as_f64()) {
         (Some(q), Some(p)) if p > 0.0 => Some(q / p),
         _ => None,
@@ -403,6 +531,36 @@ fn evaluate(v: &serde_json::Value, l: &Limits) -> Vec<Check> {
     });
     checks.push(swap_check(&v["memory"], l.memory_bytes));
     checks
+}
+
+/// The memory and CPU checks under gVisor, which shows no cgroup files inside: the host's
+/// cgroup holds the whole sandbox (gVisor's kernel and the code). runsc sizes the kernel's
+/// memory from that cgroup's limit, so `MemTotal` is the limit when it applied and the
+/// host's memory when not; the memory bomb check shows it enforced. The CPU quota has no
+/// trace inside gVisor at all: it is checked under runc from the same `HostConfig`, and
+/// this says so rather than pass on nothing.
+fn gvisor_limits(v: &serde_json::Value, l: &Limits) -> Vec<Check> {
+    let total = v["mem_total"].as_u64();
+    vec![
+        Check {
+            name: "memory limit",
+            ok: total == Some(l.memory_bytes),
+            detail: format!(
+                "gVisor's MemTotal {} bytes (configured {}); swap is not visible inside gVisor",
+                total.map(|t| t.to_string()).unwrap_or_else(|| "?".into()),
+                l.memory_bytes
+            ),
+        },
+        Check {
+            name: "cpu quota",
+            // Not verifiable from inside: said so, and counted as passed (see the README's
+            // isolation section).
+            ok: true,
+            detail: "not observable inside gVisor (no cgroup files): applied by the host cgroup \
+                     around the sandbox, from the same HostConfig the runc check verifies"
+                .to_string(),
+        },
+    ]
 }
 
 /// Memory with no swap on top: memory.memsw.limit_in_bytes equal to the memory limit (cgroup
@@ -461,6 +619,9 @@ mod tests {
     /// What the probe printed in a correctly hardened sandbox on this project's CI host.
     fn healthy() -> Value {
         json!({
+            "kernel": {"release": "6.1.0-13-amd64", "version": "#1 SMP PREEMPT_DYNAMIC Debian"},
+            "prctl": {"no_new_privs": 1, "seccomp": 2},
+            "mem_total": 24u64 << 30,
             "uid": 65534, "gid": 65534,
             "rofs": {"dir": "/var/tmp", "mode": "0o1777", "result": "EROFS"},
             "rofs_root_owned": {"/": "EROFS", "/etc": "EROFS", "/usr/lib": "EROFS"},
@@ -475,8 +636,39 @@ mod tests {
         })
     }
 
+    /// What the probe printed under gVisor (runsc 2022-12-19, ptrace platform) on this
+    /// project's CI host.
+    fn gvisor_healthy() -> Value {
+        json!({
+            "kernel": {"release": "4.4.0", "version": "#1 SMP Sun Jan 10 15:06:54 PST 2016"},
+            "prctl": {"no_new_privs": 1, "seccomp": 0},
+            "mem_total": 134217728,
+            "uid": 65534, "gid": 65534,
+            "rofs": {"dir": "/var/tmp", "mode": "0o1777", "result": "EROFS"},
+            "rofs_root_owned": {"/": "EACCES", "/etc": "EACCES", "/usr/lib": "EACCES"},
+            "status": {"CapInh": "0000000000000000", "CapPrm": "0000000000000000",
+                       "CapEff": "0000000000000000", "CapBnd": "0000000000000000",
+                       "CapAmb": null, "NoNewPrivs": null, "Seccomp": "0"},
+            "nofile": [200, 200],
+            "cpu": {"source": null},
+            "memory": {"cgroup": 1, "limit": null, "swap": null, "host_swap": 0},
+            "ifaces": ["lo"], "routes": 0,
+            "connect": {"169.254.169.254:80": "EHOSTUNREACH", "1.1.1.1:53": "EHOSTUNREACH"},
+        })
+    }
+
+    fn gvisor() -> Isolation {
+        Isolation::Gvisor {
+            host_kernel: "6.18.44-fc-v769".into(),
+        }
+    }
+
     fn failing(v: &Value) -> Vec<&'static str> {
-        evaluate(v, &probe_limits())
+        failing_under(v, &Isolation::HostKernel)
+    }
+
+    fn failing_under(v: &Value, iso: &Isolation) -> Vec<&'static str> {
+        evaluate(v, &probe_limits(), iso)
             .into_iter()
             .filter(|c| !c.ok)
             .map(|c| c.name)
@@ -517,7 +709,7 @@ mod tests {
                 json!("0000000000000400"),
                 "no capabilities",
             ),
-            ("/status", "NoNewPrivs", json!("0"), "no-new-privileges"),
+            ("/prctl", "no_new_privs", json!(0), "no-new-privileges"),
             ("/status", "Seccomp", json!("0"), "seccomp filter"),
             ("", "ifaces", json!(["eth0", "lo"]), "network unreachable"),
             (
@@ -559,6 +751,119 @@ mod tests {
             }
             assert_eq!(failing(&v), vec![*check], "{at}/{key} = {value}");
         }
+    }
+
+    /// Where the probe could not call prctl, /proc's NoNewPrivs line decides.
+    #[test]
+    fn no_new_privileges_from_proc_without_prctl() {
+        let mut v = healthy();
+        v["prctl"] = json!({"no_new_privs": null, "seccomp": null});
+        assert_eq!(failing(&v), Vec::<&str>::new());
+        v["status"]["NoNewPrivs"] = json!("0");
+        assert_eq!(failing(&v), ["no-new-privileges"]);
+    }
+
+    /// Under gVisor: the healthy sandbox passes every check, including the kernel check
+    /// only gVisor has; each missing piece fails its check; and what is fine only under
+    /// gVisor (EACCES in root-owned dirs, no CapAmb line, EHOSTUNREACH, Seccomp 0) still
+    /// fails under runc.
+    #[test]
+    fn under_gvisor_each_check_reads_what_gvisor_shows() {
+        let names: Vec<_> = evaluate(&gvisor_healthy(), &probe_limits(), &gvisor())
+            .into_iter()
+            .map(|c| (c.name, c.ok))
+            .collect();
+        assert!(names.iter().all(|(_, ok)| *ok), "{names:?}");
+        assert_eq!(names[0], ("gVisor kernel", true));
+        assert!(names.contains(&("memory limit", true)), "{names:?}");
+
+        let cases: &[(&str, &str, Value, &[&str])] = &[
+            // runc where gVisor was asked for: the host's kernel, Docker's seccomp.
+            (
+                "/kernel",
+                "release",
+                json!("6.18.44-fc-v769"),
+                &["gVisor kernel", "seccomp filter"],
+            ),
+            (
+                "/kernel",
+                "version",
+                json!("#1 SMP PREEMPT_DYNAMIC"),
+                &["gVisor kernel", "seccomp filter"],
+            ),
+            ("/rofs", "result", json!("created"), &["read-only root"]),
+            (
+                "/rofs_root_owned",
+                "/etc",
+                json!("created"),
+                &["read-only root"],
+            ),
+            (
+                "/status",
+                "CapBnd",
+                json!("00000000a80425fb"),
+                &["no capabilities"],
+            ),
+            (
+                "/prctl",
+                "no_new_privs",
+                json!(0),
+                &["no-new-privileges"],
+            ),
+            ("", "ifaces", json!(["eth0", "lo"]), &["network unreachable"]),
+            (
+                "/connect",
+                "1.1.1.1:53",
+                json!("connected"),
+                &["no outbound connections"],
+            ),
+            ("", "nofile", json!([1048576, 1048576]), &["nofile limit"]),
+            // No memory limit: gVisor sizes its kernel from the host's memory.
+            ("", "mem_total", json!(24u64 << 30), &["memory limit"]),
+        ];
+        for (at, key, value, checks) in cases {
+            let mut v = gvisor_healthy();
+            let target = v.pointer_mut(at).unwrap();
+            if key.is_empty() {
+                *target = value.clone();
+            } else {
+                target[*key] = value.clone();
+            }
+            assert_eq!(&failing_under(&v, &gvisor()), checks, "{at}/{key} = {value}");
+        }
+
+        // gVisor's kernel reported by a host that runs the same release is not gVisor.
+        let same = Isolation::Gvisor {
+            host_kernel: "4.4.0".into(),
+        };
+        assert!(failing_under(&gvisor_healthy(), &same).contains(&"gVisor kernel"));
+
+        // What passes only under gVisor fails under runc.
+        let f = failing(&gvisor_healthy());
+        for check in [
+            "read-only root",
+            "no capabilities",
+            "seccomp filter",
+            "no outbound connections",
+            "cpu quota",
+            "no swap beyond memory",
+        ] {
+            assert!(f.contains(&check), "{check}: {f:?}");
+        }
+    }
+
+    #[test]
+    fn the_isolation_comes_from_the_backend_details() {
+        let mut i = info(true);
+        assert_eq!(Isolation::of(&i), Isolation::HostKernel);
+        i.details.push(("isolation".into(), "gvisor".into()));
+        i.details.push(("host kernel".into(), "6.18.44".into()));
+        assert_eq!(
+            Isolation::of(&i),
+            Isolation::Gvisor {
+                host_kernel: "6.18.44".into()
+            }
+        );
     }
 
     #[test]

@@ -12,9 +12,31 @@ use mcp_code_executor::backend::image;
 use mcp_code_executor::backend::Backend;
 use mcp_code_executor::job::{JobSpec, Limits, Outcome};
 
+/// The OCI runtime of the suite's sandboxes: `MCP_TEST_RUNTIME` (`.ci/run` runs the
+/// isolation and hostile tests a second time with `runsc`, gVisor), the daemon's default
+/// when unset or empty.
+pub fn runtime() -> Option<String> {
+    std::env::var("MCP_TEST_RUNTIME")
+        .ok()
+        .filter(|r| !r.trim().is_empty())
+}
+
+/// Whether this pass of the suite runs its sandboxes under gVisor.
+pub fn gvisor() -> bool {
+    mcp_code_executor::backend::docker::is_gvisor(runtime().as_deref())
+}
+
+/// The backend configuration of the suite: the expected image, [`runtime`].
+pub fn config() -> DockerConfig {
+    DockerConfig {
+        runtime: runtime(),
+        ..DockerConfig::new(image::default_image())
+    }
+}
+
 /// A sandbox on the real daemon with the image this binary expects.
 pub async fn sandbox() -> Arc<DockerBackend> {
-    let s = DockerBackend::connect(DockerConfig::new(image::default_image())).await.unwrap_or_else(|e| {
+    let s = DockerBackend::connect(config()).await.unwrap_or_else(|e| {
         panic!("these tests need a running Docker daemon (run .ci/run or scripts/setup-docker.sh): {e}")
     });
     // As the product does at start-up: what a dead test process left is removed.

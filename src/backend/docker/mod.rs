@@ -30,7 +30,7 @@ use self::live::{Ended, Live};
 use self::pool::Pool;
 pub use self::pool::PoolStats;
 use self::session::DockerSession;
-pub use self::spec::{docker_run_flags, LABEL_JOB, LABEL_MANAGED, LABEL_OWNER, LABEL_TENANT};
+pub use self::spec::{docker_run_flags, is_gvisor, GVISOR_RUNTIME, LABEL_JOB, LABEL_MANAGED, LABEL_OWNER, LABEL_TENANT};
 use super::protocol;
 use super::{emit, Backend, BackendError, BackendInfo, Events, LifecycleFigures, Session};
 use crate::job::{JobSpec, Limits, Outcome, RunEnv, RunEvent};
@@ -161,11 +161,41 @@ impl PoolHandle {
     }
 }
 
+/// Refuse a runtime the daemon does not have registered, with what to run: otherwise every
+/// container start fails later with Docker's "unknown or invalid runtime name".
+async fn check_runtime(docker: &bollard::Docker, runtime: &str) -> Result<(), BackendError> {
+    let info = docker
+        .info()
+        .await
+        .map_err(|e| classify("asking the daemon's runtimes", e))?;
+    let known: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
+    if known.iter().any(|r| r == runtime) {
+        return Ok(());
+    }
+    let fix = if is_gvisor(Some(runtime)) {
+        "install and register gVisor: `sudo scripts/setup-docker.sh --gvisor` (installs runsc, \
+         adds it to /etc/docker/daemon.json, reloads dockerd with SIGHUP)"
+    } else {
+        "register it in /etc/docker/daemon.json (`runtimes`) and reload dockerd (SIGHUP)"
+    };
+    Err(BackendError::Failed {
+        backend: "Docker",
+        action: "checking the sandbox runtime",
+        detail: format!(
+            "the daemon has no runtime `{runtime}` registered (it has: {}); {fix}",
+            known.join(", ")
+        ),
+    })
+}
+
 impl DockerBackend {
     /// Connect to the daemon named by `DOCKER_HOST` (or the local socket), check it answers,
     /// and start filling the warm pool if one is configured.
     pub async fn connect(config: DockerConfig) -> Result<Self, BackendError> {
         let docker = connect_docker_at(config.docker_host.as_deref()).await?;
+        if let Some(runtime) = &config.runtime {
+            check_runtime(&docker, runtime).await?;
+        }
         let inner = Arc::new(Inner {
             docker,
             owner: guard::owner_id(std::process::id()).unwrap_or_else(|| "unknown".into()),
@@ -371,16 +401,19 @@ impl Backend for DockerBackend {
             .await
             .map_err(|e| classify("asking the daemon's version", e))?;
         let image_present = docker.inspect_image(&self.inner.config.image).await.is_ok();
+        let runtime = self.inner.config.runtime.as_deref();
+        let mut details = vec![(
+            "runtime".to_string(),
+            runtime.unwrap_or("runc").to_string(),
+        )];
+        if is_gvisor(runtime) {
+            // What `doctor` checks the sandbox's kernel against.
+            details.push(("isolation".to_string(), "gvisor".to_string()));
+            details.push(("host kernel".to_string(), v.kernel_version.unwrap_or_default()));
+        }
         Ok(BackendInfo {
             kind: "docker",
-            details: vec![(
-                "runtime".to_string(),
-                self.inner
-                    .config
-                    .runtime
-                    .clone()
-                    .unwrap_or_else(|| "runc".to_string()),
-            )],
+            details,
             version: format!(
                 "Docker {} (API {})",
                 v.version.unwrap_or_default(),

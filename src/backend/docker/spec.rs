@@ -25,6 +25,28 @@ pub const LABEL_TENANT: &str = "io.mcp-code-executor.tenant";
 /// start-up sweep removes only what a dead process left behind.
 pub const LABEL_OWNER: &str = "io.mcp-code-executor.owner";
 
+/// The OCI runtime name of gVisor, registered by `scripts/setup-docker.sh --gvisor`.
+pub const GVISOR_RUNTIME: &str = "runsc";
+
+/// Whether `runtime` is gVisor's (`runsc`, or a registration named `runsc-...`): its
+/// sandboxes see gVisor's kernel, not the host's, and need [`host_config`]'s adjustments.
+pub fn is_gvisor(runtime: Option<&str>) -> bool {
+    runtime.is_some_and(|r| r == GVISOR_RUNTIME || r.starts_with("runsc-"))
+}
+
+/// The host pids limit of a gVisor sandbox whose code may have `pids` processes and
+/// threads. Under gVisor the container's pids cgroup holds gVisor itself (the Sentry's
+/// and the gofer's threads, and, with the ptrace platform, a stub process per address
+/// space): measured here, a sandbox needs about 5 host pids per process of the code plus
+/// about 50; at `pids` itself a small limit (32) stops gVisor from starting at all
+/// (`urpc method "containerManager.StartRoot" failed: EOF`) and a fork bomb crashes it
+/// (exit status 2). The code's own count is capped inside gVisor by `RLIMIT_NPROC`, which
+/// gVisor's kernel counts per sandbox (under runc it would count every process of the uid
+/// on the host, so it is set only here).
+pub fn gvisor_host_pids(pids: i64) -> i64 {
+    pids.saturating_mul(8).saturating_add(128)
+}
+
 /// Uid and gid the code runs as (`nobody`).
 const SANDBOX_USER: &str = "65534:65534";
 /// The runner, started with `-I -S`; the interpreter for the code is appended.
@@ -234,6 +256,27 @@ pub(super) fn host_config(
 ) -> Result<HostConfig, BackendError> {
     let tmpfs = |size: u64| format!("rw,nosuid,nodev,noexec,size={size},mode=1777");
     let Mounts { binds, mounts } = mounts_of(&env.sources)?;
+    let mut ulimits = vec![ResourcesUlimits {
+        name: Some("nofile".to_string()),
+        soft: Some(l.nofile as i64),
+        hard: Some(l.nofile as i64),
+    }];
+    let gvisor = is_gvisor(runtime.as_deref());
+    // gVisor registered with `--network=none` cannot start a container with a network:
+    // the one kind that has one (an installer's fetch phase, which runs only the image's
+    // pip on wheels, no code of the packages nor of the user) runs under the daemon's
+    // default runtime. Everything without a network runs under gVisor.
+    let runtime = if gvisor && env.network { None } else { runtime };
+    let pids = if gvisor && runtime.is_some() {
+        ulimits.push(ResourcesUlimits {
+            name: Some("nproc".to_string()),
+            soft: Some(l.pids),
+            hard: Some(l.pids),
+        });
+        gvisor_host_pids(l.pids)
+    } else {
+        l.pids
+    };
     Ok(HostConfig {
         network_mode: Some(if env.network { "bridge" } else { "none" }.to_string()),
         binds: (!binds.is_empty()).then_some(binds),
@@ -245,16 +288,12 @@ pub(super) fn host_config(
         ])),
         cap_drop: Some(vec!["ALL".to_string()]),
         security_opt: Some(vec!["no-new-privileges".to_string()]),
-        pids_limit: Some(l.pids),
+        pids_limit: Some(pids),
         memory: Some(l.memory_bytes as i64),
         memory_swap: Some(l.memory_bytes as i64),
         nano_cpus: Some((l.cpus * 1e9) as i64),
         shm_size: Some(16 << 20),
-        ulimits: Some(vec![ResourcesUlimits {
-            name: Some("nofile".to_string()),
-            soft: Some(l.nofile as i64),
-            hard: Some(l.nofile as i64),
-        }]),
+        ulimits: Some(ulimits),
         log_config: Some(HostConfigLogConfig {
             typ: Some("none".to_string()),
             config: None,
@@ -364,6 +403,59 @@ mod tests {
             host_config(&l, &env, None),
             Err(BackendError::Rejected(_))
         ));
+    }
+
+    /// Under gVisor: the code's process count is RLIMIT_NPROC (counted per sandbox by
+    /// gVisor's kernel), the host pids limit leaves room for gVisor itself, and a container
+    /// with a network (the fetch phase) runs under the daemon's default runtime; under any
+    /// other runtime nothing of that happens.
+    #[test]
+    fn gvisor_gets_nproc_host_pids_room_and_no_network() {
+        let l = Limits {
+            pids: 32,
+            nofile: 99,
+            ..Limits::default()
+        };
+        assert!(is_gvisor(Some("runsc")) && is_gvisor(Some("runsc-kvm")));
+        assert!(!is_gvisor(None) && !is_gvisor(Some("runc")) && !is_gvisor(Some("crun")));
+
+        let hc = host_config(&l, &RunEnv::default(), Some("runsc".into())).unwrap();
+        assert_eq!(hc.runtime.as_deref(), Some("runsc"));
+        assert_eq!(hc.pids_limit, Some(gvisor_host_pids(32)));
+        assert!(gvisor_host_pids(32) >= 32 * 5 + 64, "room measured for gVisor");
+        let ulimits: Vec<_> = hc
+            .ulimits
+            .unwrap()
+            .into_iter()
+            .map(|u| (u.name.unwrap(), u.soft.unwrap(), u.hard.unwrap()))
+            .collect();
+        assert_eq!(
+            ulimits,
+            [("nofile".to_string(), 99, 99), ("nproc".to_string(), 32, 32)]
+        );
+        assert_eq!(hc.network_mode.as_deref(), Some("none"));
+
+        let fetch = RunEnv {
+            network: true,
+            ..RunEnv::default()
+        };
+        let hc = host_config(&l, &fetch, Some("runsc".into())).unwrap();
+        assert_eq!(hc.runtime, None, "the fetch phase: the daemon's default runtime");
+        assert_eq!(hc.pids_limit, Some(32));
+        assert_eq!(hc.ulimits.unwrap().len(), 1, "no nproc under runc: it is per uid");
+
+        for runtime in [None, Some("runc".to_string()), Some("crun".to_string())] {
+            let hc = host_config(&l, &RunEnv::default(), runtime.clone()).unwrap();
+            assert_eq!(hc.pids_limit, Some(32), "{runtime:?}");
+            assert_eq!(hc.ulimits.unwrap().len(), 1, "{runtime:?}");
+        }
+        let flags = docker_run_flags(&l, Some("runsc")).join(" ");
+        assert!(flags.contains("--runtime runsc"), "{flags}");
+        assert!(flags.contains("--ulimit nproc=32:32"), "{flags}");
+        assert!(
+            flags.contains(&format!("--pids-limit {}", gvisor_host_pids(32))),
+            "{flags}"
+        );
     }
 
     /// Each kind of source, and what Docker makes of it: host paths are binds at the same

@@ -230,7 +230,9 @@ pub struct SandboxOpts {
     /// Sandbox image (default: the tag matching this binary's images/).
     #[arg(long, env = vars::MCP_EXECUTOR_IMAGE)]
     pub image: Option<String>,
-    /// OCI runtime for sandboxes (e.g. crun, if the daemon has it registered).
+    /// OCI runtime for sandboxes (default: the daemon's, runc). `runsc` is the gVisor
+    /// isolation tier (set it up with `scripts/setup-docker.sh --gvisor`); any other name
+    /// the daemon has registered (crun) works too. Refused at start when the daemon lacks it.
     #[arg(long, env = vars::MCP_EXECUTOR_RUNTIME)]
     pub runtime: Option<String>,
     /// Fail instead of building the image when it is missing.
@@ -254,7 +256,8 @@ impl SandboxOpts {
         config::BackendConfig {
             kind: self.backend,
             image: self.image.clone(),
-            runtime: self.runtime.clone(),
+            // Empty (compose's `${MCP_EXECUTOR_RUNTIME:-}`): the daemon's default.
+            runtime: self.runtime.clone().filter(|r| !r.trim().is_empty()),
             docker_host: get(vars::DOCKER_HOST).filter(|h| !h.trim().is_empty()),
             pool_size,
             build_missing: !self.no_build,
