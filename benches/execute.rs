@@ -80,6 +80,10 @@ async fn main() {
     let samples = knob("BENCH_SAMPLES", 20);
     let runs = knob("BENCH_RUNS", 40);
     let burst = knob("BENCH_BURST", 100);
+    if knob("BENCH_RUNTIMES_ONLY", 0) == 1 {
+        runtime_rows(samples, runs).await;
+        return;
+    }
     let pool_size = 4;
     println!("# mcp-code-executor benchmark\n");
     println!(
@@ -204,6 +208,158 @@ async fn main() {
         .unwrap();
     println!("server exited with {status}");
     let _ = std::fs::remove_dir_all(&scratch);
+    runtime_rows(samples, runs).await;
+}
+
+/// One `execute_code` call of `code` over MCP.
+async fn execute_code(c: &RunningService<RoleClient, ()>, code: &str) -> Result<Duration, String> {
+    let t = Instant::now();
+    let mut args = serde_json::Map::new();
+    args.insert("code".into(), code.into());
+    let r = c
+        .call_tool(CallToolRequestParams::new("execute_code").with_arguments(args))
+        .await
+        .map_err(|e| e.to_string())?;
+    if r.is_error == Some(true) {
+        return Err(format!("tool error: {:?}", r.content));
+    }
+    Ok(t.elapsed())
+}
+
+/// Memory in use (host cgroup v1, MiB) of each sandbox container the process `pid` owns.
+fn sandbox_memory_of(pid: u32) -> Vec<f64> {
+    let out = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "--no-trunc",
+            "--filter",
+            "label=io.mcp-code-executor.managed=true",
+            "--format",
+            "{{.ID}} {{.Label \"io.mcp-code-executor.owner\"}}",
+        ])
+        .output()
+        .expect("docker ps");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let mine = format!("{}/{pid}/", host.trim());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(_, owner)| owner.starts_with(&mine))
+        .filter_map(|(id, _)| {
+            std::fs::read_to_string(format!(
+                "/sys/fs/cgroup/memory/docker/{id}/memory.usage_in_bytes"
+            ))
+            .ok()
+        })
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .map(|b| b / (1024.0 * 1024.0))
+        .collect()
+}
+
+/// runc against gVisor (`--runtime runsc`), same code, same machine, one after the other:
+/// a cold run (no pool), `print(1)` and `import pandas` over MCP on a real `serve` with a
+/// warm pool of 4, throughput at concurrency 4, and the memory of an idle pool sandbox
+/// (its whole cgroup: under gVisor that includes gVisor's own kernel).
+async fn runtime_rows(samples: usize, runs: usize) {
+    println!("\n## Isolation tiers: runc against gVisor (runsc, ptrace platform)\n");
+    println!("| runtime | cold run p50 ms | MCP warm p50 ms | MCP `import pandas` p50 ms | calls/s at 4 | idle sandbox MiB |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    for runtime in [None, Some("runsc")] {
+        let name = runtime.unwrap_or("runc");
+        let config = DockerConfig {
+            runtime: runtime.map(str::to_string),
+            ..DockerConfig::new(image::default_image())
+        };
+        let b = match DockerBackend::connect(config).await {
+            Ok(b) => b,
+            Err(e) => {
+                println!("| {name} | {e} | | | | |");
+                continue;
+            }
+        };
+        let mut cold = Vec::new();
+        for _ in 0..samples.min(10) {
+            let job = mcp_code_executor::job::JobSpec::python(
+                bench::CODE,
+                mcp_code_executor::job::Limits::default(),
+            );
+            let t = Instant::now();
+            b.run(job, None).await.expect("cold run");
+            cold.push(t.elapsed());
+        }
+        b.drain().await;
+        drop(b);
+
+        let scratch = std::env::temp_dir().join(format!("mcpx-bench-{}-{name}", std::process::id()));
+        let mut args = vec!["serve", "--port", "0", "--pool-size", "4"];
+        if let Some(r) = runtime {
+            args.extend(["--runtime", r]);
+        }
+        let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
+            .args(&args)
+            .env("MCP_EXECUTOR_DATA_DIR", scratch.join("data"))
+            .env("CODE_STORAGE_DIR", scratch.join("code"))
+            .env("MCP_EXECUTOR_MAX_CONCURRENT", "8")
+            .env("RUST_LOG", "mcp_code_executor=warn")
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("serve starts");
+        let pid = server.id().expect("pid");
+        let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
+        let url = loop {
+            let line = tokio::time::timeout(Duration::from_secs(300), lines.next_line())
+                .await
+                .expect("serve prints its address")
+                .unwrap()
+                .unwrap_or_else(|| panic!("serve --runtime {name} exited before serving"));
+            if let Some(rest) = line.split("Streamable HTTP at ").nth(1) {
+                break rest.split_whitespace().next().unwrap().to_string();
+            }
+        };
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        tokio::time::sleep(Duration::from_secs(5)).await; // the pool fills
+        let c = client(&url).await;
+        execute(&c).await.expect("warm-up call");
+        let mut warm = Vec::new();
+        let mut pandas = Vec::new();
+        for _ in 0..samples.min(10) {
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            warm.push(execute(&c).await.expect("call"));
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            pandas.push(execute_code(&c, "import pandas").await.expect("import pandas"));
+        }
+        let _ = c.cancel().await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        // The pool refilled and idle: what one waiting sandbox holds.
+        let memory = sandbox_memory_of(pid);
+        let (lat, failed, wall) = mcp_load(&url, runs, 4).await;
+        sigterm(pid);
+        let _ = tokio::time::timeout(Duration::from_secs(60), server.wait()).await;
+        let _ = std::fs::remove_dir_all(&scratch);
+        let p50 = |v: Vec<Duration>| {
+            Stats::of(v)
+                .map(|s| format!("{:.0}", s.median.as_secs_f64() * 1000.0))
+                .unwrap_or_default()
+        };
+        println!(
+            "| {name} | {} | {} | {} | {:.1}{} | {} |",
+            p50(cold),
+            p50(warm),
+            p50(pandas),
+            lat.len() as f64 / wall.as_secs_f64(),
+            if failed > 0 { format!(" ({failed} failed)") } else { String::new() },
+            if memory.is_empty() {
+                "?".to_string()
+            } else {
+                format!(
+                    "{:.1} (mean of {})",
+                    memory.iter().sum::<f64>() / memory.len() as f64,
+                    memory.len()
+                )
+            }
+        );
+    }
 }
 
 /// SIGTERM through the `kill` command (no unsafe libc call needed).

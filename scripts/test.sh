@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/setup-docker.sh
+# --gvisor: runsc installed and registered, for the second pass below (the gVisor tier).
+scripts/setup-docker.sh --gvisor
 # uv (from PyPI) makes the uv venv of the environment tests.
 if ! python3 -m uv --version >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check uv 2>/dev/null \
@@ -21,6 +22,11 @@ cargo run --quiet -- image build
 
 status=0
 cargo test --no-fail-fast -- --test-threads=2 || status=$?
+# The isolation and hostile tests again with every sandbox under gVisor (runsc): the engine
+# battery (bombs, network, read-only root, capabilities, limits, cancellation, timeouts,
+# truncation, figures, files), sessions, the warm pool, environments and installs.
+MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast --test engine --test session \
+  --test session_files --test pool --test env -- --test-threads=2 || status=$?
 
 left=$(docker ps -aq --filter label=io.mcp-code-executor.managed=true)
 if [ -n "$left" ]; then

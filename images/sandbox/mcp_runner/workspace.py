@@ -57,6 +57,22 @@ def why(e, dest):
     return "could not write %s into %s: %s" % (getattr(e, "entry", "?"), dest, e)
 
 
+def _open_subdir(fd, part):
+    """`part` of the directory `fd`, opened only if it is a directory itself: gVisor
+    (2022-12-19) follows a symlink despite O_NOFOLLOW when O_DIRECTORY is given, so the
+    entry is checked with lstat before and compared by inode after (a swap in between
+    fails too)."""
+    before = os.stat(part, dir_fd=fd, follow_symlinks=False)
+    if not stat.S_ISDIR(before.st_mode):
+        raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), part)
+    child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+    after = os.fstat(child)
+    if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):
+        os.close(child)
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), part)
+    return child
+
+
 def _open_dir(root, parts):
     """An fd of the directory `root/parts...`, made where missing; a component that is a
     symlink or a file fails (ELOOP, ENOTDIR) rather than being followed."""
@@ -67,7 +83,7 @@ def _open_dir(root, parts):
                 os.mkdir(part, 0o777, dir_fd=fd)
             except FileExistsError:
                 pass
-            child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            child = _open_subdir(fd, part)
         finally:
             os.close(fd)
         fd = child
