@@ -290,7 +290,8 @@ async fn runtime_rows(samples: usize, runs: usize) {
         b.drain().await;
         drop(b);
 
-        let scratch = std::env::temp_dir().join(format!("mcpx-bench-{}-{name}", std::process::id()));
+        let scratch =
+            std::env::temp_dir().join(format!("mcpx-bench-{}-{name}", std::process::id()));
         let mut args = vec!["serve", "--port", "0", "--pool-size", "4"];
         if let Some(r) = runtime {
             args.extend(["--runtime", r]);
@@ -327,7 +328,11 @@ async fn runtime_rows(samples: usize, runs: usize) {
             tokio::time::sleep(Duration::from_millis(1000)).await;
             warm.push(execute(&c).await.expect("call"));
             tokio::time::sleep(Duration::from_millis(1000)).await;
-            pandas.push(execute_code(&c, "import pandas").await.expect("import pandas"));
+            pandas.push(
+                execute_code(&c, "import pandas")
+                    .await
+                    .expect("import pandas"),
+            );
         }
         let _ = c.cancel().await;
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -348,7 +353,11 @@ async fn runtime_rows(samples: usize, runs: usize) {
             p50(warm),
             p50(pandas),
             lat.len() as f64 / wall.as_secs_f64(),
-            if failed > 0 { format!(" ({failed} failed)") } else { String::new() },
+            if failed > 0 {
+                format!(" ({failed} failed)")
+            } else {
+                String::new()
+            },
             if memory.is_empty() {
                 "?".to_string()
             } else {

@@ -227,10 +227,7 @@ for host, port in [('127.0.0.1', {port}), ('169.254.169.254', 80), ('1.1.1.1', 5
     } else {
         "ENETUNREACH"
     };
-    assert!(
-        out.contains(&format!("169.254.169.254 {unreach}")),
-        "{out}"
-    );
+    assert!(out.contains(&format!("169.254.169.254 {unreach}")), "{out}");
     assert!(out.contains(&format!("1.1.1.1 {unreach}")), "{out}");
     assert!(listener.accept().is_err(), "nothing reached the host");
     assert_clean(&s, "t-net").await;
@@ -662,7 +659,9 @@ async fn gvisor_code_can_kill_its_own_runner(s: &DockerBackend, code: &str) {
     let mut job = JobSpec::python(code, limits());
     job.tenant = "t-pid1".into();
     match s.run(job, None).await {
-        Err(BackendError::Runner(m)) => assert!(m.contains("stopped before its runner reported"), "{m}"),
+        Err(BackendError::Runner(m)) => {
+            assert!(m.contains("stopped before its runner reported"), "{m}")
+        }
         other => panic!("the runner survived SIGKILL under gVisor: {other:?}"),
     }
     let reads = r#"

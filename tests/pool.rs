@@ -8,7 +8,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mcp_code_executor::backend::docker::{DockerBackend, DockerConfig, PoolStats, LABEL_OWNER};
-use mcp_code_executor::backend::image;
 use mcp_code_executor::backend::Backend;
 use mcp_code_executor::job::{JobSpec, Limits, RunEvent};
 

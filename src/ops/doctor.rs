@@ -363,7 +363,11 @@ fn evaluate(v: &serde_json::Value, l: &Limits, iso: &Isolation) -> Vec<Check> {
             ok: gvisor_kernel,
             detail: format!(
                 "the code sees kernel {release} ({version}); the host runs {}",
-                if host_kernel.is_empty() { "?" } else { host_kernel }
+                if host_kernel.is_empty() {
+                    "?"
+                } else {
+                    host_kernel
+                }
             ),
         });
     }
@@ -383,8 +387,7 @@ fn evaluate(v: &serde_json::Value, l: &Limits, iso: &Isolation) -> Vec<Check> {
     // non-root uid, and only the world-writable directory tells (EROFS, or created).
     let all_erofs = root_owned.is_some_and(|m| {
         !m.is_empty()
-            && m
-                .values()
+            && m.values()
                 .all(|e| e == "EROFS" || (gvisor && e == "EACCES"))
     });
     checks.push(Check {
@@ -457,7 +460,11 @@ fn evaluate(v: &serde_json::Value, l: &Limits, iso: &Isolation) -> Vec<Check> {
             detail: format!(
                 "Seccomp {} inside; system calls served by {} (runsc filters its own host calls)",
                 text(&status["Seccomp"]),
-                if gvisor_kernel { "gVisor's kernel" } else { "NOT gVisor's kernel" }
+                if gvisor_kernel {
+                    "gVisor's kernel"
+                } else {
+                    "NOT gVisor's kernel"
+                }
             ),
         }
     } else {
@@ -804,13 +811,13 @@ mod tests {
                 json!("00000000a80425fb"),
                 &["no capabilities"],
             ),
+            ("/prctl", "no_new_privs", json!(0), &["no-new-privileges"]),
             (
-                "/prctl",
-                "no_new_privs",
-                json!(0),
-                &["no-new-privileges"],
+                "",
+                "ifaces",
+                json!(["eth0", "lo"]),
+                &["network unreachable"],
             ),
-            ("", "ifaces", json!(["eth0", "lo"]), &["network unreachable"]),
             (
                 "/connect",
                 "1.1.1.1:53",
@@ -829,7 +836,11 @@ mod tests {
             } else {
                 target[*key] = value.clone();
             }
-            assert_eq!(&failing_under(&v, &gvisor()), checks, "{at}/{key} = {value}");
+            assert_eq!(
+                &failing_under(&v, &gvisor()),
+                checks,
+                "{at}/{key} = {value}"
+            );
         }
 
         // gVisor's kernel reported by a host that runs the same release is not gVisor.

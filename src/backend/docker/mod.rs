@@ -30,7 +30,10 @@ use self::live::{Ended, Live};
 use self::pool::Pool;
 pub use self::pool::PoolStats;
 use self::session::DockerSession;
-pub use self::spec::{docker_run_flags, is_gvisor, GVISOR_RUNTIME, LABEL_JOB, LABEL_MANAGED, LABEL_OWNER, LABEL_TENANT};
+pub use self::spec::{
+    docker_run_flags, is_gvisor, GVISOR_RUNTIME, LABEL_JOB, LABEL_MANAGED, LABEL_OWNER,
+    LABEL_TENANT,
+};
 use super::protocol;
 use super::{emit, Backend, BackendError, BackendInfo, Events, LifecycleFigures, Session};
 use crate::job::{JobSpec, Limits, Outcome, RunEnv, RunEvent};
@@ -402,14 +405,14 @@ impl Backend for DockerBackend {
             .map_err(|e| classify("asking the daemon's version", e))?;
         let image_present = docker.inspect_image(&self.inner.config.image).await.is_ok();
         let runtime = self.inner.config.runtime.as_deref();
-        let mut details = vec![(
-            "runtime".to_string(),
-            runtime.unwrap_or("runc").to_string(),
-        )];
+        let mut details = vec![("runtime".to_string(), runtime.unwrap_or("runc").to_string())];
         if is_gvisor(runtime) {
             // What `doctor` checks the sandbox's kernel against.
             details.push(("isolation".to_string(), "gvisor".to_string()));
-            details.push(("host kernel".to_string(), v.kernel_version.unwrap_or_default()));
+            details.push((
+                "host kernel".to_string(),
+                v.kernel_version.unwrap_or_default(),
+            ));
         }
         Ok(BackendInfo {
             kind: "docker",

@@ -422,7 +422,10 @@ mod tests {
         let hc = host_config(&l, &RunEnv::default(), Some("runsc".into())).unwrap();
         assert_eq!(hc.runtime.as_deref(), Some("runsc"));
         assert_eq!(hc.pids_limit, Some(gvisor_host_pids(32)));
-        assert!(gvisor_host_pids(32) >= 32 * 5 + 64, "room measured for gVisor");
+        assert!(
+            gvisor_host_pids(32) >= 32 * 5 + 64,
+            "room measured for gVisor"
+        );
         let ulimits: Vec<_> = hc
             .ulimits
             .unwrap()
@@ -431,7 +434,10 @@ mod tests {
             .collect();
         assert_eq!(
             ulimits,
-            [("nofile".to_string(), 99, 99), ("nproc".to_string(), 32, 32)]
+            [
+                ("nofile".to_string(), 99, 99),
+                ("nproc".to_string(), 32, 32)
+            ]
         );
         assert_eq!(hc.network_mode.as_deref(), Some("none"));
 
@@ -440,9 +446,16 @@ mod tests {
             ..RunEnv::default()
         };
         let hc = host_config(&l, &fetch, Some("runsc".into())).unwrap();
-        assert_eq!(hc.runtime, None, "the fetch phase: the daemon's default runtime");
+        assert_eq!(
+            hc.runtime, None,
+            "the fetch phase: the daemon's default runtime"
+        );
         assert_eq!(hc.pids_limit, Some(32));
-        assert_eq!(hc.ulimits.unwrap().len(), 1, "no nproc under runc: it is per uid");
+        assert_eq!(
+            hc.ulimits.unwrap().len(),
+            1,
+            "no nproc under runc: it is per uid"
+        );
 
         for runtime in [None, Some("runc".to_string()), Some("crun".to_string())] {
             let hc = host_config(&l, &RunEnv::default(), runtime.clone()).unwrap();
