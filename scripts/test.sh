@@ -24,9 +24,9 @@ status=0
 cargo test --no-fail-fast -- --test-threads=2 || status=$?
 # The isolation and hostile tests again with every sandbox under gVisor (runsc): the engine
 # battery (bombs, network, read-only root, capabilities, limits, cancellation, timeouts,
-# truncation, figures, files), sessions, the warm pool, environments and installs.
+# truncation, figures, files), sessions (also over MCP), the warm pool, environments and installs.
 MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast --test engine --test session \
-  --test session_files --test pool --test env -- --test-threads=2 || status=$?
+  --test session_files --test pool --test env --test mcp_sessions -- --test-threads=2 || status=$?
 
 left=$(docker ps -aq --filter label=io.mcp-code-executor.managed=true)
 if [ -n "$left" ]; then
