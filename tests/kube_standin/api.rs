@@ -402,6 +402,7 @@ async fn create(k: K, Path(ns): Path<String>, Query(q): Query<Params>, body: Byt
     match k.store.create(pod) {
         Ok(p) => {
             tokio::spawn(k.0.clone().run(p.clone()));
+            collect_if_orphan(&k.0, &p);
             json(StatusCode::CREATED, p)
         }
         Err(e) => error(e),
@@ -434,6 +435,27 @@ pub fn delete(k: &Arc<Kubelet>, pod: &Pod, grace: i64) -> Option<Pod> {
         }
     });
     Some(marked)
+}
+
+/// The garbage collector's view of a new pod: an owner (a Pod; other kinds are not
+/// known here) that does not exist in the pod's namespace makes it garbage, deleted soon
+/// after, as a real cluster does with an owner reference across namespaces.
+fn collect_if_orphan(k: &Arc<Kubelet>, pod: &Pod) {
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let absent = pod.metadata.owner_references.iter().flatten().any(|o| {
+        o.kind == "Pod" && o.api_version == "v1" && !k.store.has_uid(&ns, &o.uid)
+    });
+    if absent {
+        let (k, pod) = (k.clone(), pod.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if let Some(p) = k.store.get(&ns, pod.metadata.name.as_deref().unwrap_or_default()) {
+                if p.metadata.uid == pod.metadata.uid {
+                    delete(&k, &p, 0);
+                }
+            }
+        });
+    }
 }
 
 async fn delete_pod(

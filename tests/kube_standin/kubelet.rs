@@ -28,6 +28,9 @@ pub const LABEL_MANAGED: &str = "io.mcp-code-executor.managed";
 pub const LABEL_OWNER: &str = "io.mcp-code-executor.owner";
 pub const LABEL_INSTANCE: &str = "io.mcp-code-executor.kube-standin";
 
+/// Pods with this label at `egress` get a network (the manifests' `installer-egress`).
+pub const EGRESS_LABEL: &str = "io.mcp-code-executor.network";
+
 /// What the kubelet side needs: the daemon, the store, this instance's labels.
 pub struct Kubelet {
     pub docker: Docker,
@@ -398,6 +401,14 @@ impl Kubelet {
             labels.insert(format!("io.kubernetes.pod.label.{k}"), v.clone());
         }
         let stdin = c.stdin.unwrap_or(false);
+        // The effect of the manifests' NetworkPolicies, hard-wired: no network, except
+        // for pods labelled for egress (installers).
+        let egress = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(EGRESS_LABEL))
+            .is_some_and(|v| v == "egress");
         Ok(ContainerCreateBody {
             image: Some(image),
             entrypoint: c.command.clone(),
@@ -428,7 +439,7 @@ impl Kubelet {
             tty: Some(c.tty.unwrap_or(false)),
             labels: Some(labels),
             host_config: Some(HostConfig {
-                network_mode: Some("none".into()),
+                network_mode: Some(if egress { "bridge" } else { "none" }.into()),
                 readonly_rootfs: csc.read_only_root_filesystem,
                 cap_drop: caps.drop,
                 cap_add: caps.add,

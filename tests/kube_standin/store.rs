@@ -225,6 +225,14 @@ impl Store {
             .collect()
     }
 
+    /// Is there a pod with `uid` in `ns`?
+    pub fn has_uid(&self, ns: &str, uid: &str) -> bool {
+        self.lock()
+            .pods
+            .iter()
+            .any(|((n, _), p)| n == ns && p.metadata.uid.as_deref() == Some(uid))
+    }
+
     pub fn set_container(&self, uid: &str, id: &str) {
         self.lock().containers.insert(uid.into(), id.into());
     }
