@@ -15,8 +15,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
 use super::kubelet::{self, Kubelet};
@@ -69,9 +69,18 @@ pub fn router(k: Arc<Kubelet>) -> Router {
             "/api/v1/namespaces/{ns}/pods",
             get(list_ns).post(create).delete(delete_collection),
         )
-        .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod).delete(delete_pod))
-        .route("/api/v1/namespaces/{ns}/pods/{name}/status", get(get_pod_status))
-        .route("/api/v1/namespaces/{ns}/pods/{name}/attach", get(attach).post(attach))
+        .route(
+            "/api/v1/namespaces/{ns}/pods/{name}",
+            get(get_pod).delete(delete_pod),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/pods/{name}/status",
+            get(get_pod_status),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/pods/{name}/attach",
+            get(attach).post(attach),
+        )
         .fallback(|| async {
             error(ApiError {
                 code: 404,
@@ -178,7 +187,11 @@ fn watch(k: Arc<Kubelet>, ns: Option<String>, q: Params, sel: Selectors) -> Resp
         None | Some("") | Some("0") => None,
         Some(r) => match r.parse::<u64>() {
             Ok(r) => Some(r),
-            Err(_) => return error(ApiError::bad_request(format!("invalid resource version: {r}"))),
+            Err(_) => {
+                return error(ApiError::bad_request(format!(
+                    "invalid resource version: {r}"
+                )))
+            }
         },
     };
     let (first, mut rx) = match k.store.watch(ns.as_deref(), rv, &sel) {
@@ -186,7 +199,11 @@ fn watch(k: Arc<Kubelet>, ns: Option<String>, q: Params, sel: Selectors) -> Resp
         Err(e) => {
             // As the server does: 200, then one ERROR event carrying the Status.
             let body = line("ERROR", e.status());
-            return (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body)
+            return (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                body,
+            )
                 .into_response();
         }
     };
@@ -270,7 +287,10 @@ async fn attach(
 /// Random lowercase alphanumerics, as `generateName` appends (5 of them).
 fn suffix() -> String {
     let u = uuid::Uuid::new_v4().simple().to_string();
-    u.chars().filter(|c| c.is_ascii_alphanumeric()).take(5).collect()
+    u.chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(5)
+        .collect()
 }
 
 fn dns_label(s: &str) -> bool {
@@ -285,10 +305,16 @@ fn dns_label(s: &str) -> bool {
 async fn create(k: K, Path(ns): Path<String>, Query(q): Query<Params>, body: Bytes) -> Response {
     let mut pod: Pod = match serde_json::from_slice(&body) {
         Ok(p) => p,
-        Err(e) => return error(ApiError::bad_request(format!("the body of the request was in an unknown format: {e}"))),
+        Err(e) => {
+            return error(ApiError::bad_request(format!(
+                "the body of the request was in an unknown format: {e}"
+            )))
+        }
     };
     if q.dry_run.is_some() {
-        return error(ApiError::bad_request("the stand-in does not support dryRun"));
+        return error(ApiError::bad_request(
+            "the stand-in does not support dryRun",
+        ));
     }
     if let Some(n) = &pod.metadata.namespace {
         if *n != ns {
@@ -323,14 +349,19 @@ async fn create(k: K, Path(ns): Path<String>, Query(q): Query<Params>, body: Byt
         ));
     }
     if spec.host_network == Some(true) {
-        return error(ApiError::invalid(&name, "spec.hostNetwork: the stand-in gives no host network"));
+        return error(ApiError::invalid(
+            &name,
+            "spec.hostNetwork: the stand-in gives no host network",
+        ));
     }
     if let Some(rc) = &spec.runtime_class_name {
         if !k.runtime_classes.contains_key(rc) {
             return error(ApiError {
                 code: 403,
                 reason: "Forbidden",
-                message: format!("pods \"{name}\" is forbidden: pod rejected: RuntimeClass \"{rc}\" not found"),
+                message: format!(
+                    "pods \"{name}\" is forbidden: pod rejected: RuntimeClass \"{rc}\" not found"
+                ),
                 name: Some(name.clone()),
             });
         }
@@ -339,7 +370,8 @@ async fn create(k: K, Path(ns): Path<String>, Query(q): Query<Params>, body: Byt
     spec.restart_policy.get_or_insert_with(|| "Always".into());
     spec.termination_grace_period_seconds.get_or_insert(30);
     spec.dns_policy.get_or_insert_with(|| "ClusterFirst".into());
-    spec.scheduler_name.get_or_insert_with(|| "default-scheduler".into());
+    spec.scheduler_name
+        .get_or_insert_with(|| "default-scheduler".into());
     spec.enable_service_links.get_or_insert(true);
     spec.priority.get_or_insert(0);
     spec.security_context.get_or_insert_with(Default::default);
@@ -351,7 +383,10 @@ async fn create(k: K, Path(ns): Path<String>, Query(q): Query<Params>, body: Byt
     let mut any = false;
     for c in spec.containers.iter_mut() {
         if c.image.as_deref().unwrap_or("").is_empty() {
-            return error(ApiError::invalid(&name, "spec.containers[0].image: Required value"));
+            return error(ApiError::invalid(
+                &name,
+                "spec.containers[0].image: Required value",
+            ));
         }
         let img = c.image.clone().unwrap_or_default();
         c.image_pull_policy.get_or_insert_with(|| {
@@ -361,8 +396,10 @@ async fn create(k: K, Path(ns): Path<String>, Query(q): Query<Params>, body: Byt
                 "IfNotPresent".into()
             }
         });
-        c.termination_message_path.get_or_insert_with(|| "/dev/termination-log".into());
-        c.termination_message_policy.get_or_insert_with(|| "File".into());
+        c.termination_message_path
+            .get_or_insert_with(|| "/dev/termination-log".into());
+        c.termination_message_policy
+            .get_or_insert_with(|| "File".into());
         let r = c.resources.get_or_insert_with(Default::default);
         if let Some(limits) = r.limits.clone() {
             let req = r.requests.get_or_insert_with(Default::default);
@@ -376,7 +413,9 @@ async fn create(k: K, Path(ns): Path<String>, Query(q): Query<Params>, body: Byt
         for res in ["cpu", "memory"] {
             let (l, q) = (lim.get(res), req.get(res));
             let same = match (l, q) {
-                (Some(Quantity(l)), Some(Quantity(q))) => kubelet::quantity(l) == kubelet::quantity(q),
+                (Some(Quantity(l)), Some(Quantity(q))) => {
+                    kubelet::quantity(l) == kubelet::quantity(q)
+                }
                 _ => false,
             };
             qos_guaranteed &= same;
@@ -395,7 +434,14 @@ async fn create(k: K, Path(ns): Path<String>, Query(q): Query<Params>, body: Byt
     pod.status = Some(PodStatus {
         phase: Some("Pending".into()),
         qos_class: Some(
-            if qos_guaranteed { "Guaranteed" } else if any { "Burstable" } else { "BestEffort" }.into(),
+            if qos_guaranteed {
+                "Guaranteed"
+            } else if any {
+                "Burstable"
+            } else {
+                "BestEffort"
+            }
+            .into(),
         ),
         ..Default::default()
     });
@@ -442,14 +488,20 @@ pub fn delete(k: &Arc<Kubelet>, pod: &Pod, grace: i64) -> Option<Pod> {
 /// after, as a real cluster does with an owner reference across namespaces.
 fn collect_if_orphan(k: &Arc<Kubelet>, pod: &Pod) {
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
-    let absent = pod.metadata.owner_references.iter().flatten().any(|o| {
-        o.kind == "Pod" && o.api_version == "v1" && !k.store.has_uid(&ns, &o.uid)
-    });
+    let absent = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "Pod" && o.api_version == "v1" && !k.store.has_uid(&ns, &o.uid));
     if absent {
         let (k, pod) = (k.clone(), pod.clone());
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            if let Some(p) = k.store.get(&ns, pod.metadata.name.as_deref().unwrap_or_default()) {
+            if let Some(p) = k
+                .store
+                .get(&ns, pod.metadata.name.as_deref().unwrap_or_default())
+            {
                 if p.metadata.uid == pod.metadata.uid {
                     delete(&k, &p, 0);
                 }

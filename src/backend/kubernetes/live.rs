@@ -167,7 +167,8 @@ impl Inner {
             if let Some(w) = state.waiting {
                 let reason = w.reason.unwrap_or_default();
                 match reason.as_str() {
-                    "ErrImagePull" | "ImagePullBackOff" | "InvalidImageName" => {
+                    "ErrImagePull" | "ImagePullBackOff" | "InvalidImageName"
+                    | "ErrImageNeverPull" => {
                         return Err(BackendError::ImageMissing {
                             image: self.config.image.clone(),
                         })
@@ -366,26 +367,11 @@ pub(super) async fn verdict(api: &kube::Api<Pod>, name: &str) -> Verdict {
         loop {
             match api.get_opt(name).await {
                 Ok(Some(p)) => {
-                    let status = p.status.unwrap_or_default();
-                    if status.reason.as_deref() == Some("DeadlineExceeded") {
-                        return Verdict::Deadline;
-                    }
-                    let term = status
-                        .container_statuses
-                        .as_ref()
-                        .and_then(|c| c.first())
-                        .and_then(|c| c.state.as_ref())
-                        .and_then(|s| s.terminated.clone());
-                    if let Some(t) = term {
-                        return if t.reason.as_deref() == Some("OOMKilled") {
-                            Verdict::OomKilled
-                        } else {
-                            Verdict::Exited(Some(t.exit_code))
-                        };
+                    if let Some(v) = verdict_of(&p.status.unwrap_or_default()) {
+                        return v;
                     }
                 }
-                Ok(None) => return Verdict::Exited(None),
-                Err(_) => return Verdict::Exited(None),
+                Ok(None) | Err(_) => return Verdict::Exited(None),
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -395,9 +381,82 @@ pub(super) async fn verdict(api: &kube::Api<Pod>, name: &str) -> Verdict {
         .unwrap_or(Verdict::Exited(None))
 }
 
+/// The verdict a pod's status gives, once it gives one: the kubelet's deadline
+/// (`status.reason: DeadlineExceeded`), the OOM killer (the container terminated with
+/// `reason: OOMKilled`), or another end with its exit code; `None` while the container
+/// still runs.
+pub(super) fn verdict_of(status: &k8s_openapi::api::core::v1::PodStatus) -> Option<Verdict> {
+    if status.reason.as_deref() == Some("DeadlineExceeded") {
+        return Some(Verdict::Deadline);
+    }
+    let t = status
+        .container_statuses
+        .as_ref()?
+        .first()?
+        .state
+        .as_ref()?
+        .terminated
+        .as_ref()?;
+    Some(if t.reason.as_deref() == Some("OOMKilled") {
+        Verdict::OomKilled
+    } else {
+        Verdict::Exited(Some(t.exit_code))
+    })
+}
+
 /// What the pod's status says of a runner that vanished.
+#[derive(Debug, PartialEq)]
 pub(super) enum Verdict {
     OomKilled,
     Deadline,
     Exited(Option<i32>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodStatus;
+
+    fn status(json: serde_json::Value) -> PodStatus {
+        serde_json::from_value(json).unwrap()
+    }
+
+    /// Pod statuses as the API reports them (the kubelet's words) give the verdict.
+    #[test]
+    fn the_pod_status_says_oom_or_deadline() {
+        let oom = status(serde_json::json!({
+            "phase": "Failed",
+            "containerStatuses": [{"name": "sandbox", "image": "i", "imageID": "", "ready": false,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]
+        }));
+        assert_eq!(verdict_of(&oom), Some(Verdict::OomKilled));
+        let deadline = status(serde_json::json!({
+            "phase": "Failed", "reason": "DeadlineExceeded",
+            "message": "Pod was active on the node longer than the specified deadline"
+        }));
+        assert_eq!(verdict_of(&deadline), Some(Verdict::Deadline));
+        let error = status(serde_json::json!({
+            "phase": "Failed",
+            "containerStatuses": [{"name": "sandbox", "image": "i", "imageID": "", "ready": false,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 2, "reason": "Error"}}}]
+        }));
+        assert_eq!(verdict_of(&error), Some(Verdict::Exited(Some(2))));
+        let running = status(serde_json::json!({
+            "phase": "Running",
+            "containerStatuses": [{"name": "sandbox", "image": "i", "imageID": "", "ready": true,
+                "restartCount": 0, "state": {"running": {}}}]
+        }));
+        assert_eq!(verdict_of(&running), None);
+    }
+
+    #[test]
+    fn output_beyond_the_cap_is_counted_not_kept() {
+        let (mut buf, mut seen) = (Vec::new(), 0);
+        keep(&mut buf, &mut seen, 5, b"abc");
+        keep(&mut buf, &mut seen, 5, b"defgh");
+        assert_eq!(buf, b"abcde");
+        assert_eq!(seen, 8);
+    }
 }
