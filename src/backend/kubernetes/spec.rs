@@ -36,12 +36,31 @@ pub const CONTAINER: &str = "sandbox";
 /// Uid and gid the code runs as (`nobody`).
 const SANDBOX_ID: i64 = 65534;
 /// The runner, started with `-I -S`; the interpreter for the code is appended.
-const RUNNER_CMD: &[&str] = &[
-    crate::backend::image::PYTHON,
-    "-I",
-    "-S",
-    "/opt/mcp-code-executor/runner.py",
-];
+const RUNNER: &str = "/opt/mcp-code-executor/runner.py";
+
+/// The pod's command: a PodSpec has no ulimits, so a short Python prelude lowers
+/// `RLIMIT_NOFILE` (soft and hard: the code cannot raise it again) to the job's and
+/// `exec`s the runner as the Docker backend starts it.
+fn command(nofile: u64, venvs: &[String], python: String) -> Vec<String> {
+    let venvs = serde_json::to_string(venvs).expect("strings serialise");
+    let prelude = format!(
+        "import os, resource, sys\n\
+         resource.setrlimit(resource.RLIMIT_NOFILE, ({nofile}, {nofile}))\n\
+         for p in {venvs}:\n    \
+         import venv; venv.EnvBuilder(system_site_packages=True, with_pip=False, symlinks=True).create(p)\n\
+         os.execv(sys.executable, [sys.executable, '-I', '-S'] + sys.argv[1:])\n"
+    );
+    [
+        crate::backend::image::PYTHON.to_string(),
+        "-I".into(),
+        "-S".into(),
+        "-c".into(),
+        prelude,
+        RUNNER.into(),
+        python,
+    ]
+    .into()
+}
 
 /// The server's own pod, from the downward API, for `ownerReferences`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,6 +139,19 @@ pub struct Placement {
     pub volumes: Vec<Volume>,
     pub mounts: Vec<VolumeMount>,
     pub python: Option<String>,
+    /// Managed environments the pod makes before its runner starts (no volume).
+    pub venvs: Vec<String>,
+}
+
+/// Is `rel` (under the data directory) a managed environment: `envs/default` or
+/// `tenants/<id>/envs/default`?
+fn is_managed_env(rel: &Path) -> bool {
+    let parts: Vec<_> = rel.components().map(|c| c.as_os_str()).collect();
+    match parts.as_slice() {
+        [e, d] => *e == "envs" && *d == "default",
+        [t, _, e, d] => *t == "tenants" && *e == "envs" && *d == "default",
+        _ => false,
+    }
 }
 
 /// The refusal of an install (or of any networked job) without an environment volume.
@@ -175,10 +207,19 @@ pub fn place(config: &KubeConfig, env: &RunEnv) -> Result<Placement, BackendErro
                             ..Default::default()
                         });
                     }
-                    None if *writable => {
-                        // Making the managed environment (a venv over the image's Python):
-                        // it is made into a scratch directory that goes with the pod, as
-                        // runs use the image's Python in its place.
+                    None if !is_managed_env(&rel) => {
+                        return Err(BackendError::Rejected(format!(
+                            "`{}` is not on an environment volume: without --kube-env-volume \
+                             the Kubernetes backend has the managed environment only (the \
+                             image's Python); configure the volume to use other environments",
+                            path.display()
+                        )));
+                    }
+                    None => {
+                        // The managed environment without a volume: a venv over the image's
+                        // Python with nothing installed (installs need the volume). Each pod
+                        // makes it anew, in a small memory-backed directory at its path,
+                        // before the runner starts; its creation job writes it there too.
                         p.volumes.push(Volume {
                             name: name.clone(),
                             empty_dir: Some(EmptyDirVolumeSource {
@@ -192,15 +233,8 @@ pub fn place(config: &KubeConfig, env: &RunEnv) -> Result<Placement, BackendErro
                             mount_path: path.display().to_string(),
                             ..Default::default()
                         });
-                    }
-                    None => {
-                        // The managed environment, read-only: the image's Python stands for
-                        // it (its packages are the image's, nothing can be installed).
-                        if p.python
-                            .as_deref()
-                            .is_some_and(|py| Path::new(py).starts_with(path))
-                        {
-                            p.python = None;
+                        if !writable {
+                            p.venvs.push(path.display().to_string());
                         }
                     }
                 }
@@ -350,7 +384,7 @@ pub fn pod(
             ..Default::default()
         },
     ];
-    volumes.extend(placed.volumes);
+    volumes.extend(placed.volumes.iter().cloned());
     let mut mounts = vec![
         VolumeMount {
             name: "workspace".into(),
@@ -363,7 +397,7 @@ pub fn pod(
             ..Default::default()
         },
     ];
-    mounts.extend(placed.mounts);
+    mounts.extend(placed.mounts.iter().cloned());
     let env_vars: Vec<EnvVar> = env
         .vars
         .iter()
@@ -412,13 +446,7 @@ pub fn pod(
                 name: CONTAINER.into(),
                 image: Some(config.image.clone()),
                 image_pull_policy: Some(config.pull_policy.clone()),
-                command: Some(
-                    RUNNER_CMD
-                        .iter()
-                        .map(|s| s.to_string())
-                        .chain([py])
-                        .collect(),
-                ),
+                command: Some(command(limits.nofile, &placed.venvs, py)),
                 env: Some(env_vars),
                 working_dir: Some(protocol::WORKDIR.into()),
                 stdin: Some(true),
@@ -478,6 +506,7 @@ mod tests {
         let l = Limits {
             memory_bytes: 300 << 20,
             cpus: 0.25,
+            nofile: 99,
             workspace_bytes: 5 << 20,
             tmp_bytes: 3 << 20,
             timeout: Duration::from_secs(7),
@@ -542,9 +571,16 @@ mod tests {
         assert_eq!(k.stdin, Some(true));
         assert_eq!(k.stdin_once, Some(true));
         assert_eq!(k.tty, Some(false));
+        let cmd = k.command.as_ref().unwrap();
         assert_eq!(
-            k.command.as_ref().unwrap().last().map(String::as_str),
+            cmd.last().map(String::as_str),
             Some(crate::backend::image::PYTHON)
+        );
+        assert_eq!(cmd[cmd.len() - 2], RUNNER);
+        assert!(
+            cmd[4].contains("RLIMIT_NOFILE, (99, 99)"),
+            "nofile from the job: {}",
+            cmd[4]
         );
         let sc = k.security_context.as_ref().unwrap();
         assert_eq!(sc.run_as_user, Some(65534));
@@ -632,9 +668,22 @@ mod tests {
             sources: vec![Source::host(&managed)],
             ..RunEnv::default()
         };
-        // No volume: the image's Python stands for the managed environment.
+        // No volume: the pod makes the managed environment (a venv over the image's
+        // Python, nothing installed) in a memory-backed directory at its path.
         let p = place(&config(), &run_env).unwrap();
-        assert_eq!(p, Placement::default());
+        assert_eq!(p.python.as_deref(), Some("/data/envs/default/bin/python"));
+        assert_eq!(p.venvs, ["/data/envs/default"]);
+        assert_eq!(p.mounts[0].mount_path, "/data/envs/default");
+        assert!(p.volumes[0].empty_dir.is_some());
+        // Any other environment needs the volume.
+        assert!(place(
+            &config(),
+            &RunEnv {
+                sources: vec![Source::host("/data/my-venv")],
+                ..RunEnv::default()
+            }
+        )
+        .is_err());
         // Installs are refused with the reason.
         let install = RunEnv {
             network: true,
