@@ -611,3 +611,130 @@ async fn serve_on_kubernetes_answers_the_python_sdk() {
     assert_eq!(tenant_pods(), 0, "serve deleted its pods at shutdown");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Resident memory (kB) and CPU time (clock ticks) of process `pid`.
+fn rss_and_cpu(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<u64> = after
+        .split(' ')
+        .skip(11)
+        .take(2)
+        .map(|v| v.parse().unwrap())
+        .collect();
+    (rss, f[0] + f[1])
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// The figures of the README's "Scale on Kubernetes", measured against the stand-in (run
+/// by hand: `cargo test --test kube_backend -- --ignored --nocapture`). Prints, asserts
+/// nothing about speed.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a measurement for the README, run by hand"]
+async fn measure_figures_for_the_readme() {
+    let k = standin().await;
+    let docker = common::sandbox().await;
+    let b = connect(config(&k)).await;
+    let mut kube_cold = vec![];
+    let mut docker_cold = vec![];
+    for _ in 0..8 {
+        let t = std::time::Instant::now();
+        let o = b.run(job("print(1)", "t-kube-measure"), None).await.unwrap();
+        assert_eq!(o.stdout_text(), "1\n");
+        kube_cold.push(t.elapsed());
+        let t = std::time::Instant::now();
+        let o = docker.run(job("print(1)", "t-kube-measure"), None).await.unwrap();
+        assert_eq!(o.stdout_text(), "1\n");
+        docker_cold.push(t.elapsed());
+    }
+    let pooled = connect(KubeConfig {
+        pool_size: 1,
+        ..config(&k)
+    })
+    .await;
+    let mut kube_warm = vec![];
+    for _ in 0..5 {
+        while pooled.pool_stats().unwrap().ready < 1 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let t = std::time::Instant::now();
+        pooled.run(job("print(1)", "t-kube-measure"), None).await.unwrap();
+        kube_warm.push(t.elapsed());
+    }
+    pooled.shutdown().await;
+    println!(
+        "cold run print(1): kubernetes (stand-in) {:?}, docker {:?}; warm pod {:?}",
+        median(kube_cold),
+        median(docker_cold),
+        median(kube_warm)
+    );
+
+    // The server's cost per live sandbox: `serve` with 0 and with N attached warm pods.
+    let n = 16;
+    let mut figures = vec![];
+    for pool in [0usize, n] {
+        let dir =
+            std::env::temp_dir().join(format!("mcpx-kube-m-{}", uuid::Uuid::new_v4().simple()));
+        let mut server = tokio::process::Command::new(BIN)
+            .args(["serve", "--port", "0", "--allow-unsafe", "--tenant", "t-kube-measure"])
+            .args(["--pool-size", &pool.to_string()])
+            .args(["--backend", "kubernetes", "--kubeconfig"])
+            .arg(&k.kubeconfig_path)
+            .env("MCP_EXECUTOR_DATA_DIR", dir.join("data"))
+            .env("CODE_STORAGE_DIR", dir.join("code"))
+            .env("RUST_LOG", "mcp_code_executor=warn")
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
+        loop {
+            let l = lines.next_line().await.unwrap().expect("serve runs");
+            if l.contains("Streamable HTTP at ") {
+                break;
+            }
+        }
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let pool_pods = || {
+            k.pods()
+                .into_iter()
+                .filter(|p| p["metadata"]["labels"][spec::LABEL_TENANT] == "pool")
+                .filter(|p| p["status"]["phase"] == "Running")
+                .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+                .count()
+        };
+        for _ in 0..600 {
+            if pool_pods() >= pool {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let pid = server.id().unwrap();
+        let (rss, cpu0) = rss_and_cpu(pid);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let (_, cpu1) = rss_and_cpu(pid);
+        figures.push((pool, rss, cpu1 - cpu0));
+        Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        let _ = tokio::time::timeout(Duration::from_secs(60), server.wait()).await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    for (pool, rss, ticks) in &figures {
+        println!("serve with {pool} attached warm pods: RSS {rss} kB, CPU over 10 s idle: {ticks} ticks (1/100 s)");
+    }
+    let per = (figures[1].1 as f64 - figures[0].1 as f64) / n as f64;
+    println!("server memory per live sandbox (attached pod): {per:.0} kB");
+}
