@@ -81,8 +81,9 @@ fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
 
 fn assert_validates(dir: &str, name: &str) -> Vec<Value> {
     let yaml = render(dir);
-    let report = validate(&yaml, name)
-        .unwrap_or_else(|r| panic!("{dir} does not validate against the {SCHEMA_VERSION} schemas:\n{r}"));
+    let report = validate(&yaml, name).unwrap_or_else(|r| {
+        panic!("{dir} does not validate against the {SCHEMA_VERSION} schemas:\n{r}")
+    });
     let objs = objects(&yaml);
     // One "passed" line per object: nothing was skipped as unknown.
     let passed = report.matches(" passed for resource ").count();
@@ -119,7 +120,10 @@ fn gvisor_variant_renders_and_validates_with_its_runtime_class() {
     let env = &find(&objs, "Deployment", "mcp-code-executor")["spec"]["template"]["spec"]
         ["containers"][0]["env"];
     assert!(
-        env.as_array().unwrap().iter().any(|e| e["value"] == "gvisor"),
+        env.as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["value"] == "gvisor"),
         "the server is told to use the RuntimeClass: {env}"
     );
 }
@@ -129,7 +133,10 @@ fn validator_rejects_a_broken_object() {
     // The check above means something only if a wrong object fails it.
     let broken = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: x\nspec:\n  replicas: one\n  selector: {}\n  template:\n    spec:\n      containers:\n        - name: a\n          image: b\n          notAField: true\n";
     let report = validate(broken, "broken").expect_err("a broken Deployment must fail validation");
-    assert!(report.contains("replicas") || report.contains("notAField"), "{report}");
+    assert!(
+        report.contains("replicas") || report.contains("notAField"),
+        "{report}"
+    );
 }
 
 #[test]
@@ -137,7 +144,11 @@ fn sandbox_namespace_denies_all_traffic_and_bounds_resources() {
     let objs = objects(&render("deploy/kubernetes"));
     let deny = find(&objs, "NetworkPolicy", "default-deny");
     assert_eq!(deny["metadata"]["namespace"], "mcp-sandboxes");
-    assert_eq!(deny["spec"]["podSelector"], serde_json::json!({}), "every pod");
+    assert_eq!(
+        deny["spec"]["podSelector"],
+        serde_json::json!({}),
+        "every pod"
+    );
     let types: BTreeSet<&str> = deny["spec"]["policyTypes"]
         .as_array()
         .unwrap()
@@ -154,14 +165,28 @@ fn sandbox_namespace_denies_all_traffic_and_bounds_resources() {
     );
     assert!(egress["spec"].get("ingress").is_none());
     let blocks = egress.to_string();
-    for private in ["10.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16"] {
-        assert!(blocks.contains(private), "installers cannot reach {private}");
+    for private in [
+        "10.0.0.0/8",
+        "169.254.0.0/16",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+    ] {
+        assert!(
+            blocks.contains(private),
+            "installers cannot reach {private}"
+        );
     }
-    assert_eq!(find(&objs, "ResourceQuota", "sandboxes")["metadata"]["namespace"], "mcp-sandboxes");
+    assert_eq!(
+        find(&objs, "ResourceQuota", "sandboxes")["metadata"]["namespace"],
+        "mcp-sandboxes"
+    );
     let lr = find(&objs, "LimitRange", "sandboxes");
     assert!(lr["spec"]["limits"][0]["max"]["memory"].is_string());
     let ns = find(&objs, "Namespace", "mcp-sandboxes");
-    assert_eq!(ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "restricted");
+    assert_eq!(
+        ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "restricted"
+    );
 }
 
 #[test]
@@ -171,7 +196,11 @@ fn server_may_touch_only_pods_and_attach_in_the_sandbox_namespace() {
     assert_eq!(role["metadata"]["namespace"], "mcp-sandboxes");
     let mut resources = BTreeSet::new();
     for rule in role["rules"].as_array().unwrap() {
-        assert_eq!(rule["apiGroups"], serde_json::json!([""]), "core group only");
+        assert_eq!(
+            rule["apiGroups"],
+            serde_json::json!([""]),
+            "core group only"
+        );
         for r in rule["resources"].as_array().unwrap() {
             resources.insert(r.as_str().unwrap().to_string());
         }
@@ -179,16 +208,24 @@ fn server_may_touch_only_pods_and_attach_in_the_sandbox_namespace() {
             assert_ne!(v, "*", "no wildcard verbs");
         }
     }
-    assert_eq!(resources, BTreeSet::from(["pods".to_string(), "pods/attach".to_string()]));
+    assert_eq!(
+        resources,
+        BTreeSet::from(["pods".to_string(), "pods/attach".to_string()])
+    );
     assert!(
-        !objs.iter().any(|o| o["kind"] == "ClusterRole" || o["kind"] == "ClusterRoleBinding"),
+        !objs
+            .iter()
+            .any(|o| o["kind"] == "ClusterRole" || o["kind"] == "ClusterRoleBinding"),
         "no cluster-wide rights"
     );
     let binding = find(&objs, "RoleBinding", "mcp-code-executor-sandboxes");
     let deploy = find(&objs, "Deployment", "mcp-code-executor");
     let pod = &deploy["spec"]["template"]["spec"];
     assert_eq!(binding["subjects"][0]["name"], pod["serviceAccountName"]);
-    assert_eq!(binding["subjects"][0]["namespace"], deploy["metadata"]["namespace"]);
+    assert_eq!(
+        binding["subjects"][0]["namespace"],
+        deploy["metadata"]["namespace"]
+    );
 }
 
 #[test]
@@ -199,8 +236,16 @@ fn server_has_probes_and_its_tenants_file_from_a_secret() {
     let c = &pod["containers"][0];
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
-    let args: Vec<&str> = c["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
-    assert!(args.windows(2).any(|w| w == ["--backend", "kubernetes"]), "{args:?}");
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        args.windows(2).any(|w| w == ["--backend", "kubernetes"]),
+        "{args:?}"
+    );
     // The tenants volume names the generated Secret (with its hash suffix), which exists.
     let vol = pod["volumes"]
         .as_array()
@@ -213,14 +258,25 @@ fn server_has_probes_and_its_tenants_file_from_a_secret() {
     let s = find(&objs, "Secret", secret);
     assert!(s["data"]["tenants.toml"].is_string());
     let env = c["env"].as_array().unwrap();
-    let tenants = env.iter().find(|e| e["name"] == "MCP_EXECUTOR_TENANTS").expect("MCP_EXECUTOR_TENANTS");
-    let mount = c["volumeMounts"].as_array().unwrap().iter().find(|m| m["name"] == "tenants").unwrap();
+    let tenants = env
+        .iter()
+        .find(|e| e["name"] == "MCP_EXECUTOR_TENANTS")
+        .expect("MCP_EXECUTOR_TENANTS");
+    let mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "tenants")
+        .unwrap();
     assert_eq!(
         Path::new(mount["mountPath"].as_str().unwrap()).join("tenants.toml"),
         Path::new(tenants["value"].as_str().unwrap())
     );
     let svc = find(&objs, "Service", "mcp-code-executor");
-    assert_eq!(svc["spec"]["selector"], deploy["spec"]["selector"]["matchLabels"]);
+    assert_eq!(
+        svc["spec"]["selector"],
+        deploy["spec"]["selector"]["matchLabels"]
+    );
     // The server itself meets the restricted profile.
     assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
     assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);

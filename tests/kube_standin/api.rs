@@ -15,8 +15,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
 use super::kubelet::{self, Kubelet};
@@ -34,6 +34,7 @@ pub struct Params {
     pub timeout_seconds: Option<u64>,
     pub grace_period_seconds: Option<i64>,
     pub dry_run: Option<String>,
+    pub field_validation: Option<String>,
     pub container: Option<String>,
     pub stdin: Option<String>,
     pub stdout: Option<String>,
@@ -64,14 +65,25 @@ pub fn router(k: Arc<Kubelet>) -> Router {
         .route("/api", get(api_versions))
         .route("/api/v1", get(resources))
         .route("/apis", get(groups))
+        .route("/openapi/v3", get(openapi_root))
+        .route("/openapi/v3/api/v1", get(openapi_core))
         .route("/api/v1/pods", get(list_all))
         .route(
             "/api/v1/namespaces/{ns}/pods",
             get(list_ns).post(create).delete(delete_collection),
         )
-        .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod).delete(delete_pod))
-        .route("/api/v1/namespaces/{ns}/pods/{name}/status", get(get_pod_status))
-        .route("/api/v1/namespaces/{ns}/pods/{name}/attach", get(attach).post(attach))
+        .route(
+            "/api/v1/namespaces/{ns}/pods/{name}",
+            get(get_pod).delete(delete_pod),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/pods/{name}/status",
+            get(get_pod_status),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/pods/{name}/attach",
+            get(attach).post(attach),
+        )
         .fallback(|| async {
             error(ApiError {
                 code: 404,
@@ -134,6 +146,83 @@ async fn resources() -> Response {
     )
 }
 
+/// The OpenAPI v3 index: one group-version document, the core one.
+async fn openapi_root() -> Response {
+    json(
+        StatusCode::OK,
+        serde_json::json!({"paths": {"api/v1": {"serverRelativeURL": "/openapi/v3/api/v1?hash=STANDIN"}}}),
+    )
+}
+
+/// A small OpenAPI v3 document of the pod operations served here. kubectl reads it for one
+/// thing: whether `fieldValidation` is supported for Pods, which it looks up on the PATCH
+/// operation of the GVK (so PATCH is listed; a PATCH request gets 405). With it, `kubectl
+/// create` sends `fieldValidation=Strict` and leaves validation to the server (below).
+async fn openapi_core() -> Response {
+    let gvk = serde_json::json!({"group": "", "version": "v1", "kind": "Pod"});
+    let q =
+        |name: &str| serde_json::json!({"name": name, "in": "query", "schema": {"type": "string"}});
+    let op = |id: &str, action: &str, params: Vec<serde_json::Value>| {
+        serde_json::json!({
+            "operationId": id, "x-kubernetes-action": action,
+            "x-kubernetes-group-version-kind": gvk, "parameters": params,
+            "responses": {"200": {"description": "OK"}}
+        })
+    };
+    json(
+        StatusCode::OK,
+        serde_json::json!({
+            "openapi": "3.0.0",
+            "info": {"title": "Kubernetes (stand-in)", "version": "v1.33.0"},
+            "paths": {
+                "/api/v1/namespaces/{namespace}/pods": {
+                    "get": op("listCoreV1NamespacedPod", "list", vec![q("labelSelector"), q("fieldSelector"), q("resourceVersion"), q("watch"), q("timeoutSeconds")]),
+                    "post": op("createCoreV1NamespacedPod", "post", vec![q("fieldValidation"), q("fieldManager"), q("dryRun")]),
+                    "delete": op("deleteCoreV1CollectionNamespacedPod", "deletecollection", vec![q("labelSelector"), q("gracePeriodSeconds")])
+                },
+                "/api/v1/namespaces/{namespace}/pods/{name}": {
+                    "get": op("readCoreV1NamespacedPod", "get", vec![]),
+                    "delete": op("deleteCoreV1NamespacedPod", "delete", vec![q("gracePeriodSeconds")]),
+                    "patch": op("patchCoreV1NamespacedPod", "patch", vec![q("fieldValidation"), q("fieldManager")])
+                }
+            },
+            "components": {"schemas": {}}
+        }),
+    )
+}
+
+/// Paths of fields in `sent` that `kept` (the object as decoded and encoded again) lacks:
+/// the unknown fields a strict decode refuses.
+fn unknown_fields(
+    sent: &serde_json::Value,
+    kept: &serde_json::Value,
+    at: &str,
+    out: &mut Vec<String>,
+) {
+    match (sent, kept) {
+        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+            for (k, v) in a {
+                let path = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                match b.get(k) {
+                    Some(w) => unknown_fields(v, w, &path, out),
+                    None if v.is_null() => {}
+                    None => out.push(path),
+                }
+            }
+        }
+        (serde_json::Value::Array(a), serde_json::Value::Array(b)) => {
+            for (i, (v, w)) in a.iter().zip(b).enumerate() {
+                unknown_fields(v, w, &format!("{at}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
 fn selectors(q: &Params) -> Result<Selectors, ApiError> {
     Selectors::parse(q.label_selector.as_deref(), q.field_selector.as_deref())
         .map_err(ApiError::bad_request)
@@ -178,7 +267,11 @@ fn watch(k: Arc<Kubelet>, ns: Option<String>, q: Params, sel: Selectors) -> Resp
         None | Some("") | Some("0") => None,
         Some(r) => match r.parse::<u64>() {
             Ok(r) => Some(r),
-            Err(_) => return error(ApiError::bad_request(format!("invalid resource version: {r}"))),
+            Err(_) => {
+                return error(ApiError::bad_request(format!(
+                    "invalid resource version: {r}"
+                )))
+            }
         },
     };
     let (first, mut rx) = match k.store.watch(ns.as_deref(), rv, &sel) {
@@ -186,7 +279,11 @@ fn watch(k: Arc<Kubelet>, ns: Option<String>, q: Params, sel: Selectors) -> Resp
         Err(e) => {
             // As the server does: 200, then one ERROR event carrying the Status.
             let body = line("ERROR", e.status());
-            return (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body)
+            return (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                body,
+            )
                 .into_response();
         }
     };
@@ -270,7 +367,10 @@ async fn attach(
 /// Random lowercase alphanumerics, as `generateName` appends (5 of them).
 fn suffix() -> String {
     let u = uuid::Uuid::new_v4().simple().to_string();
-    u.chars().filter(|c| c.is_ascii_alphanumeric()).take(5).collect()
+    u.chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(5)
+        .collect()
 }
 
 fn dns_label(s: &str) -> bool {
@@ -285,10 +385,27 @@ fn dns_label(s: &str) -> bool {
 async fn create(k: K, Path(ns): Path<String>, Query(q): Query<Params>, body: Bytes) -> Response {
     let mut pod: Pod = match serde_json::from_slice(&body) {
         Ok(p) => p,
-        Err(e) => return error(ApiError::bad_request(format!("the body of the request was in an unknown format: {e}"))),
+        Err(e) => {
+            return error(ApiError::bad_request(format!(
+                "the body of the request was in an unknown format: {e}"
+            )))
+        }
     };
+    if q.field_validation.as_deref() == Some("Strict") {
+        let sent: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let kept = serde_json::to_value(&pod).unwrap_or_default();
+        let mut unknown = Vec::new();
+        unknown_fields(&sent, &kept, "", &mut unknown);
+        if let Some(f) = unknown.first() {
+            return error(ApiError::bad_request(format!(
+                "strict decoding error: unknown field \"{f}\""
+            )));
+        }
+    }
     if q.dry_run.is_some() {
-        return error(ApiError::bad_request("the stand-in does not support dryRun"));
+        return error(ApiError::bad_request(
+            "the stand-in does not support dryRun",
+        ));
     }
     if let Some(n) = &pod.metadata.namespace {
         if *n != ns {
@@ -323,14 +440,19 @@ async fn create(k: K, Path(ns): Path<String>, Query(q): Query<Params>, body: Byt
         ));
     }
     if spec.host_network == Some(true) {
-        return error(ApiError::invalid(&name, "spec.hostNetwork: the stand-in gives no host network"));
+        return error(ApiError::invalid(
+            &name,
+            "spec.hostNetwork: the stand-in gives no host network",
+        ));
     }
     if let Some(rc) = &spec.runtime_class_name {
         if !k.runtime_classes.contains_key(rc) {
             return error(ApiError {
                 code: 403,
                 reason: "Forbidden",
-                message: format!("pods \"{name}\" is forbidden: pod rejected: RuntimeClass \"{rc}\" not found"),
+                message: format!(
+                    "pods \"{name}\" is forbidden: pod rejected: RuntimeClass \"{rc}\" not found"
+                ),
                 name: Some(name.clone()),
             });
         }
@@ -339,7 +461,8 @@ async fn create(k: K, Path(ns): Path<String>, Query(q): Query<Params>, body: Byt
     spec.restart_policy.get_or_insert_with(|| "Always".into());
     spec.termination_grace_period_seconds.get_or_insert(30);
     spec.dns_policy.get_or_insert_with(|| "ClusterFirst".into());
-    spec.scheduler_name.get_or_insert_with(|| "default-scheduler".into());
+    spec.scheduler_name
+        .get_or_insert_with(|| "default-scheduler".into());
     spec.enable_service_links.get_or_insert(true);
     spec.priority.get_or_insert(0);
     spec.security_context.get_or_insert_with(Default::default);
@@ -351,7 +474,10 @@ async fn create(k: K, Path(ns): Path<String>, Query(q): Query<Params>, body: Byt
     let mut any = false;
     for c in spec.containers.iter_mut() {
         if c.image.as_deref().unwrap_or("").is_empty() {
-            return error(ApiError::invalid(&name, "spec.containers[0].image: Required value"));
+            return error(ApiError::invalid(
+                &name,
+                "spec.containers[0].image: Required value",
+            ));
         }
         let img = c.image.clone().unwrap_or_default();
         c.image_pull_policy.get_or_insert_with(|| {
@@ -361,8 +487,10 @@ async fn create(k: K, Path(ns): Path<String>, Query(q): Query<Params>, body: Byt
                 "IfNotPresent".into()
             }
         });
-        c.termination_message_path.get_or_insert_with(|| "/dev/termination-log".into());
-        c.termination_message_policy.get_or_insert_with(|| "File".into());
+        c.termination_message_path
+            .get_or_insert_with(|| "/dev/termination-log".into());
+        c.termination_message_policy
+            .get_or_insert_with(|| "File".into());
         let r = c.resources.get_or_insert_with(Default::default);
         if let Some(limits) = r.limits.clone() {
             let req = r.requests.get_or_insert_with(Default::default);
@@ -376,7 +504,9 @@ async fn create(k: K, Path(ns): Path<String>, Query(q): Query<Params>, body: Byt
         for res in ["cpu", "memory"] {
             let (l, q) = (lim.get(res), req.get(res));
             let same = match (l, q) {
-                (Some(Quantity(l)), Some(Quantity(q))) => kubelet::quantity(l) == kubelet::quantity(q),
+                (Some(Quantity(l)), Some(Quantity(q))) => {
+                    kubelet::quantity(l) == kubelet::quantity(q)
+                }
                 _ => false,
             };
             qos_guaranteed &= same;
@@ -395,7 +525,14 @@ async fn create(k: K, Path(ns): Path<String>, Query(q): Query<Params>, body: Byt
     pod.status = Some(PodStatus {
         phase: Some("Pending".into()),
         qos_class: Some(
-            if qos_guaranteed { "Guaranteed" } else if any { "Burstable" } else { "BestEffort" }.into(),
+            if qos_guaranteed {
+                "Guaranteed"
+            } else if any {
+                "Burstable"
+            } else {
+                "BestEffort"
+            }
+            .into(),
         ),
         ..Default::default()
     });
@@ -442,14 +579,20 @@ pub fn delete(k: &Arc<Kubelet>, pod: &Pod, grace: i64) -> Option<Pod> {
 /// after, as a real cluster does with an owner reference across namespaces.
 fn collect_if_orphan(k: &Arc<Kubelet>, pod: &Pod) {
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
-    let absent = pod.metadata.owner_references.iter().flatten().any(|o| {
-        o.kind == "Pod" && o.api_version == "v1" && !k.store.has_uid(&ns, &o.uid)
-    });
+    let absent = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "Pod" && o.api_version == "v1" && !k.store.has_uid(&ns, &o.uid));
     if absent {
         let (k, pod) = (k.clone(), pod.clone());
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            if let Some(p) = k.store.get(&ns, pod.metadata.name.as_deref().unwrap_or_default()) {
+            if let Some(p) = k
+                .store
+                .get(&ns, pod.metadata.name.as_deref().unwrap_or_default())
+            {
                 if p.metadata.uid == pod.metadata.uid {
                     delete(&k, &p, 0);
                 }

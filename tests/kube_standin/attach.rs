@@ -37,13 +37,20 @@ pub async fn attach(
         return error(ApiError::not_found(&name));
     };
     let spec = pod.spec.clone().unwrap_or_default();
-    let container = q.container.clone().unwrap_or_else(|| spec.containers[0].name.clone());
+    let container = q
+        .container
+        .clone()
+        .unwrap_or_else(|| spec.containers[0].name.clone());
     let Some(c) = spec.containers.iter().find(|c| c.name == container) else {
         return error(ApiError::bad_request(format!(
             "container {container} is not valid for pod {name}"
         )));
     };
-    let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+    let phase = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default();
     if phase == "Succeeded" || phase == "Failed" {
         return error(ApiError::bad_request(format!(
             "cannot attach a container in a completed pod; current phase is {phase}"
@@ -128,7 +135,12 @@ async fn pump(
     let (mut tx, mut rx) = socket.split();
     let mut output = attached.output;
     let mut input = Some(attached.input);
-    for (open, ch) in [(stdin, STDIN), (stdout, STDOUT), (stderr, STDERR), (true, STATUS)] {
+    for (open, ch) in [
+        (stdin, STDIN),
+        (stdout, STDOUT),
+        (stderr, STDERR),
+        (true, STATUS),
+    ] {
         if open && tx.send(Message::Binary(vec![ch].into())).await.is_err() {
             return;
         }

@@ -143,11 +143,21 @@ impl Kubelet {
                 return;
             }
         };
-        let cname = format!("k8s_{}_{}_{}_{}", c.name, name, ns, &uid[..8.min(uid.len())]);
+        let cname = format!(
+            "k8s_{}_{}_{}_{}",
+            c.name,
+            name,
+            ns,
+            &uid[..8.min(uid.len())]
+        );
         let created = self
             .docker
             .create_container(
-                Some(CreateContainerOptionsBuilder::default().name(&cname).build()),
+                Some(
+                    CreateContainerOptionsBuilder::default()
+                        .name(&cname)
+                        .build(),
+                ),
                 body,
             )
             .await;
@@ -156,8 +166,11 @@ impl Kubelet {
             Err(e) => {
                 self.store.modify(&ns, &name, &uid, |p| {
                     let s = p.status.get_or_insert_with(Default::default);
-                    s.container_statuses =
-                        Some(vec![waiting(&c, "CreateContainerError", Some(e.to_string()))]);
+                    s.container_statuses = Some(vec![waiting(
+                        &c,
+                        "CreateContainerError",
+                        Some(e.to_string()),
+                    )]);
                 });
                 return;
             }
@@ -270,11 +283,20 @@ impl Kubelet {
             if exceeded {
                 s.phase = Some("Failed".into());
                 s.reason = Some("DeadlineExceeded".into());
-                s.message = Some("Pod was active on the node longer than the specified deadline".into());
+                s.message =
+                    Some("Pod was active on the node longer than the specified deadline".into());
                 set_conditions(p, false, Some("PodFailed"));
             } else {
                 s.phase = Some(if code == 0 { "Succeeded" } else { "Failed" }.into());
-                set_conditions(p, false, Some(if code == 0 { "PodCompleted" } else { "PodFailed" }));
+                set_conditions(
+                    p,
+                    false,
+                    Some(if code == 0 {
+                        "PodCompleted"
+                    } else {
+                        "PodFailed"
+                    }),
+                );
             }
         });
     }
@@ -301,14 +323,13 @@ impl Kubelet {
         let user = csc.run_as_user.or(psc.run_as_user);
         let group = csc.run_as_group.or(psc.run_as_group);
         let non_root = csc.run_as_non_root.or(psc.run_as_non_root).unwrap_or(false);
-        let image_user = inspected
-            .config
-            .and_then(|c| c.user)
-            .unwrap_or_default();
+        let image_user = inspected.config.and_then(|c| c.user).unwrap_or_default();
         if non_root {
             let root = match user {
                 Some(u) => u == 0,
-                None => image_user.is_empty() || image_user == "root" || image_user.starts_with("0"),
+                None => {
+                    image_user.is_empty() || image_user == "root" || image_user.starts_with("0")
+                }
             };
             if root {
                 return Err((
@@ -320,7 +341,10 @@ impl Kubelet {
         let user = match (user, group) {
             (Some(u), Some(g)) => Some(format!("{u}:{g}")),
             (Some(u), None) => Some(u.to_string()),
-            (None, Some(g)) => Some(format!("{}:{g}", image_user.split(':').next().unwrap_or("0"))),
+            (None, Some(g)) => Some(format!(
+                "{}:{g}",
+                image_user.split(':').next().unwrap_or("0")
+            )),
             (None, None) => None,
         };
         let mut security_opt = Vec::new();
@@ -337,8 +361,14 @@ impl Kubelet {
             .as_ref()
             .and_then(|r| r.limits.clone())
             .unwrap_or_default();
-        let memory = limits.get("memory").and_then(|q| quantity(&q.0)).map(|b| b as i64);
-        let nano_cpus = limits.get("cpu").and_then(|q| quantity(&q.0)).map(|c| (c * 1e9) as i64);
+        let memory = limits
+            .get("memory")
+            .and_then(|q| quantity(&q.0))
+            .map(|b| b as i64);
+        let nano_cpus = limits
+            .get("cpu")
+            .and_then(|q| quantity(&q.0))
+            .map(|c| (c * 1e9) as i64);
         let mut tmpfs = HashMap::new();
         let mut mounts = Vec::new();
         for m in c.volume_mounts.iter().flatten() {
@@ -350,7 +380,12 @@ impl Kubelet {
             };
             if let Some(e) = &v.empty_dir {
                 let mut opts = vec![
-                    if m.read_only == Some(true) { "ro" } else { "rw" }.to_string(),
+                    if m.read_only == Some(true) {
+                        "ro"
+                    } else {
+                        "rw"
+                    }
+                    .to_string(),
                     "mode=1777".to_string(),
                 ];
                 if let Some(size) = e.size_limit.as_ref().and_then(|q| quantity(&q.0)) {
@@ -374,7 +409,10 @@ impl Kubelet {
             } else {
                 return Err((
                     "CreateContainerConfigError",
-                    format!("volume \"{}\": the stand-in has emptyDir and persistentVolumeClaim only", m.name),
+                    format!(
+                        "volume \"{}\": the stand-in has emptyDir and persistentVolumeClaim only",
+                        m.name
+                    ),
                 ));
             }
         }
@@ -490,10 +528,16 @@ fn terminated(
 
 /// Force-remove a container (killing it); gone already is fine.
 pub async fn remove(docker: &Docker, id: &str) {
-    let opts = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+    let opts = RemoveContainerOptionsBuilder::default()
+        .force(true)
+        .v(true)
+        .build();
     for attempt in 0..5u64 {
         match docker.remove_container(id, Some(opts.clone())).await {
-            Ok(()) | Err(BollardError::DockerResponseServerError { status_code: 404, .. }) => return,
+            Ok(())
+            | Err(BollardError::DockerResponseServerError {
+                status_code: 404, ..
+            }) => return,
             Err(_) => tokio::time::sleep(Duration::from_millis(100 * (attempt + 1))).await,
         }
     }

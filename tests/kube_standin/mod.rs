@@ -25,6 +25,7 @@ use std::time::Duration;
 use bollard::query_parameters::ListContainersOptionsBuilder;
 use bollard::Docker;
 
+#[allow(unused_imports)]
 pub use kubelet::{LABEL_INSTANCE, LABEL_MANAGED, LABEL_OWNER};
 
 /// How to start a stand-in.

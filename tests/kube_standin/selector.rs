@@ -61,12 +61,12 @@ impl Selectors {
                 } else if let Some((p, v)) = part.split_once('=') {
                     (p, v, true)
                 } else {
-                    return Err(format!("invalid selector: '{f}'; can't understand '{part}'"));
+                    return Err(format!(
+                        "invalid selector: '{f}'; can't understand '{part}'"
+                    ));
                 };
                 if !POD_FIELDS.contains(&path) {
-                    return Err(format!(
-                        "field label not supported: {path}"
-                    ));
+                    return Err(format!("field label not supported: {path}"));
                 }
                 s.fields.push(Field {
                     path: path.to_string(),
