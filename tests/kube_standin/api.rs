@@ -35,6 +35,7 @@ pub struct Params {
     pub grace_period_seconds: Option<i64>,
     pub dry_run: Option<String>,
     pub field_validation: Option<String>,
+    pub send_initial_events: Option<bool>,
     pub container: Option<String>,
     pub stdin: Option<String>,
     pub stdout: Option<String>,
@@ -263,7 +264,9 @@ fn line(kind: &str, object: impl serde::Serialize) -> Bytes {
 }
 
 fn watch(k: Arc<Kubelet>, ns: Option<String>, q: Params, sel: Selectors) -> Response {
+    let initial = q.send_initial_events == Some(true);
     let rv = match q.resource_version.as_deref() {
+        _ if initial => None,
         None | Some("") | Some("0") => None,
         Some(r) => match r.parse::<u64>() {
             Ok(r) => Some(r),
@@ -274,8 +277,8 @@ fn watch(k: Arc<Kubelet>, ns: Option<String>, q: Params, sel: Selectors) -> Resp
             }
         },
     };
-    let (first, mut rx) = match k.store.watch(ns.as_deref(), rv, &sel) {
-        Ok((first, _, rx)) => (first, rx),
+    let (first, at, mut rx) = match k.store.watch(ns.as_deref(), rv, &sel) {
+        Ok(v) => v,
         Err(e) => {
             // As the server does: 200, then one ERROR event carrying the Status.
             let body = line("ERROR", e.status());
@@ -300,6 +303,18 @@ fn watch(k: Arc<Kubelet>, ns: Option<String>, q: Params, sel: Selectors) -> Resp
         for e in first {
             last = last.max(e.rv);
             if wanted(&e) && tx.send(Ok(line(e.kind, &e.pod))).await.is_err() {
+                return;
+            }
+        }
+        if initial {
+            // A streaming list: the initial events end with this bookmark.
+            let bookmark = serde_json::json!({
+                "kind": "Pod", "apiVersion": "v1",
+                "metadata": {"resourceVersion": at.to_string(),
+                             "annotations": {"k8s.io/initial-events-end": "true"}}
+            });
+            last = last.max(at);
+            if tx.send(Ok(line("BOOKMARK", bookmark))).await.is_err() {
                 return;
             }
         }
