@@ -18,6 +18,7 @@ mod store;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -108,6 +109,8 @@ impl StandIn {
                         instance: inst.clone(),
                         owner: owner_label(),
                         runtime_classes: classes,
+                        stopping: AtomicBool::new(false),
+                        creating: AtomicUsize::new(0),
                     });
                     let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
                         Ok(l) => l,
@@ -124,6 +127,15 @@ impl StandIn {
                             if let Err(e) = r { eprintln!("[kube-standin] server ended: {e}"); }
                         }
                         _ = stop_rx => {}
+                    }
+                    // No new container from here on; the creations under way finish
+                    // (bounded) and are labelled, so the removal below finds them.
+                    k.stopping.store(true, Ordering::SeqCst);
+                    for _ in 0..600 {
+                        if k.creating.load(Ordering::SeqCst) == 0 {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                     remove_all(&k.docker, &inst).await;
                 });
