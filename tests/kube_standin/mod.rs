@@ -42,7 +42,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            namespace: "mcp-sandboxes".into(),
+            namespace: "mcp-code-executor".into(),
             runtime_classes: HashMap::from([("gvisor".to_string(), "runsc".to_string())]),
         }
     }
