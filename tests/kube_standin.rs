@@ -751,3 +751,116 @@ fn kubectl_gets_creates_and_deletes_pods() {
     assert!(String::from_utf8_lossy(&none.stderr).contains("No resources found"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A raw WebSocket attach to pod `name` offering `protocols`: the socket and the chosen one.
+async fn raw_attach(
+    k: &StandIn,
+    name: &str,
+    protocols: &str,
+) -> Result<
+    (
+        tokio_tungstenite::WebSocketStream<
+            tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+        >,
+        String,
+    ),
+    tokio_tungstenite::tungstenite::Error,
+> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let url = format!(
+        "{}/api/v1/namespaces/{}/pods/{name}/attach?container=main&stdin=true&stdout=true&stderr=true",
+        k.base_url.replace("http://", "ws://"),
+        k.namespace
+    );
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert("Sec-WebSocket-Protocol", protocols.parse().unwrap());
+    let (ws, resp) = tokio_tungstenite::connect_async(req).await?;
+    let chosen = resp
+        .headers()
+        .get("Sec-WebSocket-Protocol")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    Ok((ws, chosen))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_framing_at_the_byte_level_v5_and_v4() {
+    use futures::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let k = StandIn::start();
+    let pods = api(&k).await;
+    let echo = "import sys\nfor line in sys.stdin:\n    print('out:' + line.strip(), flush=True)\n    print('err:' + line.strip(), file=sys.stderr, flush=True)\nprint('eof', flush=True)";
+    for name in ["v5pod", "v4pod"] {
+        pods.create(&PostParams::default(), &python_pod(name, echo, true))
+            .await
+            .unwrap();
+        wait(&pods, name, conditions::is_pod_running()).await;
+    }
+    // An unknown subprotocol is refused before the upgrade.
+    assert!(raw_attach(&k, "v5pod", "base64.channel.k8s.io")
+        .await
+        .is_err());
+
+    // v5: 1-byte frames open the channels, then channel-prefixed data; [255, 0] closes
+    // stdin alone and the output still arrives; a Status on channel 3 ends it.
+    let (mut ws, chosen) = raw_attach(&k, "v5pod", "v5.channel.k8s.io, v4.channel.k8s.io")
+        .await
+        .expect("upgrade");
+    assert_eq!(chosen, "v5.channel.k8s.io");
+    ws.send(Message::binary(b"\x00hello\n".to_vec()))
+        .await
+        .unwrap();
+    ws.send(Message::binary(vec![255u8, 0])).await.unwrap();
+    let mut frames: Vec<Vec<u8>> = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(BOUND, ws.next()).await {
+        match m.expect("a frame") {
+            Message::Binary(b) => frames.push(b.to_vec()),
+            Message::Close(_) => break,
+            _ => {}
+        }
+    }
+    let opened: Vec<&Vec<u8>> = frames.iter().take_while(|f| f.len() == 1).collect();
+    assert_eq!(opened, [&vec![0u8], &vec![1u8], &vec![2u8], &vec![3u8]]);
+    let on = |ch: u8| -> String {
+        frames
+            .iter()
+            .filter(|f| f.len() > 1 && f[0] == ch)
+            .map(|f| String::from_utf8_lossy(&f[1..]).into_owned())
+            .collect()
+    };
+    assert_eq!(on(1), "out:hello\neof\n");
+    assert_eq!(on(2), "err:hello\n");
+    let status: serde_json::Value = serde_json::from_str(&on(3)).expect("a Status on channel 3");
+    assert_eq!(status["status"], "Success");
+    assert_eq!(frames.last().unwrap()[0], 3, "the Status comes last");
+
+    // v4: no close message: a [255, 0] is not one, so stdin stays open and a line sent
+    // after it still reaches the program.
+    let (mut ws, chosen) = raw_attach(&k, "v4pod", "v4.channel.k8s.io")
+        .await
+        .expect("upgrade");
+    assert_eq!(chosen, "v4.channel.k8s.io");
+    ws.send(Message::binary(b"\x00hi\n".to_vec()))
+        .await
+        .unwrap();
+    ws.send(Message::binary(vec![255u8, 0])).await.unwrap();
+    ws.send(Message::binary(b"\x00again\n".to_vec()))
+        .await
+        .unwrap();
+    let mut out = String::new();
+    while !out.contains("out:again") {
+        match tokio::time::timeout(BOUND, ws.next())
+            .await
+            .expect("output in time")
+        {
+            Some(Ok(Message::Binary(b))) if b.len() > 1 && b[0] == 1 => {
+                out.push_str(&String::from_utf8_lossy(&b[1..]))
+            }
+            Some(Ok(_)) => {}
+            other => panic!("the stream ended early: {other:?} after {out:?}"),
+        }
+    }
+    assert_eq!(out, "out:hi\nout:again\n");
+    ws.close(None).await.unwrap();
+}
