@@ -728,6 +728,17 @@ fn kubectl_gets_creates_and_deletes_pods() {
         std::thread::sleep(Duration::from_millis(500));
     }
     assert_eq!(phase, "Running");
+    // Server-side printing (a meta.k8s.io Table), as `kubectl get` asks for it.
+    let table = kubectl(&k, &["get", "pods", "-o", "wide"]);
+    let mut lines = table.lines();
+    let head: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        head,
+        ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE"],
+        "{table}"
+    );
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(row[..4], ["from-kubectl", "1/1", "Running", "0"], "{table}");
     let by_label = kubectl(&k, &["get", "pods", "-l", "made-by=kubectl", "-o", "name"]);
     assert_eq!(by_label.trim(), "pod/from-kubectl");
     assert!(kubectl(

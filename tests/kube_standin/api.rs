@@ -229,15 +229,100 @@ fn selectors(q: &Params) -> Result<Selectors, ApiError> {
         .map_err(ApiError::bad_request)
 }
 
-async fn list_all(k: K, Query(q): Query<Params>) -> Response {
-    list(k.0, None, q).await
+async fn list_all(k: K, Query(q): Query<Params>, h: HeaderMap) -> Response {
+    list(k.0, None, q, wants_table(&h)).await
 }
 
-async fn list_ns(k: K, Path(ns): Path<String>, Query(q): Query<Params>) -> Response {
-    list(k.0, Some(ns), q).await
+async fn list_ns(k: K, Path(ns): Path<String>, Query(q): Query<Params>, h: HeaderMap) -> Response {
+    list(k.0, Some(ns), q, wants_table(&h)).await
 }
 
-async fn list(k: Arc<Kubelet>, ns: Option<String>, q: Params) -> Response {
+/// Did the client ask for server-side printing (`Accept: application/json;as=Table;...`,
+/// as `kubectl get` does)?
+fn wants_table(h: &HeaderMap) -> bool {
+    h.get(header::ACCEPT)
+        .and_then(|a| a.to_str().ok())
+        .is_some_and(|a| a.contains("as=Table") && a.contains("v=v1;"))
+}
+
+fn age(p: &Pod) -> String {
+    let Some(t) = &p.metadata.creation_timestamp else {
+        return "<unknown>".into();
+    };
+    let s = (k8s_openapi::jiff::Timestamp::now().as_second() - t.0.as_second()).max(0);
+    match s {
+        0..120 => format!("{s}s"),
+        120..7200 => format!("{}m", s / 60),
+        7200..172800 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
+/// The columns `kubectl get pods` shows, computed as the API server's pod printer does.
+fn row(p: &Pod) -> serde_json::Value {
+    let status = p.status.clone().unwrap_or_default();
+    let cs = status.container_statuses.clone().unwrap_or_default();
+    let total = p.spec.as_ref().map(|s| s.containers.len()).unwrap_or(0);
+    let ready = cs.iter().filter(|c| c.ready).count();
+    let mut reason = status
+        .reason
+        .clone()
+        .or(status.phase.clone())
+        .unwrap_or_default();
+    for c in &cs {
+        if let Some(st) = &c.state {
+            if let Some(w) = st.waiting.as_ref().and_then(|w| w.reason.clone()) {
+                reason = w;
+            } else if let Some(t) = &st.terminated {
+                reason = t
+                    .reason
+                    .clone()
+                    .unwrap_or_else(|| format!("ExitCode:{}", t.exit_code));
+            }
+        }
+    }
+    if p.metadata.deletion_timestamp.is_some() {
+        reason = "Terminating".into();
+    }
+    let restarts: i32 = cs.iter().map(|c| c.restart_count).sum();
+    let node = p
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_else(|| "<none>".into());
+    serde_json::json!({
+        "cells": [p.metadata.name, format!("{ready}/{total}"), reason, restarts.to_string(), age(p),
+                  status.pod_ip.unwrap_or_else(|| "<none>".into()), node],
+        "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": p.metadata},
+    })
+}
+
+/// A `meta.k8s.io/v1` Table of `pods`.
+fn table(pods: &[Pod], rv: u64) -> Response {
+    let col = |name: &str, format: &str, priority: u8, description: &str| {
+        serde_json::json!({"name": name, "type": "string", "format": format,
+                           "description": description, "priority": priority})
+    };
+    json(
+        StatusCode::OK,
+        serde_json::json!({
+            "kind": "Table", "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"resourceVersion": rv.to_string()},
+            "columnDefinitions": [
+                col("Name", "name", 0, "Name must be unique within a namespace."),
+                col("Ready", "", 0, "The aggregate readiness state of this pod for accepting traffic."),
+                col("Status", "", 0, "The aggregate status of the containers in this pod."),
+                col("Restarts", "", 0, "The number of times the containers in this pod have been restarted."),
+                col("Age", "", 0, "CreationTimestamp is a timestamp representing the server time when this object was created."),
+                col("IP", "", 1, "IP address allocated to the pod."),
+                col("Node", "", 1, "NodeName is a request to schedule this pod onto a specific node."),
+            ],
+            "rows": pods.iter().map(row).collect::<Vec<_>>(),
+        }),
+    )
+}
+
+async fn list(k: Arc<Kubelet>, ns: Option<String>, q: Params, as_table: bool) -> Response {
     let sel = match selectors(&q) {
         Ok(s) => s,
         Err(e) => return error(e),
@@ -246,6 +331,9 @@ async fn list(k: Arc<Kubelet>, ns: Option<String>, q: Params) -> Response {
         return watch(k, ns, q, sel);
     }
     let (items, rv) = k.store.list(ns.as_deref(), &sel);
+    if as_table {
+        return table(&items, rv);
+    }
     json(
         StatusCode::OK,
         serde_json::json!({
@@ -359,15 +447,19 @@ fn tokio_stream_from(
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-async fn get_pod(k: K, Path((ns, name)): Path<(String, String)>) -> Response {
+async fn get_pod(k: K, Path((ns, name)): Path<(String, String)>, h: HeaderMap) -> Response {
     match k.store.get(&ns, &name) {
+        Some(p) if wants_table(&h) => {
+            let rv = p.metadata.resource_version.clone().unwrap_or_default();
+            table(&[p], rv.parse().unwrap_or(0))
+        }
         Some(p) => json(StatusCode::OK, p),
         None => error(ApiError::not_found(&name)),
     }
 }
 
 async fn get_pod_status(k: K, Path((ns, name)): Path<(String, String)>) -> Response {
-    get_pod(k, Path((ns, name))).await
+    get_pod(k, Path((ns, name)), HeaderMap::new()).await
 }
 
 async fn attach(
