@@ -44,14 +44,21 @@ fn validate(yaml: &str, name: &str) -> Result<String, String> {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join(format!("{name}.yaml"));
     std::fs::write(&file, yaml).unwrap();
-    let out = Command::new("kubernetes-validate")
+    // scripts/test.sh installs it in a venv under target/; else one on PATH.
+    let venv = root().join("target/kube-validate/bin/kubernetes-validate");
+    let validator = if venv.exists() {
+        venv
+    } else {
+        PathBuf::from("kubernetes-validate")
+    };
+    let out = Command::new(&validator)
         .args(["--strict", "--no-warn", "-k", SCHEMA_VERSION])
         .arg(&file)
         .output()
         .unwrap_or_else(|e| {
             panic!(
                 "these tests need the offline schema validator: `pip install \
-                 kubernetes-validate==1.37.0` (scripts/test.sh installs it): {e}"
+                 kubernetes-validate==1.37.0` (scripts/test.sh installs it in target/kube-validate): {e}"
             )
         });
     let _ = std::fs::remove_dir_all(&dir);
@@ -128,6 +135,40 @@ fn gvisor_variant_renders_and_validates_with_its_runtime_class() {
     );
 }
 
+fn deploy_env(objs: &[Value]) -> Vec<Value> {
+    find(objs, "Deployment", "mcp-code-executor")["spec"]["template"]["spec"]["containers"][0]
+        ["env"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn environments_variant_puts_the_data_directory_on_a_claim() {
+    let objs = assert_validates("deploy/kubernetes/environments", "environments");
+    let pvc = find(&objs, "PersistentVolumeClaim", "mcp-code-executor-data");
+    assert_eq!(
+        pvc["spec"]["accessModes"],
+        serde_json::json!(["ReadWriteMany"])
+    );
+    let pod = &find(&objs, "Deployment", "mcp-code-executor")["spec"]["template"]["spec"];
+    let data = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "data")
+        .unwrap();
+    assert_eq!(
+        data["persistentVolumeClaim"]["claimName"],
+        "mcp-code-executor-data"
+    );
+    assert!(data.get("emptyDir").is_none(), "{data}");
+    assert!(deploy_env(&objs)
+        .iter()
+        .any(|e| e["name"] == "MCP_EXECUTOR_KUBE_ENV_VOLUME"
+            && e["value"] == "mcp-code-executor-data"));
+}
+
 #[test]
 fn validator_rejects_a_broken_object() {
     // The check above means something only if a wrong object fails it.
@@ -140,10 +181,10 @@ fn validator_rejects_a_broken_object() {
 }
 
 #[test]
-fn sandbox_namespace_denies_all_traffic_and_bounds_resources() {
+fn namespace_denies_all_traffic_and_bounds_resources() {
     let objs = objects(&render("deploy/kubernetes"));
     let deny = find(&objs, "NetworkPolicy", "default-deny");
-    assert_eq!(deny["metadata"]["namespace"], "mcp-sandboxes");
+    assert_eq!(deny["metadata"]["namespace"], "mcp-code-executor");
     assert_eq!(
         deny["spec"]["podSelector"],
         serde_json::json!({}),
@@ -178,11 +219,11 @@ fn sandbox_namespace_denies_all_traffic_and_bounds_resources() {
     }
     assert_eq!(
         find(&objs, "ResourceQuota", "sandboxes")["metadata"]["namespace"],
-        "mcp-sandboxes"
+        "mcp-code-executor"
     );
     let lr = find(&objs, "LimitRange", "sandboxes");
     assert!(lr["spec"]["limits"][0]["max"]["memory"].is_string());
-    let ns = find(&objs, "Namespace", "mcp-sandboxes");
+    let ns = find(&objs, "Namespace", "mcp-code-executor");
     assert_eq!(
         ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
         "restricted"
@@ -190,10 +231,10 @@ fn sandbox_namespace_denies_all_traffic_and_bounds_resources() {
 }
 
 #[test]
-fn server_may_touch_only_pods_and_attach_in_the_sandbox_namespace() {
+fn server_may_touch_only_pods_and_attach_in_its_namespace() {
     let objs = objects(&render("deploy/kubernetes"));
     let role = find(&objs, "Role", "mcp-code-executor-sandboxes");
-    assert_eq!(role["metadata"]["namespace"], "mcp-sandboxes");
+    assert_eq!(role["metadata"]["namespace"], "mcp-code-executor");
     let mut resources = BTreeSet::new();
     for rule in role["rules"].as_array().unwrap() {
         assert_eq!(
@@ -219,6 +260,25 @@ fn server_may_touch_only_pods_and_attach_in_the_sandbox_namespace() {
         "no cluster-wide rights"
     );
     let binding = find(&objs, "RoleBinding", "mcp-code-executor-sandboxes");
+    // Sandboxes in the server's own namespace: owner references to its pod are valid.
+    let env = deploy_env(&objs);
+    assert_eq!(
+        env.iter()
+            .find(|e| e["name"] == "MCP_EXECUTOR_KUBE_NAMESPACE")
+            .unwrap()["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
+    );
+    for var in [
+        "MCP_EXECUTOR_POD_NAME",
+        "MCP_EXECUTOR_POD_UID",
+        "MCP_EXECUTOR_POD_NAMESPACE",
+    ] {
+        assert!(
+            env.iter()
+                .any(|e| e["name"] == var && e["valueFrom"]["fieldRef"].is_object()),
+            "{var} from the downward API"
+        );
+    }
     let deploy = find(&objs, "Deployment", "mcp-code-executor");
     let pod = &deploy["spec"]["template"]["spec"];
     assert_eq!(binding["subjects"][0]["name"], pod["serviceAccountName"]);

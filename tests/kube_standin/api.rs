@@ -34,6 +34,8 @@ pub struct Params {
     pub timeout_seconds: Option<u64>,
     pub grace_period_seconds: Option<i64>,
     pub dry_run: Option<String>,
+    pub field_validation: Option<String>,
+    pub send_initial_events: Option<bool>,
     pub container: Option<String>,
     pub stdin: Option<String>,
     pub stdout: Option<String>,
@@ -64,6 +66,8 @@ pub fn router(k: Arc<Kubelet>) -> Router {
         .route("/api", get(api_versions))
         .route("/api/v1", get(resources))
         .route("/apis", get(groups))
+        .route("/openapi/v3", get(openapi_root))
+        .route("/openapi/v3/api/v1", get(openapi_core))
         .route("/api/v1/pods", get(list_all))
         .route(
             "/api/v1/namespaces/{ns}/pods",
@@ -143,20 +147,182 @@ async fn resources() -> Response {
     )
 }
 
+/// The OpenAPI v3 index: one group-version document, the core one.
+async fn openapi_root() -> Response {
+    json(
+        StatusCode::OK,
+        serde_json::json!({"paths": {"api/v1": {"serverRelativeURL": "/openapi/v3/api/v1?hash=STANDIN"}}}),
+    )
+}
+
+/// A small OpenAPI v3 document of the pod operations served here. kubectl reads it for one
+/// thing: whether `fieldValidation` is supported for Pods, which it looks up on the PATCH
+/// operation of the GVK (so PATCH is listed; a PATCH request gets 405). With it, `kubectl
+/// create` sends `fieldValidation=Strict` and leaves validation to the server (below).
+async fn openapi_core() -> Response {
+    let gvk = serde_json::json!({"group": "", "version": "v1", "kind": "Pod"});
+    let q =
+        |name: &str| serde_json::json!({"name": name, "in": "query", "schema": {"type": "string"}});
+    let op = |id: &str, action: &str, params: Vec<serde_json::Value>| {
+        serde_json::json!({
+            "operationId": id, "x-kubernetes-action": action,
+            "x-kubernetes-group-version-kind": gvk, "parameters": params,
+            "responses": {"200": {"description": "OK"}}
+        })
+    };
+    json(
+        StatusCode::OK,
+        serde_json::json!({
+            "openapi": "3.0.0",
+            "info": {"title": "Kubernetes (stand-in)", "version": "v1.33.0"},
+            "paths": {
+                "/api/v1/namespaces/{namespace}/pods": {
+                    "get": op("listCoreV1NamespacedPod", "list", vec![q("labelSelector"), q("fieldSelector"), q("resourceVersion"), q("watch"), q("timeoutSeconds")]),
+                    "post": op("createCoreV1NamespacedPod", "post", vec![q("fieldValidation"), q("fieldManager"), q("dryRun")]),
+                    "delete": op("deleteCoreV1CollectionNamespacedPod", "deletecollection", vec![q("labelSelector"), q("gracePeriodSeconds")])
+                },
+                "/api/v1/namespaces/{namespace}/pods/{name}": {
+                    "get": op("readCoreV1NamespacedPod", "get", vec![]),
+                    "delete": op("deleteCoreV1NamespacedPod", "delete", vec![q("gracePeriodSeconds")]),
+                    "patch": op("patchCoreV1NamespacedPod", "patch", vec![q("fieldValidation"), q("fieldManager")])
+                }
+            },
+            "components": {"schemas": {}}
+        }),
+    )
+}
+
+/// Paths of fields in `sent` that `kept` (the object as decoded and encoded again) lacks:
+/// the unknown fields a strict decode refuses.
+fn unknown_fields(
+    sent: &serde_json::Value,
+    kept: &serde_json::Value,
+    at: &str,
+    out: &mut Vec<String>,
+) {
+    match (sent, kept) {
+        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+            for (k, v) in a {
+                let path = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                match b.get(k) {
+                    Some(w) => unknown_fields(v, w, &path, out),
+                    None if v.is_null() => {}
+                    None => out.push(path),
+                }
+            }
+        }
+        (serde_json::Value::Array(a), serde_json::Value::Array(b)) => {
+            for (i, (v, w)) in a.iter().zip(b).enumerate() {
+                unknown_fields(v, w, &format!("{at}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
 fn selectors(q: &Params) -> Result<Selectors, ApiError> {
     Selectors::parse(q.label_selector.as_deref(), q.field_selector.as_deref())
         .map_err(ApiError::bad_request)
 }
 
-async fn list_all(k: K, Query(q): Query<Params>) -> Response {
-    list(k.0, None, q).await
+async fn list_all(k: K, Query(q): Query<Params>, h: HeaderMap) -> Response {
+    list(k.0, None, q, wants_table(&h)).await
 }
 
-async fn list_ns(k: K, Path(ns): Path<String>, Query(q): Query<Params>) -> Response {
-    list(k.0, Some(ns), q).await
+async fn list_ns(k: K, Path(ns): Path<String>, Query(q): Query<Params>, h: HeaderMap) -> Response {
+    list(k.0, Some(ns), q, wants_table(&h)).await
 }
 
-async fn list(k: Arc<Kubelet>, ns: Option<String>, q: Params) -> Response {
+/// Did the client ask for server-side printing (`Accept: application/json;as=Table;...`,
+/// as `kubectl get` does)?
+fn wants_table(h: &HeaderMap) -> bool {
+    h.get(header::ACCEPT)
+        .and_then(|a| a.to_str().ok())
+        .is_some_and(|a| a.contains("as=Table") && a.contains("v=v1;"))
+}
+
+fn age(p: &Pod) -> String {
+    let Some(t) = &p.metadata.creation_timestamp else {
+        return "<unknown>".into();
+    };
+    let s = (k8s_openapi::jiff::Timestamp::now().as_second() - t.0.as_second()).max(0);
+    match s {
+        0..120 => format!("{s}s"),
+        120..7200 => format!("{}m", s / 60),
+        7200..172800 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
+/// The columns `kubectl get pods` shows, computed as the API server's pod printer does.
+fn row(p: &Pod) -> serde_json::Value {
+    let status = p.status.clone().unwrap_or_default();
+    let cs = status.container_statuses.clone().unwrap_or_default();
+    let total = p.spec.as_ref().map(|s| s.containers.len()).unwrap_or(0);
+    let ready = cs.iter().filter(|c| c.ready).count();
+    let mut reason = status
+        .reason
+        .clone()
+        .or(status.phase.clone())
+        .unwrap_or_default();
+    for c in &cs {
+        if let Some(st) = &c.state {
+            if let Some(w) = st.waiting.as_ref().and_then(|w| w.reason.clone()) {
+                reason = w;
+            } else if let Some(t) = &st.terminated {
+                reason = t
+                    .reason
+                    .clone()
+                    .unwrap_or_else(|| format!("ExitCode:{}", t.exit_code));
+            }
+        }
+    }
+    if p.metadata.deletion_timestamp.is_some() {
+        reason = "Terminating".into();
+    }
+    let restarts: i32 = cs.iter().map(|c| c.restart_count).sum();
+    let node = p
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_else(|| "<none>".into());
+    serde_json::json!({
+        "cells": [p.metadata.name, format!("{ready}/{total}"), reason, restarts.to_string(), age(p),
+                  status.pod_ip.unwrap_or_else(|| "<none>".into()), node],
+        "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": p.metadata},
+    })
+}
+
+/// A `meta.k8s.io/v1` Table of `pods`.
+fn table(pods: &[Pod], rv: u64) -> Response {
+    let col = |name: &str, format: &str, priority: u8, description: &str| {
+        serde_json::json!({"name": name, "type": "string", "format": format,
+                           "description": description, "priority": priority})
+    };
+    json(
+        StatusCode::OK,
+        serde_json::json!({
+            "kind": "Table", "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"resourceVersion": rv.to_string()},
+            "columnDefinitions": [
+                col("Name", "name", 0, "Name must be unique within a namespace."),
+                col("Ready", "", 0, "The aggregate readiness state of this pod for accepting traffic."),
+                col("Status", "", 0, "The aggregate status of the containers in this pod."),
+                col("Restarts", "", 0, "The number of times the containers in this pod have been restarted."),
+                col("Age", "", 0, "CreationTimestamp is a timestamp representing the server time when this object was created."),
+                col("IP", "", 1, "IP address allocated to the pod."),
+                col("Node", "", 1, "NodeName is a request to schedule this pod onto a specific node."),
+            ],
+            "rows": pods.iter().map(row).collect::<Vec<_>>(),
+        }),
+    )
+}
+
+async fn list(k: Arc<Kubelet>, ns: Option<String>, q: Params, as_table: bool) -> Response {
     let sel = match selectors(&q) {
         Ok(s) => s,
         Err(e) => return error(e),
@@ -165,6 +331,9 @@ async fn list(k: Arc<Kubelet>, ns: Option<String>, q: Params) -> Response {
         return watch(k, ns, q, sel);
     }
     let (items, rv) = k.store.list(ns.as_deref(), &sel);
+    if as_table {
+        return table(&items, rv);
+    }
     json(
         StatusCode::OK,
         serde_json::json!({
@@ -183,7 +352,9 @@ fn line(kind: &str, object: impl serde::Serialize) -> Bytes {
 }
 
 fn watch(k: Arc<Kubelet>, ns: Option<String>, q: Params, sel: Selectors) -> Response {
+    let initial = q.send_initial_events == Some(true);
     let rv = match q.resource_version.as_deref() {
+        _ if initial => None,
         None | Some("") | Some("0") => None,
         Some(r) => match r.parse::<u64>() {
             Ok(r) => Some(r),
@@ -194,8 +365,8 @@ fn watch(k: Arc<Kubelet>, ns: Option<String>, q: Params, sel: Selectors) -> Resp
             }
         },
     };
-    let (first, mut rx) = match k.store.watch(ns.as_deref(), rv, &sel) {
-        Ok((first, _, rx)) => (first, rx),
+    let (first, at, mut rx) = match k.store.watch(ns.as_deref(), rv, &sel) {
+        Ok(v) => v,
         Err(e) => {
             // As the server does: 200, then one ERROR event carrying the Status.
             let body = line("ERROR", e.status());
@@ -220,6 +391,18 @@ fn watch(k: Arc<Kubelet>, ns: Option<String>, q: Params, sel: Selectors) -> Resp
         for e in first {
             last = last.max(e.rv);
             if wanted(&e) && tx.send(Ok(line(e.kind, &e.pod))).await.is_err() {
+                return;
+            }
+        }
+        if initial {
+            // A streaming list: the initial events end with this bookmark.
+            let bookmark = serde_json::json!({
+                "kind": "Pod", "apiVersion": "v1",
+                "metadata": {"resourceVersion": at.to_string(),
+                             "annotations": {"k8s.io/initial-events-end": "true"}}
+            });
+            last = last.max(at);
+            if tx.send(Ok(line("BOOKMARK", bookmark))).await.is_err() {
                 return;
             }
         }
@@ -264,15 +447,19 @@ fn tokio_stream_from(
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-async fn get_pod(k: K, Path((ns, name)): Path<(String, String)>) -> Response {
+async fn get_pod(k: K, Path((ns, name)): Path<(String, String)>, h: HeaderMap) -> Response {
     match k.store.get(&ns, &name) {
+        Some(p) if wants_table(&h) => {
+            let rv = p.metadata.resource_version.clone().unwrap_or_default();
+            table(&[p], rv.parse().unwrap_or(0))
+        }
         Some(p) => json(StatusCode::OK, p),
         None => error(ApiError::not_found(&name)),
     }
 }
 
 async fn get_pod_status(k: K, Path((ns, name)): Path<(String, String)>) -> Response {
-    get_pod(k, Path((ns, name))).await
+    get_pod(k, Path((ns, name)), HeaderMap::new()).await
 }
 
 async fn attach(
@@ -311,6 +498,17 @@ async fn create(k: K, Path(ns): Path<String>, Query(q): Query<Params>, body: Byt
             )))
         }
     };
+    if q.field_validation.as_deref() == Some("Strict") {
+        let sent: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let kept = serde_json::to_value(&pod).unwrap_or_default();
+        let mut unknown = Vec::new();
+        unknown_fields(&sent, &kept, "", &mut unknown);
+        if let Some(f) = unknown.first() {
+            return error(ApiError::bad_request(format!(
+                "strict decoding error: unknown field \"{f}\""
+            )));
+        }
+    }
     if q.dry_run.is_some() {
         return error(ApiError::bad_request(
             "the stand-in does not support dryRun",

@@ -5,6 +5,7 @@
 //! `reason: DeadlineExceeded` when `activeDeadlineSeconds` passes.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,6 +40,11 @@ pub struct Kubelet {
     pub owner: String,
     /// RuntimeClass name -> Docker runtime.
     pub runtime_classes: HashMap<String, String>,
+    /// Set when the stand-in stops: no container is made after it.
+    pub stopping: AtomicBool,
+    /// Container creations in flight (the daemon finishes one even if we stop waiting):
+    /// the stand-in waits for them before it removes its containers.
+    pub creating: AtomicUsize,
 }
 
 /// A quantity (`256Mi`, `1G`, `500m`, `1.5`, `1e9`) as a number of units.
@@ -150,6 +156,11 @@ impl Kubelet {
             ns,
             &uid[..8.min(uid.len())]
         );
+        self.creating.fetch_add(1, Ordering::SeqCst);
+        if self.stopping.load(Ordering::SeqCst) {
+            self.creating.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
         let created = self
             .docker
             .create_container(
@@ -161,6 +172,7 @@ impl Kubelet {
                 body,
             )
             .await;
+        self.creating.fetch_sub(1, Ordering::SeqCst);
         let id = match created {
             Ok(r) => r.id,
             Err(e) => {

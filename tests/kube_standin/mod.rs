@@ -18,6 +18,7 @@ mod store;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -25,6 +26,7 @@ use std::time::Duration;
 use bollard::query_parameters::ListContainersOptionsBuilder;
 use bollard::Docker;
 
+#[allow(unused_imports)]
 pub use kubelet::{LABEL_INSTANCE, LABEL_MANAGED, LABEL_OWNER};
 
 /// How to start a stand-in.
@@ -40,7 +42,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            namespace: "mcp-sandboxes".into(),
+            namespace: "mcp-code-executor".into(),
             runtime_classes: HashMap::from([("gvisor".to_string(), "runsc".to_string())]),
         }
     }
@@ -107,6 +109,8 @@ impl StandIn {
                         instance: inst.clone(),
                         owner: owner_label(),
                         runtime_classes: classes,
+                        stopping: AtomicBool::new(false),
+                        creating: AtomicUsize::new(0),
                     });
                     let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
                         Ok(l) => l,
@@ -123,6 +127,15 @@ impl StandIn {
                             if let Err(e) = r { eprintln!("[kube-standin] server ended: {e}"); }
                         }
                         _ = stop_rx => {}
+                    }
+                    // No new container from here on; the creations under way finish
+                    // (bounded) and are labelled, so the removal below finds them.
+                    k.stopping.store(true, Ordering::SeqCst);
+                    for _ in 0..600 {
+                        if k.creating.load(Ordering::SeqCst) == 0 {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                     remove_all(&k.docker, &inst).await;
                 });
