@@ -4,6 +4,7 @@
 //! timeout, OOM, the deadline from the pod status, the sweep by label, owner references
 //! (and the garbage collection they give), and `serve --backend kubernetes --kubeconfig`
 //! serving `execute_code` to the official Python SDK.
+#![cfg(feature = "kubernetes")]
 
 mod common;
 #[allow(unused_imports)]
@@ -245,6 +246,11 @@ async fn warm_pods_serve_runs_and_are_refilled() {
     let o = b.run(job("print(1)", "t-kube-pool"), None).await.unwrap();
     assert_eq!(o.stdout_text(), "1\n");
     assert_eq!(b.pool_stats().unwrap().hits, 2, "refilled, and single use");
+    assert_eq!(
+        b.pool_stats().unwrap().discarded,
+        0,
+        "a waiting pod whose runner said `R` after the attach is alive, not discarded"
+    );
     b.shutdown().await;
     assert_no_pods_left(&k, &b).await;
 }

@@ -222,8 +222,28 @@ impl Live {
 
     /// Is a waiting pod still there? One whose attach ended (the pod deleted, the node
     /// gone) has its stream ended, or something unexpected on it.
+    /// The runner's `R` may arrive after the attach (it is not replayed when it came
+    /// before): that is all a waiting runner may say.
     pub(super) fn still_waiting(&mut self) -> bool {
-        self.input.is_some() && self.output.next().now_or_never().is_none()
+        if self.input.is_none() {
+            return false;
+        }
+        loop {
+            match self.output.next().now_or_never() {
+                None => return true,
+                Some(Some(Ok(Chunk::Out(data)))) => {
+                    self.decoder.push(&data);
+                    loop {
+                        match self.decoder.next_frame() {
+                            Ok(Some(Frame::Ready)) => continue,
+                            Ok(None) => break,
+                            _ => return false,
+                        }
+                    }
+                }
+                Some(_) => return false,
+            }
+        }
     }
 
     /// Write to the runner's stdin and keep it open (the opening of a session).
