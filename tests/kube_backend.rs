@@ -759,3 +759,83 @@ async fn measure_figures_for_the_readme() {
     let per = (figures[1].1 as f64 - figures[0].1 as f64) / n as f64;
     println!("server memory per live sandbox (attached pod): {per:.0} kB");
 }
+
+/// A Docker volume the stand-in serves as a PersistentVolumeClaim of that name; removed on
+/// drop.
+struct Claim(String);
+
+impl Claim {
+    fn new() -> Claim {
+        let name = format!(
+            "mcpx-kenv-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        let ok = Command::new("docker")
+            .args(["volume", "create", &name])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "docker volume create {name}");
+        // As fsGroup would on a cluster (the stand-in does not apply it): the sandbox
+        // group owns the claim's root.
+        let ok = Command::new("docker")
+            .args(["run", "--rm", "--user", "0", "--network", "none", "-v"])
+            .arg(format!("{name}:/v"))
+            .args([
+                "--entrypoint",
+                "/bin/chown",
+                &image::default_image(),
+                "65534:65534",
+                "/v",
+            ])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "chown of the claim's root");
+        Claim(name)
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let _ = Command::new("docker")
+            .args(["volume", "rm", "-f", &self.0])
+            .stdout(Stdio::null())
+            .status();
+    }
+}
+
+/// With an environment volume, a job that may write into an environment (an installer)
+/// writes to the claim, and runs see the environment from it, read-only.
+#[tokio::test(flavor = "multi_thread")]
+async fn environments_live_on_the_volume_read_only_in_runs() {
+    let k = standin().await;
+    let claim = Claim::new();
+    let b = connect(KubeConfig {
+        env_volume: Some(claim.0.clone()),
+        data_dir: Some("/srv/data".into()),
+        ..config(&k)
+    })
+    .await;
+    let env_dir = "/srv/data/envs/default";
+    let mut install = job(
+        &format!("open('{env_dir}/installed.txt', 'w').write('pkg 1.0')\nprint('written')"),
+        "t-kube-env",
+    );
+    install.env.sources = vec![mcp_code_executor::job::Source::host_writable(env_dir)];
+    let o = b.run(install, None).await.unwrap();
+    assert_eq!(o.stdout_text(), "written\n", "{o:?}");
+
+    let mut run = job(
+        &format!(
+            "print(open('{env_dir}/installed.txt').read())\n\
+             try:\n    open('{env_dir}/x', 'w')\nexcept OSError as e:\n    print('ro', e.errno)\n"
+        ),
+        "t-kube-env",
+    );
+    run.env.sources = vec![mcp_code_executor::job::Source::host(env_dir)];
+    let o = b.run(run, None).await.unwrap();
+    assert_eq!(o.stdout_text(), "pkg 1.0\nro 30\n", "{o:?}");
+    assert_no_pods_left(&k, &b).await;
+}

@@ -305,6 +305,10 @@ pub fn pod(
         .clone()
         .unwrap_or_else(|| python(config, &RunEnv::default()).to_string());
     let (uid, gid) = ids(env);
+    let has_claim = placed
+        .volumes
+        .iter()
+        .any(|v| v.persistent_volume_claim.is_some());
     let labels = BTreeMap::from([
         (LABEL_MANAGED.to_string(), "true".to_string()),
         (LABEL_JOB.to_string(), label_value(id)),
@@ -436,6 +440,10 @@ pub fn pod(
                 run_as_user: Some(uid),
                 run_as_group: Some(gid),
                 run_as_non_root: Some(true),
+                // A claim's files belong to the sandbox group, so that installers (and
+                // the server, same uid) can write into the environment volume.
+                fs_group: has_claim.then_some(gid),
+                fs_group_change_policy: has_claim.then(|| "OnRootMismatch".to_string()),
                 seccomp_profile: Some(SeccompProfile {
                     type_: "RuntimeDefault".into(),
                     ..Default::default()
@@ -564,6 +572,7 @@ mod tests {
             psc.seccomp_profile.as_ref().map(|p| p.type_.as_str()),
             Some("RuntimeDefault")
         );
+        assert_eq!(psc.fs_group, None, "no claim, no fsGroup");
 
         assert_eq!(s.containers.len(), 1);
         let k = &s.containers[0];
@@ -721,5 +730,18 @@ mod tests {
         assert_eq!(p.mounts[0].read_only, Some(true));
         let p = place(&c, &install).unwrap();
         assert_eq!(p.mounts[0].read_only, Some(false));
+        let spec = pod(
+            &c,
+            "o",
+            &Limits::default(),
+            &run_env,
+            "t",
+            "j",
+            Lifetime::Long,
+        )
+        .unwrap()
+        .spec
+        .unwrap();
+        assert_eq!(spec.security_context.unwrap().fs_group, Some(65534));
     }
 }
