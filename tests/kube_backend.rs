@@ -810,8 +810,10 @@ impl Drop for Claim {
 /// writes to the claim, and runs see the environment from it, read-only.
 #[tokio::test(flavor = "multi_thread")]
 async fn environments_live_on_the_volume_read_only_in_runs() {
-    let k = standin().await;
+    common::sandbox().await; // the image, for the claim's chown
+                             // Declared first, dropped last: after the stand-in has removed its containers.
     let claim = Claim::new();
+    let k = standin().await;
     let b = connect(KubeConfig {
         env_volume: Some(claim.0.clone()),
         data_dir: Some("/srv/data".into()),
