@@ -841,3 +841,27 @@ async fn environments_live_on_the_volume_read_only_in_runs() {
     assert_eq!(o.stdout_text(), "pkg 1.0\nro 30\n", "{o:?}");
     assert_no_pods_left(&k, &b).await;
 }
+
+/// When the OOM killer takes the runner itself (here: many small processes, none larger
+/// than the runner, fill the pod's memory), nothing reports from inside: the verdict is
+/// the pod status's `OOMKilled`, and the pod is deleted.
+#[tokio::test(flavor = "multi_thread")]
+async fn oom_of_the_whole_pod_comes_from_the_pod_status() {
+    let k = standin().await;
+    let b = connect(config(&k)).await;
+    let mut j = job(
+        "import os, time\nfor i in range(30):\n    if os.fork() == 0:\n        b = bytearray(3 << 20)\n        time.sleep(20)\n        os._exit(0)\ntime.sleep(20)\n",
+        "t-kube-oom",
+    );
+    j.limits.memory_bytes = 64 << 20;
+    j.limits.timeout = Duration::from_secs(15);
+    let o = b.run(j, None).await.unwrap();
+    assert!(o.oom_killed, "{o:?}");
+    assert!(!o.timed_out, "{o:?}");
+    assert_eq!(
+        (o.exit_code, o.cpu_ms),
+        (None, None),
+        "no report from the runner: the verdict came from the pod status"
+    );
+    assert_no_pods_left(&k, &b).await;
+}
