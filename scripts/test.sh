@@ -17,6 +17,12 @@ if ! target/py-sdk/bin/python -c "import mcp" >/dev/null 2>&1; then
   python3 -m venv target/py-sdk
   target/py-sdk/bin/pip install --quiet --disable-pip-version-check mcp==2.3.0
 fi
+# The offline Kubernetes schema validator (PyPI `kubernetes-validate`), for tests/manifests.rs
+# (kubectl, which renders the kustomization, comes with the machine image).
+if ! target/kube-validate/bin/kubernetes-validate --version >/dev/null 2>&1; then
+  python3 -m venv target/kube-validate
+  target/kube-validate/bin/pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
+fi
 cargo build --all-targets
 cargo run --quiet -- image build
 

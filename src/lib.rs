@@ -18,8 +18,11 @@
 //!   backend shares, the neutral description of the sandbox image ([`backend::image`]), and
 //!   a fake for fast tests (`backend::fake`). [`backend::docker`] is the Docker backend and
 //!   the only place the Docker client crate is used: the container spec, launch, sessions, the warm pool, the
-//!   removal guard and sweep, the image build. The runner itself, PID 1 of every sandbox, is
-//!   the Python package `images/sandbox/mcp_runner/`.
+//!   removal guard and sweep, the image build. `backend::kubernetes` (the `kubernetes` cargo
+//!   feature, on by default) is the Kubernetes backend, the only place kube-rs is used: a
+//!   hardened pod per run or session, attached over `pods/attach`, warm pods, the verdict
+//!   from the pod status, deletion on every path and the sweep by label. The runner itself,
+//!   PID 1 of every sandbox, is the Python package `images/sandbox/mcp_runner/`.
 //! - [`env`](mod@env): which Python environment (venv, uv venv, conda, the managed
 //!   default) and installs into it in sandboxed installer jobs; the backend decides how an
 //!   environment reaches the sandbox.

@@ -10,6 +10,8 @@ pub mod docker;
 #[cfg(any(test, feature = "fake-backend"))]
 pub mod fake;
 pub mod image;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 pub mod protocol;
 
 use std::time::Duration;

@@ -84,11 +84,16 @@ pub enum BackendKind {
     /// A hardened container per run on a Docker daemon.
     #[default]
     Docker,
+    /// A hardened pod per run on a Kubernetes cluster (the `kubernetes` cargo feature).
+    Kubernetes,
 }
 
 impl BackendKind {
     /// Every backend, by the name `--backend` takes.
-    pub const ALL: &'static [(&'static str, BackendKind)] = &[("docker", BackendKind::Docker)];
+    pub const ALL: &'static [(&'static str, BackendKind)] = &[
+        ("docker", BackendKind::Docker),
+        ("kubernetes", BackendKind::Kubernetes),
+    ];
 
     /// The backend named `name`, or what the choices are.
     pub fn parse(name: &str) -> Result<BackendKind, String> {
@@ -121,6 +126,24 @@ pub struct BackendConfig {
     pub pool_size: usize,
     /// Build the image when it is missing (`--no-build` turns it off).
     pub build_missing: bool,
+    /// The Kubernetes backend's settings (unused by Docker).
+    pub kubernetes: KubeSettings,
+}
+
+/// Settings only the Kubernetes backend reads; the image, the runtime (its
+/// `runtimeClassName`) and the pool size are [`BackendConfig`]'s.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KubeSettings {
+    /// `--kubeconfig`; `None`: in-cluster, `KUBECONFIG`, `~/.kube/config`.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--kube-namespace`; `None`: the kubeconfig context's.
+    pub namespace: Option<String>,
+    /// `--kube-env-volume`: the PVC that holds the data directory.
+    pub env_volume: Option<String>,
+    /// The server's data directory (where the environment volume is mounted).
+    pub data_dir: Option<PathBuf>,
+    /// The server's own pod (downward API): `(namespace, name, uid)`.
+    pub own_pod: Option<(String, String, String)>,
 }
 
 impl ServeConfig {
@@ -189,6 +212,7 @@ mod tests {
                 docker_host: None,
                 pool_size: 2,
                 build_missing: true,
+                kubernetes: KubeSettings::default(),
             },
             host: Default::default(),
             allow_unsafe: false,

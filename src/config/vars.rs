@@ -59,7 +59,8 @@ env_vars! {
     MCP_EXECUTOR_WORKSPACE_SIZE;
 
     // ---- the sandbox backend ----
-    /// Which sandbox backend runs the code (`--backend`; `docker`, the only one so far).
+    /// Which sandbox backend runs the code (`--backend`; `docker`, or `kubernetes`: a pod
+    /// per run on a cluster).
     MCP_EXECUTOR_BACKEND;
     /// The sandbox image (`--image`; default: the tag that matches this binary).
     MCP_EXECUTOR_IMAGE;
@@ -72,6 +73,27 @@ env_vars! {
     /// Sandboxes `serve` keeps started and waiting for a run (`--pool-size`, default 2; 0:
     /// no warm pool).
     MCP_EXECUTOR_POOL_SIZE;
+    /// The kubeconfig file of the Kubernetes backend (`--kubeconfig`; unset: in-cluster
+    /// config, else `KUBECONFIG`, else `~/.kube/config`).
+    MCP_EXECUTOR_KUBECONFIG;
+    /// The kubeconfig the Kubernetes client reads when no `--kubeconfig` is given; read by
+    /// the client itself.
+    KUBECONFIG;
+    /// The namespace of sandbox pods (`--kube-namespace`; default: the kubeconfig
+    /// context's, or the server pod's service account's).
+    MCP_EXECUTOR_KUBE_NAMESPACE;
+    /// A PersistentVolumeClaim holding the server's data directory, for environments and
+    /// installs on the Kubernetes backend (`--kube-env-volume`; unset: the image's Python
+    /// only, installs refused).
+    MCP_EXECUTOR_KUBE_ENV_VOLUME;
+    /// The server's own pod name, from the downward API (`metadata.name`): sandbox pods get
+    /// an ownerReference to it.
+    MCP_EXECUTOR_POD_NAME;
+    /// The server's own pod uid, from the downward API (`metadata.uid`).
+    MCP_EXECUTOR_POD_UID;
+    /// The server's own pod namespace, from the downward API (`metadata.namespace`);
+    /// ownerReferences are set only when it is the sandboxes' namespace.
+    MCP_EXECUTOR_POD_NAMESPACE;
 
     // ---- where things live ----
     /// Where managed environments, workspaces and (by default) stored code live

@@ -189,7 +189,11 @@ impl ServeCmd {
             env,
             ca_bundle: self.ca_bundle.clone().or_else(|| config::ca_bundle(&get)),
             pip_index: config::PipIndex::from_vars(&get),
-            backend: self.sandbox.config(self.pool_size, &get),
+            backend: {
+                let mut b = self.sandbox.config(self.pool_size, &get);
+                b.kubernetes.data_dir = Some(data_dir.clone());
+                b
+            },
             host: config::HostEnv::from_vars(&get),
             data_dir,
             allow_unsafe: self.allow_unsafe,
@@ -224,7 +228,7 @@ pub enum TenantCmd {
 
 #[derive(Args, Clone)]
 pub struct SandboxOpts {
-    /// Which sandbox backend runs the code: docker (the only one so far).
+    /// Which sandbox backend runs the code: docker, or kubernetes (a pod per run).
     #[arg(long, env = vars::MCP_EXECUTOR_BACKEND, value_parser = config::serve::BackendKind::parse, default_value = "docker")]
     pub backend: config::serve::BackendKind,
     /// Sandbox image (default: the tag matching this binary's images/).
@@ -233,8 +237,20 @@ pub struct SandboxOpts {
     /// OCI runtime for sandboxes (default: the daemon's, runc). `runsc` is the gVisor
     /// isolation tier (set it up with `scripts/setup-docker.sh --gvisor`); any other name
     /// the daemon has registered (crun) works too. Refused at start when the daemon lacks it.
+    /// On kubernetes, the pods' runtimeClassName (e.g. gvisor).
     #[arg(long, env = vars::MCP_EXECUTOR_RUNTIME)]
     pub runtime: Option<String>,
+    /// kubernetes: the kubeconfig file (default: in-cluster, else KUBECONFIG, else
+    /// ~/.kube/config).
+    #[arg(long, env = vars::MCP_EXECUTOR_KUBECONFIG, value_name = "FILE")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// kubernetes: the namespace of sandbox pods (default: the kubeconfig context's).
+    #[arg(long, env = vars::MCP_EXECUTOR_KUBE_NAMESPACE, value_name = "NS")]
+    pub kube_namespace: Option<String>,
+    /// kubernetes: the PVC holding the data directory, for environments and installs
+    /// (default: none; the image's Python only, installs refused).
+    #[arg(long, env = vars::MCP_EXECUTOR_KUBE_ENV_VOLUME, value_name = "CLAIM")]
+    pub kube_env_volume: Option<String>,
     /// Fail instead of building the image when it is missing.
     #[arg(long)]
     pub no_build: bool,
@@ -261,6 +277,27 @@ impl SandboxOpts {
             docker_host: get(vars::DOCKER_HOST).filter(|h| !h.trim().is_empty()),
             pool_size,
             build_missing: !self.no_build,
+            kubernetes: config::KubeSettings {
+                kubeconfig: self.kubeconfig.clone(),
+                namespace: self.kube_namespace.clone().filter(|n| !n.trim().is_empty()),
+                env_volume: self
+                    .kube_env_volume
+                    .clone()
+                    .filter(|n| !n.trim().is_empty()),
+                data_dir: None,
+                own_pod: match (
+                    get(vars::MCP_EXECUTOR_POD_NAMESPACE),
+                    get(vars::MCP_EXECUTOR_POD_NAME),
+                    get(vars::MCP_EXECUTOR_POD_UID),
+                ) {
+                    (Some(ns), Some(name), Some(uid))
+                        if !ns.is_empty() && !name.is_empty() && !uid.is_empty() =>
+                    {
+                        Some((ns, name, uid))
+                    }
+                    _ => None,
+                },
+            },
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The one place the binary names a concrete backend: every command gets its sandboxes
-//! from here, as a [`Backend`] (today always Docker), and builds its images through
-//! [`image`].
+//! from here, as a [`Backend`] (Docker, or Kubernetes with the `kubernetes` feature), and
+//! builds its images through [`image`].
 
 use std::sync::Arc;
 
@@ -67,7 +67,56 @@ pub async fn connect_with_pool(
             }
             Ok(Arc::new(sandbox))
         }
+        BackendKind::Kubernetes => kubernetes(cfg, pool_limits, per_tenant).await,
     }
+}
+
+/// The Kubernetes backend: the image is not built here (the nodes pull it from a
+/// registry; see the README), what servers that are gone left is swept.
+#[cfg(feature = "kubernetes")]
+async fn kubernetes(
+    cfg: &BackendConfig,
+    pool_limits: Limits,
+    per_tenant: bool,
+) -> Result<Arc<dyn Backend>, String> {
+    use mcp_code_executor::backend::kubernetes::{KubeBackend, KubeConfig, OwnerPod};
+    let k = &cfg.kubernetes;
+    let config = KubeConfig {
+        kubeconfig: k.kubeconfig.clone(),
+        namespace: k.namespace.clone().unwrap_or_default(),
+        runtime_class: cfg.runtime.clone(),
+        pool_size: cfg.pool_size,
+        pool_limits,
+        pool_per_tenant: per_tenant,
+        env_volume: k.env_volume.clone(),
+        data_dir: k.data_dir.clone(),
+        owner_pod: k.own_pod.clone().map(|(namespace, name, uid)| OwnerPod {
+            namespace,
+            name,
+            uid,
+        }),
+        ..KubeConfig::new(cfg.image.clone().unwrap_or_else(image::default_image))
+    };
+    let sandbox = KubeBackend::connect(config)
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Err(e) = sandbox.sweep().await {
+        tracing::warn!(error = %e, "sweep of leftover pods failed");
+    }
+    Ok(Arc::new(sandbox))
+}
+
+#[cfg(not(feature = "kubernetes"))]
+async fn kubernetes(
+    _cfg: &BackendConfig,
+    _pool_limits: Limits,
+    _per_tenant: bool,
+) -> Result<Arc<dyn Backend>, String> {
+    Err(
+        "this binary was built without the `kubernetes` feature: rebuild it with \
+         `cargo build --features kubernetes` (on by default)"
+            .to_string(),
+    )
 }
 
 /// The bench's way to get a backend with a warm pool of a given size (0: none).
