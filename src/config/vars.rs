@@ -65,7 +65,7 @@ env_vars! {
     /// The sandbox image (`--image`; default: the tag that matches this binary).
     MCP_EXECUTOR_IMAGE;
     /// OCI runtime of sandboxes (`--runtime`; Docker's default, `runc`, when unset or empty;
-    /// `runsc`: the gVisor isolation tier).
+    /// `runsc`: the gVisor isolation tier; on `kubernetes`, the pods' `runtimeClassName`).
     MCP_EXECUTOR_RUNTIME;
     /// The Docker daemon (`unix://…`, `tcp://…`); read by the Docker client itself; the
     /// local socket when unset.
