@@ -1,0 +1,786 @@
+//! Issue 13, the server's transports (items 1, 2, 3, 12, 13), against the real server binary
+//! on real Docker, with real HTTP clients (reqwest, raw TCP for what a polite client never
+//! does: stop reading, send half a request) and a real stdio client.
+//!
+//! `attack_rss` (ignored; run by hand) is the attack tool: it runs the attacks of items 1-3
+//! against a local server and prints its RSS before, during and after, with the bounds:
+//! `cargo test --test harden_http attack_rss -- --ignored --nocapture`
+//! (`MCE_ATTACK_BIN=/path/to/mcp-code-executor` attacks another build, e.g. an older one).
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpSocket, TcpStream};
+
+#[path = "common/mod.rs"]
+mod common;
+
+/// A `serve` process on 127.0.0.1, port 0, with its own data directories.
+struct Server {
+    child: tokio::process::Child,
+    addr: SocketAddr,
+    stderr: Arc<Mutex<String>>,
+    dir: std::path::PathBuf,
+    tenant: String,
+}
+
+impl Server {
+    async fn start(name: &str, args: &[&str]) -> Server {
+        Self::start_bin(env!("CARGO_BIN_EXE_mcp-code-executor"), name, args).await
+    }
+
+    async fn start_bin(bin: &str, name: &str, args: &[&str]) -> Server {
+        let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
+        let tenant = format!("t-harden-{name}-{id}");
+        let dir = std::env::temp_dir().join(format!("mcp-test-harden-{id}"));
+        let mut child = tokio::process::Command::new(bin)
+            .args(["serve", "--port", "0", "--pool-size", "0"])
+            .args(args)
+            .env("CODE_STORAGE_DIR", dir.join("code"))
+            .env("MCP_EXECUTOR_DATA_DIR", dir.join("data"))
+            .env("MCP_EXECUTOR_TENANT", &tenant)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn the server");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
+        let (serving_tx, serving_rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn({
+            let stderr = stderr.clone();
+            async move {
+                let mut addr_tx = Some(addr_tx);
+                let mut serving_tx = Some(serving_tx);
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Some(rest) = line.split("listening on http://").nth(1) {
+                        let a = rest.split(':').take(2).collect::<Vec<_>>().join(":");
+                        let a = a
+                            .trim_end_matches(|c: char| !c.is_ascii_digit())
+                            .to_string();
+                        if let Some(tx) = addr_tx.take() {
+                            let _ = tx.send(a);
+                        }
+                    }
+                    if line.contains("serving Streamable HTTP") {
+                        if let Some(tx) = serving_tx.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    let mut s = stderr.lock().unwrap();
+                    s.push_str(&line);
+                    s.push('\n');
+                }
+            }
+        });
+        let addr: SocketAddr = tokio::time::timeout(Duration::from_secs(60), addr_rx)
+            .await
+            .expect("the server says where it listens")
+            .unwrap()
+            .parse()
+            .expect("an address");
+        if tokio::time::timeout(Duration::from_secs(240), serving_rx)
+            .await
+            .is_err()
+        {
+            panic!("the server did not start:\n{}", stderr.lock().unwrap());
+        }
+        Server {
+            child,
+            addr,
+            stderr,
+            dir,
+            tenant,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Resident memory, KiB.
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    }
+
+    async fn metric(&self, line_prefix: &str) -> f64 {
+        let text = reqwest::get(self.url("/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find(|l| l.starts_with(line_prefix) && l[line_prefix.len()..].starts_with(' '))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no metric `{line_prefix}` in /metrics:\n{text}"))
+    }
+
+    /// SIGTERM, then wait for a clean exit; nothing of ours left behind.
+    async fn stop(mut self) {
+        // SAFETY: signalling our own child.
+        unsafe {
+            libc::kill(self.pid() as i32, libc::SIGTERM);
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
+        let _ = self.child.start_kill();
+        common::remove_containers(&common::containers_of(&self.tenant));
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Streamable HTTP session opened with plain HTTP: its id.
+async fn open_session(http: &reqwest::Client, s: &Server) -> Result<String, (u16, String)> {
+    let r = http
+        .post(s.url("/mcp"))
+        .header("Accept", "application/json, text/event-stream")
+        .json(
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "harden", "version": "1"}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let id = r
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_string());
+    let body = r.text().await.unwrap();
+    let Some(id) = id else {
+        return Err((status, body));
+    };
+    let r = http
+        .post(s.url("/mcp"))
+        .header("Accept", "application/json, text/event-stream")
+        .header("mcp-session-id", &id)
+        .header("mcp-protocol-version", "2025-06-18")
+        .json(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    Ok(id)
+}
+
+fn tool_call(id: u64, tool: &str, args: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": tool, "arguments": args}})
+}
+
+/// A tools/call over Streamable HTTP, read whole: the text of its SSE body.
+async fn call(http: &reqwest::Client, s: &Server, session: &str, body: &Value) -> String {
+    http.post(s.url("/mcp"))
+        .header("Accept", "application/json, text/event-stream")
+        .header("mcp-session-id", session)
+        .header("mcp-protocol-version", "2025-06-18")
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// A big workspace file, so that each `read_file` returns a full page (~192 KiB).
+async fn big_file(http: &reqwest::Client, s: &Server, session: &str) {
+    let content = "0123456789abcdef".repeat(4 << 16); // 4 MiB
+    let r = call(
+        http,
+        s,
+        session,
+        &tool_call(
+            2,
+            "write_file",
+            json!({"path": "big.txt", "content": content}),
+        ),
+    )
+    .await;
+    assert!(
+        r.contains("big.txt") && !r.contains("\"isError\":true"),
+        "{r}"
+    );
+}
+
+/// A TCP connection whose client hardly reads: a small receive buffer, never read.
+async fn lazy_connection(addr: SocketAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// A raw HTTP/1.1 request with a JSON body.
+fn raw_post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &str) -> Vec<u8> {
+    let mut r = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        r.push_str(&format!("{k}: {v}\r\n"));
+    }
+    r.push_str("\r\n");
+    r.push_str(body);
+    r.into_bytes()
+}
+
+/// Read until the server closes (bounded by `within`); what came, and whether it closed.
+async fn read_to_close(c: &mut TcpStream, within: Duration) -> (Vec<u8>, bool) {
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(within, async {
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            match c.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    (got, closed)
+}
+
+/// Item 1 (Streamable HTTP): calls whose client never reads the responses. Their results
+/// wait in the server only up to the per-session bound, and a client that does not read
+/// is disconnected (its responses cut short), said in the log and in /metrics; a client of
+/// the same session that reads gets its result whole.
+#[tokio::test]
+async fn unread_streamable_results_are_bounded_and_the_client_dropped() {
+    let s = Server::start(
+        "unread",
+        &["--max-buffered-per-session", "1m", "--stall-timeout", "4"],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let session = open_session(&http, &s).await.unwrap();
+    big_file(&http, &s, &session).await;
+    let mut lazy = Vec::new();
+    for i in 0..12u64 {
+        let mut c = lazy_connection(s.addr).await;
+        let body = tool_call(
+            100 + i,
+            "read_file",
+            json!({"path": "big.txt", "offset": i * 196_608}),
+        )
+        .to_string();
+        c.write_all(&raw_post(
+            s.addr,
+            "/mcp",
+            &[
+                ("mcp-session-id", &session),
+                ("mcp-protocol-version", "2025-06-18"),
+            ],
+            &body,
+        ))
+        .await
+        .unwrap();
+        lazy.push(c);
+    }
+    // A polite client of the same session meanwhile.
+    let whole = call(
+        &http,
+        &s,
+        &session,
+        &tool_call(7, "read_file", json!({"path": "big.txt"})),
+    )
+    .await;
+    assert!(
+        whole.contains("next_offset"),
+        "{}",
+        &whole[..whole.len().min(500)]
+    );
+    // Every lazy connection is closed by the server before its response is complete.
+    let mut cut = 0;
+    for c in &mut lazy {
+        let (got, closed) = read_to_close(c, Duration::from_secs(60)).await;
+        assert!(closed, "a client that does not read was not disconnected");
+        if !got.ends_with(b"0\r\n\r\n") {
+            cut += 1;
+        }
+    }
+    assert!(cut > 0, "no response was cut short");
+    assert!(
+        s.metric("mcp_clients_dropped_total{reason=\"stalled\"}")
+            .await
+            + s.metric("mcp_clients_dropped_total{reason=\"over_bound\"}")
+                .await
+            >= cut as f64
+    );
+    assert!(s.metric("mcp_results_dropped_bytes_total").await > 0.0);
+    assert_eq!(s.metric("mcp_results_buffered_bytes").await, 0.0);
+    assert!(
+        s.stderr().contains("dropped a client that does not read"),
+        "{}",
+        s.stderr()
+    );
+    s.stop().await;
+}
+
+/// Item 1 (legacy SSE): `GET /sse` never read while calls are posted to `/messages`: the
+/// session's queue is bounded in bytes, the client is disconnected and its session ends.
+#[tokio::test]
+async fn unread_sse_stream_is_bounded_and_dropped() {
+    let s = Server::start(
+        "unread-sse",
+        &["--max-buffered-per-session", "2m", "--stall-timeout", "4"],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    // The SSE session writes the big file itself, then stops reading.
+    let mut sse = lazy_connection(s.addr).await;
+    sse.write_all(
+        format!(
+            "GET /sse HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\n\r\n",
+            s.addr
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    // Read up to the endpoint event, then no more.
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !String::from_utf8_lossy(&head).contains("sessionId=") || !head.ends_with(b"\n") {
+        sse.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_string();
+    let endpoint = head
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .unwrap()
+        .trim()
+        .to_string();
+    let post = |body: Value| {
+        let http = http.clone();
+        let url = s.url(&endpoint);
+        async move {
+            http.post(url)
+                .json(&body)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0)
+        }
+    };
+    assert_eq!(
+        post(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2024-11-05", "capabilities": {},
+            "clientInfo": {"name": "harden", "version": "1"}}})
+        )
+        .await,
+        202
+    );
+    assert_eq!(
+        post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await,
+        202
+    );
+    let content = "0123456789abcdef".repeat(4 << 16);
+    assert_eq!(
+        post(tool_call(
+            2,
+            "write_file",
+            json!({"path": "big.txt", "content": content})
+        ))
+        .await,
+        202
+    );
+    // Its answer read (the file is there), then the client stops reading.
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("\"id\":2") {
+        let mut buf = [0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(60), sse.read(&mut buf))
+            .await
+            .expect("the write_file answer")
+            .unwrap();
+        assert!(n > 0, "the stream ended early");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    // 40 pages of ~192 KiB (more than 8 MiB serialized), never read.
+    let mut refused = 0;
+    for i in 0..40u64 {
+        let st = post(tool_call(
+            10 + i,
+            "read_file",
+            json!({"path": "big.txt", "offset": (i % 20) * 196_608}),
+        ))
+        .await;
+        if st != 202 {
+            refused += 1; // the session is gone: the client was dropped
+        }
+    }
+    let (_, closed) = read_to_close(&mut sse, Duration::from_secs(60)).await;
+    assert!(
+        closed,
+        "the SSE client that does not read was not disconnected"
+    );
+    assert!(
+        s.metric("mcp_clients_dropped_total{reason=\"over_bound\"}")
+            .await
+            + s.metric("mcp_clients_dropped_total{reason=\"stalled\"}")
+                .await
+            >= 1.0
+    );
+    assert!(s.metric("mcp_results_dropped_bytes_total").await > 0.0);
+    assert_eq!(s.metric("mcp_results_buffered_bytes").await, 0.0);
+    // Its session is closed: a later post finds no session.
+    assert_eq!(
+        post(json!({"jsonrpc": "2.0", "id": 99, "method": "tools/list"})).await,
+        404,
+        "({refused} posts refused before)"
+    );
+    s.stop().await;
+}
+
+/// Item 2: protocol sessions are capped per tenant with a clear error; past the cap the
+/// one idle longest is closed to make room; expired sessions are gone (and initialize
+/// works again).
+#[tokio::test]
+async fn protocol_sessions_are_capped_reaped_and_expire() {
+    let s = Server::start(
+        "sessions",
+        &[
+            "--max-protocol-sessions-per-tenant",
+            "5",
+            "--max-protocol-sessions",
+            "8",
+            "--protocol-session-idle",
+            "12",
+        ],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(open_session(&http, &s).await.unwrap());
+    }
+    // The sixth: refused, clearly (none has been idle long enough to be closed).
+    let (status, body) = open_session(&http, &s).await.unwrap_err();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("too many open MCP sessions"), "{body}");
+    assert!(body.contains("-32000"), "{body}");
+    assert_eq!(s.metric("mcp_protocol_sessions_refused_total").await, 1.0);
+    // Keep the last four busy-ish (used), let the first idle: after half the idle time it
+    // is the one closed for a new session.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for id in &ids[1..] {
+        let r = call(
+            &http,
+            &s,
+            id,
+            &json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}),
+        )
+        .await;
+        assert!(r.contains("execute_code"), "{r}");
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let sixth = open_session(&http, &s)
+        .await
+        .expect("room made by closing the idlest session");
+    assert_eq!(s.metric("mcp_protocol_sessions_reaped_total").await, 1.0);
+    let r = http
+        .post(s.url("/mcp"))
+        .header("Accept", "application/json, text/event-stream")
+        .header("mcp-session-id", &ids[0])
+        .header("mcp-protocol-version", "2025-06-18")
+        .json(&json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404, "the reaped session is gone");
+    let r = call(
+        &http,
+        &s,
+        &sixth,
+        &json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}),
+    )
+    .await;
+    assert!(r.contains("execute_code"), "{r}");
+    // Expiry: all idle past 12 s are gone from the books.
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    let tenant_line = format!("mcp_protocol_sessions{{tenant=\"{}\"}}", s.tenant);
+    let text = reqwest::get(s.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !text.contains(&tenant_line),
+        "sessions left after expiry:\n{text}"
+    );
+    for _ in 0..5 {
+        open_session(&http, &s)
+            .await
+            .expect("room again after expiry");
+    }
+    s.stop().await;
+}
+
+/// Item 3: slow headers and bodies time out; SSE streams are capped per tenant (429);
+/// with the MCP connections saturated `/healthz` and `/readyz` still answer (the health
+/// reserve) while MCP requests get 503.
+#[tokio::test]
+async fn slow_clients_time_out_and_health_answers_when_saturated() {
+    let s = Server::start(
+        "conns",
+        &[
+            "--header-timeout",
+            "2",
+            "--body-timeout",
+            "2",
+            "--max-connections",
+            "12",
+            "--health-connections",
+            "4",
+            "--max-streams-per-tenant",
+            "4",
+        ],
+    )
+    .await;
+    // Half a header: the server closes the connection.
+    let mut c = TcpStream::connect(s.addr).await.unwrap();
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: a")
+        .await
+        .unwrap();
+    let (_, closed) = read_to_close(&mut c, Duration::from_secs(20)).await;
+    assert!(closed, "a request with partial headers stayed open");
+    // Half a body: 408.
+    let mut c = TcpStream::connect(s.addr).await.unwrap();
+    c.write_all(
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: 100\r\n\r\n{{\"jsonrpc\""
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let (got, closed) = read_to_close(&mut c, Duration::from_secs(20)).await;
+    assert!(closed, "a request with a partial body stayed open");
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(s.metric("mcp_http_body_timeouts_total").await >= 1.0);
+    // SSE streams: four, the fifth refused.
+    let mut streams = Vec::new();
+    for _ in 0..4 {
+        let mut c = TcpStream::connect(s.addr).await.unwrap();
+        c.write_all(b"GET /sse HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; 1024];
+        let n = c.read(&mut buf).await.unwrap();
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        streams.push(c);
+    }
+    let r = reqwest::get(s.url("/sse")).await.unwrap();
+    assert_eq!(r.status().as_u16(), 429);
+    assert!(r
+        .text()
+        .await
+        .unwrap()
+        .contains("too many open requests and streams"));
+    // Saturate the MCP connections with slow headers (each lives up to 2 s).
+    let mut slow = Vec::new();
+    for _ in 0..8 {
+        let mut c = TcpStream::connect(s.addr).await.unwrap();
+        c.write_all(b"GET /mcp HTTP/1.1\r\nHost: loc")
+            .await
+            .unwrap();
+        slow.push(c);
+    }
+    // Health and readiness answer; an MCP request is told the server is full.
+    let health = reqwest::get(s.url("/healthz")).await.unwrap();
+    assert_eq!(health.status().as_u16(), 200);
+    let ready = reqwest::get(s.url("/readyz")).await.unwrap();
+    assert_eq!(ready.status().as_u16(), 200);
+    let mcp = reqwest::Client::new()
+        .post(s.url("/mcp"))
+        .header("Accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(mcp.status().as_u16(), 503);
+    assert!(mcp.text().await.unwrap().contains("connection limit"));
+    assert!(s.metric("mcp_http_connections_health_only_total").await >= 2.0);
+    drop(slow);
+    drop(streams);
+    s.stop().await;
+}
+
+/// Item 12: `/metrics` and `/readyz` refuse a foreign `Host` or `Origin` (DNS rebinding).
+#[tokio::test]
+async fn metrics_and_readyz_check_host_and_origin() {
+    let s = Server::start("host", &[]).await;
+    let http = reqwest::Client::new();
+    for path in ["/metrics", "/readyz"] {
+        let r = http
+            .get(s.url(path))
+            .header("Host", "rebound.example")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 403, "{path} with a foreign Host");
+        let r = http
+            .get(s.url(path))
+            .header("Origin", "http://rebound.example")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 403, "{path} with a foreign Origin");
+        let r = http.get(s.url(path)).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{path} from loopback");
+    }
+    // Liveness says nothing and stays open.
+    let r = http
+        .get(s.url("/healthz"))
+        .header("Host", "rebound.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    s.stop().await;
+}
+
+/// Item 13 (HTTP): deeply nested JSON is a JSON-RPC parse error (400, -32700), on both
+/// HTTP transports.
+#[tokio::test]
+async fn deep_json_over_http_is_a_parse_error() {
+    let s = Server::start("deep", &[]).await;
+    let deep = format!("{}1{}", "{\"a\":".repeat(1000), "}".repeat(1000));
+    let r = reqwest::Client::new()
+        .post(s.url("/mcp"))
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .body(deep.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], -32700, "{v}");
+    let r = reqwest::Client::new()
+        .post(s.url("/messages?sessionId=none"))
+        .header("Content-Type", "application/json")
+        .body(deep)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], -32700, "{v}");
+    s.stop().await;
+}
+
+/// Item 13 (stdio): a line over 8 MiB is answered with -32600, and the server goes on.
+#[tokio::test]
+async fn stdio_oversize_line_is_refused_and_the_server_goes_on() {
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
+    let tenant = format!("t-harden-stdio-{id}");
+    let dir = std::env::temp_dir().join(format!("mcp-test-harden-{id}"));
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
+        .args(["serve", "--stdio", "--pool-size", "0"])
+        .env("CODE_STORAGE_DIR", dir.join("code"))
+        .env("MCP_EXECUTOR_DATA_DIR", dir.join("data"))
+        .env("MCP_EXECUTOR_TENANT", &tenant)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let send = |v: String| {
+        let mut b = v.into_bytes();
+        b.push(b'\n');
+        b
+    };
+    stdin
+        .write_all(&send(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "harden", "version": "1"}}})
+            .to_string(),
+        ))
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(60), out.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(first.contains("\"id\":1"), "{first}");
+    stdin
+        .write_all(&send(
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string(),
+        ))
+        .await
+        .unwrap();
+    // 9 MiB on one line (a JSON string, so that only its length is wrong).
+    let mut big = Vec::with_capacity(9 << 20);
+    write!(
+        big,
+        "{{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/list\",\"x\":\""
+    )
+    .unwrap();
+    big.resize(9 << 20, b'a');
+    big.extend_from_slice(b"\"}\n");
+    stdin.write_all(&big).await.unwrap();
+    stdin
+        .write_all(&send(
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}).to_string(),
+        ))
+        .await
+        .unwrap();
+    let refused = tokio::time::timeout(Duration::from_secs(60), out.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("an answer to the long line");
+    assert!(refused.contains("-32600"), "{refused}");
+    let listed = tokio::time::timeout(Duration::from_secs(60), out.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the server went on after the long line");
+    assert!(
+        listed.contains("\"id\":3") && listed.contains("execute_code"),
+        "{}",
+        &listed[..listed.len().min(300)]
+    );
+    drop(stdin);
+    let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+    let _ = child.start_kill();
+    common::remove_containers(&common::containers_of(&tenant));
+    let _ = std::fs::remove_dir_all(&dir);
+}
