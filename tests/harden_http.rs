@@ -34,11 +34,14 @@ impl Server {
         Self::start_bin(env!("CARGO_BIN_EXE_mcp-code-executor"), name, args).await
     }
 
+    /// `bin` as the server, with a soft open-files limit of 1,024 (Docker's default; the
+    /// hard limit stays) as in the reproduction.
     async fn start_bin(bin: &str, name: &str, args: &[&str]) -> Server {
         let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
         let tenant = format!("t-harden-{name}-{id}");
         let dir = std::env::temp_dir().join(format!("mcp-test-harden-{id}"));
-        let mut child = tokio::process::Command::new(bin)
+        let mut child = tokio::process::Command::new("sh")
+            .args(["-c", "ulimit -Sn 1024 && exec \"$0\" \"$@\"", bin])
             .args(["serve", "--port", "0", "--pool-size", "0"])
             .args(args)
             .env("CODE_STORAGE_DIR", dir.join("code"))
@@ -783,4 +786,208 @@ async fn stdio_oversize_line_is_refused_and_the_server_goes_on() {
     let _ = child.start_kill();
     common::remove_containers(&common::containers_of(&tenant));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The attack tool (run by hand): the attacks of items 1-3 against a local server, its RSS
+/// before, at the peak during, and after each, with the documented bounds. Not a pass/fail
+/// test: it prints figures. `MCE_ATTACK_BIN` names another build to attack (e.g. main's).
+#[tokio::test]
+#[ignore = "an attack tool run by hand: prints RSS figures"]
+async fn attack_rss() {
+    let bin = std::env::var("MCE_ATTACK_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_mcp-code-executor").to_string());
+    println!("attacking {bin}");
+    let s = Server::start_bin(&bin, "attack", &[]).await;
+    let http = reqwest::Client::new();
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sampler = {
+        let peak = peak.clone();
+        let pid = s.pid();
+        tokio::spawn(async move {
+            loop {
+                if let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+                    if let Some(kb) = st
+                        .lines()
+                        .find_map(|l| l.strip_prefix("VmRSS:"))
+                        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                    {
+                        peak.fetch_max(kb, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let mib = |kb: u64| kb as f64 / 1024.0;
+    let reset = |p: &std::sync::atomic::AtomicU64, now: u64| p.store(now, std::sync::atomic::Ordering::Relaxed);
+    let peak_of = |p: &std::sync::atomic::AtomicU64| p.load(std::sync::atomic::Ordering::Relaxed);
+
+    // ---- item 1a: legacy SSE, stream never read, 300 read_file pages posted ----
+    let before = s.rss_kib();
+    reset(&peak, before);
+    let mut sse = lazy_connection(s.addr).await;
+    sse.write_all(format!("GET /sse HTTP/1.1\r\nHost: {}\r\n\r\n", s.addr).as_bytes())
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let endpoint = loop {
+        let mut buf = [0u8; 1024];
+        let n = sse.read(&mut buf).await.unwrap();
+        seen.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&seen).to_string();
+        if let Some(e) = text.lines().find_map(|l| l.strip_prefix("data: /messages")) {
+            break format!("/messages{}", e.trim());
+        }
+    };
+    let post = |body: Value| {
+        let http = http.clone();
+        let url = s.url(&endpoint);
+        async move { http.post(url).json(&body).send().await.map(|r| r.status().as_u16()).unwrap_or(0) }
+    };
+    post(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "attack", "version": "1"}}})).await;
+    post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    let content = "0123456789abcdef".repeat(4 << 16);
+    post(tool_call(2, "write_file", json!({"path": "big.txt", "content": content}))).await;
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("\"id\":2") {
+        let mut buf = [0u8; 4096];
+        let n = sse.read(&mut buf).await.unwrap();
+        assert!(n > 0);
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let mut accepted = 0;
+    for i in 0..300u64 {
+        if post(tool_call(10 + i, "read_file", json!({"path": "big.txt", "offset": (i % 20) * 196_608}))).await == 202 {
+            accepted += 1;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let during = s.rss_kib();
+    let (_, closed) = read_to_close(&mut sse, Duration::from_secs(40)).await;
+    drop(sse);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    println!(
+        "item 1 (legacy SSE, 300 unread read_file pages of ~192 KiB, {accepted} accepted): RSS before {:.0} MiB, peak {:.0} MiB, 5 s after posting {:.0} MiB, after the stream closed {:.0} MiB; dropped by the server: {closed}; bound: 16 MiB per session, 128 MiB per tenant, 256 MiB in all",
+        mib(before), mib(peak_of(&peak)), mib(during), mib(s.rss_kib())
+    );
+
+    // ---- item 1b: Streamable HTTP, 200 calls on connections never read ----
+    let before = s.rss_kib();
+    reset(&peak, before);
+    let session = open_session(&http, &s).await.unwrap();
+    big_file(&http, &s, &session).await;
+    let mut lazy = Vec::new();
+    for i in 0..200u64 {
+        let mut c = lazy_connection(s.addr).await;
+        let body = tool_call(100 + i, "read_file", json!({"path": "big.txt", "offset": (i % 20) * 196_608})).to_string();
+        c.write_all(&raw_post(s.addr, "/mcp", &[("mcp-session-id", &session), ("mcp-protocol-version", "2025-06-18")], &body))
+            .await
+            .unwrap();
+        lazy.push(c);
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let during = s.rss_kib();
+    let mut closed = 0;
+    for c in &mut lazy {
+        let (_, cl) = read_to_close(c, Duration::from_millis(200)).await;
+        closed += usize::from(cl);
+    }
+    drop(lazy);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    println!(
+        "item 1 (Streamable HTTP, 200 unread tools/call responses): RSS before {:.0} MiB, peak {:.0} MiB, after 10 s {:.0} MiB, after the clients left {:.0} MiB; {closed} of 200 closed by the server within 10 s",
+        mib(before), mib(peak_of(&peak)), mib(during), mib(s.rss_kib())
+    );
+
+    // ---- item 2: 5,000 initialize requests ----
+    let before = s.rss_kib();
+    reset(&peak, before);
+    let mut ok = 0;
+    let mut refused = 0;
+    for chunk in 0..50 {
+        let tasks: Vec<_> = (0..100)
+            .map(|_| {
+                let http = http.clone();
+                let url = s.url("/mcp");
+                tokio::spawn(async move {
+                    let r = http
+                        .post(url)
+                        .header("Accept", "application/json, text/event-stream")
+                        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                            "protocolVersion": "2025-06-18", "capabilities": {},
+                            "clientInfo": {"name": "attack", "version": "1"}}}))
+                        .send()
+                        .await;
+                    match r {
+                        Ok(r) => {
+                            let has = r.headers().contains_key("mcp-session-id");
+                            let _ = r.bytes().await;
+                            has
+                        }
+                        Err(_) => false,
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            if t.await.unwrap() {
+                ok += 1;
+            } else {
+                refused += 1;
+            }
+        }
+        let _ = chunk;
+    }
+    let during = s.rss_kib();
+    println!(
+        "item 2 (5,000 initialize): {ok} sessions opened, {refused} refused; RSS before {:.0} MiB, peak {:.0} MiB, after {:.0} MiB; bound: 200 sessions per tenant, 1,000 in all",
+        mib(before), mib(peak_of(&peak)), mib(during)
+    );
+
+    // ---- item 3: 1,100 GET /sse held open, /healthz meanwhile ----
+    let before = s.rss_kib();
+    reset(&peak, before);
+    let mut held = Vec::new();
+    let mut opened = 0;
+    for _ in 0..1100 {
+        match tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(s.addr)).await {
+            Ok(Ok(mut c)) => {
+                if c.write_all(b"GET /sse HTTP/1.1\r\nHost: localhost\r\n\r\n").await.is_ok() {
+                    opened += 1;
+                    held.push(c);
+                }
+            }
+            _ => break,
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let start = std::time::Instant::now();
+    let health = tokio::time::timeout(
+        Duration::from_secs(10),
+        reqwest::Client::new().get(s.url("/healthz")).send(),
+    )
+    .await;
+    let health = match health {
+        Ok(Ok(r)) => format!("{} in {} ms", r.status().as_u16(), start.elapsed().as_millis()),
+        Ok(Err(e)) => format!("error: {e}"),
+        Err(_) => "no answer within 10 s".to_string(),
+    };
+    let mut partial = TcpStream::connect(s.addr).await;
+    if let Ok(p) = &mut partial {
+        let _ = p.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-a: b").await;
+    }
+    let partial_closed = match &mut partial {
+        Ok(p) => read_to_close(p, Duration::from_secs(20)).await.1,
+        Err(_) => false,
+    };
+    let during = s.rss_kib();
+    drop(held);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    println!(
+        "item 3 (1,100 GET /sse held, soft open-files limit 1,024): {opened} connections written; /healthz: {health}; a request with partial headers closed by the server within 20 s: {partial_closed}; RSS before {:.0} MiB, peak {:.0} MiB, during {:.0} MiB, after {:.0} MiB; bound: 512 MCP connections + 16 health-only, 64 streams per tenant, 256 in all, 10 s for headers",
+        mib(before), mib(peak_of(&peak)), mib(during), mib(s.rss_kib())
+    );
+    sampler.abort();
+    s.stop().await;
 }

@@ -202,6 +202,7 @@ impl Tracker {
         reason: &str,
     ) {
         c.kill.cancel();
+        super::sessions::trim_soon();
         let counter = if reason == "stalled" {
             &self.counters.clients_dropped_stalled
         } else {
