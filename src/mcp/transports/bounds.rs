@@ -52,6 +52,10 @@ struct Counters {
     bytes_dropped: AtomicU64,
 }
 
+/// A connection with bytes waiting: it, the bytes, since when they have not moved, its
+/// tenant and session.
+type Waiting = (Arc<Conn>, u64, Instant, Option<String>, Option<String>);
+
 /// Everything the front counts, shared by the accept loop, the connections and the routes
 /// (which find it through the [`Conn`] in each request's extensions).
 pub struct Tracker {
@@ -136,7 +140,7 @@ impl Tracker {
     fn enforce(&self) {
         let now = Instant::now();
         let b = &self.bounds;
-        let mut live: Vec<(Arc<Conn>, u64, Instant, Option<String>, Option<String>)> = self
+        let mut live: Vec<Waiting> = self
             .conns()
             .values()
             .filter(|c| !c.kill.is_cancelled())
@@ -160,7 +164,7 @@ impl Tracker {
             }
         }
         // Over-bound groups: each check is a key function and its bound.
-        type Key = fn(&(Arc<Conn>, u64, Instant, Option<String>, Option<String>)) -> Option<String>;
+        type Key = fn(&Waiting) -> Option<String>;
         let checks: [(Key, u64, &str); 3] = [
             (|e| e.4.clone(), b.max_buffered_per_session, "session"),
             (|e| e.3.clone(), b.max_buffered_per_tenant, "tenant"),
@@ -627,7 +631,7 @@ fn open_files_limit() -> u64 {
     // SAFETY: as above.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
-            return lim.rlim_cur as u64;
+            return lim.rlim_cur;
         }
     }
     u64::MAX

@@ -100,7 +100,7 @@ impl SessionBook {
                 *by_tenant.entry(x.tenant.as_str()).or_default() += 1;
             }
             let mut tenants: Vec<_> = by_tenant.into_iter().collect();
-            tenants.sort_by(|a, b| b.1.cmp(&a.1));
+            tenants.sort_by_key(|t| std::cmp::Reverse(t.1));
             let v = tenants
                 .iter()
                 .find_map(|(t, _)| reapable(Some(t)))
