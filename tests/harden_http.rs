@@ -267,6 +267,30 @@ async fn read_to_close(c: &mut TcpStream, within: Duration) -> (Vec<u8>, bool) {
     (got, closed)
 }
 
+/// Clients dropped so far (stalled or over a bound).
+async fn drops(s: &Server) -> f64 {
+    s.metric("mcp_clients_dropped_total{reason=\"stalled\"}")
+        .await
+        + s.metric("mcp_clients_dropped_total{reason=\"over_bound\"}")
+            .await
+}
+
+/// Wait (without reading the lazy clients: reading would make them readers) until the
+/// server has dropped at least `n` clients; bounded.
+async fn wait_for_drops(s: &Server, n: f64) {
+    for _ in 0..120 {
+        if drops(s).await >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!(
+        "the server dropped {} clients that do not read, not {n}:\n{}",
+        drops(s).await,
+        s.stderr()
+    );
+}
+
 /// Item 1 (Streamable HTTP): calls whose client never reads the responses. Their results
 /// wait in the server only up to the per-session bound, and a client that does not read
 /// is disconnected (its responses cut short), said in the log and in /metrics; a client of
@@ -316,7 +340,9 @@ async fn unread_streamable_results_are_bounded_and_the_client_dropped() {
         "{}",
         &whole[..whole.len().min(500)]
     );
-    // Every lazy connection is closed by the server before its response is complete.
+    // The server drops them (they stall with bytes waiting), then each lazy connection is
+    // found closed, some with their response cut short.
+    wait_for_drops(&s, 1.0).await;
     let mut cut = 0;
     for c in &mut lazy {
         let (got, closed) = read_to_close(c, Duration::from_secs(60)).await;
@@ -437,6 +463,7 @@ async fn unread_sse_stream_is_bounded_and_dropped() {
             refused += 1; // the session is gone: the client was dropped
         }
     }
+    wait_for_drops(&s, 1.0).await;
     let (_, closed) = read_to_close(&mut sse, Duration::from_secs(60)).await;
     assert!(
         closed,
@@ -554,7 +581,7 @@ async fn slow_clients_time_out_and_health_answers_when_saturated() {
         "conns",
         &[
             "--header-timeout",
-            "5",
+            "10",
             "--body-timeout",
             "2",
             "--max-connections",
@@ -571,7 +598,7 @@ async fn slow_clients_time_out_and_health_answers_when_saturated() {
     c.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: a")
         .await
         .unwrap();
-    let (_, closed) = read_to_close(&mut c, Duration::from_secs(20)).await;
+    let (_, closed) = read_to_close(&mut c, Duration::from_secs(40)).await;
     assert!(closed, "a request with partial headers stayed open");
     // Half a body: 408.
     let mut c = TcpStream::connect(s.addr).await.unwrap();
@@ -609,7 +636,7 @@ async fn slow_clients_time_out_and_health_answers_when_saturated() {
         .await
         .unwrap()
         .contains("too many open requests and streams"));
-    // Saturate the MCP connections with slow headers (each lives up to 5 s): 4 streams and
+    // Saturate the MCP connections with slow headers (each lives up to 10 s): 4 streams and
     // 10 of these are more than 12, the rest wait in the reserve.
     let mut slow = Vec::new();
     for _ in 0..10 {
@@ -619,11 +646,7 @@ async fn slow_clients_time_out_and_health_answers_when_saturated() {
             .unwrap();
         slow.push(c);
     }
-    // Health and readiness answer; an MCP request is told the server is full.
-    let health = reqwest::get(s.url("/healthz")).await.unwrap();
-    assert_eq!(health.status().as_u16(), 200);
-    let ready = reqwest::get(s.url("/readyz")).await.unwrap();
-    assert_eq!(ready.status().as_u16(), 200);
+    // An MCP request is told the server is full; health and readiness answer.
     let mcp = reqwest::Client::new()
         .post(s.url("/mcp"))
         .header("Accept", "application/json, text/event-stream")
@@ -633,6 +656,10 @@ async fn slow_clients_time_out_and_health_answers_when_saturated() {
         .unwrap();
     assert_eq!(mcp.status().as_u16(), 503);
     assert!(mcp.text().await.unwrap().contains("connection limit"));
+    let health = reqwest::get(s.url("/healthz")).await.unwrap();
+    assert_eq!(health.status().as_u16(), 200);
+    let ready = reqwest::get(s.url("/readyz")).await.unwrap();
+    assert_eq!(ready.status().as_u16(), 200);
     assert!(s.metric("mcp_http_connections_health_only_total").await >= 2.0);
     drop(slow);
     drop(streams);
