@@ -16,7 +16,7 @@ use crate::job::Limits;
 pub mod serve;
 pub mod vars;
 
-pub use serve::{BackendConfig, HttpConfig, KubeSettings, ServeConfig, SessionLimits};
+pub use serve::{BackendConfig, HttpBounds, HttpConfig, KubeSettings, ServeConfig, SessionLimits};
 
 /// Named defaults that have no better home (the MCP layer keeps its own in
 /// `mcp::defaults`, the run limits theirs in [`crate::job::defaults`]).

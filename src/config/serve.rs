@@ -68,6 +68,8 @@ pub struct HttpConfig {
     pub allowed_origins: Vec<String>,
     /// Serve Prometheus metrics at `/metrics`.
     pub metrics: bool,
+    /// Caps on connections, streams, protocol sessions and unread results.
+    pub bounds: HttpBounds,
 }
 
 /// How long execute_python sessions live, and how many at once.
@@ -186,6 +188,7 @@ mod tests {
                 allowed_hosts: allowed_hosts(&["localhost".into()]),
                 allowed_origins: Vec::new(),
                 metrics: true,
+                bounds: HttpBounds::default(),
             },
             limits: Limits::default(),
             max_timeout: Duration::from_secs(300),
@@ -247,4 +250,76 @@ mod tests {
         assert!(allowed_hosts(&["localhost".into(), " * ".into()]).is_empty());
         assert_eq!(allowed_hosts(&["a".into()]), ["a"]);
     }
+}
+
+/// The bounds of the HTTP front (`mcp::transports::bounds`). Defaults suit a 2-core machine with a few GiB to spare;
+/// each has a flag and a variable (docs/mcp.md, "Bounds").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpBounds {
+    /// Connections serving MCP (and health) at once; further ones go to the health reserve.
+    pub max_connections: usize,
+    /// Connections beyond `max_connections` that only answer `/healthz`, `/readyz` and
+    /// `/metrics` (others get 503); beyond these, new connections are closed at once.
+    pub health_connections: usize,
+    /// Open MCP responses (requests in flight, SSE streams) in all.
+    pub max_streams: usize,
+    /// Open MCP responses of one tenant.
+    pub max_streams_per_tenant: usize,
+    /// Time to send a request's headers (also how long an idle keep-alive connection stays).
+    pub header_timeout: Duration,
+    /// Time to send a request's body.
+    pub body_timeout: Duration,
+    /// Result bytes waiting for clients to read them, in all.
+    pub max_buffered_bytes: u64,
+    /// Result bytes waiting for one tenant's clients.
+    pub max_buffered_per_tenant: u64,
+    /// Result bytes waiting for one protocol session.
+    pub max_buffered_per_session: u64,
+    /// A client with result bytes waiting that reads none of them for this long is
+    /// disconnected.
+    pub stall_timeout: Duration,
+    /// Streamable HTTP protocol sessions open at once, in all.
+    pub max_sessions: usize,
+    /// Streamable HTTP protocol sessions open at once, per tenant.
+    pub max_sessions_per_tenant: usize,
+    /// A protocol session with no request for this long is closed.
+    pub session_idle: Duration,
+}
+
+impl Default for HttpBounds {
+    fn default() -> Self {
+        HttpBounds {
+            max_connections: http_bounds::MAX_CONNECTIONS,
+            health_connections: http_bounds::HEALTH_CONNECTIONS,
+            max_streams: http_bounds::MAX_STREAMS,
+            max_streams_per_tenant: http_bounds::MAX_STREAMS_PER_TENANT,
+            header_timeout: http_bounds::HEADER_TIMEOUT,
+            body_timeout: http_bounds::BODY_TIMEOUT,
+            max_buffered_bytes: http_bounds::MAX_BUFFERED_BYTES,
+            max_buffered_per_tenant: http_bounds::MAX_BUFFERED_PER_TENANT,
+            max_buffered_per_session: http_bounds::MAX_BUFFERED_PER_SESSION,
+            stall_timeout: http_bounds::STALL_TIMEOUT,
+            max_sessions: http_bounds::MAX_SESSIONS,
+            max_sessions_per_tenant: http_bounds::MAX_SESSIONS_PER_TENANT,
+            session_idle: http_bounds::SESSION_IDLE,
+        }
+    }
+}
+
+/// The defaults of [`HttpBounds`].
+pub mod http_bounds {
+    use std::time::Duration;
+    pub const MAX_CONNECTIONS: usize = 512;
+    pub const HEALTH_CONNECTIONS: usize = 16;
+    pub const MAX_STREAMS: usize = 256;
+    pub const MAX_STREAMS_PER_TENANT: usize = 64;
+    pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+    pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+    pub const MAX_BUFFERED_BYTES: u64 = 256 << 20;
+    pub const MAX_BUFFERED_PER_TENANT: u64 = 128 << 20;
+    pub const MAX_BUFFERED_PER_SESSION: u64 = 16 << 20;
+    pub const STALL_TIMEOUT: Duration = Duration::from_secs(30);
+    pub const MAX_SESSIONS: usize = 1000;
+    pub const MAX_SESSIONS_PER_TENANT: usize = 200;
+    pub const SESSION_IDLE: Duration = Duration::from_secs(300);
 }

@@ -129,6 +129,41 @@ env_vars! {
     MCP_EXECUTOR_ALLOWED_ORIGINS;
     /// `0`/`false`: no `/metrics` route (`--metrics`, default true).
     MCP_EXECUTOR_METRICS;
+    /// HTTP connections serving MCP at once (`--max-connections`, default 512); beyond them
+    /// a reserve of `MCP_EXECUTOR_HEALTH_CONNECTIONS` answers only health and metrics.
+    MCP_EXECUTOR_MAX_CONNECTIONS;
+    /// Connections beyond `--max-connections` that answer only `/healthz`, `/readyz` and
+    /// `/metrics` (`--health-connections`, default 16); beyond them new connections are closed.
+    MCP_EXECUTOR_HEALTH_CONNECTIONS;
+    /// Open MCP responses (requests in flight and SSE streams) in all (`--max-streams`,
+    /// default 256); further requests get 429.
+    MCP_EXECUTOR_MAX_STREAMS;
+    /// Open MCP responses of one tenant (`--max-streams-per-tenant`, default 64).
+    MCP_EXECUTOR_MAX_STREAMS_PER_TENANT;
+    /// Seconds a client has to send a request's headers; also how long an idle keep-alive
+    /// connection stays open (`--header-timeout`, default 10).
+    MCP_EXECUTOR_HEADER_TIMEOUT;
+    /// Seconds a client has to send a request's body, else 408 (`--body-timeout`, default 30).
+    MCP_EXECUTOR_BODY_TIMEOUT;
+    /// Result bytes waiting for clients to read them, in all (`--max-buffered`, default 256m);
+    /// past it clients that do not read are disconnected.
+    MCP_EXECUTOR_MAX_BUFFERED;
+    /// Result bytes waiting for one tenant's clients (`--max-buffered-per-tenant`, default 128m).
+    MCP_EXECUTOR_MAX_BUFFERED_PER_TENANT;
+    /// Result bytes waiting for one protocol session (`--max-buffered-per-session`, default 16m).
+    MCP_EXECUTOR_MAX_BUFFERED_PER_SESSION;
+    /// Seconds a client with results waiting may read nothing before it is disconnected
+    /// (`--stall-timeout`, default 30).
+    MCP_EXECUTOR_STALL_TIMEOUT;
+    /// Streamable HTTP protocol sessions open at once, in all (`--max-protocol-sessions`,
+    /// default 1000).
+    MCP_EXECUTOR_MAX_PROTOCOL_SESSIONS;
+    /// Streamable HTTP protocol sessions open at once per tenant
+    /// (`--max-protocol-sessions-per-tenant`, default 200).
+    MCP_EXECUTOR_MAX_PROTOCOL_SESSIONS_PER_TENANT;
+    /// Seconds without a request after which a Streamable HTTP protocol session is closed
+    /// (`--protocol-session-idle`, default 300).
+    MCP_EXECUTOR_PROTOCOL_SESSION_IDLE;
 
     // ---- admission and tenants ----
     /// Highest timeout a call may ask for, in seconds (`--max-timeout`, default 300).

@@ -130,6 +130,8 @@ pub struct ServeCmd {
     /// Serve Prometheus metrics at /metrics (open without a token); `false` turns it off.
     #[arg(long, env = vars::MCP_EXECUTOR_METRICS, default_value = "true", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub metrics: bool,
+    #[command(flatten)]
+    pub bounds: BoundsOpts,
     /// Serve even when the isolation self-test fails. Dangerous: untrusted code may then
     /// reach the host or the network.
     #[arg(long)]
@@ -160,6 +162,7 @@ impl ServeCmd {
                 allowed_hosts: config::serve::allowed_hosts(&self.allowed_hosts),
                 allowed_origins: self.allowed_origins.clone(),
                 metrics: self.metrics,
+                bounds: self.bounds.bounds(),
             },
             limits: Limits {
                 timeout: self.timeout,
@@ -570,5 +573,69 @@ mod tests {
         let mut problems = Vec::new();
         walk(&Cli::command(), &mut problems);
         assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+}
+
+/// The HTTP front's bounds (docs/mcp.md, "Bounds").
+#[derive(clap::Args, Debug, Clone)]
+pub struct BoundsOpts {
+    /// HTTP connections serving MCP at once.
+    #[arg(long, env = vars::MCP_EXECUTOR_MAX_CONNECTIONS, default_value_t = config::serve::http_bounds::MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// Connections beyond --max-connections that answer only /healthz, /readyz, /metrics.
+    #[arg(long, env = vars::MCP_EXECUTOR_HEALTH_CONNECTIONS, default_value_t = config::serve::http_bounds::HEALTH_CONNECTIONS)]
+    pub health_connections: usize,
+    /// Open MCP responses (requests in flight, SSE streams) in all.
+    #[arg(long, env = vars::MCP_EXECUTOR_MAX_STREAMS, default_value_t = config::serve::http_bounds::MAX_STREAMS)]
+    pub max_streams: usize,
+    /// Open MCP responses of one tenant.
+    #[arg(long, env = vars::MCP_EXECUTOR_MAX_STREAMS_PER_TENANT, default_value_t = config::serve::http_bounds::MAX_STREAMS_PER_TENANT)]
+    pub max_streams_per_tenant: usize,
+    /// Seconds to send a request's headers (and an idle keep-alive connection's life).
+    #[arg(long, env = vars::MCP_EXECUTOR_HEADER_TIMEOUT, value_parser = config::parse_duration, default_value = "10")]
+    pub header_timeout: std::time::Duration,
+    /// Seconds to send a request's body.
+    #[arg(long, env = vars::MCP_EXECUTOR_BODY_TIMEOUT, value_parser = config::parse_duration, default_value = "30")]
+    pub body_timeout: std::time::Duration,
+    /// Result bytes waiting for clients to read them, in all.
+    #[arg(long, env = vars::MCP_EXECUTOR_MAX_BUFFERED, value_parser = config::parse_size, default_value = "256m")]
+    pub max_buffered: u64,
+    /// Result bytes waiting for one tenant's clients.
+    #[arg(long, env = vars::MCP_EXECUTOR_MAX_BUFFERED_PER_TENANT, value_parser = config::parse_size, default_value = "128m")]
+    pub max_buffered_per_tenant: u64,
+    /// Result bytes waiting for one protocol session.
+    #[arg(long, env = vars::MCP_EXECUTOR_MAX_BUFFERED_PER_SESSION, value_parser = config::parse_size, default_value = "16m")]
+    pub max_buffered_per_session: u64,
+    /// Seconds a client with results waiting may read nothing before it is disconnected.
+    #[arg(long, env = vars::MCP_EXECUTOR_STALL_TIMEOUT, value_parser = config::parse_duration, default_value = "30")]
+    pub stall_timeout: std::time::Duration,
+    /// Streamable HTTP protocol sessions open at once, in all.
+    #[arg(long, env = vars::MCP_EXECUTOR_MAX_PROTOCOL_SESSIONS, default_value_t = config::serve::http_bounds::MAX_SESSIONS)]
+    pub max_protocol_sessions: usize,
+    /// Streamable HTTP protocol sessions open at once, per tenant.
+    #[arg(long, env = vars::MCP_EXECUTOR_MAX_PROTOCOL_SESSIONS_PER_TENANT, default_value_t = config::serve::http_bounds::MAX_SESSIONS_PER_TENANT)]
+    pub max_protocol_sessions_per_tenant: usize,
+    /// Seconds without a request after which a protocol session is closed.
+    #[arg(long, env = vars::MCP_EXECUTOR_PROTOCOL_SESSION_IDLE, value_parser = config::parse_duration, default_value = "300")]
+    pub protocol_session_idle: std::time::Duration,
+}
+
+impl BoundsOpts {
+    pub fn bounds(&self) -> config::HttpBounds {
+        config::HttpBounds {
+            max_connections: self.max_connections,
+            health_connections: self.health_connections,
+            max_streams: self.max_streams,
+            max_streams_per_tenant: self.max_streams_per_tenant,
+            header_timeout: self.header_timeout,
+            body_timeout: self.body_timeout,
+            max_buffered_bytes: self.max_buffered,
+            max_buffered_per_tenant: self.max_buffered_per_tenant,
+            max_buffered_per_session: self.max_buffered_per_session,
+            stall_timeout: self.stall_timeout,
+            max_sessions: self.max_protocol_sessions,
+            max_sessions_per_tenant: self.max_protocol_sessions_per_tenant,
+            session_idle: self.protocol_session_idle,
+        }
     }
 }

@@ -98,8 +98,14 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         } else {
             cfg.backend.pool_size
         };
-        let starting = http::Starting::new(startup.clone(), pool_target);
-        let task = tokio::spawn(http::serve(listener, starting.router(), shutdown.clone()));
+        let starting =
+            http::Starting::with_options(startup.clone(), pool_target, http_options(http));
+        let task = tokio::spawn(http::serve_bounded(
+            listener,
+            starting.router(),
+            shutdown.clone(),
+            http.bounds.clone(),
+        ));
         Front::Http {
             starting,
             task,
@@ -139,12 +145,7 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
             addr,
         } => {
             let http = &cfg.http;
-            let opts = http::HttpOptions {
-                allowed_hosts: http.allowed_hosts.clone(),
-                allowed_origins: http.allowed_origins.clone(),
-                metrics: http.metrics,
-                ..Default::default()
-            };
+            let opts = http_options(http);
             let auth = tenants.as_deref().map(Authenticator::new);
             starting.ready(http::hosted(service.clone(), auth, &opts));
             startup.set(Phase::Serving);
@@ -158,6 +159,17 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
     service.shutdown().await;
     served.context("the transport task")?.context("serving")?;
     Ok(())
+}
+
+/// The HTTP transports' options from the configuration.
+fn http_options(http: &mcp_code_executor::config::HttpConfig) -> http::HttpOptions {
+    http::HttpOptions {
+        allowed_hosts: http.allowed_hosts.clone(),
+        allowed_origins: http.allowed_origins.clone(),
+        metrics: http.metrics,
+        bounds: http.bounds.clone(),
+        ..Default::default()
+    }
 }
 
 /// The front that answers from the start: a stdio client, or the HTTP listener.

@@ -9,7 +9,6 @@
 //! token picks the set; a session id minted for one tenant is unknown to every other's.
 
 use std::collections::HashMap;
-use std::future::IntoFuture as _;
 use std::sync::{Arc, OnceLock};
 
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -18,11 +17,13 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
+pub use super::bounds::Bounds;
+use super::bounds::{Conn, Metered};
+use super::sessions::{SessionBook, Sessions};
 use super::sse::{self, SseState};
 use crate::app::{Executor, Service, Startup};
 use crate::mcp::{defaults, CodeExecutor};
@@ -44,6 +45,8 @@ pub struct HttpOptions {
     pub max_body_bytes: usize,
     /// Serve Prometheus metrics at `/metrics`.
     pub metrics: bool,
+    /// Caps on connections, streams, sessions and unread results (see [`Bounds`]).
+    pub bounds: Bounds,
 }
 
 impl Default for HttpOptions {
@@ -56,6 +59,7 @@ impl Default for HttpOptions {
             allowed_origins: Vec::new(),
             max_body_bytes: crate::mcp::defaults::MAX_BODY_BYTES,
             metrics: true,
+            bounds: Bounds::default(),
         }
     }
 }
@@ -76,26 +80,40 @@ pub fn hosted(service: Arc<Service>, auth: Option<Authenticator>, opts: &HttpOpt
         "several tenants need authentication to tell them apart"
     );
     let shutdown = service.shutdown_token();
+    let book = SessionBook::new(
+        opts.bounds.max_sessions,
+        opts.bounds.max_sessions_per_tenant,
+        opts.bounds.session_idle,
+    );
     let front = Arc::new(Front {
         routers: tenants
             .iter()
             .map(|e| {
                 (
                     e.tenant().to_string(),
-                    tenant_routes(e.clone(), opts, shutdown.clone()),
+                    tenant_routes(e.clone(), opts, shutdown.clone(), book.clone()),
                 )
             })
             .collect(),
         service: service.clone(),
         auth,
+        book,
     });
-    let mut router = Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz));
+    // /readyz and /metrics say things a page reached by DNS rebinding must not read: the
+    // same Host and Origin check as the MCP routes. /healthz says only "ok".
+    let mut guarded = Router::new().route("/readyz", get(readyz));
     if opts.metrics {
-        router = router.route("/metrics", get(metrics));
+        guarded = guarded.route("/metrics", get(metrics));
     }
-    router.fallback(dispatch).with_state(front)
+    let guarded = guarded.layer(middleware::from_fn_with_state(
+        Arc::new(opts.clone()),
+        check_host,
+    ));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .merge(guarded)
+        .fallback(dispatch)
+        .with_state(front)
 }
 
 /// The routes of a server still starting up (the listener comes first, before the image is
@@ -107,6 +125,7 @@ pub struct Starting {
     startup: Arc<Startup>,
     routes: OnceLock<Router>,
     pool_target: usize,
+    opts: HttpOptions,
 }
 
 /// Seconds a client is asked to wait before retrying while the server starts up.
@@ -115,10 +134,20 @@ const STARTING_RETRY_AFTER: &str = "5";
 impl Starting {
     /// `pool_target`: the warm pool the server will keep (for `/readyz`).
     pub fn new(startup: Arc<Startup>, pool_target: usize) -> Arc<Starting> {
+        Self::with_options(startup, pool_target, HttpOptions::default())
+    }
+
+    /// [`Starting::new`] with the server's options (its `/readyz` checks `Host` and `Origin`).
+    pub fn with_options(
+        startup: Arc<Startup>,
+        pool_target: usize,
+        opts: HttpOptions,
+    ) -> Arc<Starting> {
         Arc::new(Starting {
             startup,
             routes: OnceLock::new(),
             pool_target,
+            opts,
         })
     }
 
@@ -144,6 +173,9 @@ async fn starting_dispatch(State(s): State<Arc<Starting>>, request: Request) -> 
         };
     }
     if request.uri().path() == "/readyz" {
+        if let Some(refused) = host_refusal(&request, &s.opts) {
+            return refused;
+        }
         let r = s.startup.readiness(s.pool_target);
         return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(r)).into_response();
     }
@@ -180,6 +212,8 @@ struct Front {
     service: Arc<Service>,
     routers: HashMap<String, Router>,
     auth: Option<Authenticator>,
+    /// The Streamable HTTP sessions of every tenant.
+    book: Arc<SessionBook>,
 }
 
 /// Hand the request to its tenant's routes, after checking its token when there are tenants.
@@ -202,10 +236,68 @@ async fn dispatch(State(front): State<Arc<Front>>, request: Request) -> Response
         }
     };
     let router = front.routers[&tenant].clone();
-    match router.oneshot(request).await {
+    // Count the response against the tenant's open streams (when served by our accept
+    // loop, which puts the connection in the extensions).
+    let conn = request.extensions().get::<Arc<Conn>>().cloned();
+    let slot = match &conn {
+        Some(c) => {
+            c.set_tenant(&tenant);
+            if let Some(s) = request
+                .headers()
+                .get("mcp-session-id")
+                .and_then(|v| v.to_str().ok())
+            {
+                c.set_session(s);
+            } else if let Some(s) = request
+                .uri()
+                .query()
+                .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("sessionId=")))
+            {
+                c.set_session(s);
+            }
+            match c.tracker.open_stream(&tenant) {
+                Some(slot) => Some(slot),
+                None => return too_many_streams(&c.tracker.bounds().clone()),
+            }
+        }
+        None => None,
+    };
+    let response = match router.oneshot(request).await {
         Ok(r) => r,
         Err(never) => match never {},
+    };
+    if let Some(c) = &conn {
+        if let Some(s) = response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+        {
+            c.set_session(s);
+        }
     }
+    response.map(|b| Metered::wrap(b, None, slot))
+}
+
+/// 429: the tenant (or the server) has as many open MCP responses as it may.
+fn too_many_streams(b: &Bounds) -> Response {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {
+            "code": -32000,
+            "message": format!(
+                "too many open requests and streams (at most {} per tenant, {} in all; \
+                 --max-streams-per-tenant, --max-streams): finish or close some, then retry",
+                b.max_streams_per_tenant, b.max_streams
+            ),
+        },
+    });
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, "5")],
+        axum::Json(body),
+    )
+        .into_response()
 }
 
 /// 401 with the challenge RFC 6750 asks for.
@@ -248,13 +340,18 @@ async fn readyz(State(front): State<Arc<Front>>) -> Response {
 }
 
 /// Prometheus text format.
-async fn metrics(State(front): State<Arc<Front>>) -> Response {
+async fn metrics(State(front): State<Arc<Front>>, request: Request) -> Response {
+    let mut text = front.service.metrics_text();
+    text.push_str(&front.book.metrics_text());
+    if let Some(c) = request.extensions().get::<Arc<Conn>>() {
+        text.push_str(&c.tracker.metrics_text());
+    }
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        front.service.metrics_text(),
+        text,
     )
         .into_response()
 }
@@ -264,6 +361,7 @@ fn tenant_routes(
     executor: Arc<Executor>,
     opts: &HttpOptions,
     shutdown: CancellationToken,
+    book: Arc<SessionBook>,
 ) -> Router {
     let mut config = StreamableHttpServerConfig::default()
         .with_cancellation_token(shutdown.child_token())
@@ -277,9 +375,14 @@ fn tenant_routes(
     config = config.disable_allowed_origins();
     // A new connection (its own session and workspace) for every MCP session.
     let streamable_executor = executor.clone();
+    let sessions = Arc::new(Sessions::new(
+        executor.tenant(),
+        book,
+        opts.bounds.session_idle,
+    ));
     let streamable = StreamableHttpService::new(
         move || Ok(CodeExecutor::connect(&streamable_executor)),
-        Arc::new(LocalSessionManager::default()),
+        sessions.clone(),
         config,
     );
     let legacy = Router::new()
@@ -288,13 +391,17 @@ fn tenant_routes(
         .with_state(SseState::new(executor, shutdown));
     let streamable = Router::new()
         .nest_service("/mcp", streamable)
-        .layer(middleware::from_fn_with_state(
-            opts.max_body_bytes,
-            answer_parse_errors,
-        ))
+        .layer(middleware::from_fn_with_state(sessions, cap_sessions))
         .layer(middleware::from_fn(end_session_with_204));
     streamable
         .merge(legacy)
+        .layer(middleware::from_fn_with_state(
+            BodyRules {
+                limit: opts.max_body_bytes,
+                timeout: opts.bounds.body_timeout,
+            },
+            answer_parse_errors,
+        ))
         .layer(DefaultBodyLimit::max(opts.max_body_bytes))
         .layer(middleware::from_fn_with_state(
             Arc::new(opts.clone()),
@@ -313,24 +420,109 @@ async fn end_session_with_204(request: Request, next: Next) -> Response {
     response
 }
 
-/// rmcp answers a POST body that is not JSON with a plain-text 415; JSON-RPC clients expect
-/// a parse error (-32700). Bodies are read up to the limit (beyond it: 413) and handed on.
-async fn answer_parse_errors(State(limit): State<usize>, request: Request, next: Next) -> Response {
-    if request.method() != axum::http::Method::POST {
+/// Past the protocol-session caps, `initialize` gets 503 and a JSON-RPC error saying so
+/// (after the session idle longest, if any may go, was closed to make room).
+async fn cap_sessions(
+    State(sessions): State<Arc<Sessions>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if request.method() != axum::http::Method::POST
+        || request.headers().contains_key("mcp-session-id")
+    {
         return next.run(request).await;
     }
     let (parts, body) = request.into_parts();
-    let bytes = match axum::body::to_bytes(body, limit).await {
-        Ok(b) => b,
-        Err(_) => {
+    let bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    #[derive(serde::Deserialize)]
+    struct Method {
+        method: Option<String>,
+        id: Option<serde_json::Value>,
+    }
+    if let Ok(Method {
+        method: Some(m),
+        id,
+    }) = serde_json::from_slice::<Method>(&bytes)
+    {
+        if m == "initialize" {
+            if let Err(message) = sessions.make_room().await {
+                tracing::warn!(reason = %message, "refused: initialize past the protocol-session cap");
+                let error = serde_json::json!({
+                    "jsonrpc": "2.0",
+                    "id": id.unwrap_or(serde_json::Value::Null),
+                    "error": {"code": -32000, "message": message},
+                });
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [(header::RETRY_AFTER, "30")],
+                    axum::Json(error),
+                )
+                    .into_response();
+            }
+        }
+    }
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await
+}
+
+/// How request bodies are read.
+#[derive(Clone, Copy)]
+struct BodyRules {
+    limit: usize,
+    timeout: std::time::Duration,
+}
+
+/// JSON nested deeper than this is refused as a parse error (serde_json's own limit).
+const MAX_JSON_DEPTH: usize = 128;
+
+/// rmcp answers a POST body that is not JSON (or nested too deep for its parser) with a
+/// plain-text 415; JSON-RPC clients expect a parse error (-32700). Bodies are read up to the
+/// limit (beyond it: 413) within the body timeout (beyond it: 408) and handed on.
+async fn answer_parse_errors(
+    State(rules): State<BodyRules>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if request.method() != axum::http::Method::POST {
+        return next.run(request).await;
+    }
+    let limit = rules.limit;
+    let conn = request.extensions().get::<Arc<Conn>>().cloned();
+    let (parts, body) = request.into_parts();
+    let read = tokio::time::timeout(rules.timeout, axum::body::to_bytes(body, limit)).await;
+    let bytes = match read {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => {
             return (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("request body larger than {limit} bytes"),
             )
                 .into_response()
         }
+        Err(_) => {
+            if let Some(c) = conn {
+                c.tracker.body_timed_out();
+            }
+            tracing::info!("refused: request body not received within the body timeout");
+            return (
+                StatusCode::REQUEST_TIMEOUT,
+                [(header::CONNECTION, "close")],
+                format!(
+                    "request body not received within {} s (--body-timeout, MCP_EXECUTOR_BODY_TIMEOUT)",
+                    rules.timeout.as_secs()
+                ),
+            )
+                .into_response();
+        }
     };
-    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+    let parsed = if super::bounds::json_too_deep(&bytes, MAX_JSON_DEPTH) {
+        Err(format!("JSON nested deeper than {MAX_JSON_DEPTH} levels"))
+    } else {
+        serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).map_err(|e| e.to_string())
+    };
+    if let Err(e) = parsed {
         let error = serde_json::json!({
             "jsonrpc": "2.0",
             "id": null,
@@ -350,25 +542,33 @@ async fn check_host(
     request: Request,
     next: Next,
 ) -> Response {
-    let host = header_str(&request, header::HOST);
+    match host_refusal(&request, &opts) {
+        Some(refused) => refused,
+        None => next.run(request).await,
+    }
+}
+
+/// The 403 for a request whose `Host` or `Origin` is not accepted, if it is not.
+fn host_refusal(request: &Request, opts: &HttpOptions) -> Option<Response> {
+    let host = header_str(request, header::HOST);
     if !opts.allowed_hosts.is_empty() && !host_allowed(&host, &opts.allowed_hosts) {
         tracing::info!(host = %host, "refused: Host not allowed");
-        return forbidden(format!(
+        return Some(forbidden(format!(
             "Host `{host}` is not allowed (a guard against DNS rebinding); add it with --allowed-hosts (MCP_EXECUTOR_ALLOWED_HOSTS)"
-        ));
+        )));
     }
     if let Some(origin) = request.headers().get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or("");
-        if !origin_ok(origin, &opts) {
+        if !origin_ok(origin, opts) {
             tracing::info!(origin = %origin, "refused: Origin not allowed");
-            return forbidden(format!(
+            return Some(forbidden(format!(
                 "Origin `{origin}` is not allowed: browser pages may call this server only from http(s)://localhost, 127.0.0.1 or [::1] (any port) or a host of --allowed-hosts (a guard against DNS rebinding). \
                  Add the page's origin with --allowed-origins (MCP_EXECUTOR_ALLOWED_ORIGINS), e.g. --allowed-origins {}",
                 if origin.is_empty() { "https://app.example.com" } else { origin }
-            ));
+            )));
         }
     }
-    next.run(request).await
+    None
 }
 
 fn forbidden(message: String) -> Response {
@@ -477,20 +677,17 @@ pub async fn serve(
     router: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let server = axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .into_future();
-    tokio::pin!(server);
-    tokio::select! {
-        r = &mut server => r,
-        _ = async {
-            shutdown.cancelled().await;
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        } => {
-            tracing::warn!("requests still open after the shutdown grace period; dropping them");
-            Ok(())
-        }
-    }
+    serve_bounded(listener, router, shutdown, Bounds::default()).await
+}
+
+/// [`serve`] within `bounds` (connections, header and body timeouts, unread results).
+pub async fn serve_bounded(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+    bounds: Bounds,
+) -> std::io::Result<()> {
+    super::bounds::serve_with(listener, router, shutdown, bounds, SHUTDOWN_GRACE).await
 }
 
 #[cfg(test)]

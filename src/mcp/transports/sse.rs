@@ -2,6 +2,11 @@
 //! opens an event stream whose first event, `endpoint`, names `/messages?sessionId=…`; each
 //! `POST` there carries one client message, and the server's messages come back on the stream
 //! as `message` events. Each session is an rmcp service fed by a pair of channels.
+//!
+//! The server's messages wait for the client serialized, counted against its connection
+//! ([`Conn::queue`]): the bounds on unread result bytes (per session, per tenant, in all)
+//! and the stall timeout apply to them, and a client that does not read its stream is
+//! disconnected, which ends its session.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -13,13 +18,14 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures::channel::mpsc::{unbounded, UnboundedSender};
-use futures::{Stream, StreamExt};
+use futures::channel::mpsc::{unbounded, SendError, UnboundedSender};
+use futures::{SinkExt as _, Stream, StreamExt};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::{RoleServer, ServiceExt};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
+use super::bounds::Conn;
 use crate::app::Executor;
 use crate::mcp::CodeExecutor;
 
@@ -60,6 +66,7 @@ impl Drop for SessionGuard {
     fn drop(&mut self) {
         self.state.sessions().remove(&self.id);
         self.ct.cancel();
+        super::sessions::trim_soon();
         tracing::debug!(session = %self.id, "legacy SSE session closed");
     }
 }
@@ -67,10 +74,24 @@ impl Drop for SessionGuard {
 /// `GET /sse`: open a session and stream its messages.
 pub async fn open(
     State(state): State<Arc<SseState>>,
+    request: axum::extract::Request,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let id = uuid::Uuid::new_v4().simple().to_string();
+    let conn = request.extensions().get::<Arc<Conn>>().cloned();
+    if let Some(c) = &conn {
+        c.set_session(&id);
+    }
     let (to_server, from_client) = unbounded::<RxJsonRpcMessage<RoleServer>>();
-    let (to_client, from_server) = unbounded::<TxJsonRpcMessage<RoleServer>>();
+    let (to_client, from_server) = unbounded::<String>();
+    // Serialized as they are queued, so that what waits is counted in bytes.
+    let queued_on = conn.clone();
+    let to_client = to_client.with(move |m: TxJsonRpcMessage<RoleServer>| {
+        let data = serde_json::to_string(&m).unwrap_or_default();
+        if let Some(c) = &queued_on {
+            c.queue(data.len() as u64);
+        }
+        futures::future::ready(Ok::<_, SendError>(data))
+    });
     state.sessions().insert(id.clone(), to_server);
     let ct = state.shutdown.child_token();
     // A new connection (its own session and workspace) for every SSE session.
@@ -99,9 +120,11 @@ pub async fn open(
         state: state.clone(),
         ct: ct.clone(),
     };
-    let messages = from_server.map(move |m| {
+    let messages = from_server.map(move |data| {
         let _session_lives_as_long_as_the_stream = &guard;
-        let data = serde_json::to_string(&m).unwrap_or_default();
+        if let Some(c) = &conn {
+            c.unqueue(data.len() as u64);
+        }
         Ok(Event::default().event("message").data(data))
     });
     let stream = futures::stream::once(async { Ok(endpoint) })

@@ -2,14 +2,14 @@
 //! else on stdout. A server still starting up answers at once too ([`Pending`]): its tool
 //! calls wait for the start-up to end. Unlike rmcp's own stdio transport, a line that is not a JSON-RPC message
 //! gets a JSON-RPC error answer (-32700 parse error, -32600 invalid request) instead of
-//! being dropped silently, and an over-long line is refused without being buffered whole.
+//! being dropped silently, and an over-long line is refused (-32600) without being buffered
+//! whole; the server goes on with the next line.
 
 use futures::channel::mpsc::{unbounded, SendError, UnboundedSender};
 use futures::{SinkExt as _, StreamExt as _};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::{RoleServer, ServiceExt as _};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
-use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 
 use std::sync::{Arc, OnceLock};
@@ -230,41 +230,78 @@ where
     served
 }
 
+/// Read one message per line. A line longer than the limit is skipped as it comes (never
+/// buffered whole) and answered with -32600; reading goes on with the next line.
 async fn read_lines<R: AsyncRead + Unpin>(
     reader: R,
     to_server: UnboundedSender<RxJsonRpcMessage<RoleServer>>,
     to_client: UnboundedSender<String>,
 ) {
-    let mut lines = FramedRead::new(
-        reader,
-        LinesCodec::new_with_max_length(crate::mcp::defaults::MAX_BODY_BYTES),
-    );
-    while let Some(line) = lines.next().await {
-        let answer = match line {
-            Ok(line) if line.trim().is_empty() => continue,
-            Ok(line) => match parse(&line) {
-                Ok(message) => {
-                    if to_server.unbounded_send(message).is_err() {
-                        return;
-                    }
-                    continue;
-                }
-                Err(answer) => answer,
-            },
-            Err(LinesCodecError::MaxLineLengthExceeded) => error_line(
-                serde_json::Value::Null,
-                -32600,
-                format!(
-                    "message longer than {} bytes refused",
-                    crate::mcp::defaults::MAX_BODY_BYTES
-                ),
-            ),
-            Err(LinesCodecError::Io(e)) => {
+    use tokio::io::AsyncBufReadExt as _;
+    let max = crate::mcp::defaults::MAX_BODY_BYTES;
+    let mut reader = tokio::io::BufReader::with_capacity(64 << 10, reader);
+    let mut line: Vec<u8> = Vec::new();
+    let mut too_long = false;
+    loop {
+        let buf = match reader.fill_buf().await {
+            Ok(b) => b,
+            Err(e) => {
                 tracing::debug!(error = %e, "stdin closed");
                 return;
             }
         };
-        if to_client.unbounded_send(answer).is_err() {
+        let eof = buf.is_empty();
+        let (chunk, ended) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..i], true),
+            None => (buf, eof),
+        };
+        let used = chunk.len() + usize::from(!eof && ended);
+        if !too_long {
+            if line.len() + chunk.len() > max {
+                too_long = true;
+                line = Vec::new();
+            } else {
+                line.extend_from_slice(chunk);
+            }
+        }
+        reader.consume(used);
+        if !ended {
+            continue;
+        }
+        let answer = if too_long {
+            too_long = false;
+            Some(error_line(
+                serde_json::Value::Null,
+                -32600,
+                format!("message longer than {max} bytes refused"),
+            ))
+        } else {
+            let text = std::mem::take(&mut line);
+            match std::str::from_utf8(&text) {
+                Ok(l) if l.trim().is_empty() => None,
+                Ok(l) => match parse(l.trim_end_matches('\r')) {
+                    Ok(message) => {
+                        if to_server.unbounded_send(message).is_err() {
+                            return;
+                        }
+                        None
+                    }
+                    Err(answer) => Some(answer),
+                },
+                Err(e) => Some(error_line(
+                    serde_json::Value::Null,
+                    -32700,
+                    format!("parse error: {e}"),
+                )),
+            }
+        };
+        line.clear();
+        if let Some(answer) = answer {
+            if to_client.unbounded_send(answer).is_err() {
+                return;
+            }
+        }
+        if eof {
             return;
         }
     }
