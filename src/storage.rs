@@ -63,6 +63,8 @@ pub enum StorageError {
     Quota { used: u64, adding: u64, limit: u64 },
     #[error("file_path `{path}` is refused: names starting with `{TEMP_PREFIX}` are reserved for files being written")]
     Reserved { path: String },
+    #[error("file_path \"{path}\" is refused: names may not hold control characters (newlines, tabs, escapes)")]
+    Control { path: String },
     #[error("file `{path}` is not valid UTF-8 text")]
     NotText { path: String },
     #[error("cannot use the code storage directory `{root}`: {source}. Set CODE_STORAGE_DIR to a writable directory")]
@@ -196,6 +198,12 @@ impl CodeStorage {
         }
         if file_path.trim().is_empty() {
             return Err(StorageError::Empty);
+        }
+        if file_path.chars().any(char::is_control) {
+            // A newline in a name would let it forge a line of a result or a listing.
+            return Err(StorageError::Control {
+                path: file_path.escape_debug().take(200).collect(),
+            });
         }
         if file_path.len() > 4096 {
             return Err(StorageError::TooLong {
@@ -417,7 +425,8 @@ impl CodeStorage {
                 continue;
             };
             if let (true, Some(name)) = (meta.is_file(), entry.file_name().to_str()) {
-                if !name.starts_with(TEMP_PREFIX) {
+                // A name no client could have written (a control character) is not shown.
+                if !name.starts_with(TEMP_PREFIX) && !name.chars().any(char::is_control) {
                     out.push((name.to_string(), meta.len()));
                 }
             }
