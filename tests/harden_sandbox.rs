@@ -325,3 +325,159 @@ async fn one_run_returns_at_most_its_return_limit() {
     assert!(o.status_line().contains("may return"), "{}", o.status_line());
     common::assert_clean(&sb, tenant).await;
 }
+
+// ---- item 4: a session does not compute between cells --------------------------------------
+
+fn docker_paused(id: &str) -> bool {
+    let out = std::process::Command::new("docker")
+        .args(["inspect", "-f", "{{.State.Paused}}", id])
+        .output()
+        .expect("docker inspect runs");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).trim() == "true"
+}
+
+/// A cell that leaves a thread spinning returns, and the session's container is then
+/// frozen (paused) until the next cell, which finds its state intact.
+#[tokio::test]
+async fn a_session_is_frozen_between_cells() {
+    let tenant = "t-hs-freeze";
+    let _clean = common::remove_on_drop(tenant);
+    let sb = common::sandbox().await;
+    let mut s = sb
+        .open_session(session_spec(tenant, true))
+        .await
+        .expect("session");
+    let o = cell(
+        &mut s,
+        "import threading\nn = [0]\ndef spin():\n    while True:\n        n[0] += 1\nthreading.Thread(target=spin, daemon=True).start()\nprint('started')",
+    )
+    .await;
+    assert_eq!(o.stdout_text(), "started\n", "{o:?}");
+    let ids = common::own_containers_of(tenant);
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert!(docker_paused(&ids[0]), "frozen between cells");
+    let o = cell(&mut s, "print(n[0] > 0)").await;
+    assert_eq!(o.stdout_text(), "True\n", "{o:?}");
+    assert!(docker_paused(&ids[0]), "frozen again after the next cell");
+    // Files put into a frozen session: it is thawed for them, and frozen again.
+    s.put_files(
+        &[mcp_code_executor::job::InputFile {
+            path: "in.txt".into(),
+            contents: b"hello".to_vec(),
+        }],
+        Duration::from_secs(20),
+    )
+    .await
+    .expect("put files");
+    assert!(docker_paused(&ids[0]));
+    let o = cell(&mut s, "print(open('in.txt').read())").await;
+    assert_eq!(o.stdout_text(), "hello\n", "{o:?}");
+    drop(s);
+    common::assert_clean(&sb, tenant).await;
+}
+
+// ---- item 5: environment probes and installs take run slots ------------------------------
+
+mod mcp_support;
+
+/// The real backend, counting the runs in progress through it and the most at once.
+struct Counting {
+    inner: std::sync::Arc<dyn Backend>,
+    now: std::sync::atomic::AtomicUsize,
+    max: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl Backend for Counting {
+    async fn run(
+        &self,
+        job: JobSpec,
+        events: mcp_code_executor::backend::Events,
+    ) -> Result<Outcome, mcp_code_executor::backend::BackendError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.now.fetch_add(1, SeqCst) + 1;
+        self.max.fetch_max(n, SeqCst);
+        let r = self.inner.run(job, events).await;
+        self.now.fetch_sub(1, SeqCst);
+        r
+    }
+    async fn info(
+        &self,
+    ) -> Result<mcp_code_executor::backend::BackendInfo, mcp_code_executor::backend::BackendError>
+    {
+        self.inner.info().await
+    }
+    async fn drain(&self) {
+        self.inner.drain().await
+    }
+}
+
+/// Six concurrent configure_environment calls of a tenant limited to one run at once
+/// start one probe sandbox at a time (before: all six at once).
+#[tokio::test]
+async fn environment_probes_wait_for_run_slots() {
+    use mcp_code_executor::app::Settings;
+    use mcp_code_executor::env::manager::EnvManager;
+    use mcp_code_executor::env::state::{EnvState, Environments};
+    use serde_json::json;
+    let tenant = "t-hs-probes";
+    let _clean = common::remove_on_drop(tenant);
+    let data = std::env::temp_dir().join(format!(
+        "mcpx-hs-probes-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let sandbox = common::sandbox().await;
+    let manager = EnvManager::new(data.clone(), EnvManager::default_ca_bundle());
+    let state = EnvState::init(&*sandbox, &manager, tenant, None)
+        .await
+        .expect("the managed environment");
+    let envs = std::sync::Arc::new(Environments { manager, state });
+    let venv = data.join("venv-probe");
+    let ok = std::process::Command::new("/usr/bin/python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let mut settings = Settings::default();
+    settings.quota.max_concurrent_runs = Some(1);
+    let max = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let server = mcp_support::server_custom(
+        tenant,
+        settings,
+        Some(envs),
+        &Default::default(),
+        |inner| {
+            std::sync::Arc::new(Counting {
+                inner,
+                now: Default::default(),
+                max: max.clone(),
+            })
+        },
+    )
+    .await;
+    let client = server.client().await;
+    let calls = (0..6).map(|_| {
+        let peer = client.peer().clone();
+        let venv = venv.display().to_string();
+        async move {
+            mcp_support::call(
+                &peer,
+                "configure_environment",
+                json!({"type": "venv", "venv_path": venv}),
+            )
+            .await
+        }
+    });
+    let results = futures::future::join_all(calls).await;
+    for r in &results {
+        assert!(!mcp_support::is_error(r), "{}", mcp_support::text(r));
+    }
+    let most = max.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(most >= 1, "the probes ran");
+    assert_eq!(most, 1, "probes at once, for a tenant allowed one run at a time");
+    drop(client);
+    server.finish().await;
+    let _ = std::fs::remove_dir_all(&data);
+}

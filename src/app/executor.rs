@@ -333,3 +333,63 @@ pub fn code_digest(code: &[u8]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect()
 }
+
+/// The backend as the environment manager sees it for one tenant: each of its runs (the
+/// probe of `configure_environment`, the phases of an install) waits for one of the
+/// tenant's run slots first, like every other run, so a burst of such calls starts no
+/// more sandboxes at once than the tenant's `max_concurrent_runs` (and the server's
+/// capacity) allow.
+struct InSlots {
+    inner: Arc<dyn Backend>,
+    scheduler: Arc<crate::tenancy::scheduler::Scheduler>,
+    tenant: String,
+    cap: usize,
+}
+
+#[async_trait::async_trait]
+impl Backend for InSlots {
+    async fn run(
+        &self,
+        job: crate::job::JobSpec,
+        events: crate::backend::Events,
+    ) -> Result<Outcome, crate::backend::BackendError> {
+        let _slot = self
+            .scheduler
+            .acquire(&self.tenant, self.cap)
+            .await
+            .map_err(|e| crate::backend::BackendError::Rejected(e.to_string()))?;
+        self.inner.run(job, events).await
+    }
+
+    async fn info(&self) -> Result<crate::backend::BackendInfo, crate::backend::BackendError> {
+        self.inner.info().await
+    }
+
+    async fn drain(&self) {
+        self.inner.drain().await
+    }
+
+    async fn prewarm(&self, tenant: &str, env: &crate::job::RunEnv) {
+        self.inner.prewarm(tenant, env).await
+    }
+
+    fn stats(&self) -> crate::backend::BackendStats {
+        self.inner.stats()
+    }
+}
+
+impl Executor {
+    /// The backend for environment work (probes, installs): every run in a run slot.
+    pub fn backend_in_slots(&self) -> Arc<dyn Backend> {
+        Arc::new(InSlots {
+            inner: self.shared.backend.clone(),
+            scheduler: self.shared.scheduler.clone(),
+            tenant: self.tenant().to_string(),
+            cap: self
+                .settings
+                .quota
+                .max_concurrent_runs
+                .unwrap_or(usize::MAX),
+        })
+    }
+}
