@@ -481,3 +481,81 @@ async fn environment_probes_wait_for_run_slots() {
     server.finish().await;
     let _ = std::fs::remove_dir_all(&data);
 }
+
+// ---- item 11: the single-tenant environment policy is an allow list ------------------------
+
+/// A venv planted outside the allowed roots (the data directory, the configured
+/// environment, MCP_EXECUTOR_ENV_ROOTS), whose `home` points at some tree, is refused;
+/// so is a venv inside the data directory whose base interpreter lies outside; a path
+/// outside that does not exist gets the very same text (nothing says what exists).
+#[tokio::test]
+async fn environments_outside_the_allowed_roots_are_refused_with_one_text() {
+    use serde_json::json;
+    let tenant = "t-hs-envroots";
+    let _clean = common::remove_on_drop(tenant);
+    let uniq = uuid::Uuid::new_v4().simple().to_string();
+    let data = std::env::temp_dir().join(format!("mcpx-hs-envroots-{uniq}"));
+    let outside = std::env::temp_dir().join(format!("mcpx-hs-planted-{uniq}"));
+    // A "source tree" and a venv claiming it as its base interpreter's home.
+    let tree = outside.join("tree");
+    std::fs::create_dir_all(tree.join("bin")).unwrap();
+    std::fs::write(tree.join("secret.txt"), "not for sandboxes").unwrap();
+    let plant = |venv: &std::path::Path| {
+        std::fs::create_dir_all(venv.join("bin")).unwrap();
+        std::fs::write(
+            venv.join("pyvenv.cfg"),
+            format!(
+                "home = {}\ninclude-system-site-packages = false\nversion = 3.11.2\n",
+                tree.join("bin").display()
+            ),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("/usr/bin/python3", venv.join("bin/python")).unwrap();
+    };
+    let planted = outside.join("venv");
+    plant(&planted);
+    let server = mcp_support::server_with_environments(tenant, &data).await;
+    let inside_bad_base = data.join("venv-bad-base");
+    plant(&inside_bad_base);
+    let client = server.client().await;
+    let configure = |path: String| {
+        let peer = client.peer().clone();
+        async move {
+            mcp_support::call(
+                &peer,
+                "configure_environment",
+                json!({"type": "venv", "venv_path": path}),
+            )
+            .await
+        }
+    };
+    let missing = outside.join("no-such-venv");
+    let mut texts = vec![];
+    for p in [&planted, &missing, &inside_bad_base] {
+        let shown = p.display().to_string();
+        let r = configure(shown.clone()).await;
+        let t = mcp_support::text(&r);
+        assert!(mcp_support::is_error(&r), "{shown} accepted: {t}");
+        assert!(
+            t.contains("is not an environment this server may use"),
+            "{shown}: {t}"
+        );
+        texts.push(t.replace(&shown, "PATH"));
+    }
+    assert_eq!(texts[0], texts[1], "one text, whether the path exists or not");
+    assert_eq!(texts[0], texts[2], "and for a base interpreter outside");
+    // A venv inside the data directory still works.
+    let good = data.join("venv-good");
+    let ok = std::process::Command::new("/usr/bin/python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&good)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let r = configure(good.display().to_string()).await;
+    assert!(!mcp_support::is_error(&r), "{}", mcp_support::text(&r));
+    drop(client);
+    server.finish().await;
+    let _ = std::fs::remove_dir_all(&data);
+    let _ = std::fs::remove_dir_all(&outside);
+}

@@ -146,6 +146,11 @@ env_vars! {
     CONDA_EXE;
     /// Searched for `conda` when `CONDA_EXE` is unset.
     PATH;
+    /// Single tenant: directories (`:`-separated, absolute) under which configure_environment
+    /// may pick an environment, besides the data directory and the configured environment
+    /// (its prefix and its base interpreter's); every other path is refused with one text.
+    /// Default: none beyond those.
+    MCP_EXECUTOR_ENV_ROOTS;
 
     // ---- installs ----
     /// CA bundle (PEM) the fetch phase of installs trusts (`--ca-bundle`; default the
