@@ -83,7 +83,14 @@ pub struct CodeStorage {
     locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::RwLock<()>>>>,
     /// The tenant's storage quota, shared with its workspaces.
     quota: std::sync::OnceLock<Arc<StorageQuota>>,
+    /// Stored files not modified for this long are removed (at start-up, then at most
+    /// every [`AGE_SWEEP_EVERY`] on a write).
+    max_age: std::sync::OnceLock<std::time::Duration>,
+    last_age_sweep: Mutex<Option<std::time::Instant>>,
 }
+
+/// How often writes look for stored code past its age.
+pub const AGE_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// A cap on the bytes under some directories together (a tenant's code storage and
 /// workspaces), checked before each write. Two writes racing may pass it by one write.
@@ -169,7 +176,38 @@ impl CodeStorage {
             max_file_bytes: defaults::MAX_FILE_BYTES,
             locks: Mutex::default(),
             quota: std::sync::OnceLock::new(),
+            max_age: std::sync::OnceLock::new(),
+            last_age_sweep: Mutex::default(),
         })
+    }
+
+    /// Remove stored files not modified for `age` from now on: those already that old at
+    /// once, later ones on writes (set once; later calls are ignored).
+    pub fn set_max_age(&self, age: std::time::Duration) {
+        if self.max_age.set(age).is_ok() {
+            let n = sweep_older(&self.canonical, age);
+            if n > 0 {
+                tracing::info!(removed = n, dir = %self.canonical.display(), "stored code past its age removed");
+            }
+            *self.last_age_sweep.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(std::time::Instant::now());
+        }
+    }
+
+    /// On a write: sweep by age when the last sweep is [`AGE_SWEEP_EVERY`] old.
+    async fn age_sweep_due(&self) {
+        let Some(age) = self.max_age.get().copied() else {
+            return;
+        };
+        {
+            let mut last = self.last_age_sweep.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|t| t.elapsed() < AGE_SWEEP_EVERY) {
+                return;
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        let dir = self.canonical.clone();
+        let _ = tokio::task::spawn_blocking(move || sweep_older(&dir, age)).await;
     }
 
     /// Count every write against `quota` from now on (set once; later calls are ignored).
@@ -254,6 +292,7 @@ impl CodeStorage {
         content: &str,
     ) -> Result<PathBuf, StorageError> {
         check_code_size(content)?;
+        self.age_sweep_due().await;
         self.check_quota(content.len() as u64, 0).await?;
         let stem = sanitize_stem(filename);
         loop {
@@ -488,6 +527,27 @@ impl Drop for FileLock<'_> {
 
 /// Remove temporary files a crash left behind (older than a minute: a write in progress in
 /// another process sharing the directory is left alone).
+/// Remove the regular files directly in `dir` not modified for `age` (symlinks and
+/// directories left alone); how many.
+fn sweep_older(dir: &Path, age: std::time::Duration) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let Some(cutoff) = std::time::SystemTime::now().checked_sub(age) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        if meta.is_file() && meta.modified().is_ok_and(|m| m < cutoff) && std::fs::remove_file(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 fn sweep_partial(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;

@@ -559,3 +559,84 @@ async fn environments_outside_the_allowed_roots_are_refused_with_one_text() {
     let _ = std::fs::remove_dir_all(&data);
     let _ = std::fs::remove_dir_all(&outside);
 }
+
+// ---- item 6: storage ---------------------------------------------------------------------
+
+/// initialize_code_file and append_to_code_file write to disk without starting a
+/// container: they count against the tenant's runs per minute all the same.
+#[tokio::test]
+async fn storage_writes_count_against_runs_per_minute() {
+    use serde_json::json;
+    let tenant = "t-hs-storerate";
+    let _clean = common::remove_on_drop(tenant);
+    let mut settings = mcp_code_executor::app::Settings::default();
+    settings.quota.runs_per_minute = Some(2);
+    let server = mcp_support::server_with(tenant, settings).await;
+    let client = server.client().await;
+    let mut refused = 0;
+    for i in 0..4 {
+        let r = mcp_support::try_call(
+            client.peer(),
+            "initialize_code_file",
+            json!({"content": format!("x = {i}\n"), "filename": "w"}),
+        )
+        .await;
+        match r {
+            Ok(r) if !mcp_support::is_error(&r) => {}
+            Ok(r) => {
+                assert!(
+                    mcp_support::text(&r).contains("runs per minute"),
+                    "{}",
+                    mcp_support::text(&r)
+                );
+                refused += 1;
+            }
+            Err(e) => {
+                assert!(e.to_string().contains("runs per minute"), "{e}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(refused, 2, "two of four writes over a quota of two per minute");
+    drop(client);
+    server.finish().await;
+}
+
+/// Stored code not modified for longer than the configured age is removed when the
+/// tenant's executor starts (and later, hourly, on writes); newer code stays.
+#[tokio::test]
+async fn stored_code_past_its_age_is_removed() {
+    let dir = std::env::temp_dir().join(format!(
+        "mcpx-hs-age-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let old = dir.join("old_0123abcd.py");
+    let new = dir.join("new_4567abcd.py");
+    std::fs::write(&old, "print('old')\n").unwrap();
+    std::fs::write(&new, "print('new')\n").unwrap();
+    let ok = std::process::Command::new("touch")
+        .args(["-m", "-d", "3 hours ago"])
+        .arg(&old)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let storage = mcp_code_executor::storage::CodeStorage::open(&dir).unwrap();
+    let mut settings = mcp_code_executor::app::Settings::default();
+    settings.tenant = "t-hs-age".into();
+    settings.sessions.workspace_root = dir.with_extension("ws");
+    settings.quota.code_max_age = Some(Duration::from_secs(3600));
+    let sandbox = common::sandbox().await;
+    let mut service = mcp_code_executor::app::Service::new(
+        sandbox as std::sync::Arc<dyn Backend>,
+        mcp_code_executor::app::Capacity::default(),
+    );
+    let _ex = service.add_tenant(mcp_code_executor::app::TenantParts {
+        settings,
+        storage: Some(storage),
+        environments: None,
+    });
+    assert!(!old.exists(), "code untouched for 3 h, over a 1 h age, is removed");
+    assert!(new.exists(), "newer code stays");
+    let _ = std::fs::remove_dir_all(&dir);
+}

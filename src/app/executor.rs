@@ -76,6 +76,9 @@ impl Executor {
             }
             workspaces.set_quota(quota);
         }
+        if let (Some(s), Some(age)) = (&storage, settings.quota.code_max_age) {
+            s.set_max_age(age);
+        }
         let sessions = Sessions::new(&settings, shared.shutdown.clone());
         Arc::new(Executor {
             rate: settings.quota.runs_per_minute.map(RateLimiter::new),
@@ -304,12 +307,26 @@ impl Executor {
             .map_err(|e| self.storage_error(e))
     }
 
-    /// Append to stored code: its path and new size.
+    /// Store new code on its own (initialize_code_file): a storage write, which counts
+    /// against the tenant's runs per minute like a run does (a run that stores its code,
+    /// execute_code, counts once, as a run).
+    pub async fn create_code_file(
+        &self,
+        filename: Option<&str>,
+        code: &str,
+    ) -> Result<PathBuf, AppError> {
+        self.admit()?;
+        self.create_code(filename, code).await
+    }
+
+    /// Append to stored code: its path and new size. A storage write: it counts against
+    /// the tenant's runs per minute.
     pub async fn append_code(
         &self,
         file_path: &str,
         content: &str,
     ) -> Result<(PathBuf, u64), AppError> {
+        self.admit()?;
         self.storage()?
             .append(file_path, content)
             .await

@@ -132,6 +132,15 @@ env_vars! {
     /// Sessions alive at once, per tenant (`--max-sessions`, default 16).
     MCP_EXECUTOR_MAX_SESSIONS;
 
+    // ---- storage ----
+    /// Bytes of stored code and workspace files each tenant may keep, together
+    /// (`--storage-limit`, default `1g`; `0`: unlimited); a tenant's `storage_limit` may
+    /// lower it.
+    MCP_EXECUTOR_STORAGE_LIMIT;
+    /// Stored code files not modified for this long are removed, at start-up and then
+    /// hourly on writes (`--code-max-age`, seconds, default 2592000: 30 days).
+    MCP_EXECUTOR_CODE_MAX_AGE;
+
     // ---- the Python environment (names of the tools this server replaces) ----
     /// `conda`, `venv` or `venv-uv` (`--env-type`); unset: the managed default environment.
     ENV_TYPE;
