@@ -640,3 +640,47 @@ async fn stored_code_past_its_age_is_removed() {
     assert!(new.exists(), "newer code stays");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Session workspaces left by a server that died (kill -9) are swept when the tenant's
+/// executor starts, unless another live server process shares the directory.
+#[tokio::test]
+async fn orphaned_session_workspaces_are_swept_at_start_up() {
+    use std::os::unix::io::AsRawFd as _;
+    let root = std::env::temp_dir().join(format!(
+        "mcpx-hs-orphans-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let orphan = root.join("t-hs-orph.sessions/0123456789abcdef");
+    std::fs::create_dir_all(&orphan).unwrap();
+    std::fs::write(orphan.join("big.bin"), vec![0u8; 1 << 20]).unwrap();
+    // A dead process's claim (nobody holds its lock) and a live one's (this test holds it).
+    let dead = root.join("t-hs-orph.sessions.owner-999999999");
+    std::fs::write(&dead, b"").unwrap();
+    let live_path = root.join("t-hs-orph.sessions.owner-1");
+    let live = std::fs::File::create(&live_path).unwrap();
+    // SAFETY: flock on a file this test owns.
+    assert_eq!(unsafe { libc::flock(live.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    let sandbox = common::sandbox().await;
+    let start = || {
+        let mut settings = mcp_code_executor::app::Settings::default();
+        settings.tenant = "t-hs-orph".into();
+        settings.sessions.workspace_root = root.clone();
+        let mut service = mcp_code_executor::app::Service::new(
+            sandbox.clone() as std::sync::Arc<dyn Backend>,
+            mcp_code_executor::app::Capacity::default(),
+        );
+        service.add_tenant(mcp_code_executor::app::TenantParts {
+            settings,
+            storage: None,
+            environments: None,
+        })
+    };
+    let ex = start();
+    assert!(orphan.exists(), "another live server shares the directory: kept");
+    assert!(!dead.exists(), "a dead process's claim goes");
+    drop(ex);
+    drop(live);
+    let _ex = start();
+    assert!(!orphan.exists(), "nobody else alive: the orphaned workspace is swept");
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -54,6 +54,9 @@ pub struct Executor {
     rate: Option<RateLimiter>,
     pub(super) workspaces: Arc<Workspaces>,
     pub(super) sessions: Arc<Sessions>,
+    /// This process's claim on the tenant's session workspaces (see
+    /// [`storage::claim_session_workspaces`]), held while the executor lives.
+    _claim: Option<storage::WorkspaceClaim>,
 }
 
 impl Executor {
@@ -79,6 +82,18 @@ impl Executor {
         if let (Some(s), Some(age)) = (&storage, settings.quota.code_max_age) {
             s.set_max_age(age);
         }
+        // Session workspaces a dead process left (kill -9) are swept, as its containers are.
+        let claim = if workspaces.root().as_os_str().is_empty() {
+            None
+        } else {
+            let tenant = storage::sanitize_stem(Some(&settings.tenant));
+            let dir = workspaces.root().join(format!("{tenant}.sessions"));
+            let (claim, removed) = storage::claim_session_workspaces(&dir);
+            if removed > 0 {
+                tracing::info!(removed, dir = %dir.display(), "orphaned session workspaces removed");
+            }
+            claim
+        };
         let sessions = Sessions::new(&settings, shared.shutdown.clone());
         Arc::new(Executor {
             rate: settings.quota.runs_per_minute.map(RateLimiter::new),
@@ -88,6 +103,7 @@ impl Executor {
             environments,
             workspaces: Arc::new(workspaces),
             sessions,
+            _claim: claim,
         })
     }
 
