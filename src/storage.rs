@@ -190,8 +190,10 @@ impl CodeStorage {
             if n > 0 {
                 tracing::info!(removed = n, dir = %self.canonical.display(), "stored code past its age removed");
             }
-            *self.last_age_sweep.lock().unwrap_or_else(|e| e.into_inner()) =
-                Some(std::time::Instant::now());
+            *self
+                .last_age_sweep
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
         }
     }
 
@@ -201,7 +203,10 @@ impl CodeStorage {
             return;
         };
         {
-            let mut last = self.last_age_sweep.lock().unwrap_or_else(|e| e.into_inner());
+            let mut last = self
+                .last_age_sweep
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             if last.is_some_and(|t| t.elapsed() < AGE_SWEEP_EVERY) {
                 return;
             }
@@ -630,7 +635,10 @@ fn sweep_older(dir: &Path, age: std::time::Duration) -> usize {
         let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
             continue;
         };
-        if meta.is_file() && meta.modified().is_ok_and(|m| m < cutoff) && std::fs::remove_file(e.path()).is_ok() {
+        if meta.is_file()
+            && meta.modified().is_ok_and(|m| m < cutoff)
+            && std::fs::remove_file(e.path()).is_ok()
+        {
             removed += 1;
         }
     }

@@ -3,7 +3,7 @@
 //! the deadline), what one run returns is bounded, a session does not compute between
 //! cells, and the tenant-facing bounds hold. Real runner, real Docker: no skips.
 
-mod common;
+use mcp_support::common;
 
 use std::time::Duration;
 
@@ -143,7 +143,10 @@ async fn figure_names_are_sanitised() {
     assert_eq!(names.len(), 2, "a real PNG is a figure: {names:?}");
     for (a, name) in o.artifacts.iter().zip(&names) {
         assert!(!name.contains('\n'), "{name:?}");
-        assert!(name.starts_with("figure-") && name.ends_with(".png"), "{name:?}");
+        assert!(
+            name.starts_with("figure-") && name.ends_with(".png"),
+            "{name:?}"
+        );
         assert!(a.data.starts_with(b"\x89PNG"));
     }
     common::assert_clean(&sb, tenant).await;
@@ -277,7 +280,11 @@ async fn a_flood_killed_at_the_deadline_is_reported_truncated() {
     let o = run_job(&*sb, job).await;
     assert!(o.timed_out, "{o:?}");
     assert_eq!(o.stdout.len() as u64, Limits::default().output_bytes);
-    assert!(o.stdout_truncated, "the cut is reported: {}", o.status_line());
+    assert!(
+        o.stdout_truncated,
+        "the cut is reported: {}",
+        o.status_line()
+    );
     common::assert_clean(&sb, tenant).await;
 }
 
@@ -322,7 +329,11 @@ async fn one_run_returns_at_most_its_return_limit() {
         "the result says so: {:?}",
         o.notes
     );
-    assert!(o.status_line().contains("may return"), "{}", o.status_line());
+    assert!(
+        o.status_line().contains("may return"),
+        "{}",
+        o.status_line()
+    );
     common::assert_clean(&sb, tenant).await;
 }
 
@@ -423,10 +434,8 @@ async fn environment_probes_wait_for_run_slots() {
     use serde_json::json;
     let tenant = "t-hs-probes";
     let _clean = common::remove_on_drop(tenant);
-    let data = std::env::temp_dir().join(format!(
-        "mcpx-hs-probes-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
+    let data =
+        std::env::temp_dir().join(format!("mcpx-hs-probes-{}", uuid::Uuid::new_v4().simple()));
     let sandbox = common::sandbox().await;
     let manager = EnvManager::new(data.clone(), EnvManager::default_ca_bundle());
     let state = EnvState::init(&*sandbox, &manager, tenant, None)
@@ -443,20 +452,15 @@ async fn environment_probes_wait_for_run_slots() {
     let mut settings = Settings::default();
     settings.quota.max_concurrent_runs = Some(1);
     let max = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let server = mcp_support::server_custom(
-        tenant,
-        settings,
-        Some(envs),
-        &Default::default(),
-        |inner| {
+    let server =
+        mcp_support::server_custom(tenant, settings, Some(envs), &Default::default(), |inner| {
             std::sync::Arc::new(Counting {
                 inner,
                 now: Default::default(),
                 max: max.clone(),
             })
-        },
-    )
-    .await;
+        })
+        .await;
     let client = server.client().await;
     let calls = (0..6).map(|_| {
         let peer = client.peer().clone();
@@ -476,7 +480,10 @@ async fn environment_probes_wait_for_run_slots() {
     }
     let most = max.load(std::sync::atomic::Ordering::SeqCst);
     assert!(most >= 1, "the probes ran");
-    assert_eq!(most, 1, "probes at once, for a tenant allowed one run at a time");
+    assert_eq!(
+        most, 1,
+        "probes at once, for a tenant allowed one run at a time"
+    );
     drop(client);
     server.finish().await;
     let _ = std::fs::remove_dir_all(&data);
@@ -542,7 +549,10 @@ async fn environments_outside_the_allowed_roots_are_refused_with_one_text() {
         );
         texts.push(t.replace(&shown, "PATH"));
     }
-    assert_eq!(texts[0], texts[1], "one text, whether the path exists or not");
+    assert_eq!(
+        texts[0], texts[1],
+        "one text, whether the path exists or not"
+    );
     assert_eq!(texts[0], texts[2], "and for a base interpreter outside");
     // A venv inside the data directory still works.
     let good = data.join("venv-good");
@@ -597,7 +607,10 @@ async fn storage_writes_count_against_runs_per_minute() {
             }
         }
     }
-    assert_eq!(refused, 2, "two of four writes over a quota of two per minute");
+    assert_eq!(
+        refused, 2,
+        "two of four writes over a quota of two per minute"
+    );
     drop(client);
     server.finish().await;
 }
@@ -606,10 +619,7 @@ async fn storage_writes_count_against_runs_per_minute() {
 /// tenant's executor starts (and later, hourly, on writes); newer code stays.
 #[tokio::test]
 async fn stored_code_past_its_age_is_removed() {
-    let dir = std::env::temp_dir().join(format!(
-        "mcpx-hs-age-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
+    let dir = std::env::temp_dir().join(format!("mcpx-hs-age-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let old = dir.join("old_0123abcd.py");
     let new = dir.join("new_4567abcd.py");
@@ -622,8 +632,10 @@ async fn stored_code_past_its_age_is_removed() {
         .unwrap();
     assert!(ok.success());
     let storage = mcp_code_executor::storage::CodeStorage::open(&dir).unwrap();
-    let mut settings = mcp_code_executor::app::Settings::default();
-    settings.tenant = "t-hs-age".into();
+    let mut settings = mcp_code_executor::app::Settings {
+        tenant: "t-hs-age".into(),
+        ..Default::default()
+    };
     settings.sessions.workspace_root = dir.with_extension("ws");
     settings.quota.code_max_age = Some(Duration::from_secs(3600));
     let sandbox = common::sandbox().await;
@@ -636,7 +648,10 @@ async fn stored_code_past_its_age_is_removed() {
         storage: Some(storage),
         environments: None,
     });
-    assert!(!old.exists(), "code untouched for 3 h, over a 1 h age, is removed");
+    assert!(
+        !old.exists(),
+        "code untouched for 3 h, over a 1 h age, is removed"
+    );
     assert!(new.exists(), "newer code stays");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -646,10 +661,8 @@ async fn stored_code_past_its_age_is_removed() {
 #[tokio::test]
 async fn orphaned_session_workspaces_are_swept_at_start_up() {
     use std::os::unix::io::AsRawFd as _;
-    let root = std::env::temp_dir().join(format!(
-        "mcpx-hs-orphans-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
+    let root =
+        std::env::temp_dir().join(format!("mcpx-hs-orphans-{}", uuid::Uuid::new_v4().simple()));
     let orphan = root.join("t-hs-orph.sessions/0123456789abcdef");
     std::fs::create_dir_all(&orphan).unwrap();
     std::fs::write(orphan.join("big.bin"), vec![0u8; 1 << 20]).unwrap();
@@ -659,11 +672,16 @@ async fn orphaned_session_workspaces_are_swept_at_start_up() {
     let live_path = root.join("t-hs-orph.sessions.owner-1");
     let live = std::fs::File::create(&live_path).unwrap();
     // SAFETY: flock on a file this test owns.
-    assert_eq!(unsafe { libc::flock(live.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    assert_eq!(
+        unsafe { libc::flock(live.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
     let sandbox = common::sandbox().await;
     let start = || {
-        let mut settings = mcp_code_executor::app::Settings::default();
-        settings.tenant = "t-hs-orph".into();
+        let mut settings = mcp_code_executor::app::Settings {
+            tenant: "t-hs-orph".into(),
+            ..Default::default()
+        };
         settings.sessions.workspace_root = root.clone();
         let mut service = mcp_code_executor::app::Service::new(
             sandbox.clone() as std::sync::Arc<dyn Backend>,
@@ -676,11 +694,17 @@ async fn orphaned_session_workspaces_are_swept_at_start_up() {
         })
     };
     let ex = start();
-    assert!(orphan.exists(), "another live server shares the directory: kept");
+    assert!(
+        orphan.exists(),
+        "another live server shares the directory: kept"
+    );
     assert!(!dead.exists(), "a dead process's claim goes");
     drop(ex);
     drop(live);
     let _ex = start();
-    assert!(!orphan.exists(), "nobody else alive: the orphaned workspace is swept");
+    assert!(
+        !orphan.exists(),
+        "nobody else alive: the orphaned workspace is swept"
+    );
     let _ = std::fs::remove_dir_all(&root);
 }

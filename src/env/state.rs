@@ -473,7 +473,9 @@ mod tests {
         std::fs::create_dir_all(root.join("envs/ds/bin")).unwrap();
         std::fs::write(root.join("envs/ds/bin/python"), "").unwrap();
         assert_eq!(
-            resolve_within(&conda("ds"), &roots, &ctx, TENANT_ROOTS).unwrap().prefix,
+            resolve_within(&conda("ds"), &roots, &ctx, TENANT_ROOTS)
+                .unwrap()
+                .prefix,
             root.join("envs/ds")
         );
         std::fs::remove_dir_all(t).ok();
