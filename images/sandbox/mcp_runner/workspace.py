@@ -103,15 +103,27 @@ def _write_file(dfd, name, src):
         shutil.copyfileobj(src, out)
 
 
+def _same(before, fd):
+    """Is the open `fd` the entry `before` (an lstat) describes? Under gVisor, O_NOFOLLOW
+    is not always honoured (with O_DIRECTORY it follows a symlink): an entry is checked
+    with lstat before it is opened and compared by inode after, so a link, or a swap in
+    between, is refused."""
+    after = os.fstat(fd)
+    return (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
+
+
 def open_regular(path, dir_fd=None):
     """Open `path` for reading if it is a regular file: never follows a symlink, never
     blocks on a FIFO the code left there. None otherwise."""
     try:
+        before = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISREG(before.st_mode):
+            return None
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not _same(before, fd):
             os.close(fd)
             return None
         os.set_blocking(fd, True)
@@ -123,11 +135,21 @@ def open_regular(path, dir_fd=None):
 
 def open_dir_nofollow(path, dir_fd=None):
     """An fd of the directory `path` (a single name when `dir_fd` is given), or None when
-    it is missing, not a directory, or a symlink (never followed)."""
+    it is missing, not a directory, or a symlink (never followed, under gVisor too)."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        before = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISDIR(before.st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
     except OSError:
         return None
+    try:
+        if _same(before, fd):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
 
 
 def open_under(root, rel):
