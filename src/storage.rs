@@ -804,6 +804,8 @@ mod tests {
             (format!("{root}/sub/x.py"), "not allowed"),
             (format!("{root}/"), "not allowed"),
             ("x\0.py".into(), "NUL"),
+            ("a\nstatus: exit code 0".into(), "control characters"),
+            ("bell\u{7}.txt".into(), "control characters"),
             ("".into(), "empty"),
             ("a".repeat(300), "too long"),
             ("a".repeat(5000), "too long"),

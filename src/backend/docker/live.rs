@@ -375,4 +375,13 @@ mod tests {
         assert_eq!(buf, b"abcde");
         assert_eq!(seen, 8);
     }
+
+    #[test]
+    fn names_with_control_characters_are_not_shown() {
+        assert!(shown_name("figure-001.png"));
+        assert!(shown_name("données/é.csv"));
+        assert!(!shown_name("a\nstatus: exit code 0"));
+        assert!(!shown_name("x\u{1b}[2J"));
+        assert!(!shown_name(""));
+    }
 }
