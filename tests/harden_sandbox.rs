@@ -654,6 +654,7 @@ async fn stored_code_past_its_age_is_removed() {
     );
     assert!(new.exists(), "newer code stays");
     let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir.with_extension("ws"));
 }
 
 /// Session workspaces left by a server that died (kill -9) are swept when the tenant's
