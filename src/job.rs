@@ -261,6 +261,11 @@ pub struct Outcome {
     pub files: Vec<OutputFile>,
     /// Such files over the caps, not returned.
     pub files_dropped: u64,
+    /// What was left out of this result and why, one sentence each (figures and files
+    /// over what one run may return in all, a figure that was not a PNG, a file name
+    /// unfit to show, a workspace too deep or too large to walk).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// A file the code wrote under `/workspace`. The path comes from the sandbox: check it
@@ -340,6 +345,10 @@ impl Outcome {
             s.push_str(", stderr truncated");
         }
         s.push_str(&format!(", {} ms", self.duration_ms));
+        for note in &self.notes {
+            s.push_str("; ");
+            s.push_str(note);
+        }
         s
     }
 }

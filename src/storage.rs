@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::DirBuilderExt as _;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -63,6 +64,8 @@ pub enum StorageError {
     Quota { used: u64, adding: u64, limit: u64 },
     #[error("file_path `{path}` is refused: names starting with `{TEMP_PREFIX}` are reserved for files being written")]
     Reserved { path: String },
+    #[error("file_path \"{path}\" is refused: names may not hold control characters (newlines, tabs, escapes)")]
+    Control { path: String },
     #[error("file `{path}` is not valid UTF-8 text")]
     NotText { path: String },
     #[error("cannot use the code storage directory `{root}`: {source}. Set CODE_STORAGE_DIR to a writable directory")]
@@ -81,7 +84,14 @@ pub struct CodeStorage {
     locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::RwLock<()>>>>,
     /// The tenant's storage quota, shared with its workspaces.
     quota: std::sync::OnceLock<Arc<StorageQuota>>,
+    /// Stored files not modified for this long are removed (at start-up, then at most
+    /// every [`AGE_SWEEP_EVERY`] on a write).
+    max_age: std::sync::OnceLock<std::time::Duration>,
+    last_age_sweep: Mutex<Option<std::time::Instant>>,
 }
+
+/// How often writes look for stored code past its age.
+pub const AGE_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// A cap on the bytes under some directories together (a tenant's code storage and
 /// workspaces), checked before each write. Two writes racing may pass it by one write.
@@ -167,7 +177,43 @@ impl CodeStorage {
             max_file_bytes: defaults::MAX_FILE_BYTES,
             locks: Mutex::default(),
             quota: std::sync::OnceLock::new(),
+            max_age: std::sync::OnceLock::new(),
+            last_age_sweep: Mutex::default(),
         })
+    }
+
+    /// Remove stored files not modified for `age` from now on: those already that old at
+    /// once, later ones on writes (set once; later calls are ignored).
+    pub fn set_max_age(&self, age: std::time::Duration) {
+        if self.max_age.set(age).is_ok() {
+            let n = sweep_older(&self.canonical, age);
+            if n > 0 {
+                tracing::info!(removed = n, dir = %self.canonical.display(), "stored code past its age removed");
+            }
+            *self
+                .last_age_sweep
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
+        }
+    }
+
+    /// On a write: sweep by age when the last sweep is [`AGE_SWEEP_EVERY`] old.
+    async fn age_sweep_due(&self) {
+        let Some(age) = self.max_age.get().copied() else {
+            return;
+        };
+        {
+            let mut last = self
+                .last_age_sweep
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|t| t.elapsed() < AGE_SWEEP_EVERY) {
+                return;
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        let dir = self.canonical.clone();
+        let _ = tokio::task::spawn_blocking(move || sweep_older(&dir, age)).await;
     }
 
     /// Count every write against `quota` from now on (set once; later calls are ignored).
@@ -196,6 +242,12 @@ impl CodeStorage {
         }
         if file_path.trim().is_empty() {
             return Err(StorageError::Empty);
+        }
+        if file_path.chars().any(char::is_control) {
+            // A newline in a name would let it forge a line of a result or a listing.
+            return Err(StorageError::Control {
+                path: file_path.escape_debug().take(200).collect(),
+            });
         }
         if file_path.len() > 4096 {
             return Err(StorageError::TooLong {
@@ -246,6 +298,7 @@ impl CodeStorage {
         content: &str,
     ) -> Result<PathBuf, StorageError> {
         check_code_size(content)?;
+        self.age_sweep_due().await;
         self.check_quota(content.len() as u64, 0).await?;
         let stem = sanitize_stem(filename);
         loop {
@@ -417,7 +470,8 @@ impl CodeStorage {
                 continue;
             };
             if let (true, Some(name)) = (meta.is_file(), entry.file_name().to_str()) {
-                if !name.starts_with(TEMP_PREFIX) {
+                // A name no client could have written (a control character) is not shown.
+                if !name.starts_with(TEMP_PREFIX) && !name.chars().any(char::is_control) {
                     out.push((name.to_string(), meta.len()));
                 }
             }
@@ -479,6 +533,118 @@ impl Drop for FileLock<'_> {
 
 /// Remove temporary files a crash left behind (older than a minute: a write in progress in
 /// another process sharing the directory is left alone).
+/// A claim of this process on a directory of session workspaces (`<tenant>.sessions`):
+/// an exclusive `flock` on `<dir>.owner-<pid>` held while the value lives. Processes
+/// sharing the directory each hold their own.
+#[derive(Debug)]
+pub struct WorkspaceClaim {
+    _file: std::fs::File,
+    path: PathBuf,
+}
+
+impl Drop for WorkspaceClaim {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Claim the session workspaces directory `dir` for this process, and sweep what a
+/// process that died (`kill -9`, a crash) left there: every workspace in it when no other
+/// live process holds a claim (a claim file nobody holds locked is a dead process's, and
+/// goes too). Returns the claim (hold it while sessions may be opened) and how many
+/// workspaces were removed.
+pub fn claim_session_workspaces(dir: &Path) -> (Option<WorkspaceClaim>, usize) {
+    use std::os::unix::io::AsRawFd as _;
+    let Some(parent) = dir.parent() else {
+        return (None, 0);
+    };
+    let Some(name) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return (None, 0);
+    };
+    if std::fs::create_dir_all(parent).is_err() {
+        return (None, 0);
+    }
+    let prefix = format!("{name}.owner-");
+    let mine = parent.join(format!("{prefix}{}", std::process::id()));
+    let lock = |f: &std::fs::File| {
+        // SAFETY: flock on a descriptor this function owns.
+        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+    };
+    let claim = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&mine)
+        .ok()
+        .filter(lock)
+        .map(|f| WorkspaceClaim {
+            _file: f,
+            path: mine.clone(),
+        });
+    let mut others_alive = false;
+    if let Ok(entries) = std::fs::read_dir(parent) {
+        for e in entries.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if !n.starts_with(&prefix) || e.path() == mine {
+                continue;
+            }
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(e.path())
+            {
+                Ok(f) if lock(&f) => {
+                    let _ = std::fs::remove_file(e.path());
+                }
+                Ok(_) => others_alive = true,
+                Err(_) => {}
+            }
+        }
+    }
+    let mut removed = 0;
+    if !others_alive && claim.is_some() {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                let is_dir = std::fs::symlink_metadata(e.path()).is_ok_and(|m| m.is_dir());
+                let gone = if is_dir {
+                    std::fs::remove_dir_all(e.path())
+                } else {
+                    std::fs::remove_file(e.path())
+                };
+                if gone.is_ok() {
+                    removed += 1;
+                }
+            }
+        }
+    }
+    (claim, removed)
+}
+
+/// Remove the regular files directly in `dir` not modified for `age` (symlinks and
+/// directories left alone); how many.
+fn sweep_older(dir: &Path, age: std::time::Duration) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let Some(cutoff) = std::time::SystemTime::now().checked_sub(age) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        if meta.is_file()
+            && meta.modified().is_ok_and(|m| m < cutoff)
+            && std::fs::remove_file(e.path()).is_ok()
+        {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 fn sweep_partial(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -638,6 +804,8 @@ mod tests {
             (format!("{root}/sub/x.py"), "not allowed"),
             (format!("{root}/"), "not allowed"),
             ("x\0.py".into(), "NUL"),
+            ("a\nstatus: exit code 0".into(), "control characters"),
+            ("bell\u{7}.txt".into(), "control characters"),
             ("".into(), "empty"),
             ("a".repeat(300), "too long"),
             ("a".repeat(5000), "too long"),

@@ -54,6 +54,9 @@ pub struct Executor {
     rate: Option<RateLimiter>,
     pub(super) workspaces: Arc<Workspaces>,
     pub(super) sessions: Arc<Sessions>,
+    /// This process's claim on the tenant's session workspaces (see
+    /// [`storage::claim_session_workspaces`]), held while the executor lives.
+    _claim: Option<storage::WorkspaceClaim>,
 }
 
 impl Executor {
@@ -76,6 +79,21 @@ impl Executor {
             }
             workspaces.set_quota(quota);
         }
+        if let (Some(s), Some(age)) = (&storage, settings.quota.code_max_age) {
+            s.set_max_age(age);
+        }
+        // Session workspaces a dead process left (kill -9) are swept, as its containers are.
+        let claim = if workspaces.root().as_os_str().is_empty() {
+            None
+        } else {
+            let tenant = storage::sanitize_stem(Some(&settings.tenant));
+            let dir = workspaces.root().join(format!("{tenant}.sessions"));
+            let (claim, removed) = storage::claim_session_workspaces(&dir);
+            if removed > 0 {
+                tracing::info!(removed, dir = %dir.display(), "orphaned session workspaces removed");
+            }
+            claim
+        };
         let sessions = Sessions::new(&settings, shared.shutdown.clone());
         Arc::new(Executor {
             rate: settings.quota.runs_per_minute.map(RateLimiter::new),
@@ -85,6 +103,7 @@ impl Executor {
             environments,
             workspaces: Arc::new(workspaces),
             sessions,
+            _claim: claim,
         })
     }
 
@@ -304,12 +323,26 @@ impl Executor {
             .map_err(|e| self.storage_error(e))
     }
 
-    /// Append to stored code: its path and new size.
+    /// Store new code on its own (initialize_code_file): a storage write, which counts
+    /// against the tenant's runs per minute like a run does (a run that stores its code,
+    /// execute_code, counts once, as a run).
+    pub async fn create_code_file(
+        &self,
+        filename: Option<&str>,
+        code: &str,
+    ) -> Result<PathBuf, AppError> {
+        self.admit()?;
+        self.create_code(filename, code).await
+    }
+
+    /// Append to stored code: its path and new size. A storage write: it counts against
+    /// the tenant's runs per minute.
     pub async fn append_code(
         &self,
         file_path: &str,
         content: &str,
     ) -> Result<(PathBuf, u64), AppError> {
+        self.admit()?;
         self.storage()?
             .append(file_path, content)
             .await
@@ -332,4 +365,64 @@ pub fn code_digest(code: &[u8]) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// The backend as the environment manager sees it for one tenant: each of its runs (the
+/// probe of `configure_environment`, the phases of an install) waits for one of the
+/// tenant's run slots first, like every other run, so a burst of such calls starts no
+/// more sandboxes at once than the tenant's `max_concurrent_runs` (and the server's
+/// capacity) allow.
+struct InSlots {
+    inner: Arc<dyn Backend>,
+    scheduler: Arc<crate::tenancy::scheduler::Scheduler>,
+    tenant: String,
+    cap: usize,
+}
+
+#[async_trait::async_trait]
+impl Backend for InSlots {
+    async fn run(
+        &self,
+        job: crate::job::JobSpec,
+        events: crate::backend::Events,
+    ) -> Result<Outcome, crate::backend::BackendError> {
+        let _slot = self
+            .scheduler
+            .acquire(&self.tenant, self.cap)
+            .await
+            .map_err(|e| crate::backend::BackendError::Rejected(e.to_string()))?;
+        self.inner.run(job, events).await
+    }
+
+    async fn info(&self) -> Result<crate::backend::BackendInfo, crate::backend::BackendError> {
+        self.inner.info().await
+    }
+
+    async fn drain(&self) {
+        self.inner.drain().await
+    }
+
+    async fn prewarm(&self, tenant: &str, env: &crate::job::RunEnv) {
+        self.inner.prewarm(tenant, env).await
+    }
+
+    fn stats(&self) -> crate::backend::BackendStats {
+        self.inner.stats()
+    }
+}
+
+impl Executor {
+    /// The backend for environment work (probes, installs): every run in a run slot.
+    pub fn backend_in_slots(&self) -> Arc<dyn Backend> {
+        Arc::new(InSlots {
+            inner: self.shared.backend.clone(),
+            scheduler: self.shared.scheduler.clone(),
+            tenant: self.tenant().to_string(),
+            cap: self
+                .settings
+                .quota
+                .max_concurrent_runs
+                .unwrap_or(usize::MAX),
+        })
+    }
 }

@@ -190,7 +190,7 @@ pub async fn install(
         return Err(refused(e.to_string()));
     }
     let result = tokio::select! {
-        r = envs.install(ex.backend().clone(), packages, events) => r,
+        r = envs.install(ex.backend_in_slots(), packages, events) => r,
         _ = cancel.cancelled() => {
             Err(ManagerError::Failed {
                 what: "the install",
@@ -259,7 +259,7 @@ pub async fn configure(ex: &Executor, asked: EnvAsked) -> Result<EnvReport, AppE
     }
     let before = envs.state.report().await;
     envs.state
-        .configure(&**ex.backend(), &envs.manager, Some(request))
+        .configure(&*ex.backend_in_slots(), &envs.manager, Some(request))
         .await
         .map_err(|e| {
             AppError::Failed(format!(

@@ -25,6 +25,11 @@ pub mod defaults {
     pub const SESSION_MAX_LIFETIME: Duration = Duration::from_secs(3600);
     /// Sessions alive at once, per tenant.
     pub const MAX_SESSIONS: usize = 16;
+    /// Bytes of stored code and workspace files a tenant may keep, when nothing lower is
+    /// set (`--storage-limit`, a tenant's `storage_limit`).
+    pub const STORAGE_BYTES: u64 = 1 << 30;
+    /// Stored code files untouched this long are removed (`--code-max-age`).
+    pub const CODE_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
     /// The interpreter of the sandbox image.
     pub const IMAGE_PYTHON: &str = crate::backend::image::PYTHON;
 }
@@ -93,6 +98,8 @@ pub struct Quota {
     pub install_network: bool,
     /// Bytes of stored code and workspace files together (`None`: only the per-file caps).
     pub storage_bytes: Option<u64>,
+    /// Stored code files not modified for this long are removed (`None`: kept forever).
+    pub code_max_age: Option<Duration>,
 }
 
 impl Default for Quota {
@@ -101,7 +108,8 @@ impl Default for Quota {
             max_concurrent_runs: None,
             runs_per_minute: None,
             install_network: true,
-            storage_bytes: None,
+            storage_bytes: Some(defaults::STORAGE_BYTES),
+            code_max_age: Some(defaults::CODE_MAX_AGE),
         }
     }
 }
@@ -133,7 +141,11 @@ impl Settings {
             max_concurrent_runs: t.max_concurrent_runs,
             runs_per_minute: t.runs_per_minute,
             install_network: t.install_network,
-            storage_bytes: t.storage_limit,
+            storage_bytes: match (t.storage_limit, self.quota.storage_bytes) {
+                (Some(t), Some(s)) => Some(t.min(s)),
+                (t, s) => t.or(s),
+            },
+            code_max_age: self.quota.code_max_age,
         };
         s
     }

@@ -516,8 +516,9 @@ mod env_lock {
         );
         assert_eq!(
             s.scheduler().depth().running,
-            0,
-            "and held no run slot while it waited"
+            1,
+            "and held no run slot while it waited: the one in use is the install's own \
+             (install phases take run slots like every run)"
         );
         fake.gate.send_replace(true);
         install.await.unwrap().expect("the install");

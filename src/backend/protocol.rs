@@ -48,7 +48,16 @@ pub struct JobHeader {
     /// [`BACKSTOP_GRACE`]. The server normally kills the sandbox first, at the timeout.
     #[serde(default)]
     pub deadline_s: Option<f64>,
+    /// Bytes of figures and workspace files one run (or one cell) may return in all
+    /// ([`RETURN_BYTES`]): what does not fit is left out and said in the report's `notes`.
+    #[serde(default)]
+    pub return_limit: Option<u64>,
 }
+
+/// What one run (or one cell) may return besides its output: figures and workspace files
+/// together, in bytes. With the output caps (stdout and stderr, `output_bytes` each) it
+/// bounds a result's size whatever the per-figure and per-file caps allow one by one.
+pub const RETURN_BYTES: u64 = 16 << 20;
 
 fn run_mode() -> String {
     "run".to_string()
@@ -71,6 +80,7 @@ pub fn encode_cell(code: &str, output_limit: u64) -> Vec<u8> {
         "kind": "cell",
         "code": code,
         "output_limit": output_limit,
+        "return_limit": RETURN_BYTES,
     }))
 }
 
@@ -108,6 +118,7 @@ fn encode(job: &JobSpec, python: &str, mode: &str) -> Result<Vec<u8>, ArchiveErr
         return_files: job.return_files,
         mode: mode.to_string(),
         deadline_s: (mode == "run").then(|| (job.limits.timeout + BACKSTOP_GRACE).as_secs_f64()),
+        return_limit: Some(RETURN_BYTES),
     };
     let header = serde_json::to_vec(&header).expect("header serializes");
     let mut out = Vec::with_capacity(4 + header.len() + tar.len());
@@ -143,6 +154,10 @@ pub struct Report {
     /// the session can run no further cell.
     #[serde(default)]
     pub ended: bool,
+    /// What the runner left out and why (the return limit, a figure that was not a PNG,
+    /// a file name unfit to show, a workspace too deep to walk), one sentence each.
+    #[serde(default)]
+    pub notes: Vec<String>,
 }
 
 /// One message from the runner.
@@ -353,7 +368,7 @@ mod tests {
         let (msg, rest) = split_message(&bytes);
         assert_eq!(
             msg,
-            serde_json::json!({"kind": "cell", "code": "x = 1", "output_limit": 99})
+            serde_json::json!({"kind": "cell", "code": "x = 1", "output_limit": 99, "return_limit": RETURN_BYTES})
         );
         assert!(rest.is_empty());
     }

@@ -127,6 +127,20 @@ pub struct HostEnv {
     pub conda_exe: Option<PathBuf>,
     /// `PATH`, searched for `conda` when `CONDA_EXE` is unset.
     pub path: Option<std::ffi::OsString>,
+    /// `MCP_EXECUTOR_ENV_ROOTS`: directories (`:`-separated, absolute) under which a
+    /// single-tenant server's configure_environment may pick an environment, besides the
+    /// data directory and the configured environment.
+    pub env_roots: Vec<PathBuf>,
+}
+
+/// `:`-separated absolute paths (others are ignored).
+fn path_list(v: Option<std::ffi::OsString>) -> Vec<PathBuf> {
+    v.map(|v| {
+        std::env::split_paths(&v)
+            .filter(|p| p.is_absolute())
+            .collect()
+    })
+    .unwrap_or_default()
 }
 
 impl HostEnv {
@@ -136,6 +150,7 @@ impl HostEnv {
             home: std::env::var_os(vars::HOME).map(PathBuf::from),
             conda_exe: std::env::var_os(vars::CONDA_EXE).map(PathBuf::from),
             path: std::env::var_os(vars::PATH),
+            env_roots: path_list(std::env::var_os(vars::MCP_EXECUTOR_ENV_ROOTS)),
         }
     }
 
@@ -145,6 +160,7 @@ impl HostEnv {
             home: get(vars::HOME).map(PathBuf::from),
             conda_exe: get(vars::CONDA_EXE).map(PathBuf::from),
             path: get(vars::PATH).map(std::ffi::OsString::from),
+            env_roots: path_list(get(vars::MCP_EXECUTOR_ENV_ROOTS).map(Into::into)),
         }
     }
 }

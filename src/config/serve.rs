@@ -41,6 +41,10 @@ pub struct ServeConfig {
     pub workspace_dir: PathBuf,
     /// One workspace per tenant, shared by its MCP sessions and kept.
     pub shared_workspace: bool,
+    /// Bytes of stored code and workspace files each tenant may keep (`None`: unlimited).
+    pub storage_limit: Option<u64>,
+    /// Stored code untouched this long is removed (`None`: kept forever).
+    pub code_max_age: Option<Duration>,
     /// execute_python sessions.
     pub sessions: SessionLimits,
     /// The Python environment asked for (`None` fields: the managed default).
@@ -200,6 +204,8 @@ mod tests {
             code_storage_dir: "/d/code".into(),
             workspace_dir: "/d/workspaces".into(),
             shared_workspace: false,
+            storage_limit: Some(1 << 30),
+            code_max_age: None,
             sessions: SessionLimits {
                 idle: Duration::from_secs(600),
                 max_lifetime: Duration::from_secs(3600),

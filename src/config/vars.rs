@@ -190,6 +190,15 @@ env_vars! {
     /// Sessions alive at once, per tenant (`--max-sessions`, default 16).
     MCP_EXECUTOR_MAX_SESSIONS;
 
+    // ---- storage ----
+    /// Bytes of stored code and workspace files each tenant may keep, together
+    /// (`--storage-limit`, default `1g`; `0`: unlimited); a tenant's `storage_limit` may
+    /// lower it.
+    MCP_EXECUTOR_STORAGE_LIMIT;
+    /// Stored code files not modified for this long are removed, at start-up and then
+    /// hourly on writes (`--code-max-age`, seconds, default 2592000: 30 days).
+    MCP_EXECUTOR_CODE_MAX_AGE;
+
     // ---- the Python environment (names of the tools this server replaces) ----
     /// `conda`, `venv` or `venv-uv` (`--env-type`); unset: the managed default environment.
     ENV_TYPE;
@@ -204,6 +213,11 @@ env_vars! {
     CONDA_EXE;
     /// Searched for `conda` when `CONDA_EXE` is unset.
     PATH;
+    /// Single tenant: directories (`:`-separated, absolute) under which configure_environment
+    /// may pick an environment, besides the data directory and the configured environment
+    /// (its prefix and its base interpreter's); every other path is refused with one text.
+    /// Default: none beyond those.
+    MCP_EXECUTOR_ENV_ROOTS;
 
     // ---- installs ----
     /// CA bundle (PEM) the fetch phase of installs trusts (`--ca-bundle`; default the

@@ -127,6 +127,15 @@ impl EnvManager {
         self
     }
 
+    /// Where a single-tenant server may pick environments: the data directory and the
+    /// operator's `MCP_EXECUTOR_ENV_ROOTS` (the configured environment is added by
+    /// [`super::state::EnvState`]).
+    pub fn env_roots(&self) -> Vec<PathBuf> {
+        std::iter::once(self.data_dir.clone())
+            .chain(self.host.env_roots.iter().cloned())
+            .collect()
+    }
+
     /// What requested environments are resolved against: the host facts, and conda's list
     /// of environments as it is now (a conda environment made since start-up is found).
     pub fn context(&self) -> super::Context {

@@ -106,6 +106,10 @@ pub struct EnvState {
     /// On a multi-tenant server: the roots under which this tenant may configure an
     /// environment (its managed one is always allowed); `None`: anywhere on the server.
     allowed: Option<Vec<PathBuf>>,
+    /// On a single-tenant server: the roots under which configure_environment may pick an
+    /// environment (canonical): the data directory, `MCP_EXECUTOR_ENV_ROOTS`, and the
+    /// environment configured at start-up with its base interpreter's prefix.
+    local_roots: Vec<PathBuf>,
     /// The tenant's limits, which its installer containers stay within.
     caps: InstallCaps,
 }
@@ -123,9 +127,19 @@ impl EnvState {
             _ => manager.ensure_managed(sandbox, tenant).await?,
         };
         let probe = manager.probe(sandbox, &env, tenant).await?;
+        let mut local_roots = manager.env_roots();
+        if env.kind != EnvKind::Managed {
+            local_roots.push(env.prefix.clone());
+            local_roots.extend(env.base.clone());
+        }
+        let local_roots = local_roots
+            .into_iter()
+            .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+            .collect();
         Ok(EnvState {
             tenant: tenant.to_string(),
             allowed: None,
+            local_roots,
             current: RwLock::new((env, probe)),
             caps: InstallCaps::default(),
         })
@@ -173,10 +187,15 @@ impl EnvState {
             (Some(r), _) if r.kind == EnvKind::Managed => {
                 manager.ensure_managed(sandbox, &self.tenant).await?
             }
-            (Some(r), None) => resolve(r, &manager.context())?,
+            (Some(r), None) => {
+                let (roots, r, ctx) = (self.local_roots.clone(), r.clone(), manager.context());
+                tokio::task::spawn_blocking(move || resolve_within(&r, &roots, &ctx, LOCAL_ROOTS))
+                    .await
+                    .map_err(|e| ManagerError::NotAllowed(e.to_string()))??
+            }
             (Some(r), Some(roots)) => {
                 let (roots, r, ctx) = (roots.clone(), r.clone(), manager.context());
-                tokio::task::spawn_blocking(move || resolve_within(&r, &roots, &ctx))
+                tokio::task::spawn_blocking(move || resolve_within(&r, &roots, &ctx, TENANT_ROOTS))
                     .await
                     .map_err(|e| ManagerError::NotAllowed(e.to_string()))??
             }
@@ -197,15 +216,24 @@ impl EnvState {
 /// Resolve `r` for a tenant restricted to `roots`. The path asked for is made canonical
 /// and checked against the roots first; nothing outside them is read, and every refusal
 /// has the same text, so a tenant cannot learn what exists on the host.
+/// Who named the roots, for the refusal text: a tenant's `env_paths`.
+pub(crate) const TENANT_ROOTS: (&str, &str) = ("this tenant", "`env_paths` in the tenants file");
+/// The single-tenant server's allow list.
+pub(crate) const LOCAL_ROOTS: (&str, &str) = (
+    "this server",
+    "the data directory, the environment configured at start-up and its base interpreter, and MCP_EXECUTOR_ENV_ROOTS",
+);
+
 pub(crate) fn resolve_within(
     r: &EnvRequest,
     roots: &[PathBuf],
     ctx: &Context,
+    (who, named_by): (&str, &str),
 ) -> Result<Environment, ManagerError> {
     let inside = |p: &Path| roots.iter().any(|root| p.starts_with(root));
     let refuse = |asked: &dyn std::fmt::Display| {
         ManagerError::NotAllowed(format!(
-            "`{asked}` is not an environment this tenant may use: only `default` (its own managed environment) and environments under {} (`env_paths` in the tenants file)",
+            "`{asked}` is not an environment {who} may use: only `default` (the managed environment) and environments under {} ({named_by})",
             if roots.is_empty() {
                 "no directory".to_string()
             } else {
@@ -399,7 +427,7 @@ mod tests {
             conda_envs: vec![t.join("outside/v")],
         };
         let roots = vec![root.clone()];
-        let env = resolve_within(&venv_req(&root.join("v")), &roots, &ctx).unwrap();
+        let env = resolve_within(&venv_req(&root.join("v")), &roots, &ctx, TENANT_ROOTS).unwrap();
         assert_eq!(env.prefix, root.join("v"));
 
         let asked = [
@@ -414,7 +442,7 @@ mod tests {
         ];
         let mut messages = vec![];
         for p in &asked {
-            let err = resolve_within(&venv_req(p), &roots, &ctx).unwrap_err();
+            let err = resolve_within(&venv_req(p), &roots, &ctx, TENANT_ROOTS).unwrap_err();
             assert!(
                 matches!(err, ManagerError::NotAllowed(_)),
                 "{}: {err}",
@@ -434,9 +462,9 @@ mod tests {
             path: None,
             conda_name: Some(name.into()),
         };
-        assert!(resolve_within(&conda("../outside/v"), &roots, &ctx).is_err());
+        assert!(resolve_within(&conda("../outside/v"), &roots, &ctx, TENANT_ROOTS).is_err());
         assert!(matches!(
-            resolve_within(&conda("v"), &roots, &ctx),
+            resolve_within(&conda("v"), &roots, &ctx, TENANT_ROOTS),
             Err(ManagerError::Env(
                 super::super::EnvError::CondaNameNotFound(_)
             ))
@@ -445,7 +473,9 @@ mod tests {
         std::fs::create_dir_all(root.join("envs/ds/bin")).unwrap();
         std::fs::write(root.join("envs/ds/bin/python"), "").unwrap();
         assert_eq!(
-            resolve_within(&conda("ds"), &roots, &ctx).unwrap().prefix,
+            resolve_within(&conda("ds"), &roots, &ctx, TENANT_ROOTS)
+                .unwrap()
+                .prefix,
             root.join("envs/ds")
         );
         std::fs::remove_dir_all(t).ok();

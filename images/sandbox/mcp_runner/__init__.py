@@ -21,11 +21,13 @@ Protocol (all integers big-endian; the server's side is `src/backend/protocol.rs
                   asks for `return_files`): u16 path length, path, bytes; before `X`
             b"X"  the final report, JSON: exit_code, signal, timed_out, cpu_ms,
                   peak_memory_bytes, oom_kills, stdout_bytes, stderr_bytes,
-                  artifacts_dropped, files_dropped (and `ended` for a session's cell)
+                  artifacts_dropped, files_dropped, notes (what was left out and why), and
+                  `ended` for a session's cell
             b"F"  the runner could not run the job, JSON: {"error": "..."}
 
 The user's code runs as a child process whose stdout/stderr are pipes read here, so
-nothing it writes can forge a frame: the runner is not dumpable (its /proc entries are
+nothing it writes can forge a frame (a session's status channel, fd 4 of the
+interpreter, is believed only for a line naming the nonce sent with the running cell): the runner is not dumpable (its /proc entries are
 root-owned, unreachable for the same uid) and, as PID 1 of its pid namespace, it
 cannot be signalled by its children. Past `output_limit` bytes a stream is drained
 and counted but not forwarded, so a flood costs the user's CPU quota and nothing else.

@@ -14,6 +14,8 @@ class Job:
         self.workdir = header.get("workdir", "/workspace")
         self.python = header.get("python", default_python)
         self.output_limit = int(header.get("output_limit", 1 << 20))
+        # Bytes of figures and files one run (or cell) may return in all (None: the default).
+        self.return_limit = header.get("return_limit")
         self.return_files = bool(header.get("return_files"))
         # Seconds after which the runner kills the code itself (None: never).
         self.deadline_s = header.get("deadline_s")

@@ -41,7 +41,9 @@ def run(child, job):
             sel.unregister(fd)
             os.close(fd)
             return
-        room = limit - counts[idx]
+        # Up to one byte past the cap: a server that sees more than the cap knows the
+        # stream was cut, even when the deadline kills the sandbox before the report.
+        room = limit + 1 - counts[idx]
         counts[idx] += len(data)
         if room > 0:
             frames.frame(kind, data[:room])
@@ -92,10 +94,14 @@ def run(child, job):
                 status = wstatus
                 exited_at = time.monotonic()
 
-    dropped = figures.send_artifacts()
-    files_dropped = 0
-    if job.files_before is not None:
-        files_dropped = send_files(job.workdir, job.files_before)[1]
+    budget = limits.Budget(getattr(job, "return_limit", None))
+    dropped = files_dropped = 0
+    try:
+        dropped = figures.send_artifacts(budget)
+        if job.files_before is not None:
+            files_dropped = send_files(job.workdir, job.files_before, budget)[1]
+    except Exception as e:  # the program's own outcome is reported whatever happened here
+        budget.note("figures or files could not be returned: %r" % (e,))
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     frames.report(
         {
@@ -109,5 +115,6 @@ def run(child, job):
             "stderr_bytes": counts[1],
             "artifacts_dropped": dropped,
             "files_dropped": files_dropped,
+            "notes": budget.all_notes(),
         }
     )

@@ -60,6 +60,8 @@ def put_files(tar, job):
         error = str(e)
     except OSError as e:
         error = why(e, job.workdir)
+    except Exception as e:  # a malformed archive: refused, the session goes on
+        error = "could not unpack the files: %r" % (e,)
     if job.files_before is not None:
         # The server's files, not the code's: not returned after the next cell.
         note_written(job.workdir, job.files_before, written)
@@ -82,19 +84,68 @@ def put_files(tar, job):
     )
 
 
+def accept_status(line, nonce):
+    """The status of the running cell, from one line of the status channel: a JSON object
+    naming this cell's nonce, or None (garbage, a stale or a forged line: ignored)."""
+    try:
+        status = json.loads(line.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(status, dict) or status.get("cell") != nonce:
+        return None
+    if not isinstance(status.get("ok"), bool):
+        return None
+    return status
+
+
+def drain(fd, kind, idx, counts, limit):
+    """Forward what `fd` holds now (non-blocking), under the output cap."""
+    os.set_blocking(fd, False)
+    try:
+        while True:
+            try:
+                data = os.read(fd, limits.CHUNK)
+            except (BlockingIOError, OSError):
+                break
+            if not data:
+                break
+            forward(kind, idx, data, counts, limit)
+    finally:
+        os.set_blocking(fd, True)
+
+
+def forward(kind, idx, data, counts, limit):
+    """Send `data` as output frames, up to one byte past the cap: a server that sees more
+    than the cap knows the stream was cut, even if the sandbox is killed before its
+    report (the server keeps the cap, not the extra byte)."""
+    room = limit + 1 - counts[idx]
+    counts[idx] += len(data)
+    if room > 0:
+        frames.frame(kind, data[:room])
+
+
 def run_cell(stdin, sel, child, job, cell):
-    """Run one cell and report; True when the interpreter is gone (the session ended)."""
+    """Run one cell and report; True when the interpreter is gone (the session ended).
+
+    The cell ends when the interpreter's stub writes a status line naming the nonce sent
+    with this cell (a fresh random one per cell) on the status channel, or when the
+    interpreter exits. Anything else on that channel (garbage, a line the code forged with
+    no or an old nonce) is ignored, so a cell cannot end itself early by writing there
+    and the cells that follow are never shifted."""
     limit = int(cell.get("output_limit", job.output_limit))
-    code = cell.get("code", "").encode("utf-8")
+    code = str(cell.get("code", "")).encode("utf-8", "replace")
+    budget = limits.Budget(cell.get("return_limit", getattr(job, "return_limit", None)))
     counts = [0, 0]
     cpu0, oom0 = cgroup.cpu_ns(), cgroup.oom_kills() or 0
-    msg = struct.pack(">I", len(code)) + code
+    nonce = os.urandom(16).hex()
+    msg = nonce.encode() + struct.pack(">I", len(code)) + code
     try:
         while msg:
             msg = msg[os.write(child.go_w, msg) :]
     except OSError:
         pass
     status, exited = None, None
+    pending = b""
     # While the cell runs, stdin is watched too: the server never sends a message before
     # the last one's report, so stdin only becomes readable when it closes, i.e. when
     # the server's attach connection went away. Then nobody will ever collect this
@@ -119,9 +170,19 @@ def run_cell(stdin, sel, child, job, cell):
                 except OSError:
                     pass
             elif key.data == "status":
-                line = os.read(child.st_r, 4096)
-                if line:
-                    status = json.loads(line.decode())
+                try:
+                    chunk = os.read(child.st_r, 65536)
+                except OSError:
+                    chunk = b""
+                if chunk:
+                    pending += chunk
+                    lines = pending.split(b"\n")
+                    pending = lines.pop()
+                    if len(pending) > limits.MAX_STATUS_LINE:
+                        pending = b""
+                    for line in lines:
+                        if status is None and len(line) <= limits.MAX_STATUS_LINE:
+                            status = accept_status(line, nonce)
                 else:
                     # The interpreter is gone (OOM killer, os._exit, a crash).
                     sel.unregister(child.st_r)
@@ -131,12 +192,12 @@ def run_cell(stdin, sel, child, job, cell):
                         exited = exited if exited is not None else (9 & 0x7F)
             else:
                 kind, idx = key.data
-                data = os.read(key.fd, limits.CHUNK)
+                try:
+                    data = os.read(key.fd, limits.CHUNK)
+                except OSError:
+                    data = b""
                 if data:
-                    room = limit - counts[idx]
-                    counts[idx] += len(data)
-                    if room > 0:
-                        frames.frame(kind, data[:room])
+                    forward(kind, idx, data, counts, limit)
         try:
             wpid, wstatus = os.waitpid(-1, os.WNOHANG)
             while wpid:
@@ -148,25 +209,16 @@ def run_cell(stdin, sel, child, job, cell):
     if watching:
         sel.unregister(stdin.fileno())
     # What the cell printed before its status is already in the pipes: take it.
-    for fd, kind, idx in ((child.out_r, b"O", 0), (child.err_r, b"E", 1)):
-        os.set_blocking(fd, False)
-        while True:
-            try:
-                data = os.read(fd, limits.CHUNK)
-            except (BlockingIOError, OSError):
-                break
-            if not data:
-                break
-            room = limit - counts[idx]
-            counts[idx] += len(data)
-            if room > 0:
-                frames.frame(kind, data[:room])
-        os.set_blocking(fd, True)
-    dropped = figures.send_artifacts()
-    files_dropped = 0
-    if job.files_before is not None:
-        job.files_before, files_dropped = send_files(job.workdir, job.files_before)
-    figures.clear()
+    drain(child.out_r, b"O", 0, counts, limit)
+    drain(child.err_r, b"E", 1, counts, limit)
+    dropped = files_dropped = 0
+    try:
+        dropped = figures.send_artifacts(budget)
+        if job.files_before is not None:
+            job.files_before, files_dropped = send_files(job.workdir, job.files_before, budget)
+        figures.clear()
+    except Exception as e:  # the cell's own outcome is reported whatever happened here
+        budget.note("figures or files could not be returned: %r" % (e,))
     cpu1 = cgroup.cpu_ns()
     report = {
         "exit_code": 0 if (status or {}).get("ok") else 1,
@@ -178,6 +230,7 @@ def run_cell(stdin, sel, child, job, cell):
         "stderr_bytes": counts[1],
         "artifacts_dropped": dropped,
         "files_dropped": files_dropped,
+        "notes": budget.all_notes(),
     }
     if exited is not None:
         # The interpreter is gone (exit(), sys.exit(), a crash): so is the session.

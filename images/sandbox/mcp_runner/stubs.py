@@ -86,6 +86,9 @@ def _mcp_repl(save_open_figures):
         return b
     n = 0
     while True:
+        # Each cell comes with a fresh nonce that its status line must name: the runner
+        # ignores any other line on fd 4 (one the code wrote itself, say).
+        nonce = read_exact(32).decode('ascii', 'replace')
         (size,) = struct.unpack('>I', read_exact(4))
         src = read_exact(size).decode('utf-8', 'replace')
         n += 1
@@ -120,7 +123,7 @@ def _mcp_repl(save_open_figures):
             sys.stderr.flush()
         except Exception:
             pass
-        os.write(4, (json.dumps({'ok': ok}) + '\n').encode())
+        os.write(4, ('\n' + json.dumps({'ok': ok, 'cell': nonce}) + '\n').encode())
 _mcp_repl(_mcp_figures())
 """
 

@@ -119,15 +119,27 @@ def _write_file(dfd, name, src):
         shutil.copyfileobj(src, out)
 
 
-def open_regular(path):
+def _same(before, fd):
+    """Is the open `fd` the entry `before` (an lstat) describes? Under gVisor, O_NOFOLLOW
+    is not always honoured (with O_DIRECTORY it follows a symlink): an entry is checked
+    with lstat before it is opened and compared by inode after, so a link, or a swap in
+    between, is refused."""
+    after = os.fstat(fd)
+    return (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
+
+
+def open_regular(path, dir_fd=None):
     """Open `path` for reading if it is a regular file: never follows a symlink, never
     blocks on a FIFO the code left there. None otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        before = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISREG(before.st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not _same(before, fd):
             os.close(fd)
             return None
         os.set_blocking(fd, True)
@@ -137,43 +149,154 @@ def open_regular(path):
     return os.fdopen(fd, "rb")
 
 
+def open_dir_nofollow(path, dir_fd=None):
+    """An fd of the directory `path` (a single name when `dir_fd` is given), or None when
+    it is missing, not a directory, or a symlink (never followed, under gVisor too)."""
+    try:
+        before = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISDIR(before.st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        if _same(before, fd):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def open_under(root, rel):
+    """Open the regular file `root/rel`, each directory on the way opened by descriptor
+    without following a symlink (the code may have swapped one in since the walk)."""
+    parts = rel.split("/")
+    fd = open_dir_nofollow(root)
+    if fd is None:
+        return None
+    try:
+        for part in parts[:-1]:
+            child = open_dir_nofollow(part, fd)
+            if child is None:
+                return None
+            os.close(fd)
+            fd = child
+        return open_regular(parts[-1], fd)
+    finally:
+        os.close(fd)
+
+
+def walk(root, notes=None):
+    """{relative path: (size, mtime_ns)} of the regular files under root: iterative, by
+    descriptor, never through a symlink, at most MAX_WALK_DEPTH levels deep and
+    MAX_WALK_ENTRIES entries; what the bounds left out is said in `notes` (a list)."""
+    seen = {}
+    top = open_dir_nofollow(root)
+    if top is None:
+        return seen
+    stack = [(top, "", 0)]
+    entries = 0
+    deep = stopped = False
+    try:
+        while stack:
+            fd, prefix, depth = stack.pop()
+            try:
+                with os.scandir(fd) as it:
+                    names = []
+                    for e in it:
+                        entries += 1
+                        if entries > limits.MAX_WALK_ENTRIES:
+                            stopped = True
+                            break
+                        names.append(e.name)
+            except OSError:
+                names = []
+            try:
+                for name in sorted(names):
+                    try:
+                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    except OSError:
+                        continue
+                    rel = prefix + name
+                    if stat.S_ISREG(st.st_mode):
+                        seen[rel] = (st.st_size, st.st_mtime_ns)
+                    elif stat.S_ISDIR(st.st_mode) and not stopped:
+                        if depth + 1 >= limits.MAX_WALK_DEPTH:
+                            deep = True
+                            continue
+                        sub = open_dir_nofollow(name, fd)
+                        if sub is not None:
+                            stack.append((sub, rel + "/", depth + 1))
+            finally:
+                os.close(fd)
+            if stopped:
+                break
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+    if notes is not None:
+        if deep:
+            notes.append(
+                "the workspace is more than %d directories deep: files below that were "
+                "not looked at" % limits.MAX_WALK_DEPTH
+            )
+        if stopped:
+            notes.append(
+                "the workspace has more than %d entries: the rest were not looked at"
+                % limits.MAX_WALK_ENTRIES
+            )
+    return seen
+
+
 def snapshot(root):
     """{relative path: (size, mtime_ns)} of the regular files under root (no symlinks)."""
-    seen = {}
-    for d, dirs, files in os.walk(root):
-        dirs[:] = [x for x in dirs if not os.path.islink(os.path.join(d, x))]
-        for f in files:
-            p = os.path.join(d, f)
-            try:
-                st = os.lstat(p)
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                seen[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
-    return seen
+    return walk(root)
 
 
 def note_written(root, before, written):
     """Record files the server put in (`unpack`) in the snapshot `before`, so that they are
     not returned as the code's own changes."""
     for rel in written:
-        try:
-            st = os.lstat(os.path.join(root, rel))
-        except OSError:
+        f = open_under(root, rel)
+        if f is None:
             continue
-        if stat.S_ISREG(st.st_mode):
-            before[rel] = (st.st_size, st.st_mtime_ns)
+        with f:
+            st = os.fstat(f.fileno())
+        before[rel] = (st.st_size, st.st_mtime_ns)
 
 
-def send_files(root, before):
+def shown_name(name):
+    """Is `name` fit to be shown as a file name (in a result, in `list_files`)? Printable
+    UTF-8 only: no newline, no control character, nothing a reader could take for a line
+    of its own."""
+    if not name or len(name.encode("utf-8", "surrogateescape")) > limits.MAX_FILE_PATH:
+        return False
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return all(c.isprintable() for c in name)
+
+
+def send_files(root, before, budget=None):
     """Send the files under root that are new or changed since `before` (frames `W`:
-    u16 path length, path, bytes); return (the new snapshot, how many were dropped)."""
-    now = snapshot(root)
+    u16 path length, path, bytes); return (the new snapshot, how many were dropped).
+    Files over the caps, over what the run may still return (`budget`) or with a name
+    unfit to be shown are dropped; `budget` gets the notes."""
+    if budget is None:
+        budget = limits.Budget()
+    now = walk(root, budget.notes)
     sent = total = dropped = 0
+    badly_named = 0
     for rel in sorted(now):
         if before.get(rel) == now[rel]:
             continue
         size = now[rel][0]
+        if not shown_name(rel):
+            badly_named += 1
+            dropped += 1
+            continue
         if (
             sent >= limits.MAX_FILES
             or size > limits.MAX_FILE_BYTES
@@ -181,7 +304,7 @@ def send_files(root, before):
         ):
             dropped += 1
             continue
-        f = open_regular(os.path.join(root, rel))
+        f = open_under(root, rel)
         if f is None:
             continue
         with f:
@@ -189,11 +312,15 @@ def send_files(root, before):
         if len(data) > limits.MAX_FILE_BYTES:
             dropped += 1
             continue
-        raw = rel.encode("utf-8", "surrogateescape")
-        if len(raw) > limits.MAX_FILE_PATH:
+        if not budget.take(len(data)):
             dropped += 1
             continue
-        frames.named(b"W", raw, data)
+        frames.named(b"W", rel.encode("utf-8"), data)
         sent += 1
         total += len(data)
+    if badly_named:
+        budget.note(
+            "%d file(s) not returned: names with control characters or invalid UTF-8"
+            % badly_named
+        )
     return now, dropped

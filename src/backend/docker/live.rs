@@ -11,7 +11,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::classify;
 use super::guard::ContainerGuard;
-use crate::backend::protocol::{Frame, FrameDecoder, Report};
+use crate::backend::protocol::{self, Frame, FrameDecoder, Report};
 use crate::backend::{emit, BackendError, Events};
 use crate::job::{Artifact, Limits, Outcome, OutputFile, RunEvent, StreamKind};
 
@@ -52,6 +52,12 @@ pub(super) struct Collected {
     files: Vec<OutputFile>,
     /// The output cap it was gathered under.
     cap: u64,
+    /// Figures and files the server refused itself (a name unfit to show, over the
+    /// return limit), and why.
+    files_refused: u64,
+    artifacts_refused: u64,
+    returned: u64,
+    notes: Vec<String>,
 }
 
 impl Collected {
@@ -78,9 +84,15 @@ impl Collected {
             cpu_ms: report.cpu_ms,
             peak_memory_bytes: report.peak_memory_bytes,
             artifacts: self.artifacts,
-            artifacts_dropped: report.artifacts_dropped,
+            artifacts_dropped: report.artifacts_dropped + self.artifacts_refused,
             files: self.files,
-            files_dropped: report.files_dropped,
+            files_dropped: report.files_dropped + self.files_refused,
+            notes: {
+                let mut notes = report.notes.clone();
+                notes.truncate(16);
+                notes.extend(self.notes);
+                notes
+            },
         }
     }
 }
@@ -268,28 +280,43 @@ impl Live {
                         emit(events, RunEvent::Started);
                     }
                     Frame::Stdout(data) => {
-                        keep(&mut out.stdout, &mut out.stdout_seen, cap, &data);
-                        emit(
-                            events,
-                            RunEvent::Output {
-                                stream: StreamKind::Stdout,
-                                data,
-                            },
-                        );
+                        let kept = keep(&mut out.stdout, &mut out.stdout_seen, cap, &data);
+                        if kept > 0 {
+                            emit(
+                                events,
+                                RunEvent::Output {
+                                    stream: StreamKind::Stdout,
+                                    data: data[..kept].to_vec(),
+                                },
+                            );
+                        }
                     }
                     Frame::Stderr(data) => {
-                        keep(&mut out.stderr, &mut out.stderr_seen, cap, &data);
-                        emit(
-                            events,
-                            RunEvent::Output {
-                                stream: StreamKind::Stderr,
-                                data,
-                            },
-                        );
+                        let kept = keep(&mut out.stderr, &mut out.stderr_seen, cap, &data);
+                        if kept > 0 {
+                            emit(
+                                events,
+                                RunEvent::Output {
+                                    stream: StreamKind::Stderr,
+                                    data: data[..kept].to_vec(),
+                                },
+                            );
+                        }
                     }
-                    Frame::Artifact { name, data } => out.artifacts.push(Artifact { name, data }),
+                    Frame::Artifact { name, data } => {
+                        if !shown_name(&name) || !out.take(data.len()) {
+                            out.artifacts_refused += 1;
+                        } else {
+                            out.artifacts.push(Artifact { name, data })
+                        }
+                    }
                     Frame::File { path, data } => {
-                        if crate::backend::archive::check_relative_path(&path).is_ok() {
+                        if crate::backend::archive::check_relative_path(&path).is_err()
+                            || !shown_name(&path)
+                            || !out.take(data.len())
+                        {
+                            out.files_refused += 1;
+                        } else {
                             out.files.push(OutputFile { path, data });
                         }
                     }
@@ -301,10 +328,39 @@ impl Live {
     }
 }
 
-fn keep(buf: &mut Vec<u8>, seen: &mut u64, cap: u64, data: &[u8]) {
+/// Keep what fits under the cap of `data`; returns how many bytes were kept.
+fn keep(buf: &mut Vec<u8>, seen: &mut u64, cap: u64, data: &[u8]) -> usize {
     *seen += data.len() as u64;
     let room = (cap as usize).saturating_sub(buf.len());
-    buf.extend_from_slice(&data[..data.len().min(room)]);
+    let kept = data.len().min(room);
+    buf.extend_from_slice(&data[..kept]);
+    kept
+}
+
+/// A name fit to be shown in a result or a listing: no control character (a newline
+/// would let the code forge a line of its own).
+pub(crate) fn shown_name(name: &str) -> bool {
+    !name.is_empty() && !name.chars().any(char::is_control)
+}
+
+impl Collected {
+    /// Count `n` bytes of figures or files against what one run may return; false (and
+    /// a note) once they do not fit. The runner keeps the same bound: this is the
+    /// server's own, should a runner send more.
+    fn take(&mut self, n: usize) -> bool {
+        if self.returned + n as u64 > protocol::RETURN_BYTES {
+            let note = format!(
+                "figures or files left out: over the {} bytes one run may return",
+                protocol::RETURN_BYTES
+            );
+            if !self.notes.contains(&note) {
+                self.notes.push(note);
+            }
+            return false;
+        }
+        self.returned += n as u64;
+        true
+    }
 }
 
 #[cfg(test)]
@@ -314,9 +370,18 @@ mod tests {
     #[test]
     fn output_beyond_the_cap_is_counted_not_kept() {
         let (mut buf, mut seen) = (Vec::new(), 0);
-        keep(&mut buf, &mut seen, 5, b"abc");
-        keep(&mut buf, &mut seen, 5, b"defgh");
+        assert_eq!(keep(&mut buf, &mut seen, 5, b"abc"), 3);
+        assert_eq!(keep(&mut buf, &mut seen, 5, b"defgh"), 2);
         assert_eq!(buf, b"abcde");
         assert_eq!(seen, 8);
+    }
+
+    #[test]
+    fn names_with_control_characters_are_not_shown() {
+        assert!(shown_name("figure-001.png"));
+        assert!(shown_name("données/é.csv"));
+        assert!(!shown_name("a\nstatus: exit code 0"));
+        assert!(!shown_name("x\u{1b}[2J"));
+        assert!(!shown_name(""));
     }
 }

@@ -1,5 +1,9 @@
 //! A stateful session: one container, one interpreter, cell after cell. Only a timeout, an
 //! OOM kill or a dead interpreter ends it; dropping it removes the container.
+//!
+//! Between cells the container is frozen (Docker pause, the cgroup freezer): a cell that
+//! leaves threads or processes running gets no CPU outside its run slot; they go on
+//! when the next cell runs. Its memory stays held, within the session's own limit.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +22,8 @@ pub(super) struct DockerSession {
     live: Live,
     limits: Limits,
     alive: bool,
+    /// The container is paused (between cells).
+    frozen: bool,
 }
 
 impl DockerSession {
@@ -28,7 +34,48 @@ impl DockerSession {
             live,
             limits,
             alive: true,
+            frozen: false,
         }
+    }
+
+    /// Freeze the container until the next message: nothing the code left running
+    /// computes between cells. A failure ends the session (its container could not be
+    /// held still, so it may not stay).
+    async fn freeze(&mut self) {
+        if !self.alive || self.frozen {
+            return;
+        }
+        match self
+            .inner
+            .docker
+            .pause_container(self.live.guard.id())
+            .await
+        {
+            Ok(()) => self.frozen = true,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not pause a session between cells: ending it");
+                self.alive = false;
+            }
+        }
+    }
+
+    /// Thaw the container for the next message.
+    async fn thaw(&mut self) -> Result<(), BackendError> {
+        if !self.frozen {
+            return Ok(());
+        }
+        self.inner
+            .docker
+            .unpause_container(self.live.guard.id())
+            .await
+            .map_err(|e| {
+                self.alive = false;
+                BackendError::Runner(format!(
+                    "the session's sandbox could not be resumed: {e}; open a new session"
+                ))
+            })?;
+        self.frozen = false;
+        Ok(())
     }
 }
 
@@ -46,6 +93,7 @@ impl Session for DockerSession {
             ));
         }
         let started = Instant::now();
+        self.thaw().await?;
         let limits = Limits {
             timeout,
             ..self.limits.clone()
@@ -77,6 +125,7 @@ impl Session for DockerSession {
         if !report_ok || outcome.timed_out || outcome.oom_killed {
             self.alive = false;
         }
+        self.freeze().await;
         outcome.duration_ms = started.elapsed().as_millis() as u64;
         Ok(outcome)
     }
@@ -98,6 +147,7 @@ impl Session for DockerSession {
         // the interpreter runs nothing and its state is untouched.
         let msg =
             protocol::encode_put_files(files).map_err(|e| BackendError::Rejected(e.to_string()))?;
+        self.thaw().await?;
         let limits = Limits {
             timeout,
             ..self.limits.clone()
@@ -106,6 +156,7 @@ impl Session for DockerSession {
             Ok(ended) => self.inner.outcome_of(ended, &self.live.guard).await,
             Err(e) => Err(e),
         };
+        self.freeze().await;
         match outcome {
             Ok(o) if o.success() => Ok(()),
             Ok(o) => {

@@ -118,6 +118,13 @@ pub struct ServeCmd {
     /// one per MCP session, deleted when it ends).
     #[arg(long, env = vars::MCP_EXECUTOR_SHARED_WORKSPACE)]
     pub shared_workspace: bool,
+    /// Bytes of stored code and workspace files each tenant may keep (a tenant's own
+    /// `storage_limit` may lower it); 0: unlimited.
+    #[arg(long, env = vars::MCP_EXECUTOR_STORAGE_LIMIT, value_parser = config::parse_size, default_value = "1g")]
+    pub storage_limit: u64,
+    /// Stored code files not modified for this long are removed (seconds; default 30 days).
+    #[arg(long, env = vars::MCP_EXECUTOR_CODE_MAX_AGE, value_parser = config::parse_duration, default_value = "2592000")]
+    pub code_max_age: std::time::Duration,
     /// Tenants file (TOML, see README "Hosting it"): each tenant's token hash and limits.
     /// With it, the HTTP transports require `Authorization: Bearer <token>`; without it the
     /// server has one tenant (`--tenant`) and no authentication.
@@ -184,6 +191,8 @@ impl ServeCmd {
                 .clone()
                 .unwrap_or_else(|| data_dir.join("workspaces")),
             shared_workspace: self.shared_workspace,
+            storage_limit: (self.storage_limit > 0).then_some(self.storage_limit),
+            code_max_age: (!self.code_max_age.is_zero()).then_some(self.code_max_age),
             sessions: config::SessionLimits {
                 idle: self.session_idle,
                 max_lifetime: self.session_max_lifetime,

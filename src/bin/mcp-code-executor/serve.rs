@@ -241,7 +241,11 @@ async fn start(
             shared_workspace: cfg.shared_workspace,
             workspace_root: cfg.workspace_dir.clone(),
         },
-        quota: app::Quota::default(),
+        quota: app::Quota {
+            storage_bytes: cfg.storage_limit,
+            code_max_age: cfg.code_max_age,
+            ..app::Quota::default()
+        },
     };
     sandbox.sweep_periodically(std::time::Duration::from_secs(600));
     // One executor per tenant: its own code storage, workspaces, sessions and environment;

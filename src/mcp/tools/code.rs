@@ -127,7 +127,7 @@ impl CodeExecutor {
     ) -> Result<CallToolResult, ErrorData> {
         match self
             .executor()
-            .create_code(a.filename.as_deref(), &a.content)
+            .create_code_file(a.filename.as_deref(), &a.content)
             .await
         {
             Ok(path) => {
