@@ -6,6 +6,7 @@
 //! sandbox image is described in [`image`] and built by the backend.
 
 pub mod archive;
+pub(crate) mod collect;
 pub mod docker;
 #[cfg(any(test, feature = "fake-backend"))]
 pub mod fake;

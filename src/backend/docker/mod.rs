@@ -26,7 +26,7 @@ use bollard::Docker;
 use tokio::task::JoinHandle;
 
 use self::guard::Cleanup;
-use self::live::{Ended, Live};
+use self::live::Live;
 use self::pool::Pool;
 pub use self::pool::PoolStats;
 use self::session::DockerSession;
@@ -36,6 +36,7 @@ pub use self::spec::{
 };
 use super::protocol;
 use super::{emit, Backend, BackendError, BackendInfo, Events, LifecycleFigures, Session};
+use crate::backend::collect::Ended;
 use crate::job::{JobSpec, Limits, Outcome, RunEnv, RunEvent};
 
 mod guard;

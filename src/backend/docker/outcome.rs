@@ -4,9 +4,8 @@
 use std::time::Duration;
 
 use super::guard::ContainerGuard;
-use super::live::Ended;
 use super::Inner;
-use crate::backend::protocol::Report;
+use crate::backend::collect::Ended;
 use crate::backend::BackendError;
 use crate::job::Outcome;
 
@@ -28,10 +27,7 @@ impl Inner {
             Ended::TimedOut(out) => {
                 // Kill now rather than in the background: the CPU is the next run's.
                 guard.kill_now().await;
-                let mut o = out.into_outcome(&Report::default());
-                o.timed_out = true;
-                o.signal = Some(9);
-                o
+                out.into_killed(true)
             }
             Ended::Vanished(out) => {
                 // The runner died before it could report: the OOM killer chose it, or
@@ -49,10 +45,7 @@ impl Inner {
                          runner crashed; the code's own outcome is unknown, run it again"
                     )));
                 }
-                let mut o = out.into_outcome(&Report::default());
-                o.oom_killed = true;
-                o.signal = Some(9);
-                o
+                out.into_killed(false)
             }
         })
     }

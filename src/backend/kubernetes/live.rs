@@ -15,9 +15,10 @@ use tokio_util::io::ReaderStream;
 use super::guard::PodGuard;
 use super::spec::{self, Lifetime};
 use super::{classify, Inner};
-use crate::backend::protocol::{Frame, FrameDecoder, Report};
+use crate::backend::collect::{Collected, Control, Ended};
+use crate::backend::protocol::{Frame, FrameDecoder};
 use crate::backend::{emit, BackendError, Events};
-use crate::job::{Artifact, Limits, Outcome, OutputFile, RunEnv, RunEvent, StreamKind};
+use crate::job::{Limits, RunEnv, RunEvent};
 
 /// How long a pod may take from create to its container running (scheduling, pulling the
 /// image on a new node, starting). Not part of the user's timeout.
@@ -43,56 +44,6 @@ pub(super) struct Live {
     output: Output,
     decoder: FrameDecoder,
     pub(super) born: Instant,
-}
-
-/// How the conversation ended.
-pub(super) enum Ended {
-    Report(Report, Collected),
-    TimedOut(Collected),
-    /// The stream ended without a report: the runner itself died (or the pod went).
-    Vanished(Collected),
-}
-
-/// Output gathered so far, capped per stream.
-#[derive(Default)]
-pub(super) struct Collected {
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-    stdout_seen: u64,
-    stderr_seen: u64,
-    artifacts: Vec<Artifact>,
-    files: Vec<OutputFile>,
-    cap: u64,
-}
-
-impl Collected {
-    pub(super) fn is_empty(&self) -> bool {
-        self.stdout_seen == 0
-            && self.stderr_seen == 0
-            && self.artifacts.is_empty()
-            && self.files.is_empty()
-    }
-
-    pub(super) fn into_outcome(self, report: &Report) -> Outcome {
-        let cap = self.cap;
-        Outcome {
-            exit_code: report.exit_code,
-            signal: report.signal,
-            timed_out: report.timed_out,
-            oom_killed: report.oom_kills > 0 && report.signal == Some(9),
-            stdout_truncated: self.stdout_seen.max(report.stdout_bytes) > cap,
-            stderr_truncated: self.stderr_seen.max(report.stderr_bytes) > cap,
-            stdout: self.stdout,
-            stderr: self.stderr,
-            duration_ms: 0,
-            cpu_ms: report.cpu_ms,
-            peak_memory_bytes: report.peak_memory_bytes,
-            artifacts: self.artifacts,
-            artifacts_dropped: report.artifacts_dropped,
-            files: self.files,
-            files_dropped: report.files_dropped,
-        }
-    }
 }
 
 impl Inner {
@@ -290,11 +241,7 @@ impl Live {
         }
         .fuse();
         tokio::pin!(writer);
-        let cap = limits.output_bytes;
-        let mut out = Collected {
-            cap,
-            ..Collected::default()
-        };
+        let mut out = Collected::new(limits.output_bytes);
         emit(events, RunEvent::Started);
         let deadline = tokio::time::Instant::now() + limits.timeout;
         let mut runner_stderr = Vec::new();
@@ -337,46 +284,14 @@ impl Live {
                 .next_frame()
                 .map_err(|e| BackendError::Runner(e.to_string()))?
             {
-                match frame {
-                    Frame::Ready => {}
-                    Frame::Stdout(data) => {
-                        keep(&mut out.stdout, &mut out.stdout_seen, cap, &data);
-                        emit(
-                            events,
-                            RunEvent::Output {
-                                stream: StreamKind::Stdout,
-                                data,
-                            },
-                        );
-                    }
-                    Frame::Stderr(data) => {
-                        keep(&mut out.stderr, &mut out.stderr_seen, cap, &data);
-                        emit(
-                            events,
-                            RunEvent::Output {
-                                stream: StreamKind::Stderr,
-                                data,
-                            },
-                        );
-                    }
-                    Frame::Artifact { name, data } => out.artifacts.push(Artifact { name, data }),
-                    Frame::File { path, data } => {
-                        if crate::backend::archive::check_relative_path(&path).is_ok() {
-                            out.files.push(OutputFile { path, data });
-                        }
-                    }
-                    Frame::Exit(report) => return Ok(Ended::Report(report, out)),
-                    Frame::Failed(msg) => return Err(BackendError::Rejected(msg)),
+                match out.absorb(frame, events) {
+                    None | Some(Control::Ready) => {}
+                    Some(Control::Exit(report)) => return Ok(Ended::Report(report, out)),
+                    Some(Control::Failed(msg)) => return Err(BackendError::Rejected(msg)),
                 }
             }
         }
     }
-}
-
-fn keep(buf: &mut Vec<u8>, seen: &mut u64, cap: u64, data: &[u8]) {
-    *seen += data.len() as u64;
-    let room = (cap as usize).saturating_sub(buf.len());
-    buf.extend_from_slice(&data[..data.len().min(room)]);
 }
 
 /// Read the pod's verdict once its runner vanished: did the kernel's OOM killer end the
@@ -469,14 +384,5 @@ mod tests {
                 "restartCount": 0, "state": {"running": {}}}]
         }));
         assert_eq!(verdict_of(&running), None);
-    }
-
-    #[test]
-    fn output_beyond_the_cap_is_counted_not_kept() {
-        let (mut buf, mut seen) = (Vec::new(), 0);
-        keep(&mut buf, &mut seen, 5, b"abc");
-        keep(&mut buf, &mut seen, 5, b"defgh");
-        assert_eq!(buf, b"abcde");
-        assert_eq!(seen, 8);
     }
 }

@@ -27,14 +27,15 @@ use kube::{Api, Client};
 use tokio::task::JoinHandle;
 
 use self::guard::Cleanup;
-use self::live::{Ended, Live, Verdict};
+use self::live::{Live, Verdict};
 use self::pool::Pool;
 pub use self::pool::PoolStats;
 use self::session::KubeSession;
 pub use self::spec::OwnerPod;
 use self::spec::{Lifetime, LABEL_MANAGED, LABEL_OWNER};
-use super::protocol::{self, Report};
+use super::protocol;
 use super::{emit, Backend, BackendError, BackendInfo, BackendStats, Events, Session};
+use crate::backend::collect::Ended;
 use crate::job::{JobSpec, Limits, Outcome, RunEnv, RunEvent};
 
 mod guard;
@@ -326,24 +327,11 @@ impl Inner {
             Ended::Report(report, out) => out.into_outcome(&report),
             Ended::TimedOut(out) => {
                 guard.kill_now().await;
-                let mut o = out.into_outcome(&Report::default());
-                o.timed_out = true;
-                o.signal = Some(9);
-                o
+                out.into_killed(true)
             }
             Ended::Vanished(out) => match live::verdict(&self.pods, guard.name()).await {
-                Verdict::OomKilled => {
-                    let mut o = out.into_outcome(&Report::default());
-                    o.oom_killed = true;
-                    o.signal = Some(9);
-                    o
-                }
-                Verdict::Deadline => {
-                    let mut o = out.into_outcome(&Report::default());
-                    o.timed_out = true;
-                    o.signal = Some(9);
-                    o
-                }
+                Verdict::OomKilled => out.into_killed(false),
+                Verdict::Deadline => out.into_killed(true),
                 Verdict::Exited(code) => {
                     let how = match code {
                         Some(c) if c > 128 => format!("killed by signal {}", c - 128),

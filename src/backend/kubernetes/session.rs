@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::live::{Ended, Live};
+use super::live::Live;
 use super::Inner;
+use crate::backend::collect::Ended;
 use crate::backend::protocol;
 use crate::backend::{emit, BackendError, Events, Session};
 use crate::job::{Limits, Outcome, RunEvent};

@@ -1,0 +1,222 @@
+//! What comes back from a runner, gathered the same way whatever carried it (a Docker
+//! attach, a Kubernetes `pods/attach`): output capped per stream, figures and files under
+//! the bound of what one run may return, names fit to be shown, and how the conversation
+//! ended. Each backend reads its own transport and hands the decoded frames to
+//! [`Collected::absorb`].
+
+use crate::backend::protocol::{self, Frame, Report};
+use crate::backend::{emit, Events};
+use crate::job::{Artifact, Outcome, OutputFile, RunEvent, StreamKind};
+
+/// How a conversation with a runner ended.
+pub(crate) enum Ended {
+    Report(Report, Collected),
+    TimedOut(Collected),
+    /// The stream ended without a report: the runner itself died (or its sandbox went).
+    Vanished(Collected),
+}
+
+/// A frame [`Collected::absorb`] leaves to the caller: it changes the conversation, not
+/// the result.
+pub(crate) enum Control {
+    Ready,
+    Exit(Report),
+    Failed(String),
+}
+
+/// Output gathered so far, capped per stream.
+#[derive(Default)]
+pub(crate) struct Collected {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    stdout_seen: u64,
+    stderr_seen: u64,
+    artifacts: Vec<Artifact>,
+    files: Vec<OutputFile>,
+    /// The output cap it was gathered under.
+    cap: u64,
+    /// Figures and files refused here (a name unfit to show, over the return limit).
+    files_refused: u64,
+    artifacts_refused: u64,
+    returned: u64,
+    notes: Vec<String>,
+}
+
+impl Collected {
+    /// Nothing gathered yet, under an output cap of `cap` bytes per stream.
+    pub(crate) fn new(cap: u64) -> Self {
+        Collected {
+            cap,
+            ..Collected::default()
+        }
+    }
+
+    /// Nothing came back at all: no output, no figure, no file.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.stdout_seen == 0
+            && self.stderr_seen == 0
+            && self.artifacts.is_empty()
+            && self.files.is_empty()
+    }
+
+    /// Take one frame: output, figures and files are kept (output within the cap is also
+    /// sent as a live event); the frames that steer the conversation are handed back.
+    pub(crate) fn absorb(&mut self, frame: Frame, events: &Events) -> Option<Control> {
+        match frame {
+            Frame::Ready => return Some(Control::Ready),
+            Frame::Exit(report) => return Some(Control::Exit(report)),
+            Frame::Failed(msg) => return Some(Control::Failed(msg)),
+            Frame::Stdout(data) => {
+                let kept = keep(&mut self.stdout, &mut self.stdout_seen, self.cap, &data);
+                live_output(events, StreamKind::Stdout, &data[..kept]);
+            }
+            Frame::Stderr(data) => {
+                let kept = keep(&mut self.stderr, &mut self.stderr_seen, self.cap, &data);
+                live_output(events, StreamKind::Stderr, &data[..kept]);
+            }
+            Frame::Artifact { name, data } => {
+                if !shown_name(&name) || !self.take(data.len()) {
+                    self.artifacts_refused += 1;
+                } else {
+                    self.artifacts.push(Artifact { name, data })
+                }
+            }
+            Frame::File { path, data } => {
+                if crate::backend::archive::check_relative_path(&path).is_err()
+                    || !shown_name(&path)
+                    || !self.take(data.len())
+                {
+                    self.files_refused += 1;
+                } else {
+                    self.files.push(OutputFile { path, data });
+                }
+            }
+        }
+        None
+    }
+
+    /// The outcome the runner reported, with what was gathered.
+    pub(crate) fn into_outcome(self, report: &Report) -> Outcome {
+        let cap = self.cap;
+        Outcome {
+            exit_code: report.exit_code,
+            signal: report.signal,
+            timed_out: report.timed_out,
+            oom_killed: report.oom_kills > 0 && report.signal == Some(9),
+            stdout_truncated: self.stdout_seen.max(report.stdout_bytes) > cap,
+            stderr_truncated: self.stderr_seen.max(report.stderr_bytes) > cap,
+            stdout: self.stdout,
+            stderr: self.stderr,
+            duration_ms: 0,
+            cpu_ms: report.cpu_ms,
+            peak_memory_bytes: report.peak_memory_bytes,
+            artifacts: self.artifacts,
+            artifacts_dropped: report.artifacts_dropped + self.artifacts_refused,
+            files: self.files,
+            files_dropped: report.files_dropped + self.files_refused,
+            notes: {
+                let mut notes = report.notes.clone();
+                notes.truncate(16);
+                notes.extend(self.notes);
+                notes
+            },
+        }
+    }
+
+    /// The outcome of a sandbox killed before its runner reported: by its deadline
+    /// (`timed_out`) or by the OOM killer.
+    pub(crate) fn into_killed(self, timed_out: bool) -> Outcome {
+        let mut o = self.into_outcome(&Report::default());
+        o.timed_out = timed_out;
+        o.oom_killed = !timed_out;
+        o.signal = Some(9);
+        o
+    }
+
+    /// Count `n` bytes of figures or files against what one run may return; false (and
+    /// a note) once they do not fit. The runner keeps the same bound: this is the
+    /// server's own, should a runner send more.
+    fn take(&mut self, n: usize) -> bool {
+        if self.returned + n as u64 > protocol::RETURN_BYTES {
+            let note = format!(
+                "figures or files left out: over the {} bytes one run may return",
+                protocol::RETURN_BYTES
+            );
+            if !self.notes.contains(&note) {
+                self.notes.push(note);
+            }
+            return false;
+        }
+        self.returned += n as u64;
+        true
+    }
+}
+
+fn live_output(events: &Events, stream: StreamKind, data: &[u8]) {
+    if !data.is_empty() {
+        emit(
+            events,
+            RunEvent::Output {
+                stream,
+                data: data.to_vec(),
+            },
+        );
+    }
+}
+
+/// Keep what fits under the cap of `data`; returns how many bytes were kept.
+fn keep(buf: &mut Vec<u8>, seen: &mut u64, cap: u64, data: &[u8]) -> usize {
+    *seen += data.len() as u64;
+    let room = (cap as usize).saturating_sub(buf.len());
+    let kept = data.len().min(room);
+    buf.extend_from_slice(&data[..kept]);
+    kept
+}
+
+/// A name fit to be shown in a result or a listing: no control character (a newline
+/// would let the code forge a line of its own).
+pub(crate) fn shown_name(name: &str) -> bool {
+    !name.is_empty() && !name.chars().any(char::is_control)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_beyond_the_cap_is_counted_not_kept() {
+        let (mut buf, mut seen) = (Vec::new(), 0);
+        assert_eq!(keep(&mut buf, &mut seen, 5, b"abc"), 3);
+        assert_eq!(keep(&mut buf, &mut seen, 5, b"defgh"), 2);
+        assert_eq!(buf, b"abcde");
+        assert_eq!(seen, 8);
+    }
+
+    #[test]
+    fn names_with_control_characters_are_not_shown() {
+        assert!(shown_name("figure-001.png"));
+        assert!(shown_name("données/é.csv"));
+        assert!(!shown_name("a\nstatus: exit code 0"));
+        assert!(!shown_name("x\u{1b}[2J"));
+        assert!(!shown_name(""));
+    }
+
+    #[test]
+    fn figures_past_the_return_bound_are_refused_with_a_note() {
+        let mut c = Collected::new(10);
+        let big = vec![0u8; protocol::RETURN_BYTES as usize / 2 + 1];
+        for _ in 0..2 {
+            c.absorb(
+                Frame::Artifact {
+                    name: "figure-001.png".into(),
+                    data: big.clone(),
+                },
+                &None,
+            );
+        }
+        let o = c.into_outcome(&Report::default());
+        assert_eq!(o.artifacts.len(), 1);
+        assert_eq!(o.artifacts_dropped, 1);
+        assert_eq!(o.notes.len(), 1);
+    }
+}
