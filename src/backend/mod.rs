@@ -10,6 +10,7 @@ pub mod docker;
 #[cfg(any(test, feature = "fake-backend"))]
 pub mod fake;
 pub mod image;
+pub mod preload;
 pub mod protocol;
 
 use std::time::Duration;

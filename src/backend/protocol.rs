@@ -143,6 +143,14 @@ pub struct Report {
     /// the session can run no further cell.
     #[serde(default)]
     pub ended: bool,
+    /// What the sandbox's preload did (pool sandboxes of a one-shot run; see
+    /// [`crate::backend::preload`]).
+    #[serde(default)]
+    pub preload: Option<crate::backend::preload::PreloadReport>,
+    /// Top-level modules the run's code imported from the environment (names only,
+    /// untrusted: the learner checks them).
+    #[serde(default)]
+    pub imported: Vec<String>,
 }
 
 /// One message from the runner.

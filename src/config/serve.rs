@@ -121,6 +121,8 @@ pub struct BackendConfig {
     pub pool_size: usize,
     /// Build the image when it is missing (`--no-build` turns it off).
     pub build_missing: bool,
+    /// What waiting sandboxes import before their job (`serve --preload`; off elsewhere).
+    pub preload: crate::backend::preload::PreloadConfig,
 }
 
 impl ServeConfig {
@@ -189,6 +191,7 @@ mod tests {
                 docker_host: None,
                 pool_size: 2,
                 build_missing: true,
+                preload: Default::default(),
             },
             host: Default::default(),
             allow_unsafe: false,

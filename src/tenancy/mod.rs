@@ -55,6 +55,9 @@ pub struct TenantLimits {
     /// Server paths of environments this tenant may switch to with configure_environment
     /// (an environment must lie under one of them). Empty: only its own managed environment.
     pub env_paths: Vec<PathBuf>,
+    /// Modules this tenant's waiting sandboxes preload instead of the server's list
+    /// (`None`: the server's; see docs/mcp.md "Preloading").
+    pub preload: Option<Vec<String>>,
 }
 
 impl TenantLimits {
@@ -104,6 +107,7 @@ struct Entry {
     install_network: bool,
     #[serde(default)]
     env_paths: Vec<PathBuf>,
+    preload: Option<Vec<String>>,
 }
 
 fn yes() -> bool {
@@ -234,7 +238,16 @@ pub fn parse(text: &str) -> Result<Vec<Tenant>, String> {
             max_sessions: e.max_sessions,
             install_network: e.install_network,
             env_paths: e.env_paths,
+            preload: e.preload,
         };
+        if let Some(bad) = limits
+            .preload
+            .iter()
+            .flatten()
+            .find(|n| !crate::backend::preload::valid_name(n))
+        {
+            return Err(at(&format!("preload: `{bad}` is not a module name")));
+        }
         if let Some(p) = limits.env_paths.iter().find(|p| !p.is_absolute()) {
             return Err(at(&format!(
                 "env_paths entry `{}` is not an absolute path",

@@ -8,7 +8,7 @@ import selectors
 import signal
 import time
 
-from mcp_runner import cgroup, figures, frames, limits
+from mcp_runner import cgroup, figures, frames, limits, preload
 from mcp_runner.workspace import send_files
 
 
@@ -97,8 +97,7 @@ def run(child, job):
     if job.files_before is not None:
         files_dropped = send_files(job.workdir, job.files_before)[1]
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    frames.report(
-        {
+    report = {
             "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
             "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
             "timed_out": timed_out,
@@ -110,4 +109,5 @@ def run(child, job):
             "artifacts_dropped": dropped,
             "files_dropped": files_dropped,
         }
-    )
+    preload.amend(report, child, job)
+    frames.report(report)

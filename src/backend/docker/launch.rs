@@ -20,7 +20,30 @@ impl Inner {
         tenant: &str,
         id: &str,
     ) -> Result<Live, BackendError> {
-        let body = spec::create_body(&self.config, &self.owner, limits, env, tenant, id)?;
+        self.launch_with(limits, env, tenant, id, &[]).await
+    }
+
+    /// [`launch`](Self::launch), its interpreter importing `preload` before the runner says
+    /// ready (pool containers; see [`crate::backend::preload`]). The list goes in the
+    /// container's environment, which the runner takes out of its own before the code's
+    /// interpreter starts.
+    pub(super) async fn launch_with(
+        &self,
+        limits: &Limits,
+        env: &RunEnv,
+        tenant: &str,
+        id: &str,
+        preload: &[String],
+    ) -> Result<Live, BackendError> {
+        let mut body = spec::create_body(&self.config, &self.owner, limits, env, tenant, id)?;
+        if !preload.is_empty() {
+            let vars = body.env.get_or_insert_with(Vec::new);
+            vars.push(format!("MCPX_PRELOAD={}", preload.join(",")));
+            vars.push(format!(
+                "MCPX_PRELOAD_MEMORY={}",
+                self.config.preload.memory_percent
+            ));
+        }
         self.check_volumes(env).await?;
         let name = format!("mcpx-{id}");
         let mut guard = ContainerGuard::new(&self.docker, &name, &self.cleanup);
