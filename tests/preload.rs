@@ -277,3 +277,37 @@ import scipy\nprint(scipy.__name__)\n";
     s.shutdown().await;
     common::assert_clean(&s, tenant).await;
 }
+
+#[tokio::test]
+async fn a_session_opened_on_a_pool_sandbox_has_its_first_cell_preloaded() {
+    let tenant = "t-preload-session";
+    let _clean = common::remove_on_drop(tenant);
+    let limits = Limits::default();
+    let s = backend(PreloadConfig::server_default(), 1).await;
+    run(&s, tenant, "pass", &limits).await;
+    wait_warm(&s).await;
+    let hits = s.pool_stats().expect("pool on").hits;
+    let mut job = JobSpec::python("", limits.clone());
+    job.files.clear();
+    job.tenant = tenant.to_string();
+    job.keep_warm = true;
+    let mut session = s.open_session(job).await.expect("session");
+    assert_eq!(s.pool_stats().expect("pool on").hits, hits + 1);
+    let o = session
+        .exec(&probe("pandas"), Duration::from_secs(60), None)
+        .await
+        .expect("cell");
+    assert_eq!(ok(&o).trim(), "PRELOADED");
+    let o = session
+        .exec(
+            "import pandas as pd\npd.DataFrame({'a': [1, 2]}).sum().a",
+            Duration::from_secs(60),
+            None,
+        )
+        .await
+        .expect("cell");
+    assert_eq!(ok(&o), "3\n");
+    drop(session);
+    s.shutdown().await;
+    common::assert_clean(&s, tenant).await;
+}
