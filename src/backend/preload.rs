@@ -159,13 +159,13 @@ impl<K: Hash + Eq + Clone> Learner<K> {
         }
     }
 
-    /// One run of `key` imported `imported` (top-level names, untrusted: checked and capped
-    /// here). Returns the learned list when it changed.
+    /// One run of `key` imported `imported` (module names at most two levels deep, as the
+    /// runner read them from the run's source; checked and capped here). Returns the learned list when it changed.
     pub fn observe(&mut self, key: &K, imported: &[String]) -> Option<Vec<String>> {
         let before = self.learned(key);
         let names: Vec<String> = imported
             .iter()
-            .filter(|n| valid_name(n) && !n.contains('.'))
+            .filter(|n| valid_name(n) && n.split('.').count() <= 2)
             .take(MAX_NAMES)
             .cloned()
             .collect();
@@ -250,7 +250,7 @@ mod tests {
             l.observe(&k, &s(&["scipy", "sklearn"])),
             Some(s(&["scipy"]))
         );
-        l.observe(&k, &s(&["sklearn", "bad name", "x.y"]));
+        l.observe(&k, &s(&["sklearn", "bad name", "x.y.z"]));
         l.observe(&k, &s(&["sklearn", "torch"]));
         l.observe(&k, &s(&["torch"]));
         // sklearn 3 runs, scipy 2 (seen first), torch 2: at most 2.

@@ -147,8 +147,8 @@ pub struct Report {
     /// [`crate::backend::preload`]).
     #[serde(default)]
     pub preload: Option<crate::backend::preload::PreloadReport>,
-    /// Top-level modules the run's code imported from the environment (names only,
-    /// untrusted: the learner checks them).
+    /// Modules the run's file imports that the environment holds (names only, at most two
+    /// levels deep; the learner checks them again).
     #[serde(default)]
     pub imported: Vec<String>,
 }

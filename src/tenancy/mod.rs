@@ -271,6 +271,21 @@ mod tests {
     const HASH_B: &str = "486ea46224d1bb4fb680f34f7c9ad96a8f24ec88be73ea8e5a6c65260e9cb8a7";
 
     #[test]
+    fn a_tenant_may_name_its_preload_list() {
+        let entry = |list: &str| {
+            format!("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH_A}\"\npreload = {list}\n")
+        };
+        let t = parse(&entry(r#"["numpy", "matplotlib.pyplot"]"#)).unwrap();
+        assert_eq!(
+            t[0].limits.preload,
+            Some(vec!["numpy".to_string(), "matplotlib.pyplot".to_string()])
+        );
+        assert_eq!(parse(&entry("[]")).unwrap()[0].limits.preload, Some(vec![]));
+        let e = parse(&entry(r#"["os; rm"]"#)).unwrap_err();
+        assert!(e.contains("preload"), "{e}");
+    }
+
+    #[test]
     fn parses_a_full_file() {
         let text = format!(
             r#"

@@ -59,7 +59,7 @@ def main():
     figures.seed_matplotlib_cache()
     try:
         # The interpreter imports the preload list (if any) before the runner says `R`.
-        child = preload.start(default_python, "/workspace", STUB, state, True)
+        child = preload.start(default_python, "/workspace", STUB, state)
     except OSError as e:
         frames.fail("could not start the interpreter: %s" % e)
     preload.mark_ready(state)
@@ -85,7 +85,7 @@ def main():
         child.discard()
         try:
             again = preload.State(preload.again(state), percent)
-            repl = preload.start(job.python, job.workdir, REPL_STUB, again, False)
+            repl = preload.start(job.python, job.workdir, REPL_STUB, again)
         except OSError as e:
             frames.fail("could not start %s: %s" % (job.python, e))
         session.serve(repl, job)
@@ -94,8 +94,9 @@ def main():
     if job.python != child.python:
         child.discard()
         try:
-            job.preload = preload.State(preload.again(state), percent)
-            child = preload.start(job.python, job.workdir, STUB, job.preload, True)
+            # On the request path now: nothing is preloaded here.
+            job.preload = preload.State([], percent)
+            child = preload.start(job.python, job.workdir, STUB, job.preload)
         except OSError as e:
             frames.fail("could not start %s: %s" % (job.python, e))
     run.run(child, job)

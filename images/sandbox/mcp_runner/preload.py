@@ -25,15 +25,13 @@ Each sandbox imports its modules itself (no fork of a preloaded interpreter), so
 state seeded at import (numpy's global random state, `random`, hash seeds) differs from
 sandbox to sandbox as it would without preloading.
 
-After a one-shot run the child writes, in its figures hook (called on every normal end,
-exception and `sys.exit` included), the top-level names of the modules the user's code
-imported from the environment: new entries of `sys.modules` since the preload and the
-modules behind `__main__`'s globals (so a preloaded module the code imports counts too).
-Standard-library modules, private names and modules found under the workspace or /tmp are
-left out. The runner adds them to the report (`imported`), with the preload's figures
-(`preload`): the server learns from them (see `src/backend/preload.rs`). The line comes
-from the user's interpreter, so it is untrusted: names are checked and capped here and
-again by the server, and a name the environment lacks only ever costs a skipped import.
+After a one-shot run the runner reads the run's file (the source, not the interpreter's
+state, which the code controls) for the modules it imports, up to two levels deep
+(`scipy.stats`, `sklearn.linear_model`: importing a package's top level often imports
+little), and keeps those the environment's package directories hold (as the interpreter
+listed them before the user's code ran; the standard library, the workspace and /tmp are
+not among them). It adds them to the report (`imported`), with the preload's figures
+(`preload`): the server learns from them (see `src/backend/preload.rs`).
 """
 
 import os
@@ -47,13 +45,17 @@ from mcp_runner.child import Child
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}(\.[A-Za-z_][A-Za-z0-9_]{0,63}){0,7}$")
 # Modules named, and imported modules reported, at most.
 MAX_MODULES = 32
-# Seconds the runner waits for the preload line.
-PRELOAD_DEADLINE = 120.0
+# Source bytes of the entry file read for its imports, at most.
+MAX_SOURCE = 1 << 20
+# Seconds the runner waits for the preload line: below the server's 30 s for a sandbox to
+# become ready. Past it the interpreter is started again without the list, which is not
+# dropped (a loaded machine is no reason to give a module up for good).
+PRELOAD_DEADLINE = 20.0
 
 # Runs in the child interpreter, between the figures set-up and the stub's own code. Names
 # it defines are cleared with `__main__` before the user's code runs.
 PRELOAD_CODE = r"""
-def _mcp_preload(figures, names, budget, report_imports):
+def _mcp_preload(figures, names, budget):
     save = figures()
     import os, sys, time
     cpu0 = time.process_time()
@@ -106,38 +108,8 @@ def _mcp_preload(figures, names, budget, report_imports):
         os.write(4, ('P %d %s %s %s\nS %s\n' % (cpu_ms, ','.join(loaded) or '-', ','.join(missing) or '-', stopped, sites)).encode())
     except OSError:
         pass
-    base = set(sys.modules)
-    def done():
-        save()
-        if not report_imports:
-            return
-        try:
-            std = getattr(sys, 'stdlib_module_names', ())
-            # What the code names first (its globals), then what else it imported.
-            tops = []
-            for v in list(sys.modules['__main__'].__dict__.values()):
-                if type(v) is type(sys):
-                    m = v.__name__
-                elif isinstance(v, type) or callable(v):
-                    m = getattr(v, '__module__', None)
-                else:
-                    m = type(v).__module__
-                if isinstance(m, str):
-                    tops.append(m.split('.')[0])
-            tops += sorted(set(n.split('.')[0] for n in sys.modules if n not in base))
-            out = []
-            for t in tops:
-                if t in out or t.startswith('_') or t in std or t in sys.builtin_module_names:
-                    continue
-                f = getattr(sys.modules.get(t), '__file__', None) or ''
-                if '-packages/' not in f or f.startswith(('/workspace/', '/tmp/')):
-                    continue
-                out.append(t)
-            os.write(4, ('I %s\n' % (','.join(out[:64]) or '-')).encode())
-        except Exception:
-            pass
-    return lambda: done
-_mcp_figures = _mcp_preload(_mcp_figures, __NAMES__, __BUDGET__, __REPORT__)
+    return lambda: save
+_mcp_figures = _mcp_preload(_mcp_figures, __NAMES__, __BUDGET__)
 """
 
 
@@ -166,12 +138,11 @@ def budget_bytes(percent):
     return limit * percent // 100
 
 
-def stub_for(base, names, budget, report):
+def stub_for(base, names, budget):
     """The child's code: the figures set-up, the preload, then `base`'s own code."""
     code = (
         PRELOAD_CODE.replace("__NAMES__", repr(list(names)))
         .replace("__BUDGET__", str(int(budget)))
-        .replace("__REPORT__", repr(bool(report)))
     )
     # `base` is FIGURES_CODE + the stub's code: the preload goes between them.
     assert base.startswith(stubs.FIGURES_CODE)
@@ -179,17 +150,18 @@ def stub_for(base, names, budget, report):
 
 
 def read_lines(fd, deadline):
-    """The preload's two lines (`P`, `S`) from `fd` within `deadline` seconds (None: EOF,
-    timeout or garbage)."""
+    """The preload's two lines (`P`, `S`) from `fd` within `deadline` seconds: (P line,
+    directories); "late" past the deadline; None when the interpreter died first (EOF) or
+    said something else."""
     buf = b""
     end = time.monotonic() + deadline
     while buf.count(b"\n") < 2 and len(buf) < 65536:
         left = end - time.monotonic()
         if left <= 0:
-            return None
+            return "late"
         r, _, _ = select.select([fd], [], [], left)
         if not r:
-            return None
+            return "late"
         try:
             c = os.read(fd, 65536 - len(buf))
         except OSError:
@@ -236,20 +208,24 @@ class State:
         }
 
 
-def start(python, workdir, base, state, report_imports):
+def start(python, workdir, base, state):
     """Start the child with `base` as its stub and `state.names` preloaded; return it once
     the preload is done (restarted without what failed or did not fit)."""
     names = list(state.names)
     budget = budget_bytes(state.percent)
     for _attempt in range(2):
-        child = Child(python, workdir, stub_for(base, names, budget, report_imports))
+        child = Child(python, workdir, stub_for(base, names, budget))
         got = read_lines(child.st_r, PRELOAD_DEADLINE)
+        if got == "late":
+            child.discard()
+            names = []
+            break
         parts = got[0].split(" ") if got else []
         if len(parts) != 5 or parts[0] != "P":
             # The interpreter died while importing (the OOM killer) or hung: nothing of
             # the list is kept.
             child.discard()
-            state.dropped = [n for n in names if n not in state.missing]
+            state.dropped += [n for n in names if n not in state.missing + state.dropped]
             state.loaded = []
             names = []
             continue
@@ -267,11 +243,15 @@ def start(python, workdir, base, state, report_imports):
         # Half-imported or over the budget: start clean with what went well.
         child.discard()
         keep = [n for n in loaded if n != stopped]
-        state.dropped = [n for n in names if n not in keep and n not in state.missing]
+        state.dropped += [
+            n for n in names if n not in keep and n not in state.missing + state.dropped
+        ]
         state.loaded = []
         names = keep
-    child = Child(python, workdir, stub_for(base, names, 0, report_imports))
+    child = Child(python, workdir, stub_for(base, names, 0))
     got = read_lines(child.st_r, PRELOAD_DEADLINE)
+    if not isinstance(got, tuple):
+        got = None
     parts = got[0].split(" ") if got else []
     state.loaded = names_of(parts[2]) if len(parts) == 5 else []
     state.site_dirs = got[1] if got else []
@@ -301,39 +281,80 @@ def amend(report, child, job):
     if state.names:
         if report.get("cpu_ms") is not None:
             report["cpu_ms"] = max(0, report["cpu_ms"] - state.cpu_ms)
-    imported = []
-    try:
-        os.set_blocking(child.st_r, False)
-        data = os.read(child.st_r, 65536).decode("utf-8", "replace")
-    except OSError:
-        data = ""
-    for line in data.splitlines():
-        if line.startswith("I "):
-            imported = names_of(line[2:].strip() or "-")[:MAX_MODULES]
-    imported = [n for n in imported if "." not in n and installed(n, state.site_dirs)]
+    imported = imports_of(os.path.join(job.workdir, job.entry or ""), state.site_dirs)
     if imported:
         report["imported"] = imported
 
 
+def imports_of(path, dirs):
+    """The modules the file at `path` imports (absolute `import a.b`, `from a.b import c`,
+    `from a import b` when `a.b` is a module), up to two levels deep, that the
+    environment's package directories hold; at most MAX_MODULES. Read from the source,
+    after the run: what the user's code asks for, not what its interpreter claims."""
+    import ast
+
+    from mcp_runner.workspace import open_regular
+
+    try:
+        f = open_regular(path)  # the code may have left a symlink or a FIFO there
+        if f is None:
+            return []
+        with f:
+            src = f.read(MAX_SOURCE + 1)
+        if len(src) > MAX_SOURCE:
+            return []
+        tree = ast.parse(src, path)
+    except Exception:  # a syntax error, a deep nesting, an unreadable file
+        return []
+    found = []
+
+    def add(name):
+        parts = name.split(".")[:2]
+        if any(p.startswith("_") for p in parts):
+            return
+        name = ".".join(parts)
+        if name not in found and installed(name, dirs):
+            found.append(name)
+
+    try:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    add(a.name)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                top = node.module.split(".")
+                if len(top) == 1:
+                    for a in node.names:
+                        if a.name != "*" and installed(node.module + "." + a.name, dirs):
+                            add(node.module + "." + a.name)
+                add(node.module)
+            if len(found) >= MAX_MODULES:
+                break
+    except RecursionError:
+        pass
+    return found[:MAX_MODULES]
+
+
 def installed(name, dirs):
-    """Is there a module `name` in one of the environment's package directories? (The
-    names come from the user's interpreter: a name with nothing behind it is not
-    reported.)"""
+    """Is there a module `name` (dotted: a package's submodule) in one of the environment's
+    package directories? Nothing is imported: the files are looked for."""
+    parts = name.split(".")
     for d in dirs:
+        base = os.path.join(d, *parts[:-1])
+        last = parts[-1]
         try:
-            if os.path.isdir(os.path.join(d, name)) or os.path.isfile(
-                os.path.join(d, name + ".py")
+            if os.path.isdir(os.path.join(base, last)) or os.path.isfile(
+                os.path.join(base, last + ".py")
             ):
                 return True
-            for entry in os.listdir(d):
-                if entry.startswith(name + ".") and entry.endswith(".so"):
-                    return True
+            if any(e.startswith(last + ".") and e.endswith(".so") for e in os.listdir(base)):
+                return True
         except OSError:
             continue
     return False
 
 
 def again(state):
-    """The list for a second interpreter of the same sandbox (a session's, or another
-    Python's): what was asked, less what was dropped."""
+    """The list for a second interpreter of the same sandbox (a session's): what was asked,
+    less what was dropped."""
     return [n for n in state.names if n not in state.dropped]

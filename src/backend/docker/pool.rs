@@ -197,15 +197,22 @@ pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
         }
         if pool.claim() {
             let preload = pool.preload();
+            // Preloading refills take CPU for a while (imports): only so many at once over
+            // all pools, so that they never take every core from the runs. The request
+            // path never waits for this permit; a closing pool stops waiting for it.
+            let mut permit = None;
+            while !preload.is_empty() && permit.is_none() {
+                if pool.closed.load(Ordering::SeqCst) {
+                    pool.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    return;
+                }
+                let wait = inner.preloads.slots.acquire();
+                if let Ok(p) = tokio::time::timeout(Duration::from_millis(200), wait).await {
+                    permit = Some(p);
+                }
+            }
             let made = async {
-                // Preloading refills take CPU for a while (imports): only so many at once
-                // over all pools, so that they never take every core from the runs. The
-                // request path never waits for this permit.
-                let _permit = if preload.is_empty() {
-                    None
-                } else {
-                    inner.preloads.slots.acquire().await.ok()
-                };
+                let _permit = permit;
                 let mut live = inner
                     .launch_with(
                         &pool.limits,
@@ -381,15 +388,15 @@ impl DockerBackend {
             }
         }
         // What the configured list preloads anyway is not learned (`matplotlib` is
-        // covered by `matplotlib.pyplot`).
+        // covered by `matplotlib.pyplot`, `numpy.linalg` by `numpy`).
         let configured = config.modules_for(&key);
         let imported: Vec<String> = report
             .imported
             .iter()
             .filter(|n| {
-                !configured
-                    .iter()
-                    .any(|m| m == *n || m.starts_with(&format!("{n}.")))
+                !configured.iter().any(|m| {
+                    m == *n || m.starts_with(&format!("{n}.")) || n.starts_with(&format!("{m}."))
+                })
             })
             .cloned()
             .collect();
