@@ -146,7 +146,7 @@ pub struct Report {
     /// What the sandbox's preload did (pool sandboxes of a one-shot run; see
     /// [`crate::backend::preload`]).
     #[serde(default)]
-    pub preload: Option<crate::backend::preload::PreloadReport>,
+    pub preload: Option<Box<crate::backend::preload::PreloadReport>>,
     /// Modules the run's file imports that the environment holds (names only, at most two
     /// levels deep; the learner checks them again).
     #[serde(default)]

@@ -361,7 +361,7 @@ impl DockerBackend {
         let key = self.pool_key(job).to_string();
         let k = (key.clone(), job.env.clone());
         let mut changed = false;
-        if let (true, Some(p)) = (pooled, &report.preload) {
+        if let (true, Some(p)) = (pooled, report.preload.as_deref()) {
             let mut learner = self.inner.preloads.learner();
             let banned = learner.banned(&k);
             let fresh: Vec<String> = p
