@@ -198,8 +198,8 @@ pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
         if pool.claim() {
             let preload = pool.preload();
             // Preloading refills take CPU for a while (imports): only so many at once over
-            // all pools, so that they never take every core from the runs. The request
-            // path never waits for this permit; a closing pool stops waiting for it.
+            // all pools. The request path never waits for this permit; a closing pool
+            // stops waiting for it.
             let mut permit = None;
             while !preload.is_empty() && permit.is_none() {
                 if pool.closed.load(Ordering::SeqCst) {
@@ -292,13 +292,14 @@ pub(super) struct Preloads {
     learner: Mutex<Learner<(String, RunEnv)>>,
 }
 
-/// Preloading refills at once: half the cores, at least one (on 2 cores: one, so a run
-/// always finds a core the refills do not take).
+/// Preloading refills at once over all pools: one per core. Their containers wait at a
+/// quarter of the default CPU weight (see `launch`), so under contention the runs get the
+/// CPU first; the bound keeps many pools (tenants) from importing all at once.
 pub(super) fn preload_slots() -> usize {
-    let cores = std::thread::available_parallelism()
+    std::thread::available_parallelism()
         .map(|n| n.get())
-        .unwrap_or(1);
-    (cores / 2).max(1)
+        .unwrap_or(1)
+        .max(1)
 }
 
 impl Preloads {
