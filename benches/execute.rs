@@ -4,7 +4,8 @@
 //! a real MCP client calling `execute_code` over Streamable HTTP on a real `serve`
 //! process, with that server's resident memory idle and under load.
 //!
-//! Knobs (environment): BENCH_SAMPLES (20), BENCH_RUNS (40), BENCH_BURST (100).
+//! Knobs (environment): BENCH_SAMPLES (20), BENCH_RUNS (40), BENCH_BURST (100);
+//! BENCH_ONLY=preload runs only the preloading rows (issue 15).
 
 use std::time::{Duration, Instant};
 
@@ -85,6 +86,10 @@ async fn main() {
         return;
     }
     let pool_size = 4;
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("preload") {
+        preload_rows(samples, runs).await;
+        return;
+    }
     println!("# mcp-code-executor benchmark\n");
     println!(
         "machine: {} cores, {}; code: `{}`\n",
@@ -209,6 +214,7 @@ async fn main() {
     println!("server exited with {status}");
     let _ = std::fs::remove_dir_all(&scratch);
     runtime_rows(samples, runs).await;
+    preload_rows(samples, runs).await;
 }
 
 /// One `execute_code` call of `code` over MCP.
@@ -376,4 +382,257 @@ fn sigterm(pid: u32) {
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status();
+}
+
+// ---- Preloading (issue 15): the four codes with and without preloading --------------------
+
+/// The codes of the preloading rows: what people send, not only `print(1)`.
+const PRELOAD_CODES: &[(&str, &str)] = &[
+    ("`print(1)`", "print(1)"),
+    (
+        "numpy example",
+        "import numpy as np; print(np.random.rand(3,3))",
+    ),
+    (
+        "pandas example",
+        "import pandas as pd; print(pd.DataFrame({'a': [1, 2]}).sum().a)",
+    ),
+    (
+        "figure",
+        "import matplotlib.pyplot as plt; plt.plot([1,2,3]); plt.show()",
+    ),
+];
+
+/// A module the default list lacks and the image has: the learned row imports it.
+const LEARNED_CODE: &str = "import scipy.stats; print(scipy.stats.norm.cdf(0))";
+
+async fn call_code(c: &RunningService<RoleClient, ()>, code: &str) -> Result<Duration, String> {
+    let t = Instant::now();
+    let mut args = serde_json::Map::new();
+    args.insert("code".into(), code.into());
+    let r = c
+        .call_tool(CallToolRequestParams::new("execute_code").with_arguments(args))
+        .await
+        .map_err(|e| e.to_string())?;
+    let d = t.elapsed();
+    if r.is_error == Some(true) {
+        return Err(format!("tool error: {:?}", r.content));
+    }
+    Ok(d)
+}
+
+/// A `serve` process on a free port with `args`, its own data; returns it, its pid, its
+/// Streamable HTTP URL and its scratch directory.
+async fn start_serve(
+    args: &[&str],
+    tag: &str,
+) -> (tokio::process::Child, u32, String, std::path::PathBuf) {
+    let scratch = std::env::temp_dir().join(format!("mcpx-bench-{tag}-{}", std::process::id()));
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
+        .args(["serve", "--port", "0"])
+        .args(args)
+        .env("MCP_EXECUTOR_DATA_DIR", scratch.join("data"))
+        .env("CODE_STORAGE_DIR", scratch.join("code"))
+        .env("MCP_EXECUTOR_MAX_CONCURRENT", "8")
+        .env("RUST_LOG", "mcp_code_executor=warn")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("serve starts");
+    let pid = server.id().expect("pid");
+    let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = tokio::time::timeout(Duration::from_secs(300), lines.next_line())
+            .await
+            .expect("serve prints its address")
+            .unwrap()
+            .expect("serve is running");
+        if let Some(rest) = line.split("Streamable HTTP at ").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (server, pid, url, scratch)
+}
+
+/// A container's CPU (seconds) and memory (MiB) so far, from the host's cgroup files
+/// (cgroup v1 or v2, cgroupfs or systemd driver); `None` where none is found.
+fn container_usage(id: &str) -> Option<(f64, f64)> {
+    let read = |p: String| -> Option<u64> {
+        std::fs::read_to_string(p)
+            .ok()?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    let v1 = (
+        read(format!("/sys/fs/cgroup/cpuacct/docker/{id}/cpuacct.usage")),
+        read(format!(
+            "/sys/fs/cgroup/memory/docker/{id}/memory.usage_in_bytes"
+        )),
+    );
+    if let (Some(cpu), Some(mem)) = v1 {
+        return Some((cpu as f64 / 1e9, mem as f64 / 1048576.0));
+    }
+    for dir in [
+        format!("/sys/fs/cgroup/docker/{id}"),
+        format!("/sys/fs/cgroup/system.slice/docker-{id}.scope"),
+    ] {
+        let stat = std::fs::read_to_string(format!("{dir}/cpu.stat")).ok();
+        let usec = stat.and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("usage_usec "))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        });
+        if let (Some(u), Some(m)) = (usec, read(format!("{dir}/memory.current"))) {
+            return Some((u as f64 / 1e6, m as f64 / 1048576.0));
+        }
+    }
+    None
+}
+
+/// The waiting pool containers of the server `pid`: mean CPU seconds they used to get
+/// ready (runner, interpreter, preload) and mean memory each holds while waiting.
+fn pool_cost(pid: u32) -> Option<(f64, f64, usize)> {
+    let owner = mcp_code_executor::backend::docker::owner_label(pid)?;
+    let out = std::process::Command::new("docker")
+        .args(["ps", "-q", "--no-trunc", "--filter"])
+        .arg(format!(
+            "label={}={owner}",
+            mcp_code_executor::backend::docker::LABEL_OWNER
+        ))
+        .output()
+        .ok()?;
+    let usage: Vec<(f64, f64)> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(container_usage)
+        .collect();
+    if usage.is_empty() {
+        return None;
+    }
+    let n = usage.len() as f64;
+    Some((
+        usage.iter().map(|u| u.0).sum::<f64>() / n,
+        usage.iter().map(|u| u.1).sum::<f64>() / n,
+        usage.len(),
+    ))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Interleaved samples of each code (a pause between calls: the pool refills), p50 and p95.
+async fn interleaved(url: &str, codes: &[&str], samples: usize) -> Vec<Option<Stats>> {
+    let c = client(url).await;
+    for code in codes {
+        call_code(&c, code).await.expect("warm-up call");
+    }
+    let mut lat: Vec<Vec<Duration>> = vec![Vec::new(); codes.len()];
+    for _ in 0..samples {
+        for (i, code) in codes.iter().enumerate() {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            lat[i].push(call_code(&c, code).await.expect("call"));
+        }
+    }
+    let _ = c.cancel().await;
+    lat.into_iter().map(Stats::of).collect()
+}
+
+/// Calls per second of `code` at `concurrency`, each call on its own client session.
+async fn code_throughput(url: &str, code: &str, total: usize, concurrency: usize) -> (f64, usize) {
+    let (url, code) = (url.to_string(), code.to_string());
+    let (lat, failed, wall) = load(total, concurrency, move || {
+        let (url, code) = (url.clone(), code.clone());
+        async move {
+            let c = client(&url).await;
+            let r = call_code(&c, &code).await;
+            let _ = c.cancel().await;
+            r
+        }
+    })
+    .await;
+    (lat.len() as f64 / wall.as_secs_f64(), failed)
+}
+
+/// The preloading rows: a `serve` without preloading, then one with the default list and
+/// learning, each measured the same way in this one run.
+async fn preload_rows(samples: usize, runs: usize) {
+    let pool_size = 2;
+    println!(
+        "\n## Preloading (issue 15): `execute_code` over Streamable HTTP, `serve --pool-size {pool_size}`\n"
+    );
+    println!(
+        "Interleaved calls, 0.5 s apart (the pool refills), {samples} samples each; calls/s at \
+         concurrency 4 over {runs} calls; refill CPU and memory are means over the waiting pool \
+         containers (host cgroup files), measured with the pool full and idle.\n"
+    );
+    println!("| preload | code | p50 ms | p95 ms | x print(1) | calls/s at 4 | failed |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    let mut costs = Vec::new();
+    for (label, args) in [
+        ("off", vec!["--preload", "none", "--preload-learn", "false"]),
+        ("default", vec![]),
+    ] {
+        let mut all = vec!["--pool-size", "2"];
+        all.extend(args.iter().copied());
+        let (mut server, pid, url, scratch) = start_serve(&all, label).await;
+        tokio::time::sleep(Duration::from_secs(8)).await; // the pool fills
+        costs.push((label, pool_cost(pid)));
+        let codes: Vec<&str> = PRELOAD_CODES.iter().map(|(_, c)| *c).collect();
+        let stats = interleaved(&url, &codes, samples).await;
+        let base = stats[0].map(|s| ms(s.median));
+        for (i, (name, code)) in PRELOAD_CODES.iter().enumerate() {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let (rate, failed) = code_throughput(&url, code, runs, 4).await;
+            let (p50, p95) = stats[i]
+                .map(|s| (ms(s.median), ms(s.p95)))
+                .unwrap_or((f64::NAN, f64::NAN));
+            println!(
+                "| {label} | {name} | {p50:.1} | {p95:.1} | {:.1} | {rate:.1} | {failed} |",
+                base.map(|b| p50 / b).unwrap_or(f64::NAN)
+            );
+        }
+        if label == "default" {
+            // Learned preloads: scipy is on no list; after runs import it the pool
+            // preloads it.
+            let c = client(&url).await;
+            let mut before = Vec::new();
+            for _ in 0..5 {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                before.push(call_code(&c, LEARNED_CODE).await.expect("call"));
+            }
+            tokio::time::sleep(Duration::from_secs(8)).await; // refilled with the learned list
+            let mut after = Vec::new();
+            for _ in 0..samples {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                after.push(call_code(&c, LEARNED_CODE).await.expect("call"));
+            }
+            let _ = c.cancel().await;
+            for (when, lat) in [("first 5 runs", before), ("after learning", after)] {
+                if let Some(s) = Stats::of(lat) {
+                    println!(
+                        "| learned | `import scipy.stats` ({when}) | {:.1} | {:.1} | {:.1} | | |",
+                        ms(s.median),
+                        ms(s.p95),
+                        base.map(|b| ms(s.median) / b).unwrap_or(f64::NAN)
+                    );
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            costs.push(("default + learned scipy", pool_cost(pid)));
+        }
+        sigterm(pid);
+        let _ = tokio::time::timeout(Duration::from_secs(60), server.wait()).await;
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+    println!("\n| preload | refill CPU s per sandbox | pool memory MiB per sandbox | containers measured |");
+    println!("| --- | --- | --- | --- |");
+    for (label, cost) in costs {
+        match cost {
+            Some((cpu, mem, n)) => println!("| {label} | {cpu:.2} | {mem:.1} | {n} |"),
+            None => println!("| {label} | n/a | n/a | 0 |"),
+        }
+    }
 }

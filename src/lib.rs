@@ -15,7 +15,7 @@
 //! - [`backend`]: the seam. The [`backend::Backend`] and [`backend::Session`] traits (run,
 //!   sessions and putting files into them, prewarm, stats, sweep, shutdown, info), the
 //!   runner protocol ([`backend::protocol`]) and tar packing ([`backend::archive`]) every
-//!   backend shares, the neutral description of the sandbox image ([`backend::image`]), and
+//!   backend shares, preloading's configuration and learner ([`backend::preload`]), the neutral description of the sandbox image ([`backend::image`]), and
 //!   a fake for fast tests (`backend::fake`). [`backend::docker`] is the Docker backend and
 //!   the only place the Docker client crate is used: the container spec, launch, sessions, the warm pool, the
 //!   removal guard and sweep, the image build. `backend::kubernetes` (the `kubernetes` cargo

@@ -36,6 +36,7 @@ pub const RUNNER_FILES: &[(&str, &str)] = &[
     runner_file!("mcp_runner/job.py"),
     runner_file!("mcp_runner/limits.py"),
     runner_file!("mcp_runner/main.py"),
+    runner_file!("mcp_runner/preload.py"),
     runner_file!("mcp_runner/run.py"),
     runner_file!("mcp_runner/session.py"),
     runner_file!("mcp_runner/stubs.py"),

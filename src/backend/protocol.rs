@@ -158,6 +158,14 @@ pub struct Report {
     /// a file name unfit to show, a workspace too deep to walk), one sentence each.
     #[serde(default)]
     pub notes: Vec<String>,
+    /// What the sandbox's preload did (pool sandboxes of a one-shot run; see
+    /// [`crate::backend::preload`]).
+    #[serde(default)]
+    pub preload: Option<Box<crate::backend::preload::PreloadReport>>,
+    /// Modules the run's file imports that the environment holds (names only, at most two
+    /// levels deep; the learner checks them again).
+    #[serde(default)]
+    pub imported: Vec<String>,
 }
 
 /// One message from the runner.

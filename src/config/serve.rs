@@ -134,6 +134,8 @@ pub struct BackendConfig {
     pub build_missing: bool,
     /// The Kubernetes backend's settings (unused by Docker).
     pub kubernetes: KubeSettings,
+    /// What waiting sandboxes import before their job (`serve --preload`; off elsewhere).
+    pub preload: crate::backend::preload::PreloadConfig,
 }
 
 /// Settings only the Kubernetes backend reads; the image, the runtime (its
@@ -222,6 +224,7 @@ mod tests {
                 pool_size: 2,
                 build_missing: true,
                 kubernetes: KubeSettings::default(),
+                preload: Default::default(),
             },
             host: Default::default(),
             allow_unsafe: false,

@@ -94,6 +94,19 @@ env_vars! {
     /// The server's own pod namespace, from the downward API (`metadata.namespace`);
     /// ownerReferences are set only when it is the sandboxes' namespace.
     MCP_EXECUTOR_POD_NAMESPACE;
+    /// Modules a waiting pool sandbox imports before its run, comma-separated, each only
+    /// where the environment has it (`--preload`, default `numpy,pandas,matplotlib.pyplot`;
+    /// `none`: nothing). See "Preloading".
+    MCP_EXECUTOR_PRELOAD;
+    /// `0`/`false`: learn nothing from the modules runs import (`--preload-learn`, default
+    /// true).
+    MCP_EXECUTOR_PRELOAD_LEARN;
+    /// Learned modules added to a pool's preload list, at most (`--preload-learn-max`,
+    /// default 4).
+    MCP_EXECUTOR_PRELOAD_LEARN_MAX;
+    /// Percent of a sandbox's memory limit its preloaded interpreter may hold; past it the
+    /// rest of the list is dropped for that pool (`--preload-memory`, default 50).
+    MCP_EXECUTOR_PRELOAD_MEMORY;
 
     // ---- where things live ----
     /// Where managed environments, workspaces and (by default) stored code live

@@ -55,6 +55,9 @@ pub struct TenantLimits {
     /// Server paths of environments this tenant may switch to with configure_environment
     /// (an environment must lie under one of them). Empty: only its own managed environment.
     pub env_paths: Vec<PathBuf>,
+    /// Modules this tenant's waiting sandboxes preload instead of the server's list
+    /// (`None`: the server's; see docs/mcp.md "Preloading").
+    pub preload: Option<Vec<String>>,
 }
 
 impl TenantLimits {
@@ -104,6 +107,7 @@ struct Entry {
     install_network: bool,
     #[serde(default)]
     env_paths: Vec<PathBuf>,
+    preload: Option<Vec<String>>,
 }
 
 fn yes() -> bool {
@@ -234,7 +238,16 @@ pub fn parse(text: &str) -> Result<Vec<Tenant>, String> {
             max_sessions: e.max_sessions,
             install_network: e.install_network,
             env_paths: e.env_paths,
+            preload: e.preload,
         };
+        if let Some(bad) = limits
+            .preload
+            .iter()
+            .flatten()
+            .find(|n| !crate::backend::preload::valid_name(n))
+        {
+            return Err(at(&format!("preload: `{bad}` is not a module name")));
+        }
         if let Some(p) = limits.env_paths.iter().find(|p| !p.is_absolute()) {
             return Err(at(&format!(
                 "env_paths entry `{}` is not an absolute path",
@@ -256,6 +269,21 @@ mod tests {
 
     const HASH_A: &str = "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824";
     const HASH_B: &str = "486ea46224d1bb4fb680f34f7c9ad96a8f24ec88be73ea8e5a6c65260e9cb8a7";
+
+    #[test]
+    fn a_tenant_may_name_its_preload_list() {
+        let entry = |list: &str| {
+            format!("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH_A}\"\npreload = {list}\n")
+        };
+        let t = parse(&entry(r#"["numpy", "matplotlib.pyplot"]"#)).unwrap();
+        assert_eq!(
+            t[0].limits.preload,
+            Some(vec!["numpy".to_string(), "matplotlib.pyplot".to_string()])
+        );
+        assert_eq!(parse(&entry("[]")).unwrap()[0].limits.preload, Some(vec![]));
+        let e = parse(&entry(r#"["os; rm"]"#)).unwrap_err();
+        assert!(e.contains("preload"), "{e}");
+    }
 
     #[test]
     fn parses_a_full_file() {

@@ -25,6 +25,8 @@ class Job:
         self.oom_before = 0
         # Readable whenever a child exits (SIGCHLD), to wake the select loops.
         self.wake_r = None
+        # What the preload of the code's interpreter did (`preload.State`), for the report.
+        self.preload = None
 
 
 def read_job(stdin, default_python):

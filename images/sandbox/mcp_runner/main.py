@@ -5,10 +5,9 @@ import os
 import signal
 import sys
 
-from mcp_runner import cgroup, figures, frames, run, session
-from mcp_runner.child import Child
+from mcp_runner import cgroup, figures, frames, preload, run, session
 from mcp_runner.job import read_job
-from mcp_runner.stubs import REPL_STUB
+from mcp_runner.stubs import REPL_STUB, STUB
 from mcp_runner.workspace import Refused, snapshot, unpack
 
 
@@ -55,11 +54,15 @@ def main():
         wait_limit = float(os.environ.pop("MCPX_WAIT_LIMIT"))
     except (KeyError, ValueError):
         wait_limit = None
+    names, percent = preload.wanted()
+    state = preload.State(names, percent)
     figures.seed_matplotlib_cache()
     try:
-        child = Child(default_python, "/workspace")
+        # The interpreter imports the preload list (if any) before the runner says `R`.
+        child = preload.start(default_python, "/workspace", STUB, state)
     except OSError as e:
         frames.fail("could not start the interpreter: %s" % e)
+    preload.mark_ready(state)
     frames.frame(b"R")
     wait_for_job(wait_limit)
     job, archive = read_job(sys.stdin.buffer, default_python)
@@ -76,11 +79,13 @@ def main():
     job.files_before = snapshot(job.workdir) if job.return_files else None
     job.oom_before = cgroup.oom_kills() or 0
     job.wake_r = wake_on_sigchld()
+    job.preload = state
 
     if job.session:
         child.discard()
         try:
-            repl = Child(job.python, job.workdir, REPL_STUB)
+            again = preload.State(preload.again(state), percent)
+            repl = preload.start(job.python, job.workdir, REPL_STUB, again)
         except OSError as e:
             frames.fail("could not start %s: %s" % (job.python, e))
         session.serve(repl, job)
@@ -89,7 +94,9 @@ def main():
     if job.python != child.python:
         child.discard()
         try:
-            child = Child(job.python, job.workdir)
+            # On the request path now: nothing is preloaded here.
+            job.preload = preload.State([], percent)
+            child = preload.start(job.python, job.workdir, STUB, job.preload)
         except OSError as e:
             frames.fail("could not start %s: %s" % (job.python, e))
     run.run(child, job)

@@ -8,7 +8,7 @@ import selectors
 import signal
 import time
 
-from mcp_runner import cgroup, figures, frames, limits
+from mcp_runner import cgroup, figures, frames, limits, preload
 from mcp_runner.workspace import send_files
 
 
@@ -103,8 +103,7 @@ def run(child, job):
     except Exception as e:  # the program's own outcome is reported whatever happened here
         budget.note("figures or files could not be returned: %r" % (e,))
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    frames.report(
-        {
+    report = {
             "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
             "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
             "timed_out": timed_out,
@@ -117,4 +116,5 @@ def run(child, job):
             "files_dropped": files_dropped,
             "notes": budget.all_notes(),
         }
-    )
+    preload.amend(report, child, job)
+    frames.report(report)

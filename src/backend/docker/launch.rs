@@ -11,6 +11,11 @@ use super::{classify, spec, Inner};
 use crate::backend::BackendError;
 use crate::job::{Limits, RunEnv, Source};
 
+/// The CPU weight (`--cpu-shares`) of a preloading pool container while it waits, against
+/// Docker's default of 1024 for every other container.
+const PRELOAD_CPU_SHARES: i64 = 256;
+const DEFAULT_CPU_SHARES: i64 = 1024;
+
 impl Inner {
     /// Create, attach and start a container of the given shape for `tenant`.
     pub(super) async fn launch(
@@ -20,7 +25,36 @@ impl Inner {
         tenant: &str,
         id: &str,
     ) -> Result<Live, BackendError> {
-        let body = spec::create_body(&self.config, &self.owner, limits, env, tenant, id)?;
+        self.launch_with(limits, env, tenant, id, &[]).await
+    }
+
+    /// [`launch`](Self::launch), its interpreter importing `preload` before the runner says
+    /// ready (pool containers; see [`crate::backend::preload`]). The list goes in the
+    /// container's environment, which the runner takes out of its own before the code's
+    /// interpreter starts.
+    pub(super) async fn launch_with(
+        &self,
+        limits: &Limits,
+        env: &RunEnv,
+        tenant: &str,
+        id: &str,
+        preload: &[String],
+    ) -> Result<Live, BackendError> {
+        let mut body = spec::create_body(&self.config, &self.owner, limits, env, tenant, id)?;
+        if !preload.is_empty() {
+            // While it imports and waits, a preloading container yields the CPU to runs
+            // (a cold run's container has the default weight); its weight is restored
+            // when a run takes it ([`Inner::restore_cpu_weight`]).
+            if let Some(hc) = body.host_config.as_mut() {
+                hc.cpu_shares = Some(PRELOAD_CPU_SHARES);
+            }
+            let vars = body.env.get_or_insert_with(Vec::new);
+            vars.push(format!("MCPX_PRELOAD={}", preload.join(",")));
+            vars.push(format!(
+                "MCPX_PRELOAD_MEMORY={}",
+                self.config.preload.memory_percent
+            ));
+        }
         self.check_volumes(env).await?;
         let name = format!("mcpx-{id}");
         let mut guard = ContainerGuard::new(&self.docker, &name, &self.cleanup);
@@ -65,6 +99,23 @@ impl Inner {
             .await
             .map_err(|e| classify("starting the container", e))?;
         Ok(Live::new(guard, attached.input, attached.output))
+    }
+
+    /// Give a pool container taken by a run Docker's default CPU weight again, in the
+    /// background: the run does not wait for it (its first milliseconds run at the waiting
+    /// weight, which only matters when the CPU is contended).
+    pub(super) fn restore_cpu_weight(&self, id: &str) {
+        let docker = self.docker.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let body = bollard::models::ContainerUpdateBody {
+                cpu_shares: Some(DEFAULT_CPU_SHARES),
+                ..Default::default()
+            };
+            if let Err(e) = docker.update_container(&id, body).await {
+                tracing::debug!(container = %id, error = %e, "could not restore the CPU weight of a pool container");
+            }
+        });
     }
 
     /// Docker creates a missing named volume, empty, when a container mounts it: an

@@ -79,6 +79,9 @@ pub struct DockerConfig {
     /// tenant's pool is made, with its limits and environment, at its first run and
     /// removed after [`POOL_IDLE`] without a run. Its containers carry the tenant's label.
     pub pool_per_tenant: bool,
+    /// What pool sandboxes import before their job, and what is learned (see
+    /// [`crate::backend::preload`]); off by default.
+    pub preload: crate::backend::preload::PreloadConfig,
 }
 
 /// A tenant's pool unused this long is removed (per-tenant pools only).
@@ -103,6 +106,7 @@ impl DockerConfig {
             pool_env: RunEnv::default(),
             docker_host: None,
             pool_per_tenant: false,
+            preload: Default::default(),
         }
     }
 }
@@ -113,6 +117,8 @@ pub(super) struct Inner {
     config: DockerConfig,
     cleanup: Arc<Cleanup>,
     owner: String,
+    /// Preloading refills at once over all pools, and what was learned (see `pool`).
+    preloads: pool::Preloads,
 }
 
 /// The real backend.
@@ -143,7 +149,8 @@ impl PoolHandle {
         size: usize,
         label: &str,
     ) -> PoolHandle {
-        let pool = Arc::new(Pool::new(limits, env, size, label));
+        let preload = inner.preloads.list_for(&inner.config.preload, label, &env);
+        let pool = Arc::new(Pool::new(limits, env, size, label).with_preload(preload));
         let workers = (0..pool::REFILL_WORKERS)
             .map(|_| tokio::spawn(pool::refill(inner.clone(), pool.clone())))
             .collect();
@@ -204,6 +211,7 @@ impl DockerBackend {
             docker,
             owner: guard::owner_id(std::process::id()).unwrap_or_else(|| "unknown".into()),
             cleanup: Arc::default(),
+            preloads: pool::Preloads::new(&config.preload),
             config,
         });
         let c = &inner.config;
@@ -339,6 +347,9 @@ impl Backend for DockerBackend {
             .map_err(|e| BackendError::Rejected(e.to_string()))?;
         let warm = self.take_warm(&job);
         let pooled = warm.is_some();
+        if let (Some(live), true) = (&warm, self.inner.config.preload.enabled()) {
+            self.inner.restore_cpu_weight(live.guard.id());
+        }
         let mut live = match warm {
             Some(live) => live,
             None => {
@@ -370,6 +381,9 @@ impl Backend for DockerBackend {
                 ended = live.execute(&input, true, &job.limits, &events).await?;
             }
         }
+        if let Ended::Report(report, _) = &ended {
+            self.observe_preload(&job, pooled, report);
+        }
         let mut outcome = self.inner.outcome_of(ended, &live.guard).await?;
         outcome.duration_ms = started.elapsed().as_millis() as u64;
         tracing::debug!(job_id = %job.id, status = %outcome.status_line(), "run finished");
@@ -381,7 +395,12 @@ impl Backend for DockerBackend {
         let input = protocol::encode_session(&job, self.inner.python(&job.env))
             .map_err(|e| BackendError::Rejected(e.to_string()))?;
         let mut live = match self.take_warm(&job) {
-            Some(live) => live,
+            Some(live) => {
+                if self.inner.config.preload.enabled() {
+                    self.inner.restore_cpu_weight(live.guard.id());
+                }
+                live
+            }
             None => {
                 self.inner
                     .launch(&job.limits, &job.env, &job.tenant, &job.id)

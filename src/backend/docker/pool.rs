@@ -12,8 +12,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::live::Live;
-use super::Inner;
-use crate::job::{Limits, RunEnv};
+use super::{DockerBackend, Inner, SHARED_POOL};
+use crate::backend::preload::{Learner, PreloadConfig};
+use crate::backend::protocol::Report;
+use crate::job::{JobSpec, Limits, RunEnv};
 
 /// A waiting container older than this is replaced rather than used.
 const MAX_IDLE: Duration = Duration::from_secs(600);
@@ -79,6 +81,9 @@ pub(super) struct Pool {
     discarded: AtomicU64,
     /// Containers being made right now by the refill workers.
     in_flight: AtomicUsize,
+    /// The modules its containers import before they say ready (configured, then
+    /// learned; what was found missing or too big is left out).
+    preload: Mutex<Vec<String>>,
 }
 
 impl Pool {
@@ -96,7 +101,18 @@ impl Pool {
             misses: AtomicU64::new(0),
             discarded: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            preload: Mutex::default(),
         }
+    }
+
+    pub(super) fn with_preload(self, list: Vec<String>) -> Self {
+        *self.preload.lock().expect("pool lock") = list;
+        self
+    }
+
+    /// The list the next container of this pool preloads.
+    pub(super) fn preload(&self) -> Vec<String> {
+        self.preload.lock().expect("pool lock").clone()
     }
 
     /// Are this pool's containers of the shape a job with `limits` and `env` needs?
@@ -180,13 +196,30 @@ pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
             return;
         }
         if pool.claim() {
+            let preload = pool.preload();
+            // Preloading refills take CPU for a while (imports): only so many at once over
+            // all pools. The request path never waits for this permit; a closing pool
+            // stops waiting for it.
+            let mut permit = None;
+            while !preload.is_empty() && permit.is_none() {
+                if pool.closed.load(Ordering::SeqCst) {
+                    pool.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    return;
+                }
+                let wait = inner.preloads.slots.acquire();
+                if let Ok(p) = tokio::time::timeout(Duration::from_millis(200), wait).await {
+                    permit = Some(p);
+                }
+            }
             let made = async {
+                let _permit = permit;
                 let mut live = inner
-                    .launch(
+                    .launch_with(
                         &pool.limits,
                         &pool.env,
                         &pool.label,
                         &crate::job::new_job_id(),
+                        &preload,
                     )
                     .await?;
                 live.wait_ready().await?;
@@ -249,5 +282,166 @@ impl std::ops::Add for PoolStats {
             discarded: self.discarded + o.discarded,
             ready: self.ready + o.ready,
         }
+    }
+}
+
+/// What preloading shares over all pools of a backend: how many preloading refills may run
+/// at once, and what was learned per pool key (tenant, or the shared pool) and environment.
+pub(super) struct Preloads {
+    pub(super) slots: tokio::sync::Semaphore,
+    learner: Mutex<Learner<(String, RunEnv)>>,
+}
+
+/// Preloading refills at once over all pools: one per core. Their containers wait at a
+/// quarter of the default CPU weight (see `launch`), so under contention the runs get the
+/// CPU first; the bound keeps many pools (tenants) from importing all at once.
+pub(super) fn preload_slots() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .max(1)
+}
+
+impl Preloads {
+    pub(super) fn new(config: &PreloadConfig) -> Self {
+        Preloads {
+            slots: tokio::sync::Semaphore::new(preload_slots()),
+            learner: Mutex::new(Learner::new(config.learn_max)),
+        }
+    }
+
+    fn learner(&self) -> std::sync::MutexGuard<'_, Learner<(String, RunEnv)>> {
+        self.learner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The preload list of the pool `key` with `env`: the configured modules, then the
+    /// learned ones, less what this key found missing or too big.
+    pub(super) fn list_for(&self, config: &PreloadConfig, key: &str, env: &RunEnv) -> Vec<String> {
+        let k = (key.to_string(), env.clone());
+        let learner = self.learner();
+        let banned = learner.banned(&k);
+        let mut out: Vec<String> = Vec::new();
+        let learned = if config.learn {
+            learner.learned(&k)
+        } else {
+            Vec::new()
+        };
+        for n in config.modules_for(key).iter().chain(learned.iter()) {
+            if !banned.contains(n) && !out.contains(n) {
+                out.push(n.clone());
+            }
+        }
+        out
+    }
+
+    /// The modules learned for the pool `key` with `env` (for tests and the docs' example).
+    pub(super) fn learned(&self, key: &str, env: &RunEnv) -> Vec<String> {
+        self.learner().learned(&(key.to_string(), env.clone()))
+    }
+}
+
+impl DockerBackend {
+    /// The key of the pool a job of `job.tenant` takes from.
+    fn pool_key<'a>(&self, job: &'a JobSpec) -> &'a str {
+        if self.inner.config.pool_per_tenant {
+            &job.tenant
+        } else {
+            SHARED_POOL
+        }
+    }
+
+    /// What a run's report says about preloading: a pool container's preload (modules
+    /// missing from the environment, or dropped because they failed or did not fit under
+    /// the memory budget, are left out of that pool's list from now on, said once in the
+    /// log), and the modules the run imported (learned for its tenant and environment).
+    pub(super) fn observe_preload(&self, job: &JobSpec, pooled: bool, report: &Report) {
+        let config = &self.inner.config.preload;
+        if self.inner.config.pool_size == 0 || !config.enabled() {
+            return;
+        }
+        let key = self.pool_key(job).to_string();
+        let k = (key.clone(), job.env.clone());
+        let mut changed = false;
+        if let (true, Some(p)) = (pooled, report.preload.as_deref()) {
+            let mut learner = self.inner.preloads.learner();
+            let banned = learner.banned(&k);
+            let fresh: Vec<String> = p
+                .missing
+                .iter()
+                .chain(p.dropped.iter())
+                .filter(|n| !banned.contains(*n))
+                .take(32)
+                .cloned()
+                .collect();
+            if !fresh.is_empty() {
+                let missing: Vec<&String> =
+                    fresh.iter().filter(|n| p.missing.contains(n)).collect();
+                let dropped: Vec<&String> =
+                    fresh.iter().filter(|n| p.dropped.contains(n)).collect();
+                if !missing.is_empty() {
+                    tracing::info!(pool = %key, modules = ?missing, "preload: not in the environment, skipped from now on");
+                }
+                if !dropped.is_empty() {
+                    tracing::warn!(pool = %key, modules = ?dropped, memory_percent = config.memory_percent, "preload: dropped for this pool (did not fit under its memory limit, or failed at import)");
+                }
+                learner.ban(&k, &fresh);
+                changed = true;
+            }
+        }
+        // What the configured list preloads anyway is not learned (`matplotlib` is
+        // covered by `matplotlib.pyplot`, `numpy.linalg` by `numpy`).
+        let configured = config.modules_for(&key);
+        let imported: Vec<String> = report
+            .imported
+            .iter()
+            .filter(|n| {
+                !configured.iter().any(|m| {
+                    m == *n || m.starts_with(&format!("{n}.")) || n.starts_with(&format!("{m}."))
+                })
+            })
+            .cloned()
+            .collect();
+        if config.learn
+            && !imported.is_empty()
+            && self
+                .inner
+                .preloads
+                .learner()
+                .observe(&k, &imported)
+                .is_some()
+        {
+            tracing::info!(pool = %key, learned = ?self.inner.preloads.learned(&key, &job.env), "preload: learned modules changed");
+            changed = true;
+        }
+        if changed {
+            let pools = self.pools();
+            if let Some((h, _)) = pools.get(&key) {
+                if h.pool.env == job.env {
+                    let list = self.inner.preloads.list_for(config, &key, &job.env);
+                    *h.pool.preload.lock().expect("pool lock") = list;
+                }
+            }
+        }
+    }
+
+    /// The preload list the pool of `tenant` (the shared pool's key without per-tenant
+    /// pools) makes its next container with; `None` without such a pool.
+    pub fn preload_list(&self, tenant: &str) -> Option<Vec<String>> {
+        let key = if self.inner.config.pool_per_tenant {
+            tenant
+        } else {
+            SHARED_POOL
+        };
+        self.pools().get(key).map(|(h, _)| h.pool.preload())
+    }
+
+    /// The modules learned for the pool of `tenant` with `env`.
+    pub fn learned_preloads(&self, tenant: &str, env: &RunEnv) -> Vec<String> {
+        let key = if self.inner.config.pool_per_tenant {
+            tenant
+        } else {
+            SHARED_POOL
+        };
+        self.inner.preloads.learned(key, env)
     }
 }

@@ -99,6 +99,21 @@ pub struct ServeCmd {
     /// Sandboxes kept started and waiting for a run (0 turns the warm pool off).
     #[arg(long, env = vars::MCP_EXECUTOR_POOL_SIZE, default_value_t = config::defaults::POOL_SIZE)]
     pub pool_size: usize,
+    /// Modules a waiting sandbox imports before its run, comma-separated, each only where
+    /// the environment has it (`none`: nothing). See docs/mcp.md "Preloading".
+    #[arg(long, env = vars::MCP_EXECUTOR_PRELOAD, value_parser = parse_preload, default_value = "numpy,pandas,matplotlib.pyplot")]
+    pub preload: PreloadList,
+    /// Learn what to preload from the modules runs import (per tenant and environment);
+    /// `false` turns it off.
+    #[arg(long, env = vars::MCP_EXECUTOR_PRELOAD_LEARN, default_value = "true", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub preload_learn: bool,
+    /// Learned modules added to a pool's preload list, at most.
+    #[arg(long, env = vars::MCP_EXECUTOR_PRELOAD_LEARN_MAX, default_value_t = mcp_code_executor::backend::preload::DEFAULT_LEARN_MAX)]
+    pub preload_learn_max: usize,
+    /// Percent of a sandbox's memory limit its preloaded interpreter may hold; what goes
+    /// past it is dropped for that pool.
+    #[arg(long, env = vars::MCP_EXECUTOR_PRELOAD_MEMORY, default_value_t = mcp_code_executor::backend::preload::DEFAULT_MEMORY_PERCENT, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub preload_memory: u8,
     /// Label put on this server's containers (`io.mcp-code-executor.tenant`).
     #[arg(long, env = vars::MCP_EXECUTOR_TENANT, default_value = config::defaults::TENANT)]
     pub tenant: String,
@@ -204,6 +219,13 @@ impl ServeCmd {
             backend: {
                 let mut b = self.sandbox.config(self.pool_size, &get);
                 b.kubernetes.data_dir = Some(data_dir.clone());
+                b.preload = mcp_code_executor::backend::preload::PreloadConfig {
+                    modules: self.preload.0.clone(),
+                    per_tenant: Default::default(),
+                    learn: self.preload_learn,
+                    learn_max: self.preload_learn_max,
+                    memory_percent: self.preload_memory,
+                };
                 b
             },
             host: config::HostEnv::from_vars(&get),
@@ -310,6 +332,7 @@ impl SandboxOpts {
                     _ => None,
                 },
             },
+            preload: Default::default(),
         }
     }
 }
@@ -430,6 +453,14 @@ pub enum ImageCmd {
     },
     /// Print the image tag this binary uses.
     Name,
+}
+
+/// `--preload`: the module names, parsed as one value.
+#[derive(Debug, Clone)]
+pub struct PreloadList(pub Vec<String>);
+
+fn parse_preload(s: &str) -> Result<PreloadList, String> {
+    mcp_code_executor::backend::preload::parse_modules(s).map(PreloadList)
 }
 
 #[cfg(test)]

@@ -52,6 +52,7 @@ pub async fn connect_with_pool(
                 pool_size: cfg.pool_size,
                 pool_limits,
                 pool_per_tenant: per_tenant,
+                preload: cfg.preload.clone(),
                 ..DockerConfig::new(image.clone())
             };
             if cfg.build_missing {

@@ -194,8 +194,18 @@ async fn start(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Arc<app::Service>> {
     let mut report = BuildReport::new(startup.clone());
+    // Tenants that name their own preload list (docs/mcp.md "Preloading").
+    let mut backend_cfg = cfg.backend.clone();
+    for t in tenants.unwrap_or_default() {
+        if let Some(list) = &t.limits.preload {
+            backend_cfg
+                .preload
+                .per_tenant
+                .insert(t.id.clone(), list.clone());
+        }
+    }
     let sandbox = crate::backend::connect_with_pool(
-        &cfg.backend,
+        &backend_cfg,
         cfg.limits.clone(),
         tenants.is_some(),
         &mut |e| report.event(e),

@@ -1,0 +1,318 @@
+//! Preloading against the real daemon (docs/mcp.md "Preloading"): a pool sandbox's
+//! interpreter imports its list before the job comes, and nothing but time changes. Each
+//! test uses per-tenant pools under its own tenant label, so they run in parallel.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use mcp_code_executor::backend::docker::{DockerBackend, DockerConfig};
+use mcp_code_executor::backend::image;
+use mcp_code_executor::backend::preload::PreloadConfig;
+use mcp_code_executor::backend::Backend;
+use mcp_code_executor::job::{JobSpec, Limits, Outcome, RunEnv};
+
+const PANDAS: &str = "import pandas as pd\n\
+df = pd.DataFrame({'a': [1, 2, 3], 'b': [0.5, 1.5, 2.5]})\n\
+print(df.sum().a)\n\
+print(df.describe().to_string())\n";
+
+/// Is `module` already imported when the user's code starts? The one thing a preload lets
+/// the code see (besides time): how these tests know the preload happened.
+fn probe(module: &str) -> String {
+    format!("import sys\nprint('PRELOADED' if {module:?} in sys.modules else 'COLD')\n")
+}
+
+fn modules(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+/// A backend with one pool per tenant of `size` sandboxes preloading `preload`.
+async fn backend(preload: PreloadConfig, size: usize) -> DockerBackend {
+    common::sandbox().await; // the image is there
+    let config = DockerConfig {
+        pool_size: size,
+        pool_per_tenant: true,
+        preload,
+        ..DockerConfig::new(image::default_image())
+    };
+    DockerBackend::connect(config).await.expect("docker")
+}
+
+/// Run `code` for `tenant` as a usual run (it keeps the tenant's pool warm).
+async fn run(s: &DockerBackend, tenant: &str, code: &str, limits: &Limits) -> Outcome {
+    let mut job = JobSpec::python(code, limits.clone());
+    job.tenant = tenant.to_string();
+    job.keep_warm = true;
+    s.run(job, None)
+        .await
+        .unwrap_or_else(|e| panic!("infrastructure error running {code:?}: {e}"))
+}
+
+/// Wait until the tenant's pool has a waiting sandbox (made with its current list).
+async fn wait_warm(s: &DockerBackend) {
+    let t = Instant::now();
+    loop {
+        let st = s.pool_stats().expect("pool on");
+        if st.ready >= 1 {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "the pool never filled: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A run from a warm pool sandbox: the pool is started by a first run, filled, then used.
+async fn warm_run(s: &DockerBackend, tenant: &str, code: &str, limits: &Limits) -> Outcome {
+    wait_warm(s).await;
+    let hits = s.pool_stats().expect("pool on").hits;
+    let o = run(s, tenant, code, limits).await;
+    assert_eq!(
+        s.pool_stats().expect("pool on").hits,
+        hits + 1,
+        "the run did not come from the pool"
+    );
+    o
+}
+
+fn ok(o: &Outcome) -> String {
+    assert!(o.success(), "{o:?}");
+    o.stdout_text()
+}
+
+#[tokio::test]
+async fn a_preloaded_pandas_run_gives_the_same_output_as_a_cold_one() {
+    let tenant = "t-preload-same";
+    let _clean = common::remove_on_drop(tenant);
+    let limits = Limits::default();
+    let cold = common::sandbox().await;
+    let s = backend(PreloadConfig::server_default(), 1).await;
+    // The first run starts the tenant's pool (it runs cold itself).
+    assert_eq!(
+        ok(&run(&s, tenant, &probe("pandas"), &limits).await).trim(),
+        "COLD"
+    );
+    assert_eq!(
+        ok(&warm_run(&s, tenant, &probe("pandas"), &limits).await).trim(),
+        "PRELOADED"
+    );
+
+    let warm = warm_run(&s, tenant, PANDAS, &limits).await;
+    let mut job = JobSpec::python(PANDAS, limits.clone());
+    job.tenant = tenant.to_string();
+    let reference = cold.run(job, None).await.expect("cold run");
+    assert_eq!(ok(&warm), ok(&reference));
+    assert_eq!(warm.stderr, reference.stderr);
+
+    // The figure: the sandbox's backend and show() hook as without preloading.
+    let fig =
+        "import matplotlib\nimport matplotlib.pyplot as plt\nprint(matplotlib.get_backend())\n\
+plt.plot([1, 2, 3]); plt.show()\nprint(plt.get_fignums())\n";
+    let warm = warm_run(&s, tenant, fig, &limits).await;
+    let mut job = JobSpec::python(fig, limits.clone());
+    job.tenant = tenant.to_string();
+    let reference = cold.run(job, None).await.expect("cold run");
+    assert_eq!(ok(&warm), ok(&reference));
+    assert_eq!(warm.artifacts.len(), 1, "{warm:?}");
+    assert_eq!(reference.artifacts.len(), 1);
+    assert!(warm.artifacts[0].data.starts_with(b"\x89PNG"));
+
+    s.shutdown().await;
+    common::assert_clean(&s, tenant).await;
+    common::assert_clean(&cold, tenant).await;
+}
+
+#[tokio::test]
+async fn two_sandboxes_print_different_random_numbers() {
+    let tenant = "t-preload-random";
+    let _clean = common::remove_on_drop(tenant);
+    let limits = Limits::default();
+    let s = backend(
+        PreloadConfig {
+            modules: modules(&["numpy"]),
+            ..PreloadConfig::off()
+        },
+        2,
+    )
+    .await;
+    run(&s, tenant, "pass", &limits).await;
+    let code =
+        "import sys\nprint('numpy' in sys.modules)\nimport numpy as np\nprint(np.random.rand())\n";
+    let a = ok(&warm_run(&s, tenant, code, &limits).await);
+    let b = ok(&warm_run(&s, tenant, code, &limits).await);
+    assert!(
+        a.starts_with("True\n") && b.starts_with("True\n"),
+        "{a} {b}"
+    );
+    assert_ne!(a, b, "two sandboxes drew the same numbers");
+    s.shutdown().await;
+    common::assert_clean(&s, tenant).await;
+}
+
+#[tokio::test]
+async fn a_module_missing_from_the_environment_does_not_fail_a_run() {
+    let tenant = "t-preload-missing";
+    let _clean = common::remove_on_drop(tenant);
+    let limits = Limits::default();
+    let s = backend(
+        PreloadConfig {
+            modules: modules(&["no_such_module_xyz", "numpy", "no_such_pkg.sub"]),
+            ..PreloadConfig::off()
+        },
+        1,
+    )
+    .await;
+    run(&s, tenant, "pass", &limits).await;
+    let o = warm_run(&s, tenant, &probe("numpy"), &limits).await;
+    assert_eq!(ok(&o).trim(), "PRELOADED");
+    assert!(o.stderr.is_empty(), "{}", o.stderr_text());
+    // The pool says it once and preloads only what the environment has from then on.
+    assert_eq!(s.preload_list(tenant), Some(modules(&["numpy"])));
+    let o = warm_run(&s, tenant, "import no_such_module_xyz", &limits).await;
+    assert!(!o.success());
+    assert!(o.stderr_text().contains("ModuleNotFoundError"), "{o:?}");
+    s.shutdown().await;
+    common::assert_clean(&s, tenant).await;
+}
+
+#[tokio::test]
+async fn a_preload_that_does_not_fit_under_max_memory_is_dropped_without_failing_runs() {
+    let tenant = "t-preload-memory";
+    let _clean = common::remove_on_drop(tenant);
+    // A tenant's max_memory of 64m: half of it is the preload's budget, which numpy fits
+    // (about 15 MiB here) and numpy + pandas (about 38 MiB) do not.
+    let limits = Limits {
+        memory_bytes: 64 << 20,
+        ..Limits::default()
+    };
+    let s = backend(PreloadConfig::server_default(), 1).await;
+    run(&s, tenant, "pass", &limits).await;
+    let o = warm_run(&s, tenant, &probe("pandas"), &limits).await;
+    assert_eq!(
+        ok(&o).trim(),
+        "COLD",
+        "pandas was preloaded over the budget"
+    );
+    let list = s.preload_list(tenant).expect("the tenant's pool");
+    assert!(
+        !list.contains(&"pandas".to_string()) && !list.contains(&"matplotlib.pyplot".to_string()),
+        "{list:?}"
+    );
+    // The runs go on, and the code may still import what was dropped.
+    let o = warm_run(&s, tenant, PANDAS, &limits).await;
+    assert!(ok(&o).starts_with("6.0\n"), "{o:?}");
+
+    // A list that does not fit at all (1% of the limit): nothing is preloaded, runs work.
+    let s2 = backend(
+        PreloadConfig {
+            modules: modules(&["numpy"]),
+            memory_percent: 1,
+            ..PreloadConfig::off()
+        },
+        1,
+    )
+    .await;
+    let tenant2 = "t-preload-memory2";
+    let _clean2 = common::remove_on_drop(tenant2);
+    run(&s2, tenant2, "pass", &limits).await;
+    let o = warm_run(&s2, tenant2, &probe("numpy"), &limits).await;
+    assert_eq!(ok(&o).trim(), "COLD");
+    assert_eq!(s2.preload_list(tenant2), Some(Vec::new()));
+    s.shutdown().await;
+    s2.shutdown().await;
+    common::assert_clean(&s, tenant).await;
+    common::assert_clean(&s2, tenant2).await;
+}
+
+#[tokio::test]
+async fn learned_modules_appear_after_runs_import_them_and_never_one_the_environment_lacks() {
+    let tenant = "t-preload-learn";
+    let _clean = common::remove_on_drop(tenant);
+    let limits = Limits::default();
+    let s = backend(
+        PreloadConfig {
+            learn: true,
+            ..PreloadConfig::off()
+        },
+        1,
+    )
+    .await;
+    let env = RunEnv::default();
+    // A module of the workspace, the standard library, modules nobody has (one imported,
+    // one only written where an older runner read the imported names), and scipy.stats,
+    // which the image has and no list names.
+    let code = "open('mymod_local.py', 'w').write('X = 1\\n')\n\
+import mymod_local, json\n\
+try:\n    import no_such_module_xyz\nexcept ImportError:\n    pass\n\
+__import__('os').write(4, b'I fakemod_zz\\n')\n\
+import scipy.stats\nprint(scipy.stats.norm.cdf(0))\n";
+    for _ in 0..3 {
+        assert_eq!(ok(&run(&s, tenant, code, &limits).await).trim(), "0.5");
+    }
+    let learned = s.learned_preloads(tenant, &env);
+    assert!(learned.contains(&"scipy.stats".to_string()), "{learned:?}");
+    for bad in [
+        "mymod_local",
+        "json",
+        "os",
+        "no_such_module_xyz",
+        "fakemod_zz",
+    ] {
+        assert!(
+            !learned.contains(&bad.to_string()),
+            "{bad} learned: {learned:?}"
+        );
+    }
+    let list = s.preload_list(tenant).expect("the tenant's pool");
+    assert!(list.contains(&"scipy.stats".to_string()), "{list:?}");
+    // The pool's next sandboxes preload it: wait until one made with the new list waits
+    // (the one made before may still be there: use it up).
+    let mut preloaded = false;
+    for _ in 0..3 {
+        let o = warm_run(&s, tenant, &probe("scipy.stats"), &limits).await;
+        if ok(&o).trim() == "PRELOADED" {
+            preloaded = true;
+            break;
+        }
+    }
+    assert!(preloaded, "scipy.stats was never preloaded");
+    s.shutdown().await;
+    common::assert_clean(&s, tenant).await;
+}
+
+#[tokio::test]
+async fn a_session_opened_on_a_pool_sandbox_has_its_first_cell_preloaded() {
+    let tenant = "t-preload-session";
+    let _clean = common::remove_on_drop(tenant);
+    let limits = Limits::default();
+    let s = backend(PreloadConfig::server_default(), 1).await;
+    run(&s, tenant, "pass", &limits).await;
+    wait_warm(&s).await;
+    let hits = s.pool_stats().expect("pool on").hits;
+    let mut job = JobSpec::python("", limits.clone());
+    job.files.clear();
+    job.tenant = tenant.to_string();
+    job.keep_warm = true;
+    let mut session = s.open_session(job).await.expect("session");
+    assert_eq!(s.pool_stats().expect("pool on").hits, hits + 1);
+    let o = session
+        .exec(&probe("pandas"), Duration::from_secs(60), None)
+        .await
+        .expect("cell");
+    assert_eq!(ok(&o).trim(), "PRELOADED");
+    let o = session
+        .exec(
+            "import pandas as pd\npd.DataFrame({'a': [1, 2]}).sum().a",
+            Duration::from_secs(60),
+            None,
+        )
+        .await
+        .expect("cell");
+    assert_eq!(ok(&o), "3\n");
+    drop(session);
+    s.shutdown().await;
+    common::assert_clean(&s, tenant).await;
+}
