@@ -344,7 +344,7 @@ pub fn escaped_len(s: &str) -> usize {
 }
 
 /// The longest prefix of `s` whose JSON-escaped length is at most `max`, on a char boundary.
-fn prefix_within(s: &str, max: usize) -> &str {
+pub(crate) fn prefix_within(s: &str, max: usize) -> &str {
     let mut used = 2;
     for (i, c) in s.char_indices() {
         let w = match c {

@@ -11,7 +11,7 @@
 use base64::Engine as _;
 use rmcp::model::{ContentBlock, ErrorData, Resource, ResourceContents};
 
-use super::report::{budget, escaped_len};
+use super::report::budget;
 
 /// The scheme and authority of every URI this server serves.
 pub const PREFIX: &str = "workspace://sessions/";
@@ -139,18 +139,16 @@ pub fn pages(name: &str, data: &[u8]) -> Vec<(usize, usize)> {
 fn page_end(name: &str, data: &[u8], offset: usize) -> usize {
     if is_text(name, data) {
         let text = std::str::from_utf8(data).unwrap_or_default();
-        let mut end = (offset + PAGE).min(text.len());
-        while !text.is_char_boundary(end) {
-            end -= 1;
+        let mut start = offset.min(text.len());
+        while !text.is_char_boundary(start) {
+            start -= 1;
         }
-        while end > offset && escaped_len(&text[offset..end]) > PAGE {
-            let mut cut = offset + (end - offset) * 3 / 4;
-            while !text.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            end = cut;
-        }
-        end.max((offset + 1).min(text.len()))
+        let chunk = super::report::prefix_within(&text[start..], PAGE);
+        // At least one character, so that paging always moves on.
+        let len = chunk
+            .len()
+            .max(text[start..].chars().next().map_or(0, char::len_utf8));
+        start + len
     } else {
         (offset + PAGE / 4 * 3).min(data.len())
     }
@@ -311,6 +309,11 @@ mod tests {
             }
         }
         assert_eq!(joined, data);
+        // Text that escapes to six times its size pages as few pages as it needs.
+        let ctl = "\u{1}".repeat(300_000);
+        let ps = pages("ctl.txt", ctl.as_bytes());
+        assert_eq!(ps.len(), 3, "{ps:?}");
+        assert_eq!(ps.iter().map(|p| p.1).sum::<usize>(), ctl.len());
         // The whole-file URI of a large file gives its first page and names the next.
         let u = uri("s_a", "out.txt", None);
         let c = contents(&u, &parse(&u).unwrap(), data).unwrap();

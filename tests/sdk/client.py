@@ -106,7 +106,7 @@ async def exercise_state(client, label):
 
     # 3 MB of stdout: the SDK refuses an event over 1 MiB, so this must come back smaller.
     # (The sandbox keeps 1 MiB of each stream, its output limit; the result carries less.)
-    r = await client.call_tool("execute_code", {
+    r = big = await client.call_tool("execute_code", {
         "code": "print('head-marker'); print('x' * 3_000_000)", "session_id": sid})
     t = text_of(r)
     check(len(t) < 512 * 1024 and "head-marker" in t and "bytes not shown" in t
@@ -120,7 +120,7 @@ async def exercise_state(client, label):
 
     # The whole stdout (up to the output limit) as resources: resource_link blocks whose
     # URIs resources/read serves, each answer under the SDK's 1 MiB event limit.
-    links = [c for c in r.content if getattr(c, "type", "") == "resource_link"]
+    links = [c for c in big.content if getattr(c, "type", "") == "resource_link"]
     prefix = f"workspace://sessions/{sid}/{kept}"
     check(links and all(str(l.uri).startswith(prefix) for l in links),
           f"{label}: resource links to the kept stdout", [str(l.uri) for l in links])
