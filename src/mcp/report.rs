@@ -148,23 +148,27 @@ impl RunReport {
         keep
     }
 
-    /// The session this call used, and what was kept in its workspace (`Err`: why not).
-    pub fn kept(mut self, session: Option<&str>, kept: Result<Vec<String>, String>) -> Self {
+    /// The session this call used, what was kept in its workspace, and why something was
+    /// not (`refused`).
+    pub fn kept(
+        mut self,
+        session: Option<&str>,
+        names: Vec<String>,
+        refused: Option<String>,
+    ) -> Self {
         self.session_id = session.map(str::to_string);
-        match kept {
-            Ok(names) => {
-                self.kept_names = names.clone();
-                for n in names {
-                    if n == kept_name("stdout") {
-                        self.stdout_file = Some(n);
-                    } else if n == kept_name("stderr") {
-                        self.stderr_file = Some(n);
-                    }
-                }
+        for n in &names {
+            if *n == kept_name("stdout") {
+                self.stdout_file = Some(n.clone());
+            } else if *n == kept_name("stderr") {
+                self.stderr_file = Some(n.clone());
             }
-            Err(e) => self.notes.push(format!(
-                "the whole output could not be kept in the workspace: {e}"
-            )),
+        }
+        self.kept_names = names;
+        if let Some(e) = refused {
+            self.notes.push(format!(
+                "not all of the output could be kept in the workspace: {e}"
+            ));
         }
         self
     }
@@ -534,7 +538,7 @@ mod budget_tests {
         );
         assert_eq!(keep[0].1.len(), o.stdout.len(), "the whole stdout is kept");
         let names = names.iter().map(|n| n.to_string()).collect();
-        let r = report.kept(Some("s_1"), Ok(names)).into_result(None);
+        let r = report.kept(Some("s_1"), names, None).into_result(None);
         let size = serde_json::to_string(&r).unwrap().len();
         assert!(size < budget::MESSAGE, "{size}");
         let text = &r.content[0].as_text().unwrap().text;
@@ -556,7 +560,7 @@ mod budget_tests {
         };
         let r = RunReport::new(&small, 30.0, "<session>".into());
         assert!(r.to_keep().is_empty());
-        let r = r.kept(None, Ok(vec![])).into_result(None);
+        let r = r.kept(None, vec![], None).into_result(None);
         assert_eq!(r.structured_content.unwrap()["stdout"], "42\n");
     }
 }

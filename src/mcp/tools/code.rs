@@ -62,9 +62,9 @@ impl CodeExecutor {
         Ok(match result {
             Ok(done) => {
                 let report = RunReport::new(&done.outcome, secs, file_path);
-                let (session, kept) = self.keep(done.session, report.to_keep()).await;
+                let (session, kept, refused) = self.keep(done.session, report.to_keep()).await;
                 report
-                    .kept(session.as_ref().map(|s| s.handle()), kept)
+                    .kept(session.as_ref().map(|s| s.handle()), kept, refused)
                     .into_result(done.note)
             }
             Err(e) => tool_error(format!(

@@ -114,81 +114,26 @@ impl CodeExecutor {
     }
 
     /// Keep in the workspace what a result cannot carry (opening a session when there is
-    /// none): the session, and the names kept or why not.
+    /// none): the session, the names kept, and why one or more were not (a quota, the
+    /// workspace caps); a refused file does not stop the others.
     async fn keep(
         &self,
         mut session: Option<SessionRef>,
         keep: Keep,
-    ) -> (Option<SessionRef>, Result<Vec<String>, String>) {
+    ) -> (Option<SessionRef>, Vec<String>, Option<String>) {
         let mut names = Vec::new();
+        let mut refused = Vec::new();
         for (name, data) in keep {
             match self.conn.keep_file(session.clone(), &name, &data).await {
                 Ok(s) => {
                     session = Some(s);
                     names.push(name);
                 }
-                Err(e) => return (session, Err(e.to_string())),
+                Err(e) => refused.push(format!("{name}: {e}")),
             }
         }
-        (session, Ok(names))
-    }
-}
-
-impl CodeExecutor {
-    /// Start `request` as a task of this tenant: its run goes on after this request ends,
-    /// until it finishes, its timeout, `tasks/cancel` or shutdown.
-    fn spawn_task(
-        &self,
-        request: rmcp::model::CallToolRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<rmcp::model::Task, ErrorData> {
-        use rmcp::task_manager::{TaskExit, TaskOptions};
-        let asked = request
-            .arguments
-            .as_ref()
-            .and_then(|a| a.get("timeout"))
-            .and_then(serde_json::Value::as_f64);
-        let (run_for, _) = task_timeout(self.executor(), asked)?;
-        let mut ctx = context;
-        // The request's token ends with the request (or its connection); the task's ends
-        // with tasks/cancel or the server's shutdown.
-        ctx.ct = self.executor().shutdown_token().child_token();
-        // Progress notifications would go to a request that is over.
-        ctx.meta = Default::default();
-        ctx.extensions.insert(super::tasks::TaskRun);
-        let this = self.clone();
-        let ttl = super::tasks::ttl(run_for).as_millis() as u64;
-        let options = TaskOptions::new()
-            .with_ttl_ms(ttl)
-            .with_poll_interval_ms(super::tasks::POLL_INTERVAL.as_millis() as u64)
-            .with_status_message(format!("{} is running", request.name));
-        let task = super::tasks::manager(self.executor()).spawn(options, move |tc| {
-            Box::pin(async move {
-                let ct = ctx.ct.clone();
-                let tcc = rmcp::handler::server::tool::ToolCallContext::new(&this, request, ctx);
-                let run = this.tool_router.call(tcc);
-                tokio::pin!(run);
-                let done = tokio::select! {
-                    r = &mut run => r,
-                    _ = tc.cancelled() => {
-                        // The core races every run against this token: the container is
-                        // killed and removed; wait for that before settling.
-                        ct.cancel();
-                        let _ = run.await;
-                        return Err(TaskExit::Cancelled);
-                    }
-                };
-                match done {
-                    Ok(rmcp::model::CallToolResponse::Complete(r)) => Ok(r),
-                    Ok(_) => Err(TaskExit::Error(ErrorData::internal_error(
-                        "the tool gave no final result",
-                        None,
-                    ))),
-                    Err(e) => Err(TaskExit::Error(e)),
-                }
-            })
-        });
-        Ok(task)
+        let why = (!refused.is_empty()).then(|| refused.join("; "));
+        (session, names, why)
     }
 }
 

@@ -98,9 +98,9 @@ impl CodeExecutor {
                     done.timeout.as_secs_f64(),
                     "<session>".into(),
                 );
-                let (session, kept) = self.keep(Some(session), report.to_keep()).await;
+                let (session, kept, refused) = self.keep(Some(session), report.to_keep()).await;
                 Ok(report
-                    .kept(session.as_ref().map(|s| s.handle()), kept)
+                    .kept(session.as_ref().map(|s| s.handle()), kept, refused)
                     .into_result(done.note))
             }
             Err(e) => {
