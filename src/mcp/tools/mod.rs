@@ -137,6 +137,64 @@ impl CodeExecutor {
     }
 }
 
+impl CodeExecutor {
+    /// Start `request` as a task of this tenant: its run goes on after this request ends,
+    /// until it finishes, its timeout, `tasks/cancel` or shutdown.
+    fn spawn_task(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::Task, ErrorData> {
+        use rmcp::task_manager::{TaskExit, TaskOptions};
+        let asked = request
+            .arguments
+            .as_ref()
+            .and_then(|a| a.get("timeout"))
+            .and_then(serde_json::Value::as_f64);
+        let (run_for, _) = task_timeout(self.executor(), asked)?;
+        let mut ctx = context;
+        // The request's token ends with the request (or its connection); the task's ends
+        // with tasks/cancel or the server's shutdown.
+        ctx.ct = self.executor().shutdown_token().child_token();
+        // Progress notifications would go to a request that is over.
+        ctx.meta = Default::default();
+        ctx.extensions.insert(super::tasks::TaskRun);
+        let this = self.clone();
+        let ttl = super::tasks::ttl(run_for).as_millis() as u64;
+        let options = TaskOptions::new()
+            .with_ttl_ms(ttl)
+            .with_poll_interval_ms(super::tasks::POLL_INTERVAL.as_millis() as u64)
+            .with_status_message(format!("{} is running", request.name));
+        let task = super::tasks::manager(self.executor()).spawn(options, move |tc| {
+            Box::pin(async move {
+                let ct = ctx.ct.clone();
+                let tcc = rmcp::handler::server::tool::ToolCallContext::new(&this, request, ctx);
+                let run = this.tool_router.call(tcc);
+                tokio::pin!(run);
+                let done = tokio::select! {
+                    r = &mut run => r,
+                    _ = tc.cancelled() => {
+                        // The core races every run against this token: the container is
+                        // killed and removed; wait for that before settling.
+                        ct.cancel();
+                        let _ = run.await;
+                        return Err(TaskExit::Cancelled);
+                    }
+                };
+                match done {
+                    Ok(rmcp::model::CallToolResponse::Complete(r)) => Ok(r),
+                    Ok(_) => Err(TaskExit::Error(ErrorData::internal_error(
+                        "the tool gave no final result",
+                        None,
+                    ))),
+                    Err(e) => Err(TaskExit::Error(e)),
+                }
+            })
+        });
+        Ok(task)
+    }
+}
+
 /// What a tool says when a stateless request names no session for a call that only reads
 /// one.
 pub(crate) const NO_SESSION: &str = "no session was named: this client keeps no connection between calls (MCP 2026-07-28 over HTTP), \
