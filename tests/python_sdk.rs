@@ -4,8 +4,11 @@
 //! a non-zero exit as `isError`), then with the SDK's `Client` in its default mode (over
 //! HTTP: protocol 2026-07-28, no protocol session, each request on its own) and in legacy
 //! mode: `x = 41` then `x + 1` with the returned session_id gives 42, write_file, read_file
-//! and execute_code see the same file, and a 3 MB print comes back (under the SDK's 1 MiB
-//! event limit) as its head and tail with the whole output in the workspace. `scripts/test.sh` makes the SDK's venv; without it this
+//! and execute_code see the same file, a 3 MB print comes back (under the SDK's 1 MiB
+//! event limit) as its head and tail with the whole output in the workspace and as
+//! `resource_link`s whose `resources/read` gives all of it (up to the output limit), and a
+//! 3000x3000 figure's link reads back as a PNG blob. (Tasks: the SDK has no client side for
+//! them; tests/mcp_tasks.rs drives them over raw HTTP.) `scripts/test.sh` makes the SDK's venv; without it this
 //! test fails and says how to make it.
 
 mod common;

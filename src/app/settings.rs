@@ -14,6 +14,9 @@ pub mod defaults {
 
     /// The longest timeout a call may ask for.
     pub const MAX_TIMEOUT: Duration = Duration::from_secs(300);
+    /// The longest timeout a run started as an MCP task may ask for (a task outlives the
+    /// request that started it, so it may run longer than a call a client waits for).
+    pub const MAX_TASK_TIMEOUT: Duration = Duration::from_secs(30 * 60);
     /// Runs at once over all tenants; further calls queue.
     pub const MAX_CONCURRENT: usize = 4;
     /// Large enough that a burst of 100 calls from one client all wait their turn; each
@@ -45,6 +48,8 @@ pub struct Settings {
     pub limits: Limits,
     /// The most a call's `timeout` may ask for.
     pub max_timeout: Duration,
+    /// The most the `timeout` of a run started as an MCP task may ask for.
+    pub max_task_timeout: Duration,
     /// Sandbox image and interpreter, for get_environment_config.
     pub image: String,
     pub python: String,
@@ -123,6 +128,7 @@ impl Settings {
         s.tenant = tenant.id.clone();
         if let Some(m) = t.max_timeout {
             s.max_timeout = s.max_timeout.min(m);
+            s.max_task_timeout = s.max_task_timeout.min(m);
             s.limits.timeout = s.limits.timeout.min(m);
         }
         if let Some(m) = t.max_memory {
@@ -156,6 +162,7 @@ impl Default for Settings {
         Settings {
             limits: Limits::default(),
             max_timeout: defaults::MAX_TIMEOUT,
+            max_task_timeout: defaults::MAX_TASK_TIMEOUT,
             image: crate::backend::image::default_image(),
             python: defaults::IMAGE_PYTHON.into(),
             requested_env_type: None,

@@ -9,6 +9,8 @@ pub mod args;
 pub mod figures;
 pub mod progress;
 pub mod report;
+pub mod resources;
+pub mod tasks;
 pub mod tools;
 pub mod transports;
 

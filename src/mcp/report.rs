@@ -88,6 +88,10 @@ pub struct RunReport {
     #[serde(skip)]
     #[schemars(skip)]
     notes: Vec<String>,
+    /// Names kept in the session's workspace by this call (served as resources).
+    #[serde(skip)]
+    #[schemars(skip)]
+    kept_names: Vec<String>,
 }
 
 /// What a result cannot carry and the workspace should keep: (file name, bytes).
@@ -121,6 +125,7 @@ impl RunReport {
             files: o.files.clone(),
             full: [stdout, stderr],
             notes: Vec::new(),
+            kept_names: Vec::new(),
         }
     }
 
@@ -135,30 +140,35 @@ impl RunReport {
                 keep.push((kept_name(stream), self.full[i].as_bytes().to_vec()));
             }
         }
-        let (_, dropped) = self.fit_images();
-        for i in dropped {
-            let a = &self.images[i];
+        // Every figure: those too large for the result, and the others too, so that
+        // each can be read back as a resource (`resources/read`) or with read_file.
+        for a in &self.images {
             keep.push((a.name.clone(), a.data.clone()));
         }
         keep
     }
 
-    /// The session this call used, and what was kept in its workspace (`Err`: why not).
-    pub fn kept(mut self, session: Option<&str>, kept: Result<Vec<String>, String>) -> Self {
+    /// The session this call used, what was kept in its workspace, and why something was
+    /// not (`refused`).
+    pub fn kept(
+        mut self,
+        session: Option<&str>,
+        names: Vec<String>,
+        refused: Option<String>,
+    ) -> Self {
         self.session_id = session.map(str::to_string);
-        match kept {
-            Ok(names) => {
-                for n in names {
-                    if n == kept_name("stdout") {
-                        self.stdout_file = Some(n);
-                    } else if n == kept_name("stderr") {
-                        self.stderr_file = Some(n);
-                    }
-                }
+        for n in &names {
+            if *n == kept_name("stdout") {
+                self.stdout_file = Some(n.clone());
+            } else if *n == kept_name("stderr") {
+                self.stderr_file = Some(n.clone());
             }
-            Err(e) => self.notes.push(format!(
-                "the whole output could not be kept in the workspace: {e}"
-            )),
+        }
+        self.kept_names = names;
+        if let Some(e) = refused {
+            self.notes.push(format!(
+                "not all of the output could be kept in the workspace: {e}"
+            ));
         }
         self
     }
@@ -228,6 +238,13 @@ impl RunReport {
         for n in &notes {
             text.push_str(&format!("note: {n}\n"));
         }
+        let links = self.links(&full);
+        if !links.is_empty() {
+            text.push_str(&format!(
+                "resources (resource_link blocks after this text; read each with resources/read, or the file with read_file and this session_id): {}\n",
+                super::resources::uris(&links).join(" ")
+            ));
+        }
         let shares_t = shares(&full, budget::TEXT_OUTPUT);
         for i in 0..2 {
             if full[i].is_empty() {
@@ -270,7 +287,45 @@ impl RunReport {
         let mut result = with_structured(text, &self, !self.success);
         super::figures::attach(&mut result, &images);
         result.content.extend(blocks);
+        result.content.extend(links);
         result
+    }
+
+    /// `resource_link` blocks for what this call left in the session's workspace: the whole
+    /// of a stream too long for the result, the figures, the files the code wrote.
+    fn links(&self, full: &[String; 2]) -> Vec<ContentBlock> {
+        use super::resources::links;
+        let Some(handle) = self.session_id.as_deref() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, stream) in ["stdout", "stderr"].into_iter().enumerate() {
+            let name = kept_name(stream);
+            if self.kept_names.contains(&name) {
+                out.extend(links(
+                    handle,
+                    &name,
+                    full[i].as_bytes(),
+                    &format!("the whole {stream} of the run"),
+                ));
+            }
+        }
+        for a in &self.images {
+            if self.kept_names.contains(&a.name) {
+                out.extend(links(handle, &a.name, &a.data, "a figure of the run (PNG)"));
+            }
+        }
+        for f in &self.files {
+            if !self.kept_names.contains(&f.path) {
+                out.extend(links(
+                    handle,
+                    &f.path,
+                    &f.data,
+                    "a file the code wrote to /workspace",
+                ));
+            }
+        }
+        out
     }
 }
 
@@ -293,7 +348,7 @@ pub fn escaped_len(s: &str) -> usize {
 }
 
 /// The longest prefix of `s` whose JSON-escaped length is at most `max`, on a char boundary.
-fn prefix_within(s: &str, max: usize) -> &str {
+pub(crate) fn prefix_within(s: &str, max: usize) -> &str {
     let mut used = 2;
     for (i, c) in s.char_indices() {
         let w = match c {
@@ -483,7 +538,7 @@ mod budget_tests {
         );
         assert_eq!(keep[0].1.len(), o.stdout.len(), "the whole stdout is kept");
         let names = names.iter().map(|n| n.to_string()).collect();
-        let r = report.kept(Some("s_1"), Ok(names)).into_result(None);
+        let r = report.kept(Some("s_1"), names, None).into_result(None);
         let size = serde_json::to_string(&r).unwrap().len();
         assert!(size < budget::MESSAGE, "{size}");
         let text = &r.content[0].as_text().unwrap().text;
@@ -505,7 +560,7 @@ mod budget_tests {
         };
         let r = RunReport::new(&small, 30.0, "<session>".into());
         assert!(r.to_keep().is_empty());
-        let r = r.kept(None, Ok(vec![])).into_result(None);
+        let r = r.kept(None, vec![], None).into_result(None);
         assert_eq!(r.structured_content.unwrap()["stdout"], "42\n");
     }
 }

@@ -4,8 +4,9 @@ flow, a refused traversal, an unknown tool (with the SDK's `ClientSession` and t
 `initialize` handshake); then state and size with the SDK's `Client`, in its default mode
 (which negotiates 2026-07-28 where the server offers it: over HTTP, no protocol session at
 all) and in its legacy mode: `x = 41` then `x + 1` with the returned session_id, a workspace
-file seen by write_file, read_file and execute_code, and a 3 MB print that comes back as its
-head and tail with the rest in the workspace. Exits 0 when every check held, else prints
+file seen by write_file, read_file and execute_code, a 3 MB print that comes back as its
+head and tail with the rest in the workspace and as resource links that resources/read serves,
+and a 3000x3000 figure whose resource link reads back as a PNG. Exits 0 when every check held, else prints
 what failed and exits 1.
 
     python client.py http  http://127.0.0.1:PORT/mcp
@@ -105,7 +106,7 @@ async def exercise_state(client, label):
 
     # 3 MB of stdout: the SDK refuses an event over 1 MiB, so this must come back smaller.
     # (The sandbox keeps 1 MiB of each stream, its output limit; the result carries less.)
-    r = await client.call_tool("execute_code", {
+    r = big = await client.call_tool("execute_code", {
         "code": "print('head-marker'); print('x' * 3_000_000)", "session_id": sid})
     t = text_of(r)
     check(len(t) < 512 * 1024 and "head-marker" in t and "bytes not shown" in t
@@ -116,6 +117,36 @@ async def exercise_state(client, label):
     page = r.structured_content
     check(not r.is_error and page["content"].startswith("head-marker") and page.get("next_offset"),
           f"{label}: the kept stdout pages with read_file", text_of(r)[:500])
+
+    # The whole stdout (up to the output limit) as resources: resource_link blocks whose
+    # URIs resources/read serves, each answer under the SDK's 1 MiB event limit.
+    links = [c for c in big.content if getattr(c, "type", "") == "resource_link"]
+    prefix = f"workspace://sessions/{sid}/{kept}"
+    check(links and all(str(l.uri).startswith(prefix) for l in links),
+          f"{label}: resource links to the kept stdout", [str(l.uri) for l in links])
+    check(str(links[0].uri) in t, f"{label}: the text names the resource URIs", t[-800:])
+    whole = ""
+    for link in links:
+        rr = await client.read_resource(str(link.uri))
+        whole += rr.contents[0].text
+    check(whole.startswith("head-marker\n") and len(whole) >= 1_000_000
+          and set(whole[len("head-marker\n"):].rstrip("\n")) == {"x"},
+          f"{label}: resources/read gives the whole kept stdout", (len(whole), whole[:40]))
+
+    # A 3000x3000 figure: an image that fits, and a resource link resources/read serves as a PNG blob.
+    r = await client.call_tool("execute_code", {
+        "code": "import matplotlib.pyplot as plt\nplt.figure(figsize=(30, 30), dpi=100)\n"
+                "plt.plot([1, 2, 3])\nplt.show()", "session_id": sid})
+    check(not r.is_error, f"{label}: a 3000x3000 figure", text_of(r))
+    pngs = [c for c in r.content if getattr(c, "type", "") == "resource_link"
+            and str(c.uri).endswith(".png")]
+    check(len(pngs) == 1 and pngs[0].mime_type == "image/png",
+          f"{label}: a resource link to the figure", [str(c.uri) for c in pngs])
+    rr = await client.read_resource(str(pngs[0].uri))
+    import base64
+    blob = base64.b64decode(rr.contents[0].blob)
+    check(blob.startswith(b"\x89PNG\r\n\x1a\n") and rr.contents[0].mime_type == "image/png",
+          f"{label}: resources/read gives the PNG", blob[:16])
 
     r = await client.call_tool("read_file", {"path": "hello.txt", "session_id": "s_" + "0" * 32})
     check(r.is_error and "not found" in text_of(r), f"{label}: an unknown session_id", text_of(r))

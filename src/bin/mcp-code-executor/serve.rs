@@ -236,6 +236,7 @@ async fn start(
     let settings = app::Settings {
         limits: cfg.limits.clone(),
         max_timeout: cfg.max_timeout,
+        max_task_timeout: app::settings::defaults::MAX_TASK_TIMEOUT,
         image: cfg
             .backend
             .image

@@ -62,9 +62,9 @@ impl CodeExecutor {
         Ok(match result {
             Ok(done) => {
                 let report = RunReport::new(&done.outcome, secs, file_path);
-                let (session, kept) = self.keep(done.session, report.to_keep()).await;
+                let (session, kept, refused) = self.keep(done.session, report.to_keep()).await;
                 report
-                    .kept(session.as_ref().map(|s| s.handle()), kept)
+                    .kept(session.as_ref().map(|s| s.handle()), kept, refused)
                     .into_result(done.note)
             }
             Err(e) => tool_error(format!(
@@ -93,7 +93,7 @@ impl CodeExecutor {
         Args(a): Args<args::ExecuteCode>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let timeout = timeout(self.executor(), a.timeout)?;
+        let timeout = timeout(self.executor(), a.timeout, &ctx)?;
         let session = match self.session(a.session_id.as_deref(), &ctx, false) {
             Ok(s) => s,
             Err(r) => return Ok(r),
@@ -190,7 +190,7 @@ impl CodeExecutor {
         Args(a): Args<args::ExecuteCodeFile>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let timeout = timeout(self.executor(), a.timeout)?;
+        let timeout = timeout(self.executor(), a.timeout, &ctx)?;
         let session = match self.session(a.session_id.as_deref(), &ctx, false) {
             Ok(s) => s,
             Err(r) => return Ok(r),

@@ -30,6 +30,10 @@ use crate::app::{AppError, Connection, Executor, SessionRef, Wanted};
 pub struct CodeExecutor {
     conn: Arc<Connection>,
     tool_router: ToolRouter<CodeExecutor>,
+    /// The least severe log level the client asked for (`logging/setLevel`); the server
+    /// sends no log notifications today, so none goes below it.
+    #[allow(deprecated)]
+    log_level: Arc<std::sync::Mutex<Option<rmcp::model::LoggingLevel>>>,
 }
 
 impl CodeExecutor {
@@ -38,6 +42,7 @@ impl CodeExecutor {
         CodeExecutor {
             conn: Arc::new(conn),
             tool_router: Self::routes(),
+            log_level: Arc::default(),
         }
     }
 
@@ -51,14 +56,23 @@ impl CodeExecutor {
         Self::routes().list_all()
     }
 
-    /// What `initialize` answers (name, version, capabilities, instructions).
+    /// What `initialize` answers (name, version, capabilities, instructions). Logging is
+    /// declared for the revisions that have it (deprecated by 2026-07-28, hence the allow).
+    #[allow(deprecated)]
     pub fn server_info() -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new(
-                "mcp-code-executor",
-                env!("CARGO_PKG_VERSION"),
-            ))
-            .with_instructions(INSTRUCTIONS)
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_logging()
+                .enable_resources()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+        .with_server_info(Implementation::new(
+            "mcp-code-executor",
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .with_instructions(INSTRUCTIONS)
     }
 
     /// A handler on a new connection to `executor`.
@@ -100,23 +114,84 @@ impl CodeExecutor {
     }
 
     /// Keep in the workspace what a result cannot carry (opening a session when there is
-    /// none): the session, and the names kept or why not.
+    /// none): the session, the names kept, and why one or more were not (a quota, the
+    /// workspace caps); a refused file does not stop the others.
     async fn keep(
         &self,
         mut session: Option<SessionRef>,
         keep: Keep,
-    ) -> (Option<SessionRef>, Result<Vec<String>, String>) {
+    ) -> (Option<SessionRef>, Vec<String>, Option<String>) {
         let mut names = Vec::new();
+        let mut refused = Vec::new();
         for (name, data) in keep {
             match self.conn.keep_file(session.clone(), &name, &data).await {
                 Ok(s) => {
                     session = Some(s);
                     names.push(name);
                 }
-                Err(e) => return (session, Err(e.to_string())),
+                Err(e) => refused.push(format!("{name}: {e}")),
             }
         }
-        (session, Ok(names))
+        let why = (!refused.is_empty()).then(|| refused.join("; "));
+        (session, names, why)
+    }
+}
+
+impl CodeExecutor {
+    /// Start `request` as a task of this tenant: its run goes on after this request ends,
+    /// until it finishes, its timeout, `tasks/cancel` or shutdown.
+    fn spawn_task(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::Task, ErrorData> {
+        use rmcp::task_manager::{TaskExit, TaskOptions};
+        let asked = request
+            .arguments
+            .as_ref()
+            .and_then(|a| a.get("timeout"))
+            .and_then(serde_json::Value::as_f64);
+        let (run_for, _) = task_timeout(self.executor(), asked)?;
+        let mut ctx = context;
+        // The request's token ends with the request (or its connection); the task's ends
+        // with tasks/cancel or the server's shutdown.
+        ctx.ct = self.executor().shutdown_token().child_token();
+        // Progress notifications would go to a request that is over.
+        ctx.meta = Default::default();
+        ctx.extensions.insert(super::tasks::TaskRun);
+        let this = self.clone();
+        let ttl = super::tasks::ttl(run_for).as_millis() as u64;
+        let options = TaskOptions::new()
+            .with_ttl_ms(ttl)
+            .with_poll_interval_ms(super::tasks::POLL_INTERVAL.as_millis() as u64)
+            .with_status_message(format!("{} is running", request.name));
+        let task = super::tasks::manager(self.executor()).spawn(options, move |tc| {
+            Box::pin(async move {
+                let ct = ctx.ct.clone();
+                let tcc = rmcp::handler::server::tool::ToolCallContext::new(&this, request, ctx);
+                let run = this.tool_router.call(tcc);
+                tokio::pin!(run);
+                let done = tokio::select! {
+                    r = &mut run => r,
+                    _ = tc.cancelled() => {
+                        // The core races every run against this token: the container is
+                        // killed and removed; wait for that before settling.
+                        ct.cancel();
+                        let _ = run.await;
+                        return Err(TaskExit::Cancelled);
+                    }
+                };
+                match done {
+                    Ok(rmcp::model::CallToolResponse::Complete(r)) => Ok(r),
+                    Ok(_) => Err(TaskExit::Error(ErrorData::internal_error(
+                        "the tool gave no final result",
+                        None,
+                    ))),
+                    Err(e) => Err(TaskExit::Error(e)),
+                }
+            })
+        });
+        Ok(task)
     }
 }
 
@@ -134,13 +209,47 @@ pub(crate) fn answer(e: AppError) -> Result<CallToolResult, ErrorData> {
     }
 }
 
-/// The timeout a call gets, or the protocol error for a bad one.
+/// The timeout a call gets, or the protocol error for a bad one: up to the server's
+/// maximum, or for a run started as a task ([`super::tasks::TaskRun`]) up to the task
+/// maximum.
 fn timeout(
     ex: &Executor,
     asked: Option<f64>,
+    ctx: &RequestContext<RoleServer>,
 ) -> Result<(std::time::Duration, Option<String>), ErrorData> {
+    if ctx.extensions.get::<super::tasks::TaskRun>().is_some() {
+        return task_timeout(ex, asked);
+    }
     ex.timeout(asked)
         .map_err(|e| ErrorData::invalid_params(e.to_string(), None))
+}
+
+/// The timeout of a task run: as asked, capped at the task maximum.
+fn task_timeout(
+    ex: &Executor,
+    asked: Option<f64>,
+) -> Result<(std::time::Duration, Option<String>), ErrorData> {
+    let max = ex.settings().max_task_timeout;
+    let Some(secs) = asked else {
+        return ex
+            .timeout(None)
+            .map_err(|e| ErrorData::invalid_params(e.to_string(), None));
+    };
+    if !secs.is_finite() || secs <= 0.0 {
+        return Err(ErrorData::invalid_params(
+            format!("invalid argument `timeout`: must be a positive number of seconds, got {secs}"),
+            None,
+        ));
+    }
+    let asked = std::time::Duration::from_secs_f64(secs.min(1e9));
+    if asked > max {
+        let note = format!(
+            "timeout {secs} s capped at the maximum of a task run, {} s",
+            max.as_secs_f64()
+        );
+        return Ok((max, Some(note)));
+    }
+    Ok((asked, None))
 }
 
 #[tool_handler(router = self.tool_router)]
@@ -157,12 +266,120 @@ impl ServerHandler for CodeExecutor {
         {
             args::check_known(&request.name, &tool.input_schema, arguments)?;
         }
+        let wants_task = super::tasks::TOOLS.contains(&request.name.as_ref())
+            && context
+                .client_capabilities()
+                .is_some_and(|c| c.supports_tasks());
+        if wants_task {
+            return Ok(rmcp::model::CallToolResponse::Task(
+                rmcp::model::CreateTaskResult::new(self.spawn_task(request, context)?),
+            ));
+        }
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
         self.tool_router.call(tcc).await
     }
 
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
+        let task = super::tasks::manager(self.executor()).get_task(&request.task_id)?;
+        Ok(rmcp::model::GetTaskResult::new(task))
+    }
+
+    /// Stop the task's run (its container is removed) and settle it as `cancelled`.
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        super::tasks::manager(self.executor()).cancel_task(&request.task_id)
+    }
+
+    /// The tools ask no input mid-task: answers are accepted and ignored, as the spec
+    /// says for keys the server does not wait on.
+    async fn update_task(
+        &self,
+        request: rmcp::model::UpdateTaskParams,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        super::tasks::manager(self.executor()).update_task(&request.task_id, Vec::new())
+    }
+
     fn get_info(&self) -> ServerConfig {
         Self::server_info()
+    }
+
+    /// The files of the session's workspace (the connection's own; none for a request
+    /// without a protocol session, which names its session in the URIs results give).
+    async fn list_resources(
+        &self,
+        _request: Option<rmcp::model::PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListResourcesResult, ErrorData> {
+        let session = self
+            .conn
+            .session(Wanted {
+                handle: None,
+                stateless: stateless(&ctx),
+                open: false,
+            })
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        let mut resources = Vec::new();
+        if let Some(s) = session {
+            // A workspace not made yet (no file written) lists nothing.
+            if let Ok(files) = self.conn.list_files(&s, None).await {
+                for (name, size) in files {
+                    resources.push(super::resources::listed(s.handle(), &name, size));
+                }
+            }
+        }
+        Ok(rmcp::model::ListResourcesResult::with_all_items(resources))
+    }
+
+    /// A workspace file named by a URI a result gave (tenant- and session-scoped: another
+    /// tenant's session, an expired one and a missing file are all "resource not found").
+    async fn read_resource(
+        &self,
+        request: rmcp::model::ReadResourceRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ReadResourceResponse, ErrorData> {
+        let _ = &ctx;
+        let not_found = || {
+            ErrorData::resource_not_found(
+                format!("resource not found: {}", request.uri),
+                Some(serde_json::json!({ "uri": request.uri })),
+            )
+        };
+        let parsed = super::resources::parse(&request.uri).ok_or_else(not_found)?;
+        let session = self
+            .conn
+            .session(Wanted {
+                handle: Some(&parsed.handle),
+                stateless: true,
+                open: false,
+            })
+            .map_err(|_| not_found())?
+            .ok_or_else(not_found)?;
+        let (_, data) = self
+            .conn
+            .read_file(&session, &parsed.name)
+            .await
+            .map_err(|_| not_found())?;
+        let contents = super::resources::contents(&request.uri, &parsed, &data)?;
+        Ok(rmcp::model::ReadResourceResult::new(vec![contents]).into())
+    }
+
+    /// Log notifications at or above `level` (the server sends none below it).
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        request: rmcp::model::SetLevelRequestParams,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        *self.log_level.lock().unwrap_or_else(|e| e.into_inner()) = Some(request.level);
+        Ok(())
     }
 }
 

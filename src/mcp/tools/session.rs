@@ -74,7 +74,7 @@ impl CodeExecutor {
     ) -> Result<CallToolResult, ErrorData> {
         crate::storage::check_code_size(&a.code)
             .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
-        let timeout = timeout(self.executor(), a.timeout)?;
+        let timeout = timeout(self.executor(), a.timeout, &ctx)?;
         let session = match self.session(a.session_id.as_deref(), &ctx, true) {
             Ok(Some(s)) => s,
             Ok(None) => return Ok(tool_error(NO_SESSION)),
@@ -98,9 +98,9 @@ impl CodeExecutor {
                     done.timeout.as_secs_f64(),
                     "<session>".into(),
                 );
-                let (session, kept) = self.keep(Some(session), report.to_keep()).await;
+                let (session, kept, refused) = self.keep(Some(session), report.to_keep()).await;
                 Ok(report
-                    .kept(session.as_ref().map(|s| s.handle()), kept)
+                    .kept(session.as_ref().map(|s| s.handle()), kept, refused)
                     .into_result(done.note))
             }
             Err(e) => {

@@ -166,6 +166,62 @@ impl ServerHandler for Deferred {
         self.0.tools.iter().find(|t| t.name == name).cloned()
     }
 
+    // Resources, tasks and logging go to the handler once it is there, like tools/call.
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListResourcesResult, ErrorData> {
+        let executor = self.0.executor(&context).await?;
+        executor.list_resources(request, context).await
+    }
+
+    async fn read_resource(
+        &self,
+        request: rmcp::model::ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ReadResourceResponse, ErrorData> {
+        let executor = self.0.executor(&context).await?;
+        executor.read_resource(request, context).await
+    }
+
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        request: rmcp::model::SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let executor = self.0.executor(&context).await?;
+        executor.set_level(request, context).await
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
+        let executor = self.0.executor(&context).await?;
+        executor.get_task(request, context).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let executor = self.0.executor(&context).await?;
+        executor.cancel_task(request, context).await
+    }
+
+    async fn update_task(
+        &self,
+        request: rmcp::model::UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let executor = self.0.executor(&context).await?;
+        executor.update_task(request, context).await
+    }
+
     fn get_info(&self) -> ServerConfig {
         CodeExecutor::server_info()
     }
