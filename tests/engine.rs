@@ -781,11 +781,12 @@ async fn the_start_up_sweep_removes_only_what_dead_processes_left() {
     // Another host: not ours to judge.
     let elsewhere = create_labelled(&format!("some-other-host/{pid}/1"), "sweep-elsewhere");
     made.0.push(elsewhere.clone());
-    assert!(exists(&dead) && exists(&live) && exists(&elsewhere));
+    // (The dead owner's container is not checked here: any sweep running at the same time,
+    // the start-up sweep of another test's backend among them, may remove it at once.)
+    assert!(exists(&live) && exists(&elsewhere));
 
     s.sweep().await.expect("sweep");
-    // (Another test process's sweep may have removed the dead one first; either way it
-    // is gone, and the others are not.)
+    // Whichever sweep removed the dead one, it is gone, and the others are not.
     assert!(!exists(&dead), "the dead owner's container is still there");
     assert!(exists(&live), "the live owner's container was removed");
     assert!(exists(&elsewhere), "another host's container was removed");
