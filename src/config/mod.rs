@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use crate::job::Limits;
 
+pub mod preload;
 pub mod serve;
 pub mod vars;
 

@@ -135,7 +135,7 @@ pub struct BackendConfig {
     /// The Kubernetes backend's settings (unused by Docker).
     pub kubernetes: KubeSettings,
     /// What waiting sandboxes import before their job (`serve --preload`; off elsewhere).
-    pub preload: crate::backend::preload::PreloadConfig,
+    pub preload: super::preload::PreloadConfig,
 }
 
 /// Settings only the Kubernetes backend reads; the image, the runtime (its

@@ -244,7 +244,7 @@ pub fn parse(text: &str) -> Result<Vec<Tenant>, String> {
             .preload
             .iter()
             .flatten()
-            .find(|n| !crate::backend::preload::valid_name(n))
+            .find(|n| !crate::config::preload::valid_name(n))
         {
             return Err(at(&format!("preload: `{bad}` is not a module name")));
         }

@@ -108,11 +108,11 @@ pub struct ServeCmd {
     #[arg(long, env = vars::MCP_EXECUTOR_PRELOAD_LEARN, default_value = "true", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub preload_learn: bool,
     /// Learned modules added to a pool's preload list, at most.
-    #[arg(long, env = vars::MCP_EXECUTOR_PRELOAD_LEARN_MAX, default_value_t = mcp_code_executor::backend::preload::DEFAULT_LEARN_MAX)]
+    #[arg(long, env = vars::MCP_EXECUTOR_PRELOAD_LEARN_MAX, default_value_t = mcp_code_executor::config::preload::DEFAULT_LEARN_MAX)]
     pub preload_learn_max: usize,
     /// Percent of a sandbox's memory limit its preloaded interpreter may hold; what goes
     /// past it is dropped for that pool.
-    #[arg(long, env = vars::MCP_EXECUTOR_PRELOAD_MEMORY, default_value_t = mcp_code_executor::backend::preload::DEFAULT_MEMORY_PERCENT, value_parser = clap::value_parser!(u8).range(1..=100))]
+    #[arg(long, env = vars::MCP_EXECUTOR_PRELOAD_MEMORY, default_value_t = mcp_code_executor::config::preload::DEFAULT_MEMORY_PERCENT, value_parser = clap::value_parser!(u8).range(1..=100))]
     pub preload_memory: u8,
     /// Label put on this server's containers (`io.mcp-code-executor.tenant`).
     #[arg(long, env = vars::MCP_EXECUTOR_TENANT, default_value = config::defaults::TENANT)]
@@ -219,7 +219,7 @@ impl ServeCmd {
             backend: {
                 let mut b = self.sandbox.config(self.pool_size, &get);
                 b.kubernetes.data_dir = Some(data_dir.clone());
-                b.preload = mcp_code_executor::backend::preload::PreloadConfig {
+                b.preload = mcp_code_executor::config::preload::PreloadConfig {
                     modules: self.preload.0.clone(),
                     per_tenant: Default::default(),
                     learn: self.preload_learn,
@@ -460,7 +460,7 @@ pub enum ImageCmd {
 pub struct PreloadList(pub Vec<String>);
 
 fn parse_preload(s: &str) -> Result<PreloadList, String> {
-    mcp_code_executor::backend::preload::parse_modules(s).map(PreloadList)
+    mcp_code_executor::config::preload::parse_modules(s).map(PreloadList)
 }
 
 #[cfg(test)]
