@@ -110,7 +110,7 @@ fn fork_limits(small: &Limits) -> Limits {
 
 /// What the probe reports: facts only, judged in [`evaluate`].
 const PROBE: &str = r#"
-import ctypes, errno, json, os, resource, socket, stat
+import ctypes, errno, json, os, resource, socket, stat, time
 
 def read(p):
     try:
@@ -198,6 +198,26 @@ def connect(host, port):
     finally:
         s.close()
 
+def burn():
+    # Where no cgroup file shows the CPU quota (gVisor), measure it: two processes busy
+    # for one second of wall time, and the CPU time they were given.
+    start = time.time()
+    pids = []
+    for _ in range(2):
+        pid = os.fork()
+        if pid == 0:
+            while time.time() < start + 1.0:
+                pass
+            os._exit(0)
+        pids.append(pid)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    wall = time.time() - start
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"cpu_s": ru.ru_utime + ru.ru_stime, "wall_s": wall}
+
+CPU = cpu()
+
 print(json.dumps({
     "kernel": {"release": os.uname().release, "version": os.uname().version},
     "prctl": {"no_new_privs": prctl(39), "seccomp": prctl(21)},
@@ -208,7 +228,8 @@ print(json.dumps({
     "rofs_root_owned": {d: try_create(d) for d in ("/", "/etc", "/usr/lib")},
     "status": status(),
     "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
-    "cpu": cpu(),
+    "cpu": CPU,
+    "burn": burn() if CPU["source"] is None else None,
     "memory": memory(),
     "ifaces": sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:]),
     "routes": len(open("/proc/net/route").read().strip().splitlines()[1:]),
@@ -544,10 +565,15 @@ fn evaluate(v: &serde_json::Value, l: &Limits, iso: &Isolation) -> Vec<Check> {
 /// cgroup holds the whole sandbox (gVisor's kernel and the code). runsc sizes the kernel's
 /// memory from that cgroup's limit, so `MemTotal` is the limit when it applied and the
 /// host's memory when not; the memory bomb check shows it enforced. The CPU quota has no
-/// trace inside gVisor at all: it is checked under runc from the same `HostConfig`, and
-/// this says so rather than pass on nothing.
+/// trace inside gVisor, so it is measured: two busy processes must get no more than the
+/// quota (with room for gVisor's own accounting), where without one they get a core each.
 fn gvisor_limits(v: &serde_json::Value, l: &Limits) -> Vec<Check> {
     let total = v["mem_total"].as_u64();
+    let burn = &v["burn"];
+    let cores = match (burn["cpu_s"].as_f64(), burn["wall_s"].as_f64()) {
+        (Some(c), Some(w)) if w > 0.0 => Some(c / w),
+        _ => None,
+    };
     vec![
         Check {
             name: "memory limit",
@@ -560,15 +586,23 @@ fn gvisor_limits(v: &serde_json::Value, l: &Limits) -> Vec<Check> {
         },
         Check {
             name: "cpu quota",
-            // Not verifiable from inside: said so, and counted as passed (see the README's
-            // isolation section).
-            ok: true,
-            detail: "not observable inside gVisor (no cgroup files): applied by the host cgroup \
-                     around the sandbox, from the same HostConfig the runc check verifies"
-                .to_string(),
+            ok: cores.is_some_and(|c| c <= l.cpus * GVISOR_CPU_SLACK),
+            detail: match cores {
+                Some(c) => format!(
+                    "measured (gVisor shows no cgroup files): two busy processes got {c:.2} \
+                     cores (configured {}, at most {:.2} passes)",
+                    l.cpus,
+                    l.cpus * GVISOR_CPU_SLACK
+                ),
+                None => "no CPU measurement came back from the sandbox".to_string(),
+            },
         },
     ]
 }
+
+/// How far above the quota a measured share may go under gVisor (its accounting and the
+/// quota's period granularity: 0.62 cores were seen under a quota of 0.5).
+const GVISOR_CPU_SLACK: f64 = 1.6;
 
 /// Memory with no swap on top: memory.memsw.limit_in_bytes equal to the memory limit (cgroup
 /// v1) or memory.swap.max 0 (v2). Where neither is readable (swap accounting off), only a
@@ -658,6 +692,7 @@ mod tests {
                        "CapAmb": null, "NoNewPrivs": null, "Seccomp": "0"},
             "nofile": [200, 200],
             "cpu": {"source": null},
+            "burn": {"cpu_s": 0.62, "wall_s": 1.0},
             "memory": {"cgroup": 1, "limit": null, "swap": null, "host_swap": 0},
             "ifaces": ["lo"], "routes": 0,
             "connect": {"169.254.169.254:80": "EHOSTUNREACH", "1.1.1.1:53": "EHOSTUNREACH"},
@@ -827,6 +862,9 @@ mod tests {
             ("", "nofile", json!([1048576, 1048576]), &["nofile limit"]),
             // No memory limit: gVisor sizes its kernel from the host's memory.
             ("", "mem_total", json!(24u64 << 30), &["memory limit"]),
+            // No CPU quota: the two busy processes got a core each.
+            ("/burn", "cpu_s", json!(1.9), &["cpu quota"]),
+            ("", "burn", Value::Null, &["cpu quota"]),
         ];
         for (at, key, value, checks) in cases {
             let mut v = gvisor_healthy();
