@@ -51,6 +51,47 @@ async fn stdout_and_stderr_are_kept_apart_and_exit_codes_pass_through() {
     assert_clean(&s, "t-streams").await;
 }
 
+/// The runner leaves the code's interpreter without tearing down every module (fast with
+/// pandas loaded), yet as `python FILE` would: threads joined, atexit handlers run, files
+/// left open flushed, `__del__` run, `sys.exit` codes and messages as Python gives them.
+#[tokio::test]
+async fn the_interpreter_leaves_as_python_does() {
+    let _clean = remove_on_drop("t-leave");
+    let s = sandbox().await;
+    let mut job = JobSpec::python(
+        "import atexit, sys, threading, time\n\
+         f = open('left-open.txt', 'w')\n\
+         f.write('flushed at exit')\n\
+         class D:\n    def __del__(self):\n        print('del ran')\n\
+         d = D()\n\
+         atexit.register(lambda: print('atexit ran'))\n\
+         threading.Thread(target=lambda: (time.sleep(0.3), print('thread joined'))).start()\n\
+         sys.exit('bye')\n",
+        limits(),
+    );
+    job.tenant = "t-leave".into();
+    job.return_files = true;
+    let o = s.run(job, None).await.unwrap();
+    let out = o.stdout_text();
+    assert_eq!(o.exit_code, Some(1), "sys.exit(str) exits 1: {o:?}");
+    assert_eq!(o.stderr_text(), "bye\n");
+    for line in ["thread joined", "atexit ran", "del ran"] {
+        assert!(out.contains(line), "{line}: {out}");
+    }
+    assert!(
+        out.find("thread joined") < out.find("atexit ran"),
+        "threads are joined before atexit: {out}"
+    );
+    let left = o.files.iter().find(|f| f.path == "left-open.txt");
+    assert_eq!(left.map(|f| f.data.as_slice()), Some(&b"flushed at exit"[..]));
+
+    let o = run(&s, "t-leave", "import sys\nsys.exit(None)", limits()).await;
+    assert_eq!(o.exit_code, Some(0), "{o:?}");
+    let o = run(&s, "t-leave", "import sys\nsys.exit(300)", limits()).await;
+    assert_eq!(o.exit_code, Some(300 & 0xFF), "{o:?}");
+    assert_clean(&s, "t-leave").await;
+}
+
 #[tokio::test]
 async fn sleep_and_busy_loop_stop_at_the_deadline() {
     let _clean = remove_on_drop("t-deadline");
