@@ -83,7 +83,10 @@ async fn the_interpreter_leaves_as_python_does() {
         "threads are joined before atexit: {out}"
     );
     let left = o.files.iter().find(|f| f.path == "left-open.txt");
-    assert_eq!(left.map(|f| f.data.as_slice()), Some(&b"flushed at exit"[..]));
+    assert_eq!(
+        left.map(|f| f.data.as_slice()),
+        Some(&b"flushed at exit"[..])
+    );
 
     let o = run(&s, "t-leave", "import sys\nsys.exit(None)", limits()).await;
     assert_eq!(o.exit_code, Some(0), "{o:?}");

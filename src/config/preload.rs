@@ -96,4 +96,3 @@ pub fn valid_name(n: &str) -> bool {
                 && c.all(|c| c.is_ascii_alphanumeric() || c == '_')
         })
 }
-

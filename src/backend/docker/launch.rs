@@ -11,11 +11,6 @@ use super::{classify, spec, Inner};
 use crate::backend::BackendError;
 use crate::job::{Limits, RunEnv, Source};
 
-/// The CPU weight (`--cpu-shares`) of a preloading pool container while it waits, against
-/// Docker's default of 1024 for every other container.
-const PRELOAD_CPU_SHARES: i64 = 256;
-const DEFAULT_CPU_SHARES: i64 = 1024;
-
 impl Inner {
     /// Create, attach and start a container of the given shape for `tenant`.
     pub(super) async fn launch(
@@ -42,12 +37,6 @@ impl Inner {
     ) -> Result<Live, BackendError> {
         let mut body = spec::create_body(&self.config, &self.owner, limits, env, tenant, id)?;
         if !preload.is_empty() {
-            // While it imports and waits, a preloading container yields the CPU to runs
-            // (a cold run's container has the default weight); its weight is restored
-            // when a run takes it ([`Inner::restore_cpu_weight`]).
-            if let Some(hc) = body.host_config.as_mut() {
-                hc.cpu_shares = Some(PRELOAD_CPU_SHARES);
-            }
             let vars = body.env.get_or_insert_with(Vec::new);
             vars.push(format!("MCPX_PRELOAD={}", preload.join(",")));
             vars.push(format!(
@@ -99,23 +88,6 @@ impl Inner {
             .await
             .map_err(|e| classify("starting the container", e))?;
         Ok(Live::new(guard, attached.input, attached.output))
-    }
-
-    /// Give a pool container taken by a run Docker's default CPU weight again, in the
-    /// background: the run does not wait for it (its first milliseconds run at the waiting
-    /// weight, which only matters when the CPU is contended).
-    pub(super) fn restore_cpu_weight(&self, id: &str) {
-        let docker = self.docker.clone();
-        let id = id.to_string();
-        tokio::spawn(async move {
-            let body = bollard::models::ContainerUpdateBody {
-                cpu_shares: Some(DEFAULT_CPU_SHARES),
-                ..Default::default()
-            };
-            if let Err(e) = docker.update_container(&id, body).await {
-                tracing::debug!(container = %id, error = %e, "could not restore the CPU weight of a pool container");
-            }
-        });
     }
 
     /// Docker creates a missing named volume, empty, when a container mounts it: an

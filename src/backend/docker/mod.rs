@@ -347,9 +347,6 @@ impl Backend for DockerBackend {
             .map_err(|e| BackendError::Rejected(e.to_string()))?;
         let warm = self.take_warm(&job);
         let pooled = warm.is_some();
-        if let (Some(live), true) = (&warm, self.inner.config.preload.enabled()) {
-            self.inner.restore_cpu_weight(live.guard.id());
-        }
         let mut live = match warm {
             Some(live) => live,
             None => {
@@ -395,12 +392,7 @@ impl Backend for DockerBackend {
         let input = protocol::encode_session(&job, self.inner.python(&job.env))
             .map_err(|e| BackendError::Rejected(e.to_string()))?;
         let mut live = match self.take_warm(&job) {
-            Some(live) => {
-                if self.inner.config.preload.enabled() {
-                    self.inner.restore_cpu_weight(live.guard.id());
-                }
-                live
-            }
+            Some(live) => live,
             None => {
                 self.inner
                     .launch(&job.limits, &job.env, &job.tenant, &job.id)

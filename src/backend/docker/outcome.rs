@@ -39,11 +39,26 @@ impl Inner {
                         Some(c) => format!("exit status {c}"),
                         None => "the container is gone".to_string(),
                     };
-                    return Err(BackendError::Runner(format!(
-                        "the sandbox stopped before its runner reported ({how}): it was \
-                         stopped from outside (docker kill or rm, a daemon restart) or the \
-                         runner crashed; the code's own outcome is unknown, run it again"
-                    )));
+                    // Under gVisor the host's OOM killer ends the whole sandbox (its kernel
+                    // process), and Docker now and then does not flag it (about 1 run in
+                    // 35 of a memory bomb here): say so rather than guess.
+                    let gvisor =
+                        super::is_gvisor(self.config.runtime.as_deref()) && exit_code == Some(137);
+                    return Err(BackendError::Runner(if gvisor {
+                        format!(
+                            "the sandbox stopped before its runner reported ({how}): under \
+                             gVisor this is most likely the memory limit (the host's OOM \
+                             killer ends the whole sandbox, and Docker does not always flag \
+                             it), else a docker kill; run it again with less memory use or a \
+                             higher --memory"
+                        )
+                    } else {
+                        format!(
+                            "the sandbox stopped before its runner reported ({how}): it was \
+                             stopped from outside (docker kill or rm, a daemon restart) or the \
+                             runner crashed; the code's own outcome is unknown, run it again"
+                        )
+                    }));
                 }
                 out.into_killed(false)
             }
