@@ -1,5 +1,5 @@
 //! mcp-code-executor: run untrusted Python in short-lived, hardened sandboxes (Docker
-//! containers today), for MCP clients and CI pipelines.
+//! containers under runc or gVisor, or Kubernetes pods), for MCP clients and CI pipelines.
 //!
 //! # Layout
 //!
@@ -10,13 +10,16 @@
 //!   dependencies: every layer speaks these types.
 //! - [`config`]: every environment variable declared once with its documentation
 //!   ([`config::vars`]; a test checks each is in `docs/mcp.md`), sizes and durations, limit
-//!   checks, and [`config::ServeConfig`], resolved once from flags, variables and `.env`.
-//!   Nothing else reads the process environment.
+//!   checks, what waiting sandboxes preload ([`config::preload`]), and
+//!   [`config::ServeConfig`], resolved once from flags, variables and `.env`. Nothing else
+//!   reads the process environment.
 //! - [`backend`]: the seam. The [`backend::Backend`] and [`backend::Session`] traits (run,
 //!   sessions and putting files into them, prewarm, stats, sweep, shutdown, info), the
-//!   runner protocol ([`backend::protocol`]) and tar packing ([`backend::archive`]) every
-//!   backend shares, preloading's configuration and learner ([`backend::preload`]), the neutral description of the sandbox image ([`backend::image`]), and
-//!   a fake for fast tests (`backend::fake`). [`backend::docker`] is the Docker backend and
+//!   runner protocol ([`backend::protocol`]), tar packing ([`backend::archive`]) and the
+//!   gathering of what a runner sends (output caps, the return bound, names fit to show:
+//!   `backend::collect`) every backend shares, preloading's runner report and learner
+//!   ([`backend::preload`]), the neutral description of the sandbox image
+//!   ([`backend::image`]), and a fake for fast tests (`backend::fake`). [`backend::docker`] is the Docker backend and
 //!   the only place the Docker client crate is used: the container spec, launch, sessions, the warm pool, the
 //!   removal guard and sweep, the image build. `backend::kubernetes` (the `kubernetes` cargo
 //!   feature, on by default) is the Kubernetes backend, the only place kube-rs is used: a
