@@ -60,8 +60,14 @@ pub enum StorageError {
         size: u64,
         max: u64,
     },
-    #[error("quota exceeded: the tenant's stored code and workspace files take {used} bytes, and {adding} more would pass its storage_limit of {limit} bytes. Free space first (write_file an empty file, or ask the operator), then retry")]
-    Quota { used: u64, adding: u64, limit: u64 },
+    #[error("{}", quota_message(*server, *used, *adding, *limit))]
+    Quota {
+        used: u64,
+        adding: u64,
+        limit: u64,
+        /// The server-wide quota (`--storage-limit-total`), not the tenant's.
+        server: bool,
+    },
     #[error("file_path `{path}` is refused: names starting with `{TEMP_PREFIX}` are reserved for files being written")]
     Reserved { path: String },
     #[error("file_path \"{path}\" is refused: names may not hold control characters (newlines, tabs, escapes)")]
@@ -93,17 +99,58 @@ pub struct CodeStorage {
 /// How often writes look for stored code past its age.
 pub const AGE_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 
+fn quota_message(server: bool, used: u64, adding: u64, limit: u64) -> String {
+    if server {
+        format!(
+            "quota exceeded: the stored code and workspace files of every tenant take {used} \
+             bytes, and {adding} more would pass the server's --storage-limit-total of {limit} \
+             bytes. Free space first (write_file an empty file), or ask the operator, then retry"
+        )
+    } else {
+        format!(
+            "quota exceeded: the tenant's stored code and workspace files take {used} bytes, \
+             and {adding} more would pass its storage_limit of {limit} bytes. Free space first \
+             (write_file an empty file, or ask the operator), then retry"
+        )
+    }
+}
+
 /// A cap on the bytes under some directories together (a tenant's code storage and
-/// workspaces), checked before each write. Two writes racing may pass it by one write.
+/// workspaces; or, server-wide, those of every tenant), checked before each write, with
+/// the cap it sits within. Two writes racing may pass it by one write.
 #[derive(Debug)]
 pub struct StorageQuota {
     limit: u64,
     roots: Vec<PathBuf>,
+    server: bool,
+    within: Option<Arc<StorageQuota>>,
 }
 
 impl StorageQuota {
+    /// A tenant's quota.
     pub fn new(limit: u64, roots: Vec<PathBuf>) -> Self {
-        StorageQuota { limit, roots }
+        StorageQuota {
+            limit,
+            roots,
+            server: false,
+            within: None,
+        }
+    }
+
+    /// The server-wide quota over every tenant's storage (`--storage-limit-total`).
+    pub fn server_wide(limit: u64, roots: Vec<PathBuf>) -> Self {
+        StorageQuota {
+            server: true,
+            ..StorageQuota::new(limit, roots)
+        }
+    }
+
+    /// This quota, checked within `outer` too (a tenant's within the server's).
+    pub fn within(self, outer: Option<Arc<StorageQuota>>) -> Self {
+        StorageQuota {
+            within: outer,
+            ..self
+        }
     }
 
     /// Bytes of the regular files under the roots (symlinks not followed).
@@ -139,9 +186,13 @@ impl StorageQuota {
                 used,
                 adding,
                 limit: self.limit,
+                server: self.server,
             });
         }
-        Ok(())
+        match &self.within {
+            Some(outer) => Box::pin(outer.check(adding, replacing)).await,
+            None => Ok(()),
+        }
     }
 }
 

@@ -514,3 +514,42 @@ async fn a_flooding_tenant_does_not_starve_a_quiet_one() {
     quiet.cancel().await.unwrap();
     s.finish().await;
 }
+
+/// The server-wide storage quota (`--storage-limit-total`) holds every tenant together:
+/// one tenant's files leave less room for another's, the refusal names the flag, and
+/// freeing space lets the other write.
+#[tokio::test]
+async fn the_server_wide_storage_quota_holds_every_tenant_together() {
+    const DORA: &str = "t-ten-dora";
+    const ERIN: &str = "t-ten-erin";
+    let (td, te) = (token::generate(), token::generate());
+    let file = [entry(DORA, &td, ""), entry(ERIN, &te, "")].concat();
+    let s = Hosted::start(
+        &file,
+        &[DORA, ERIN],
+        &["--pool-size", "0", "--storage-limit-total", "64k"],
+    )
+    .await;
+    let dora = s.client(&td).await;
+    let erin = s.client(&te).await;
+    let big = |path: &str| json!({"path": path, "content": "x".repeat(40_000)});
+
+    let r = call(&dora, "write_file", big("d.txt")).await;
+    assert!(!is_error(&r), "within every limit: {}", text(&r));
+    // Erin's own quota (1 GiB) has room; the server's does not.
+    let r = call(&erin, "write_file", big("e.txt")).await;
+    assert!(is_error(&r), "past the server-wide quota: {}", text(&r));
+    assert!(
+        text(&r).contains("--storage-limit-total of 65536 bytes"),
+        "{}",
+        text(&r)
+    );
+    // Dora frees her space; Erin's write now fits.
+    let r = call(&dora, "write_file", json!({"path": "d.txt", "content": ""})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    let r = call(&erin, "write_file", big("e.txt")).await;
+    assert!(!is_error(&r), "room again: {}", text(&r));
+
+    drop((dora, erin));
+    s.finish().await;
+}

@@ -32,6 +32,8 @@ pub(crate) struct Shared {
     pub scheduler: Arc<Scheduler>,
     pub metrics: Arc<Metrics>,
     pub shutdown: CancellationToken,
+    /// The server-wide storage quota every tenant's quota sits within (`None`: none).
+    pub storage_total: Option<Arc<storage::StorageQuota>>,
 }
 
 /// One tenant's own parts.
@@ -67,13 +69,21 @@ impl Executor {
             environments,
         } = parts;
         let workspaces = Workspaces::new(settings.sessions.workspace_root.clone());
-        if let Some(limit) = settings.quota.storage_bytes {
-            // Code storage and every workspace of the tenant count together.
-            let ws = workspaces.root();
-            let tenant = storage::sanitize_stem(Some(&settings.tenant));
-            let mut roots = vec![ws.join(&tenant), ws.join(format!("{tenant}.sessions"))];
-            roots.extend(storage.as_ref().map(|s| s.dir().to_path_buf()));
-            let quota = Arc::new(storage::StorageQuota::new(limit, roots));
+        // Code storage and every workspace of the tenant count together, within the
+        // server-wide quota when there is one.
+        let quota = match settings.quota.storage_bytes {
+            Some(limit) => {
+                let ws = workspaces.root();
+                let tenant = storage::sanitize_stem(Some(&settings.tenant));
+                let mut roots = vec![ws.join(&tenant), ws.join(format!("{tenant}.sessions"))];
+                roots.extend(storage.as_ref().map(|s| s.dir().to_path_buf()));
+                Some(Arc::new(
+                    storage::StorageQuota::new(limit, roots).within(shared.storage_total.clone()),
+                ))
+            }
+            None => shared.storage_total.clone(),
+        };
+        if let Some(quota) = quota {
             if let Some(s) = &storage {
                 s.set_quota(quota.clone());
             }

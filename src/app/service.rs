@@ -216,6 +216,7 @@ impl Service {
                 scheduler: Scheduler::new(capacity.max_concurrent, capacity.max_queue),
                 metrics: Arc::default(),
                 shutdown: CancellationToken::new(),
+                storage_total: None,
             },
             tenants: Vec::new(),
         }
@@ -249,6 +250,17 @@ impl Service {
     pub fn shutdown_on(mut self, token: CancellationToken) -> Service {
         assert!(self.tenants.is_empty(), "shutdown_on before add_tenant");
         self.shared.shutdown = token;
+        self
+    }
+
+    /// Hold the stored code and workspace files of every tenant to `limit` bytes together
+    /// (those under `roots`: the code storage and workspace directories). Call it before
+    /// adding tenants: their quotas sit within it.
+    pub fn storage_total(mut self, limit: u64, roots: Vec<std::path::PathBuf>) -> Service {
+        assert!(self.tenants.is_empty(), "storage_total before add_tenant");
+        self.shared.storage_total = Some(Arc::new(crate::storage::StorageQuota::server_wide(
+            limit, roots,
+        )));
         self
     }
 

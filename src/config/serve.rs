@@ -43,6 +43,8 @@ pub struct ServeConfig {
     pub shared_workspace: bool,
     /// Bytes of stored code and workspace files each tenant may keep (`None`: unlimited).
     pub storage_limit: Option<u64>,
+    /// Bytes of stored code and workspace files of every tenant together (`None`: unlimited).
+    pub storage_limit_total: Option<u64>,
     /// Stored code untouched this long is removed (`None`: kept forever).
     pub code_max_age: Option<Duration>,
     /// execute_python sessions.
@@ -207,6 +209,7 @@ mod tests {
             workspace_dir: "/d/workspaces".into(),
             shared_workspace: false,
             storage_limit: Some(1 << 30),
+            storage_limit_total: Some(10 << 30),
             code_max_age: None,
             sessions: SessionLimits {
                 idle: Duration::from_secs(600),

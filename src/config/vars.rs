@@ -208,6 +208,9 @@ env_vars! {
     /// (`--storage-limit`, default `1g`; `0`: unlimited); a tenant's `storage_limit` may
     /// lower it.
     MCP_EXECUTOR_STORAGE_LIMIT;
+    /// Bytes of stored code and workspace files of every tenant together
+    /// (`--storage-limit-total`, default `10g`; `0`: unlimited).
+    MCP_EXECUTOR_STORAGE_LIMIT_TOTAL;
     /// Stored code files not modified for this long are removed, at start-up and then
     /// hourly on writes (`--code-max-age`, seconds, default 2592000: 30 days).
     MCP_EXECUTOR_CODE_MAX_AGE;

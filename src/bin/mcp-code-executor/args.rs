@@ -137,6 +137,9 @@ pub struct ServeCmd {
     /// `storage_limit` may lower it); 0: unlimited.
     #[arg(long, env = vars::MCP_EXECUTOR_STORAGE_LIMIT, value_parser = config::parse_size, default_value = "1g")]
     pub storage_limit: u64,
+    /// Bytes of stored code and workspace files of every tenant together; 0: unlimited.
+    #[arg(long, env = vars::MCP_EXECUTOR_STORAGE_LIMIT_TOTAL, value_parser = config::parse_size, default_value = "10g")]
+    pub storage_limit_total: u64,
     /// Stored code files not modified for this long are removed (seconds; default 30 days).
     #[arg(long, env = vars::MCP_EXECUTOR_CODE_MAX_AGE, value_parser = config::parse_duration, default_value = "2592000")]
     pub code_max_age: std::time::Duration,
@@ -207,6 +210,7 @@ impl ServeCmd {
                 .unwrap_or_else(|| data_dir.join("workspaces")),
             shared_workspace: self.shared_workspace,
             storage_limit: (self.storage_limit > 0).then_some(self.storage_limit),
+            storage_limit_total: (self.storage_limit_total > 0).then_some(self.storage_limit_total),
             code_max_age: (!self.code_max_age.is_zero()).then_some(self.code_max_age),
             sessions: config::SessionLimits {
                 idle: self.session_idle,

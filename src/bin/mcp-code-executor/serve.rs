@@ -269,6 +269,12 @@ async fn start(
         },
     )
     .shutdown_on(shutdown);
+    if let Some(limit) = cfg.storage_limit_total {
+        service = service.storage_total(
+            limit,
+            vec![cfg.code_storage_dir.clone(), cfg.workspace_dir.clone()],
+        );
+    }
     let local = [Tenant {
         id: cfg.tenant.clone(),
         token_sha256: [0; 32],
