@@ -46,18 +46,30 @@ impl DockerSession {
         if !self.alive || self.frozen {
             return;
         }
-        match self
-            .inner
-            .docker
-            .pause_container(self.live.guard.id())
-            .await
-        {
-            Ok(()) => self.frozen = true,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not pause a session between cells: ending it");
-                self.alive = false;
+        // A pause can fail for a moment on a loaded host (the freezer cgroup busy): tried
+        // three times before the session is given up.
+        let mut last = None;
+        for attempt in 0..3u64 {
+            if attempt > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
+            }
+            match self
+                .inner
+                .docker
+                .pause_container(self.live.guard.id())
+                .await
+            {
+                Ok(()) => {
+                    self.frozen = true;
+                    return;
+                }
+                Err(e) => last = Some(e),
             }
         }
+        if let Some(e) = last {
+            tracing::warn!(error = %e, "could not pause a session between cells: ending it");
+        }
+        self.alive = false;
     }
 
     /// Thaw the container for the next message.
@@ -65,16 +77,24 @@ impl DockerSession {
         if !self.frozen {
             return Ok(());
         }
-        self.inner
+        match self
+            .inner
             .docker
             .unpause_container(self.live.guard.id())
             .await
-            .map_err(|e| {
+        {
+            // Running already (a pause Docker reported failed that did not take): as wanted.
+            Err(e) if e.to_string().contains("is not paused") => {
+                tracing::debug!(error = %e, "a session's container was not paused");
+            }
+            Err(e) => {
                 self.alive = false;
-                BackendError::Runner(format!(
+                return Err(BackendError::Runner(format!(
                     "the session's sandbox could not be resumed: {e}; open a new session"
-                ))
-            })?;
+                )));
+            }
+            Ok(()) => {}
+        }
         self.frozen = false;
         Ok(())
     }
