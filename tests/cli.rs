@@ -150,6 +150,17 @@ fn bad_flags_are_usage_errors_naming_the_flag() {
     let (out, _) = run_cli(&["run", "/nonexistent/x.py"], "");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+    // A memory budget that holds no run is refused before anything starts.
+    let (out, _) = run_cli(
+        &["serve", "--memory", "512m", "--memory-budget", "256m"],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--memory-budget") && err.contains("no run would fit"),
+        "{err}"
+    );
 }
 
 #[test]

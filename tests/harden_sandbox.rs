@@ -392,6 +392,95 @@ async fn a_session_is_frozen_between_cells() {
 
 mod mcp_support;
 
+/// Item 4, the memory half: open sessions hold their memory against the tenant's budget
+/// while paused. With room for two sandboxes, two open sessions leave none: a third session
+/// and a one-shot run are refused at once with a text that names the budget and how to
+/// free it; once a session is reset, the run goes (before: the sessions counted nowhere
+/// and both went).
+#[tokio::test]
+async fn open_sessions_hold_memory_against_the_tenants_budget() {
+    use mcp_code_executor::app::Settings;
+    use serde_json::json;
+    let tenant = "t-hs-membudget";
+    let _clean = common::remove_on_drop(tenant);
+    let mut settings = Settings::default();
+    settings.limits.memory_bytes = 256 << 20;
+    settings.quota.memory_budget = Some(512 << 20);
+    let server = mcp_support::server_with(tenant, settings).await;
+    let (a, b, c) = (
+        server.client().await,
+        server.client().await,
+        server.client().await,
+    );
+    for (client, v) in [(&a, 1), (&b, 2)] {
+        let r = mcp_support::call(
+            client.peer(),
+            "execute_python",
+            json!({"code": format!("x = {v}")}),
+        )
+        .await;
+        assert!(!mcp_support::is_error(&r), "{}", mcp_support::text(&r));
+    }
+    let ids = common::own_containers_of(tenant);
+    assert_eq!(ids.len(), 2, "two open sessions: {ids:?}");
+    assert!(
+        ids.iter().all(|id| docker_paused(id)),
+        "both paused, both holding memory"
+    );
+    let held = server.executor.memory_held();
+    assert_eq!(
+        (held.sessions, held.session_count, held.runs),
+        (512 << 20, 2, 0)
+    );
+
+    let started = std::time::Instant::now();
+    let third = mcp_support::call(c.peer(), "execute_python", json!({"code": "print(3)"})).await;
+    let run = mcp_support::call(c.peer(), "execute_code", json!({"code": "print('run')"})).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "refused at once, not left waiting"
+    );
+    for r in [&third, &run] {
+        let text = mcp_support::text(r);
+        assert!(mcp_support::is_error(r), "{text}");
+        assert!(
+            text.contains("memory_budget")
+                && text.contains("2 open execute_python session(s) hold 512 MiB")
+                && text.contains("close_session"),
+            "{text}"
+        );
+    }
+    assert_eq!(
+        common::own_containers_of(tenant).len(),
+        2,
+        "nothing else started"
+    );
+
+    // A reset gives the session's memory back: the run goes, the other session is intact.
+    let r = mcp_support::call(a.peer(), "reset_session", json!({})).await;
+    assert!(!mcp_support::is_error(&r), "{}", mcp_support::text(&r));
+    let run = mcp_support::call(c.peer(), "execute_code", json!({"code": "print('run')"})).await;
+    assert!(!mcp_support::is_error(&run), "{}", mcp_support::text(&run));
+    assert!(
+        mcp_support::text(&run).contains("run"),
+        "{}",
+        mcp_support::text(&run)
+    );
+    let r = mcp_support::call(b.peer(), "execute_python", json!({"code": "x"})).await;
+    assert!(
+        mcp_support::text(&r).contains('2'),
+        "{}",
+        mcp_support::text(&r)
+    );
+    let held = server.executor.memory_held();
+    assert_eq!(
+        (held.sessions, held.session_count, held.runs),
+        (256 << 20, 1, 0)
+    );
+    drop((a, b, c));
+    server.finish().await;
+}
+
 /// The real backend, counting the runs in progress through it and the most at once.
 struct Counting {
     inner: std::sync::Arc<dyn Backend>,

@@ -88,6 +88,21 @@ pub(super) async fn cell(
         },
         None => None,
     };
+    // A session about to open takes its share of the tenant's memory budget first, for
+    // its whole life (a paused container keeps its memory); before the slot, so that no
+    // slot is held while it waits for the tenant's runs to give memory back.
+    let mut memory = None;
+    if cell.is_none() {
+        memory = Some(tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Err(not_run("the request was cancelled while it waited for memory")),
+            _ = shutdown.cancelled() => return Err(not_run(SHUTTING_DOWN)),
+            m = ex.hold_memory(crate::tenancy::memory::Holder::Session, x.limits.memory_bytes) => match m {
+                Ok(m) => m,
+                Err(e) => return Err(AppError::Failed(format!("no session could be opened: {e}"))),
+            },
+        });
+    }
     // A run slot, from the scheduler one-shot runs use (the tenant's max_concurrent_runs,
     // fair turns between tenants). Taken after the session's turn and its environment,
     // so that queued cells do not hold slots while they wait.
@@ -146,6 +161,7 @@ pub(super) async fn cell(
                     opened: Instant::now(),
                     synced,
                     _ticket: ticket,
+                    _memory: memory.take().expect("taken above for a session to open"),
                 });
                 notes.push("a new session was started".into());
             }

@@ -21,6 +21,7 @@ use crate::env::state::Environments;
 use crate::env::Environment;
 use crate::job::{JobSpec, Outcome, RunEvent};
 use crate::storage::{self, CodeStorage, StorageError};
+use crate::tenancy::memory::{Holder, MemoryBudget, MemoryHold};
 use crate::tenancy::rate::RateLimiter;
 use crate::tenancy::scheduler::{Permit, QueueError, Scheduler};
 
@@ -56,6 +57,8 @@ pub struct Executor {
     rate: Option<RateLimiter>,
     pub(super) workspaces: Arc<Workspaces>,
     pub(super) sessions: Arc<Sessions>,
+    /// The memory its sandboxes hold together: runs and open sessions.
+    pub(super) memory: Arc<MemoryBudget>,
     /// This process's claim on the tenant's session workspaces (see
     /// [`storage::claim_session_workspaces`]), held while the executor lives.
     _claim: Option<storage::WorkspaceClaim>,
@@ -107,6 +110,7 @@ impl Executor {
         let sessions = Sessions::new(&settings, shared.shutdown.clone());
         Arc::new(Executor {
             rate: settings.quota.runs_per_minute.map(RateLimiter::new),
+            memory: MemoryBudget::new(&settings.tenant, settings.quota.memory_budget),
             shared,
             settings,
             storage,
@@ -202,6 +206,25 @@ impl Executor {
         })
     }
 
+    /// Take `bytes` of the tenant's memory budget for a sandbox of `holder` (wait while its
+    /// runs hold the rest; refused at once when its open sessions leave too little). Taken
+    /// before a run slot, never while holding one.
+    pub(super) async fn hold_memory(
+        &self,
+        holder: Holder,
+        bytes: u64,
+    ) -> Result<MemoryHold, AppError> {
+        self.memory.hold(holder, bytes).await.map_err(|e| {
+            self.shared.metrics.rejected(self.tenant(), "memory");
+            AppError::Refused(e.to_string())
+        })
+    }
+
+    /// What the tenant's sandboxes hold of its memory budget now.
+    pub fn memory_held(&self) -> crate::tenancy::memory::Held {
+        self.memory.held()
+    }
+
     /// Wait for one of the run slots, fairly shared between tenants and capped by the
     /// tenant's `max_concurrent_runs`: one-shot runs and execute_python cells alike.
     pub(super) async fn acquire_slot(&self) -> Result<Permit, AppError> {
@@ -272,6 +295,10 @@ impl Executor {
             Some(env) => self.lock_env(env).await,
             None => None,
         };
+        // Its share of the tenant's memory, then a slot: a slot's holder never waits.
+        let _memory = self
+            .hold_memory(Holder::Run, job.limits.memory_bytes)
+            .await?;
         let _slot = self.acquire_slot().await?;
         if let Some(env) = &env {
             job.env = env.run_env();
@@ -378,12 +405,14 @@ pub fn code_digest(code: &[u8]) -> String {
 }
 
 /// The backend as the environment manager sees it for one tenant: each of its runs (the
-/// probe of `configure_environment`, the phases of an install) waits for one of the
-/// tenant's run slots first, like every other run, so a burst of such calls starts no
+/// probe of `configure_environment`, the phases of an install) takes its share of the
+/// tenant's memory budget and waits for one of the tenant's run slots first, like every
+/// other run, so a burst of such calls starts no
 /// more sandboxes at once than the tenant's `max_concurrent_runs` (and the server's
 /// capacity) allow.
 struct InSlots {
     inner: Arc<dyn Backend>,
+    memory: Arc<MemoryBudget>,
     scheduler: Arc<crate::tenancy::scheduler::Scheduler>,
     tenant: String,
     cap: usize,
@@ -396,6 +425,11 @@ impl Backend for InSlots {
         job: crate::job::JobSpec,
         events: crate::backend::Events,
     ) -> Result<Outcome, crate::backend::BackendError> {
+        let _memory = self
+            .memory
+            .hold(Holder::Run, job.limits.memory_bytes)
+            .await
+            .map_err(|e| crate::backend::BackendError::Rejected(e.to_string()))?;
         let _slot = self
             .scheduler
             .acquire(&self.tenant, self.cap)
@@ -426,6 +460,7 @@ impl Executor {
     pub fn backend_in_slots(&self) -> Arc<dyn Backend> {
         Arc::new(InSlots {
             inner: self.shared.backend.clone(),
+            memory: self.memory.clone(),
             scheduler: self.shared.scheduler.clone(),
             tenant: self.tenant().to_string(),
             cap: self

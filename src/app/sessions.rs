@@ -141,6 +141,9 @@ pub(super) struct Live {
     pub(super) synced: HashMap<String, [u8; 32]>,
     /// Its place among `max_sessions` (`None` in a standalone session, which holds one).
     pub(super) _ticket: Option<Ticket>,
+    /// Its share of the tenant's memory budget, held while its container is open (running
+    /// a cell or paused between cells).
+    pub(super) _memory: crate::tenancy::memory::MemoryHold,
 }
 
 /// One of the tenant's `max_sessions`, taken before a session is opened (so that

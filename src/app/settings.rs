@@ -105,6 +105,9 @@ pub struct Quota {
     pub storage_bytes: Option<u64>,
     /// Stored code files not modified for this long are removed (`None`: kept forever).
     pub code_max_age: Option<Duration>,
+    /// Memory all of the tenant's sandboxes may hold at once: runs, probes, installs and
+    /// open execute_python sessions (`None`: unlimited; see [`crate::tenancy::memory`]).
+    pub memory_budget: Option<u64>,
 }
 
 impl Default for Quota {
@@ -115,6 +118,7 @@ impl Default for Quota {
             install_network: true,
             storage_bytes: Some(defaults::STORAGE_BYTES),
             code_max_age: Some(defaults::CODE_MAX_AGE),
+            memory_budget: None,
         }
     }
 }
@@ -152,6 +156,10 @@ impl Settings {
                 (t, s) => t.or(s),
             },
             code_max_age: self.quota.code_max_age,
+            memory_budget: match (t.memory_budget, self.quota.memory_budget) {
+                (Some(t), Some(s)) => Some(t.min(s)),
+                (t, s) => t.or(s),
+            },
         };
         s
     }

@@ -175,6 +175,8 @@ pub enum ConfigError {
     BadDuration { value: String },
     #[error("--max-timeout ({max:?}) is below --timeout ({timeout:?})")]
     TimeoutAboveMax { timeout: Duration, max: Duration },
+    #[error("--memory-budget ({budget} bytes) is below --memory ({memory} bytes): no run would fit in it")]
+    MemoryBudgetBelowRun { budget: u64, memory: u64 },
     #[error(
         "--tenants is for the HTTP transports; over stdio the server has one client and no tokens"
     )]

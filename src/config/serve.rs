@@ -47,6 +47,9 @@ pub struct ServeConfig {
     pub storage_limit_total: Option<u64>,
     /// Stored code untouched this long is removed (`None`: kept forever).
     pub code_max_age: Option<Duration>,
+    /// Memory all of a tenant's sandboxes may hold at once, sessions included (`None`:
+    /// unlimited).
+    pub memory_budget: Option<u64>,
     /// execute_python sessions.
     pub sessions: SessionLimits,
     /// The Python environment asked for (`None` fields: the managed default).
@@ -167,6 +170,12 @@ impl ServeConfig {
                 max: self.max_timeout,
             });
         }
+        if let Some(budget) = self.memory_budget.filter(|b| *b < self.limits.memory_bytes) {
+            return Err(ConfigError::MemoryBudgetBelowRun {
+                budget,
+                memory: self.limits.memory_bytes,
+            });
+        }
         if self.stdio && self.tenants_file.is_some() {
             return Err(ConfigError::TenantsOverStdio);
         }
@@ -211,6 +220,7 @@ mod tests {
             storage_limit: Some(1 << 30),
             storage_limit_total: Some(10 << 30),
             code_max_age: None,
+            memory_budget: Some(8 * (512 << 20)),
             sessions: SessionLimits {
                 idle: Duration::from_secs(600),
                 max_lifetime: Duration::from_secs(3600),
@@ -241,6 +251,15 @@ mod tests {
             max_timeout: Duration::from_secs(10),
             ..sample()
         };
+        let c2 = ServeConfig {
+            memory_budget: Some(1 << 20),
+            ..sample()
+        };
+        let e = c2.check().unwrap_err().to_string();
+        assert!(
+            e.contains("--memory-budget") && e.contains("--memory"),
+            "{e}"
+        );
         let e = c.check().unwrap_err().to_string();
         assert!(
             e.contains("--max-timeout") && e.contains("--timeout"),

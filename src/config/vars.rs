@@ -202,6 +202,10 @@ env_vars! {
     MCP_EXECUTOR_SESSION_MAX_LIFETIME;
     /// Sessions alive at once, per tenant (`--max-sessions`, default 16).
     MCP_EXECUTOR_MAX_SESSIONS;
+    /// Memory all of a tenant's sandboxes may hold at once: its runs, probes, installs and
+    /// open execute_python sessions, paused between cells or not (`--memory-budget`,
+    /// default 8 x `--memory`; `0`: unlimited); a tenant's `memory_budget` may lower it.
+    MCP_EXECUTOR_MEMORY_BUDGET;
 
     // ---- storage ----
     /// Bytes of stored code and workspace files each tenant may keep, together

@@ -7,6 +7,7 @@
 //! everything the call touches (code storage, workspace, sessions, environment, containers)
 //! is that tenant's alone.
 
+pub mod memory;
 pub mod rate;
 pub mod scheduler;
 pub mod token;
@@ -48,6 +49,9 @@ pub struct TenantLimits {
     pub output_limit: Option<u64>,
     /// Bytes of stored code and workspace files, together.
     pub storage_limit: Option<u64>,
+    /// Memory all its sandboxes may hold at once: its runs and its open execute_python
+    /// sessions, paused or not (see [`memory`]).
+    pub memory_budget: Option<u64>,
     /// execute_python sessions alive at once.
     pub max_sessions: Option<usize>,
     /// May `install_dependencies` reach the network (PyPI)? Without it installs are refused.
@@ -102,6 +106,7 @@ struct Entry {
     max_cpus: Option<f64>,
     output_limit: Option<Amount>,
     storage_limit: Option<Amount>,
+    memory_budget: Option<Amount>,
     max_sessions: Option<usize>,
     #[serde(default = "yes")]
     install_network: bool,
@@ -235,6 +240,7 @@ pub fn parse(text: &str) -> Result<Vec<Tenant>, String> {
             max_cpus: e.max_cpus,
             output_limit: size("output_limit", &e.output_limit)?,
             storage_limit: size("storage_limit", &e.storage_limit)?,
+            memory_budget: size("memory_budget", &e.memory_budget)?,
             max_sessions: e.max_sessions,
             install_network: e.install_network,
             env_paths: e.env_paths,
@@ -299,6 +305,7 @@ mod tests {
             max_cpus = 0.5
             output_limit = 65536
             storage_limit = "10m"
+            memory_budget = "2g"
             max_sessions = 1
             install_network = false
             env_paths = ["/opt/envs"]
@@ -318,6 +325,7 @@ mod tests {
         assert_eq!(a.max_memory, Some(256 << 20));
         assert_eq!(a.output_limit, Some(65536));
         assert_eq!(a.storage_limit, Some(10 << 20));
+        assert_eq!(a.memory_budget, Some(2 << 30));
         assert!(!a.install_network);
         assert_eq!(a.env_paths, vec![PathBuf::from("/opt/envs")]);
         let b = &t[1].limits;

@@ -140,6 +140,12 @@ pub struct ServeCmd {
     /// Bytes of stored code and workspace files of every tenant together; 0: unlimited.
     #[arg(long, env = vars::MCP_EXECUTOR_STORAGE_LIMIT_TOTAL, value_parser = config::parse_size, default_value = "10g")]
     pub storage_limit_total: u64,
+    /// Memory all of a tenant's sandboxes may hold at once: its runs, probes, installs and
+    /// open execute_python sessions (paused between cells or not). A run that does not fit
+    /// waits for the tenant's runs to end; one that its open sessions leave no room for is
+    /// refused. Default: 8 x --memory; 0: unlimited; a tenant's `memory_budget` may lower it.
+    #[arg(long, env = vars::MCP_EXECUTOR_MEMORY_BUDGET, value_parser = config::parse_size)]
+    pub memory_budget: Option<u64>,
     /// Stored code files not modified for this long are removed (seconds; default 30 days).
     #[arg(long, env = vars::MCP_EXECUTOR_CODE_MAX_AGE, value_parser = config::parse_duration, default_value = "2592000")]
     pub code_max_age: std::time::Duration,
@@ -212,6 +218,11 @@ impl ServeCmd {
             storage_limit: (self.storage_limit > 0).then_some(self.storage_limit),
             storage_limit_total: (self.storage_limit_total > 0).then_some(self.storage_limit_total),
             code_max_age: (!self.code_max_age.is_zero()).then_some(self.code_max_age),
+            memory_budget: match self.memory_budget {
+                None => Some(8 * self.memory),
+                Some(0) => None,
+                Some(b) => Some(b),
+            },
             sessions: config::SessionLimits {
                 idle: self.session_idle,
                 max_lifetime: self.session_max_lifetime,

@@ -255,6 +255,7 @@ async fn start(
         quota: app::Quota {
             storage_bytes: cfg.storage_limit,
             code_max_age: cfg.code_max_age,
+            memory_budget: cfg.memory_budget,
             ..app::Quota::default()
         },
     };
