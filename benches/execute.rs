@@ -5,7 +5,8 @@
 //! process, with that server's resident memory idle and under load.
 //!
 //! Knobs (environment): BENCH_SAMPLES (20), BENCH_RUNS (40), BENCH_BURST (100);
-//! BENCH_ONLY=preload runs only the preloading rows (issue 15).
+//! BENCH_ONLY=preload runs only the preloading rows (issue 15); BENCH_PAUSE_MS (500), the
+//! pause between its interleaved calls.
 
 use std::time::{Duration, Instant};
 
@@ -532,7 +533,7 @@ async fn interleaved(url: &str, codes: &[&str], samples: usize) -> Vec<Option<St
     let mut lat: Vec<Vec<Duration>> = vec![Vec::new(); codes.len()];
     for _ in 0..samples {
         for (i, code) in codes.iter().enumerate() {
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            tokio::time::sleep(Duration::from_millis(knob("BENCH_PAUSE_MS", 500) as u64)).await;
             lat[i].push(call_code(&c, code).await.expect("call"));
         }
     }

@@ -110,15 +110,46 @@ async fn a_preloaded_pandas_run_gives_the_same_output_as_a_cold_one() {
     // The figure: the sandbox's backend and show() hook as without preloading.
     let fig =
         "import matplotlib\nimport matplotlib.pyplot as plt\nprint(matplotlib.get_backend())\n\
-plt.plot([1, 2, 3]); plt.show()\nprint(plt.get_fignums())\n";
+print(plt.get_fignums())\nplt.plot([1, 2, 3]); print(plt.gcf().number); plt.show()\n\
+print(plt.get_fignums(), plt.figure().number)\n";
     let warm = warm_run(&s, tenant, fig, &limits).await;
     let mut job = JobSpec::python(fig, limits.clone());
     job.tenant = tenant.to_string();
     let reference = cold.run(job, None).await.expect("cold run");
     assert_eq!(ok(&warm), ok(&reference));
-    assert_eq!(warm.artifacts.len(), 1, "{warm:?}");
-    assert_eq!(reference.artifacts.len(), 1);
+    assert_eq!(warm.artifacts.len(), 2, "{warm:?}");
+    assert_eq!(reference.artifacts.len(), 2);
     assert!(warm.artifacts[0].data.starts_with(b"\x89PNG"));
+    // The preload's warm-up figure left nothing behind: the same numbers, the same names
+    // (the figure still open at the end is saved as the second, as in a cold run).
+    assert_eq!(ok(&warm), "module://mcp_backend\n[]\n1\n[] 1\n");
+    let names = |o: &Outcome| {
+        o.artifacts
+            .iter()
+            .map(|a| a.name.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(&warm), names(&reference));
+
+    // cpu_ms is the run's, not the preload's nor what the waiting interpreter used (numpy's
+    // BLAS threads spin for a while after the import): a preloaded print(1) that waited
+    // reports about what a cold one does (its interpreter's start-up included), not the
+    // 50 ms and more it used to.
+    wait_warm(&s).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let warm = warm_run(&s, tenant, "print(1)", &limits).await;
+    let mut job = JobSpec::python("print(1)", limits.clone());
+    job.tenant = tenant.to_string();
+    let reference = cold.run(job, None).await.expect("cold run");
+    let (w, c) = (
+        warm.cpu_ms.expect("cpu_ms"),
+        reference.cpu_ms.expect("cpu_ms"),
+    );
+    eprintln!("cpu_ms of print(1): preloaded {w}, cold {c}");
+    assert!(
+        w <= c + 20,
+        "preloaded print(1) reports {w} ms of CPU, a cold one {c}"
+    );
 
     s.shutdown().await;
     common::assert_clean(&s, tenant).await;

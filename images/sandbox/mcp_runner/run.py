@@ -20,6 +20,7 @@ def run(child, job):
     deadline = time.monotonic() + float(deadline_s) if deadline_s else None
     timed_out = False
     exited_at = None
+    preload.dispatching(child, job)
     try:
         child.go(job.entry)
     except OSError:

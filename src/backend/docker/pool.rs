@@ -292,14 +292,17 @@ pub(super) struct Preloads {
     learner: Mutex<Learner<(String, RunEnv)>>,
 }
 
-/// Preloading refills at once over all pools: one per core. Their containers wait at a
-/// quarter of the default CPU weight (see `launch`), so under contention the runs get the
-/// CPU first; the bound keeps many pools (tenants) from importing all at once.
+/// Preloading refills at once over all pools: one per two cores (at least one). Imports
+/// keep a core busy for about half a second per sandbox; with half the cores left to the
+/// server, the Docker daemon and the runs, a refill does not slow the runs it serves (on
+/// two cores, two preloading refills at once made `print(1)` some 30% slower). The bound
+/// also keeps many pools (tenants) from importing all at once.
 pub(super) fn preload_slots() -> usize {
-    std::thread::available_parallelism()
+    (std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
-        .max(1)
+        / 2)
+    .max(1)
 }
 
 impl Preloads {
