@@ -32,6 +32,8 @@ pub(super) struct Live {
     /// The runner has said `R`.
     ready: bool,
     pub(super) born: Instant,
+    /// Its CPU weight while it waits in a preloading pool, lowered (see [`super::weight`]).
+    pub(super) weight: Option<super::weight::Lowered>,
 }
 
 impl Live {
@@ -43,6 +45,7 @@ impl Live {
             decoder: FrameDecoder::default(),
             ready: false,
             born: Instant::now(),
+            weight: None,
         }
     }
 

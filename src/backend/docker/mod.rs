@@ -48,6 +48,7 @@ mod outcome;
 mod pool;
 mod session;
 pub mod spec;
+mod weight;
 
 /// The [`LABEL_OWNER`] value of what process `pid` of this host makes
 /// (`host/pid/start-time`); `None` when there is no such process.

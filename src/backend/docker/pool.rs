@@ -131,7 +131,9 @@ impl Pool {
             match q.pop_front() {
                 None => break None,
                 Some(mut live) => {
-                    if live.born.elapsed() < MAX_IDLE && live.still_waiting() {
+                    // A preloading container gets its CPU weight back before it runs.
+                    let weighted = live.weight.take().is_none_or(|w| w.restore());
+                    if weighted && live.born.elapsed() < MAX_IDLE && live.still_waiting() {
                         break Some(live);
                     }
                     // Dropped here: its guard removes it in the background.
@@ -206,7 +208,20 @@ pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
                     pool.in_flight.fetch_sub(1, Ordering::SeqCst);
                     return;
                 }
-                let wait = inner.preloads.slots.acquire();
+                // A pool with nothing waiting may also take one of the extra permits:
+                // its next run would go cold otherwise. Looked at again every 200 ms.
+                let empty = pool.ready.lock().expect("pool lock").is_empty();
+                let slots = &inner.preloads;
+                let wait = async {
+                    if empty {
+                        tokio::select! {
+                            p = slots.slots.acquire() => p,
+                            p = slots.extra.acquire() => p,
+                        }
+                    } else {
+                        slots.slots.acquire().await
+                    }
+                };
                 if let Ok(p) = tokio::time::timeout(Duration::from_millis(200), wait).await {
                     permit = Some(p);
                 }
@@ -222,6 +237,10 @@ pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
                         &preload,
                     )
                     .await?;
+                if !preload.is_empty() {
+                    // Its imports yield to the server, the daemon and the runs.
+                    live.weight = super::weight::lower(live.guard.id());
+                }
                 live.wait_ready().await?;
                 Ok::<_, crate::backend::BackendError>(live)
             }
@@ -289,26 +308,34 @@ impl std::ops::Add for PoolStats {
 /// at once, and what was learned per pool key (tenant, or the shared pool) and environment.
 pub(super) struct Preloads {
     pub(super) slots: tokio::sync::Semaphore,
+    /// The rest of the cores, for refills of a pool with nothing waiting (see
+    /// [`preload_slots`]).
+    pub(super) extra: tokio::sync::Semaphore,
     learner: Mutex<Learner<(String, RunEnv)>>,
 }
 
-/// Preloading refills at once over all pools: one per two cores (at least one). Imports
-/// keep a core busy for about half a second per sandbox; with half the cores left to the
-/// server, the Docker daemon and the runs, a refill does not slow the runs it serves (on
-/// two cores, two preloading refills at once made `print(1)` some 30% slower). The bound
-/// also keeps many pools (tenants) from importing all at once.
-pub(super) fn preload_slots() -> usize {
-    (std::thread::available_parallelism()
+/// Preloading refills at once over all pools: one per two cores (at least one), and up to
+/// one per core while a pool has nothing waiting. Imports keep a core busy for about half
+/// a second per sandbox; with half the cores left to the server, the Docker daemon and the
+/// runs, a refill does not slow the runs it serves (on two cores, two preloading refills
+/// at once made `print(1)` some 30% slower), but an empty pool means the next run goes
+/// cold, which costs it far more. The bound also keeps many pools (tenants) from
+/// importing all at once. Returns (always, only for an empty pool).
+pub(super) fn preload_slots() -> (usize, usize) {
+    let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
-        / 2)
-    .max(1)
+        .max(1);
+    let base = (cores / 2).max(1);
+    (base, cores - base)
 }
 
 impl Preloads {
     pub(super) fn new(config: &PreloadConfig) -> Self {
+        let (base, extra) = preload_slots();
         Preloads {
-            slots: tokio::sync::Semaphore::new(preload_slots()),
+            slots: tokio::sync::Semaphore::new(base),
+            extra: tokio::sync::Semaphore::new(extra),
             learner: Mutex::new(Learner::new(config.learn_max)),
         }
     }
