@@ -118,13 +118,24 @@ fn quota_message(server: bool, used: u64, adding: u64, limit: u64) -> String {
 /// A cap on the bytes under some directories together (a tenant's code storage and
 /// workspaces; or, server-wide, those of every tenant), checked before each write, with
 /// the cap it sits within. Two writes racing may pass it by one write.
+///
+/// What the directories hold is walked at most once per [`USAGE_FRESH`] (or after
+/// [`StorageQuota::forget`]), not on every write: between walks each granted write adds its
+/// bytes (less those of the file it replaces) to the last walk's figure, so a burst of
+/// writes is held to the cap while the walk, which grows with every file stored (the
+/// server-wide quota walks every tenant's), stays off most requests.
 #[derive(Debug)]
 pub struct StorageQuota {
     limit: u64,
     roots: Vec<PathBuf>,
     server: bool,
     within: Option<Arc<StorageQuota>>,
+    /// Bytes used as of the last walk plus the writes granted since, and when it walked.
+    usage: Mutex<Option<(std::time::Instant, u64)>>,
 }
+
+/// How long a walk of a quota's directories stands in for them.
+pub const USAGE_FRESH: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl StorageQuota {
     /// A tenant's quota.
@@ -134,6 +145,7 @@ impl StorageQuota {
             roots,
             server: false,
             within: None,
+            usage: Mutex::default(),
         }
     }
 
@@ -175,24 +187,57 @@ impl StorageQuota {
         self.roots.iter().map(|r| walk(r, 0)).sum()
     }
 
-    /// Would `adding` bytes more (replacing a file of `replacing` bytes) fit?
+    /// Would `adding` bytes more (replacing a file of `replacing` bytes) fit, in this quota
+    /// and every one it sits within? When they do, the write is counted in each.
     pub async fn check(self: &Arc<Self>, adding: u64, replacing: u64) -> Result<(), StorageError> {
+        let mut chain = vec![self.clone()];
+        while let Some(outer) = chain.last().and_then(|q| q.within.clone()) {
+            chain.push(outer);
+        }
+        for quota in &chain {
+            let used = quota.current().await;
+            if used.saturating_sub(replacing) + adding > quota.limit {
+                return Err(StorageError::Quota {
+                    used,
+                    adding,
+                    limit: quota.limit,
+                    server: quota.server,
+                });
+            }
+        }
+        for quota in &chain {
+            if let Some((_, used)) = quota.lock_usage().as_mut() {
+                *used = used.saturating_sub(replacing) + adding;
+            }
+        }
+        Ok(())
+    }
+
+    /// Walk again at the next check (files were removed: a workspace, stored code).
+    pub fn forget(&self) {
+        *self.lock_usage() = None;
+        if let Some(outer) = &self.within {
+            outer.forget();
+        }
+    }
+
+    fn lock_usage(&self) -> std::sync::MutexGuard<'_, Option<(std::time::Instant, u64)>> {
+        self.usage.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bytes used: the last walk's figure with the writes since, or a new walk.
+    async fn current(self: &Arc<Self>) -> u64 {
+        if let Some((at, used)) = *self.lock_usage() {
+            if at.elapsed() < USAGE_FRESH {
+                return used;
+            }
+        }
         let me = self.clone();
         let used = tokio::task::spawn_blocking(move || me.used())
             .await
             .unwrap_or(0);
-        if used.saturating_sub(replacing) + adding > self.limit {
-            return Err(StorageError::Quota {
-                used,
-                adding,
-                limit: self.limit,
-                server: self.server,
-            });
-        }
-        match &self.within {
-            Some(outer) => Box::pin(outer.check(adding, replacing)).await,
-            None => Ok(()),
-        }
+        *self.lock_usage() = Some((std::time::Instant::now(), used));
+        used
     }
 }
 
@@ -264,7 +309,12 @@ impl CodeStorage {
             *last = Some(std::time::Instant::now());
         }
         let dir = self.canonical.clone();
-        let _ = tokio::task::spawn_blocking(move || sweep_older(&dir, age)).await;
+        let removed = tokio::task::spawn_blocking(move || sweep_older(&dir, age))
+            .await
+            .unwrap_or(0);
+        if let (true, Some(q)) = (removed > 0, self.quota.get()) {
+            q.forget();
+        }
     }
 
     /// Count every write against `quota` from now on (set once; later calls are ignored).
@@ -792,6 +842,40 @@ pub fn sanitize_stem(filename: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The quota walks once, then counts granted writes (a burst stays within the cap
+    /// without a walk each), and walks again after `forget`.
+    #[tokio::test]
+    async fn the_quota_counts_writes_between_walks_and_walks_again_when_told() {
+        let dir =
+            std::env::temp_dir().join(format!("mcpx-quota-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a"), vec![0u8; 600]).unwrap();
+        let q = Arc::new(StorageQuota::new(1000, vec![dir.clone()]));
+        q.check(300, 0).await.expect("600 + 300 fit");
+        // Not written yet, but granted: the next 300 would pass 1000.
+        assert!(matches!(
+            q.check(300, 0).await,
+            Err(StorageError::Quota { used: 900, .. })
+        ));
+        // Replacing the 600-byte file by an empty one gives its bytes back at once.
+        q.check(0, 600).await.expect("shrinking always fits");
+        q.check(300, 0).await.expect("room again");
+        // A file removed behind the quota's back is seen after `forget`.
+        std::fs::write(dir.join("b"), vec![0u8; 900]).unwrap();
+        q.forget();
+        assert!(q.check(200, 0).await.is_err(), "600 + 900 on disk");
+        std::fs::remove_file(dir.join("b")).unwrap();
+        q.forget();
+        q.check(200, 0).await.expect("600 on disk");
+        let outer = Arc::new(StorageQuota::server_wide(700, vec![dir.clone()]));
+        let inner =
+            Arc::new(StorageQuota::new(10_000, vec![dir.clone()]).within(Some(outer.clone())));
+        assert!(inner.check(200, 0).await.is_err(), "the outer cap holds");
+        // A refusal by the outer cap counts nothing in the inner one.
+        assert_eq!(inner.lock_usage().map(|u| u.1), Some(600));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn tmp() -> (tempdir::Dir, CodeStorage) {
         let d = tempdir::Dir::new();

@@ -91,6 +91,9 @@ impl Workspaces {
             if let Err(e) = std::fs::remove_dir_all(&dir) {
                 tracing::warn!(dir = %dir.display(), error = %e, "session workspace not removed");
             }
+            if let Some(q) = self.quota.get() {
+                q.forget();
+            }
         }
     }
 
