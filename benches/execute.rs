@@ -138,6 +138,9 @@ async fn main() {
         .env("MCP_EXECUTOR_DATA_DIR", scratch.join("data"))
         .env("CODE_STORAGE_DIR", scratch.join("code"))
         .env("MCP_EXECUTOR_MAX_CONCURRENT", "8")
+        // The burst sends BENCH_BURST calls of one tenant at once: above the hosted default
+        // of 64 open responses per tenant, which would answer the rest 429.
+        .env("MCP_EXECUTOR_MAX_STREAMS_PER_TENANT", "256")
         .env("RUST_LOG", "mcp_code_executor=warn")
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)

@@ -20,8 +20,8 @@
 //!   `backend::collect`) every backend shares, preloading's runner report and learner
 //!   ([`backend::preload`]), the neutral description of the sandbox image
 //!   ([`backend::image`]), and a fake for fast tests (`backend::fake`). [`backend::docker`] is the Docker backend and
-//!   the only place the Docker client crate is used: the container spec, launch, sessions, the warm pool, the
-//!   removal guard and sweep, the image build. `backend::kubernetes` (the `kubernetes` cargo
+//!   the only place the Docker client crate is used: the container spec, launch, sessions, the warm pool (with
+//!   the CPU weight of its preloading containers), the removal guard and sweep, the image build. `backend::kubernetes` (the `kubernetes` cargo
 //!   feature, on by default) is the Kubernetes backend, the only place kube-rs is used: a
 //!   hardened pod per run or session, attached over `pods/attach`, warm pods, the verdict
 //!   from the pod status, deletion on every path and the sweep by label. The runner itself,
@@ -30,12 +30,13 @@
 //!   default) and installs into it in sandboxed installer jobs; the backend decides how an
 //!   environment reaches the sandbox.
 //! - [`tenancy`]: the tenants file, bearer tokens (stored as SHA-256), runs-per-minute
-//!   buckets and the fair run scheduler. [`storage`]: the code storage directory; every
-//!   client `file_path` is confined to it.
+//!   buckets, the fair run scheduler and each tenant's memory budget (runs and open
+//!   sessions together). [`storage`]: the code storage directory, where every client
+//!   `file_path` is confined, and the storage quotas.
 //! - [`app`]: the application core every front end calls. [`app::Service`] holds the
 //!   backend, the run slots shared fairly by every tenant, the metrics, readiness and
 //!   shutdown; a tenant's [`app::Executor`] admits a run (rate), holds its environment,
-//!   takes a run slot and calls the backend, racing cancellation and shutdown; a client's
+//!   takes its share of the memory budget and a run slot and calls the backend, racing cancellation and shutdown; a client's
 //!   [`app::Connection`] owns its `execute_python` session and workspace.
 //! - [`mcp`]: the MCP server, which only translates. [`mcp::tools`] holds the fourteen
 //!   tools (the nine of the code-executor servers we replace, `execute_python`,
