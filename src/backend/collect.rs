@@ -16,6 +16,52 @@ pub(crate) enum Ended {
     Vanished(Collected),
 }
 
+impl Ended {
+    /// Did a session's cell end with its interpreter still there: a report of the cell (not
+    /// of the runner's end), no signal, exit status 0 or 1 (1: the code raised)?
+    pub(crate) fn kept_the_interpreter(&self) -> bool {
+        matches!(self, Ended::Report(r, _) if !r.ended && r.signal.is_none() && r.exit_code.is_some_and(|c| c <= 1))
+    }
+}
+
+/// The rules of a session (one sandbox, one interpreter, cell after cell) that every
+/// backend keeps the same way.
+pub(crate) mod session {
+    use crate::backend::BackendError;
+    use crate::job::Outcome;
+
+    /// The answer to a call into a session that has ended.
+    pub(crate) fn ended() -> BackendError {
+        BackendError::Rejected("this session has ended; open a new one".into())
+    }
+
+    /// After a cell whose end [`super::Ended::kept_the_interpreter`] (or not): does the
+    /// session go on? A timeout, an OOM kill or a dead interpreter (`exit()` included,
+    /// whatever its status) ends it: its state is gone.
+    pub(crate) fn goes_on(kept_the_interpreter: bool, o: &Outcome) -> bool {
+        kept_the_interpreter && !o.timed_out && !o.oom_killed
+    }
+
+    /// What putting workspace files into a session came to, and whether the session goes
+    /// on: exit status 1 is a refusal (a name, the workspace full) and the session goes on;
+    /// a timeout, an OOM kill or a vanished runner end it.
+    pub(crate) fn files_put(
+        outcome: Result<Outcome, BackendError>,
+    ) -> (Result<(), BackendError>, bool) {
+        match outcome {
+            Ok(o) if o.success() => (Ok(()), true),
+            Ok(o) => (
+                Err(BackendError::Runner(format!(
+                    "workspace files could not be copied into the session: {}",
+                    o.stderr_text().trim_end()
+                ))),
+                o.exit_code == Some(1) && !o.timed_out && !o.oom_killed,
+            ),
+            Err(e) => (Err(e), false),
+        }
+    }
+}
+
 /// A frame [`Collected::absorb`] leaves to the caller: it changes the conversation, not
 /// the result.
 pub(crate) enum Control {

@@ -13,6 +13,7 @@ pub mod fake;
 pub mod image;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
+pub(crate) mod pool;
 pub mod preload;
 pub mod protocol;
 

@@ -152,7 +152,7 @@ impl PoolHandle {
     ) -> PoolHandle {
         let preload = inner.preloads.list_for(&inner.config.preload, label, &env);
         let pool = Arc::new(Pool::new(limits, env, size, label).with_preload(preload));
-        let workers = (0..pool::REFILL_WORKERS)
+        let workers = (0..crate::backend::pool::REFILL_WORKERS)
             .map(|_| tokio::spawn(pool::refill(inner.clone(), pool.clone())))
             .collect();
         PoolHandle { pool, workers }

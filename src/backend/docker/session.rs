@@ -12,7 +12,7 @@ use async_trait::async_trait;
 
 use super::live::Live;
 use super::Inner;
-use crate::backend::collect::Ended;
+use crate::backend::collect::session;
 use crate::backend::protocol;
 use crate::backend::{emit, BackendError, Events, Session};
 use crate::job::{Limits, Outcome, RunEvent};
@@ -109,9 +109,7 @@ impl Session for DockerSession {
         events: Events,
     ) -> Result<Outcome, BackendError> {
         if !self.alive {
-            return Err(BackendError::Rejected(
-                "this session has ended; open a new one".into(),
-            ));
+            return Err(session::ended());
         }
         let started = Instant::now();
         self.thaw().await?;
@@ -133,7 +131,7 @@ impl Session for DockerSession {
                 return Err(e);
             }
         };
-        let report_ok = matches!(&ended, Ended::Report(r, _) if !r.ended && r.signal.is_none() && r.exit_code.is_some_and(|c| c <= 1));
+        let kept = ended.kept_the_interpreter();
         let mut outcome = match self.inner.outcome_of(ended, &self.live.guard).await {
             Ok(o) => o,
             Err(e) => {
@@ -141,11 +139,7 @@ impl Session for DockerSession {
                 return Err(e);
             }
         };
-        // A timeout, an OOM kill or a dead interpreter (`exit()` included, whatever its
-        // status) ends the session: its state is gone.
-        if !report_ok || outcome.timed_out || outcome.oom_killed {
-            self.alive = false;
-        }
+        self.alive = session::goes_on(kept, &outcome);
         self.freeze().await;
         outcome.duration_ms = started.elapsed().as_millis() as u64;
         Ok(outcome)
@@ -160,9 +154,7 @@ impl Session for DockerSession {
             return Ok(());
         }
         if !self.alive {
-            return Err(BackendError::Rejected(
-                "this session has ended; open a new one".into(),
-            ));
+            return Err(session::ended());
         }
         // A message of the runner's session protocol: the runner unpacks the files itself,
         // the interpreter runs nothing and its state is untouched.
@@ -178,24 +170,9 @@ impl Session for DockerSession {
             Err(e) => Err(e),
         };
         self.freeze().await;
-        match outcome {
-            Ok(o) if o.success() => Ok(()),
-            Ok(o) => {
-                // Exit code 1: refused or the workspace is full, and the session goes on.
-                // A timeout, an OOM kill or a vanished runner end it.
-                if o.exit_code != Some(1) || o.timed_out || o.oom_killed {
-                    self.alive = false;
-                }
-                Err(BackendError::Runner(format!(
-                    "workspace files could not be copied into the session: {}",
-                    o.stderr_text().trim_end()
-                )))
-            }
-            Err(e) => {
-                self.alive = false;
-                Err(e)
-            }
-        }
+        let (put, goes_on) = session::files_put(outcome);
+        self.alive &= goes_on;
+        put
     }
 
     fn alive(&self) -> bool {

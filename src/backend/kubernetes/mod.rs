@@ -130,7 +130,7 @@ struct PoolHandle {
 impl PoolHandle {
     fn start(inner: &Arc<Inner>, limits: Limits, env: RunEnv, size: usize, label: &str) -> Self {
         let pool = Arc::new(Pool::new(limits, env, size, label));
-        let workers = (0..pool::REFILL_WORKERS)
+        let workers = (0..crate::backend::pool::REFILL_WORKERS)
             .map(|_| tokio::spawn(pool::refill(inner.clone(), pool.clone())))
             .collect();
         PoolHandle { pool, workers }
