@@ -34,12 +34,6 @@ pub enum MemoryError {
         sessions: usize,
         asked: Size,
     },
-    #[error("tenant `{tenant}`'s sandboxes may hold {budget} of memory together (memory_budget), less than the {asked} this sandbox asks for")]
-    TooLarge {
-        tenant: String,
-        budget: Size,
-        asked: Size,
-    },
 }
 
 /// Bytes, shown in MiB.
@@ -120,14 +114,16 @@ impl MemoryBudget {
         self.budget
     }
 
-    /// Take `bytes` for `holder`: at once when they fit, after the tenant's runs give back
-    /// enough when they do not, refused at once when its sessions (or the budget itself)
-    /// leave too little. Dropping the future gives up its place.
+    /// Take `bytes` for `holder` (a sandbox larger than the whole budget, an installer
+    /// say, takes all of it): at once when they fit, after the tenant's runs give back
+    /// enough when they do not, refused at once when its sessions leave too little.
+    /// Dropping the future gives up its place.
     pub async fn hold(
         self: &Arc<Self>,
         holder: Holder,
         bytes: u64,
     ) -> Result<MemoryHold, MemoryError> {
+        let bytes = self.budget.map_or(bytes, |b| bytes.min(b));
         loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
@@ -147,13 +143,6 @@ impl MemoryBudget {
     fn try_take(&self, holder: Holder, bytes: u64) -> Result<bool, MemoryError> {
         let mut h = self.lock();
         if let Some(budget) = self.budget {
-            if bytes > budget {
-                return Err(MemoryError::TooLarge {
-                    tenant: self.tenant.clone(),
-                    budget: Size(budget),
-                    asked: Size(bytes),
-                });
-            }
             if h.sessions + bytes > budget {
                 return Err(MemoryError::HeldBySessions {
                     tenant: self.tenant.clone(),
@@ -243,10 +232,21 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_share_above_the_budget_is_refused_and_unlimited_counts_only() {
+    async fn a_sandbox_above_the_budget_takes_all_of_it_and_unlimited_counts_only() {
+        // An installer (2 GiB) under a budget of 256 MiB: it runs alone, holding it all.
         let b = MemoryBudget::new("t", Some(256 * MIB));
-        let e = b.hold(Holder::Run, 512 * MIB).await.unwrap_err();
-        assert!(matches!(e, MemoryError::TooLarge { .. }), "{e}");
+        let install = b.hold(Holder::Run, 2048 * MIB).await.unwrap();
+        assert_eq!(b.held().runs, 256 * MIB);
+        let b2 = b.clone();
+        let run = tokio::spawn(async move { b2.hold(Holder::Run, 128 * MIB).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!run.is_finished(), "a run waits for the installer");
+        drop(install);
+        let run = tokio::time::timeout(Duration::from_secs(5), run)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(run.is_ok());
         let free = MemoryBudget::new("t", None);
         let holds: Vec<_> =
             futures::future::join_all((0..8).map(|_| free.hold(Holder::Session, 1024 * MIB))).await;
