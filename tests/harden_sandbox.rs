@@ -388,6 +388,36 @@ async fn a_session_is_frozen_between_cells() {
     common::assert_clean(&sb, tenant).await;
 }
 
+/// A session whose container is found running when the next cell thaws it (a pause that
+/// did not take, here undone by hand) goes on with its state; it is frozen again after.
+#[tokio::test]
+async fn a_session_found_running_at_its_thaw_goes_on() {
+    let tenant = "t-hs-thaw";
+    let _clean = common::remove_on_drop(tenant);
+    let sb = common::sandbox().await;
+    let mut s = sb
+        .open_session(session_spec(tenant, false))
+        .await
+        .expect("session");
+    let o = cell(&mut s, "x = 5").await;
+    assert!(o.success(), "{o:?}");
+    let ids = common::own_containers_of(tenant);
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert!(docker_paused(&ids[0]));
+    let unpaused = std::process::Command::new("docker")
+        .args(["unpause", &ids[0]])
+        .status()
+        .expect("docker unpause runs");
+    assert!(unpaused.success());
+    assert!(!docker_paused(&ids[0]));
+    let o = cell(&mut s, "print(x)").await;
+    assert_eq!(o.stdout_text(), "5\n", "{o:?}");
+    assert!(s.alive(), "the session goes on");
+    assert!(docker_paused(&ids[0]), "frozen again after the cell");
+    drop(s);
+    common::assert_clean(&sb, tenant).await;
+}
+
 // ---- item 5: environment probes and installs take run slots ------------------------------
 
 mod mcp_support;

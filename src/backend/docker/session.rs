@@ -77,23 +77,20 @@ impl DockerSession {
         if !self.frozen {
             return Ok(());
         }
-        match self
-            .inner
-            .docker
-            .unpause_container(self.live.guard.id())
-            .await
-        {
-            // Running already (a pause Docker reported failed that did not take): as wanted.
-            Err(e) if e.to_string().contains("is not paused") => {
+        let id = self.live.guard.id();
+        if let Err(e) = self.inner.docker.unpause_container(id).await {
+            // Running and not paused after all (a pause Docker reported failed that did not
+            // take, say): as wanted. Anything else ends the session.
+            let state = self.inner.docker.inspect_container(id, None).await.ok();
+            let state = state.and_then(|c| c.state).unwrap_or_default();
+            if state.running == Some(true) && state.paused != Some(true) {
                 tracing::debug!(error = %e, "a session's container was not paused");
-            }
-            Err(e) => {
+            } else {
                 self.alive = false;
                 return Err(BackendError::Runner(format!(
                     "the session's sandbox could not be resumed: {e}; open a new session"
                 )));
             }
-            Ok(()) => {}
         }
         self.frozen = false;
         Ok(())
