@@ -16,7 +16,6 @@
 //! [`image`] (building the image), `lifecycle` (the benchmark's Docker ceiling). This file
 //! holds the configuration, the backend with its map of pools, and the [`Backend`] impl.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -85,15 +84,13 @@ pub struct DockerConfig {
     pub preload: crate::backend::preload::PreloadConfig,
 }
 
-/// A tenant's pool unused this long is removed (per-tenant pools only).
-pub const POOL_IDLE: Duration = Duration::from_secs(600);
+pub use crate::backend::pool::POOL_IDLE;
 
 /// How long [`DockerBackend::shutdown`] waits for the containers still held by runs being
 /// cancelled.
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(30);
 
-/// The key of the shared pool in [`DockerBackend`]'s pool map, and its containers' label.
-const SHARED_POOL: &str = "pool";
+use crate::backend::pool::{PoolHandle, Pools};
 
 impl DockerConfig {
     /// The image, runc, the image's Python, no pool.
@@ -125,52 +122,10 @@ pub(super) struct Inner {
 /// The real backend.
 pub struct DockerBackend {
     inner: Arc<Inner>,
-    /// Warm pools by key: [`SHARED_POOL`], or tenant ids with `pool_per_tenant`; each with
-    /// the time a run last took from it.
-    pools: std::sync::Mutex<HashMap<String, (PoolHandle, Instant)>>,
-    /// Pools replaced by a reconfiguration, still stopping.
-    retiring: std::sync::Mutex<Vec<JoinHandle<()>>>,
-    /// [`DockerBackend::shutdown`] has begun: no pool is started any more.
-    closed: std::sync::atomic::AtomicBool,
+    /// Warm pools: one shared, or one per tenant (see [`crate::backend::pool::Pools`]).
+    pools: Pools<Live>,
     /// The periodic sweep of a long-lived server, stopped at shutdown.
     sweeper: std::sync::Mutex<Option<JoinHandle<()>>>,
-}
-
-/// A running pool and its refill workers.
-struct PoolHandle {
-    pool: Arc<Pool>,
-    workers: Vec<JoinHandle<()>>,
-}
-
-impl PoolHandle {
-    fn start(
-        inner: &Arc<Inner>,
-        limits: Limits,
-        env: RunEnv,
-        size: usize,
-        label: &str,
-    ) -> PoolHandle {
-        let preload = inner.preloads.list_for(&inner.config.preload, label, &env);
-        let pool = Arc::new(Pool::new(limits, env, size, label).with_preload(preload));
-        let workers = (0..crate::backend::pool::REFILL_WORKERS)
-            .map(|_| tokio::spawn(pool::refill(inner.clone(), pool.clone())))
-            .collect();
-        PoolHandle { pool, workers }
-    }
-
-    /// Close the pool and wait for its workers: a worker finishes the container it is
-    /// making, sees the pool closed and drops it (aborting mid-create would be safe too,
-    /// the guard knows the name, but slower to clean).
-    async fn stop(self) {
-        self.pool.close();
-        for w in self.workers {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
-            while !w.is_finished() && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            w.abort();
-        }
-    }
 }
 
 /// Refuse a runtime the daemon does not have registered, with what to run: otherwise every
@@ -216,120 +171,35 @@ impl DockerBackend {
             config,
         });
         let c = &inner.config;
-        let mut pools = HashMap::new();
-        if c.pool_size > 0 && !c.pool_per_tenant {
-            let h = PoolHandle::start(
-                &inner,
-                c.pool_limits.clone(),
-                c.pool_env.clone(),
-                c.pool_size,
-                SHARED_POOL,
-            );
-            pools.insert(SHARED_POOL.to_string(), (h, Instant::now()));
-        }
+        let starter = inner.clone();
+        // A new pool preloads what is configured and learned for its key.
+        let start = move |pool: Pool| {
+            let config = &starter.config.preload;
+            let list = starter.preloads.list_for(config, &pool.label, &pool.env);
+            let inner = starter.clone();
+            PoolHandle::start(pool.with_preload(list), move |p| {
+                pool::refill(inner.clone(), p)
+            })
+        };
+        let shared = (c.pool_limits.clone(), c.pool_env.clone());
+        let pools = Pools::new(c.pool_size, c.pool_per_tenant, shared, Box::new(start));
         Ok(DockerBackend {
             inner,
-            pools: std::sync::Mutex::new(pools),
-            retiring: std::sync::Mutex::default(),
-            closed: std::sync::atomic::AtomicBool::new(false),
+            pools,
             sweeper: std::sync::Mutex::default(),
         })
-    }
-
-    fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<String, (PoolHandle, Instant)>> {
-        self.pools.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Pool figures, all pools together; `None` when the pool is off. The Docker backend's
     /// own tests read them; everything else reads [`Backend::stats`].
     pub fn pool_stats(&self) -> Option<PoolStats> {
-        if self.inner.config.pool_size == 0 {
-            return None;
-        }
-        Some(
-            self.pools()
-                .values()
-                .map(|(h, _)| h.pool.stats())
-                .fold(PoolStats::default(), |a, b| a + b),
-        )
+        self.pools.stats()
     }
 
-    /// Start the pool `key` (a tenant, or the shared one) anew with this shape; the old
-    /// one, if any, is stopped in the background.
-    fn replace_pool(&self, key: &str, limits: Limits, env: RunEnv) {
-        let size = self.inner.config.pool_size;
-        if size == 0 || self.is_closed() {
-            return;
-        }
-        let new = PoolHandle::start(&self.inner, limits, env, size, key);
-        let old = self.pools().insert(key.to_string(), (new, Instant::now()));
-        if let Some((old, _)) = old {
-            self.retire(old);
-        }
-    }
-
-    fn retire(&self, old: PoolHandle) {
-        old.pool.close();
-        let stopping = tokio::spawn(old.stop());
-        self.retiring.lock().expect("retiring lock").push(stopping);
-    }
-
-    /// A waiting container for `job`, if its pool has one of its shape. With per-tenant
-    /// pools, a tenant's usual run ([`JobSpec::keep_warm`]) starts its pool when it has
-    /// none or one of another shape (limits or environment changed), and pools unused for
-    /// [`POOL_IDLE`] are removed.
+    /// A waiting container for `job`, if its pool has one of its shape.
     fn take_warm(&self, job: &JobSpec) -> Option<Live> {
-        if self.inner.config.pool_size == 0 || self.is_closed() {
-            return None;
-        }
-        if !self.inner.config.pool_per_tenant {
-            let pools = self.pools();
-            return pools.get(SHARED_POOL)?.0.pool.take(&job.limits, &job.env);
-        }
-        let mut pools = self.pools();
-        let idle: Vec<String> = pools
-            .iter()
-            .filter(|(k, (_, used))| **k != job.tenant && used.elapsed() > POOL_IDLE)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in idle {
-            if let Some((h, _)) = pools.remove(&k) {
-                tracing::debug!(tenant = %k, "idle tenant pool removed");
-                self.retire(h);
-            }
-        }
-        if let Some((h, used)) = pools.get_mut(&job.tenant) {
-            *used = Instant::now();
-            if h.pool.fits(&job.limits, &job.env) || !job.keep_warm {
-                return h.pool.take(&job.limits, &job.env);
-            }
-        }
-        if job.keep_warm {
-            let h = PoolHandle::start(
-                &self.inner,
-                job.limits.clone(),
-                job.env.clone(),
-                self.inner.config.pool_size,
-                &job.tenant,
-            );
-            if let Some((old, _)) = pools.insert(job.tenant.clone(), (h, Instant::now())) {
-                self.retire(old);
-            }
-        }
-        None
-    }
-
-    fn is_closed(&self) -> bool {
-        self.closed.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-impl Drop for DockerBackend {
-    fn drop(&mut self) {
-        for (h, _) in self.pools().values() {
-            // Workers stop by themselves once they see the pool closed.
-            h.pool.close();
-        }
+        self.pools
+            .take(&job.tenant, &job.limits, &job.env, job.keep_warm)
     }
 }
 
@@ -491,18 +361,10 @@ impl Backend for DockerBackend {
     /// backend made is removed (runs being cancelled drop theirs a moment later), for at
     /// most [`SHUTDOWN_DEADLINE`]; what is left then goes to the next start-up sweep.
     async fn shutdown(&self) {
-        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         if let Some(t) = self.sweeper.lock().expect("sweeper lock").take() {
             t.abort();
         }
-        let handles: Vec<PoolHandle> = self.pools().drain().map(|(_, (h, _))| h).collect();
-        for h in handles {
-            h.stop().await;
-        }
-        let retiring = std::mem::take(&mut *self.retiring.lock().expect("retiring lock"));
-        for r in retiring {
-            let _ = r.await;
-        }
+        self.pools.shutdown().await;
         let left = self.inner.cleanup.drain_all(SHUTDOWN_DEADLINE).await;
         if left > 0 {
             tracing::warn!(
@@ -513,20 +375,7 @@ impl Backend for DockerBackend {
     }
 
     async fn prewarm(&self, tenant: &str, env: &RunEnv) {
-        let key = if self.inner.config.pool_per_tenant {
-            tenant
-        } else {
-            SHARED_POOL
-        };
-        let current = self
-            .pools()
-            .get(key)
-            .map(|(h, _)| (h.pool.limits.clone(), h.pool.env.clone()));
-        if let Some((limits, old)) = current {
-            if &old != env {
-                self.replace_pool(key, limits, env.clone());
-            }
-        }
+        self.pools.prewarm(tenant, env);
     }
 }
 

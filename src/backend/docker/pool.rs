@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::live::Live;
-use super::{DockerBackend, Inner, SHARED_POOL};
+use super::{DockerBackend, Inner};
 use crate::backend::pool::Waiting;
 use crate::backend::preload::{Learner, PreloadConfig};
 use crate::backend::protocol::Report;
@@ -155,15 +155,6 @@ impl Preloads {
 }
 
 impl DockerBackend {
-    /// The key of the pool a job of `job.tenant` takes from.
-    fn pool_key<'a>(&self, job: &'a JobSpec) -> &'a str {
-        if self.inner.config.pool_per_tenant {
-            &job.tenant
-        } else {
-            SHARED_POOL
-        }
-    }
-
     /// What a run's report says about preloading: a pool container's preload (modules
     /// missing from the environment, or dropped because they failed or did not fit under
     /// the memory budget, are left out of that pool's list from now on, said once in the
@@ -173,7 +164,7 @@ impl DockerBackend {
         if self.inner.config.pool_size == 0 || !config.enabled() {
             return;
         }
-        let key = self.pool_key(job).to_string();
+        let key = self.pools.key(&job.tenant).to_string();
         let k = (key.clone(), job.env.clone());
         let mut changed = false;
         if let (true, Some(p)) = (pooled, report.preload.as_deref()) {
@@ -228,34 +219,24 @@ impl DockerBackend {
             changed = true;
         }
         if changed {
-            let pools = self.pools();
-            if let Some((h, _)) = pools.get(&key) {
-                if h.pool.env == job.env {
-                    let list = self.inner.preloads.list_for(config, &key, &job.env);
-                    h.pool.set_preload(list);
+            let list = self.inner.preloads.list_for(config, &key, &job.env);
+            self.pools.with_pool(&key, |pool| {
+                if pool.env == job.env {
+                    pool.set_preload(list);
                 }
-            }
+            });
         }
     }
 
     /// The preload list the pool of `tenant` (the shared pool's key without per-tenant
     /// pools) makes its next container with; `None` without such a pool.
     pub fn preload_list(&self, tenant: &str) -> Option<Vec<String>> {
-        let key = if self.inner.config.pool_per_tenant {
-            tenant
-        } else {
-            SHARED_POOL
-        };
-        self.pools().get(key).map(|(h, _)| h.pool.preload())
+        self.pools
+            .with_pool(self.pools.key(tenant), |pool| pool.preload())
     }
 
     /// The modules learned for the pool of `tenant` with `env`.
     pub fn learned_preloads(&self, tenant: &str, env: &RunEnv) -> Vec<String> {
-        let key = if self.inner.config.pool_per_tenant {
-            tenant
-        } else {
-            SHARED_POOL
-        };
-        self.inner.preloads.learned(key, env)
+        self.inner.preloads.learned(self.pools.key(tenant), env)
     }
 }

@@ -15,7 +15,6 @@
 //! One file per concern: [`spec`] (the pod), `live` (create, attach, the conversation),
 //! `session` (a pod per session), `pool` (warm pods), `guard` (deletion, sweeps by label).
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -99,10 +98,9 @@ impl KubeConfig {
     }
 }
 
-/// A tenant's pool unused this long is removed (per-tenant pools only).
-pub const POOL_IDLE: Duration = Duration::from_secs(600);
+pub use crate::backend::pool::POOL_IDLE;
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(30);
-const SHARED_POOL: &str = "pool";
+use crate::backend::pool::{PoolHandle, Pools};
 
 /// What the request path and the pool's refill task share.
 pub(super) struct Inner {
@@ -116,36 +114,9 @@ pub(super) struct Inner {
 /// The Kubernetes backend.
 pub struct KubeBackend {
     inner: Arc<Inner>,
-    pools: std::sync::Mutex<HashMap<String, (PoolHandle, Instant)>>,
-    retiring: std::sync::Mutex<Vec<JoinHandle<()>>>,
-    closed: std::sync::atomic::AtomicBool,
+    /// Warm pools: one shared, or one per tenant (see [`crate::backend::pool::Pools`]).
+    pools: Pools<Live>,
     sweeper: std::sync::Mutex<Option<JoinHandle<()>>>,
-}
-
-struct PoolHandle {
-    pool: Arc<Pool>,
-    workers: Vec<JoinHandle<()>>,
-}
-
-impl PoolHandle {
-    fn start(inner: &Arc<Inner>, limits: Limits, env: RunEnv, size: usize, label: &str) -> Self {
-        let pool = Arc::new(Pool::new(limits, env, size, label));
-        let workers = (0..crate::backend::pool::REFILL_WORKERS)
-            .map(|_| tokio::spawn(pool::refill(inner.clone(), pool.clone())))
-            .collect();
-        PoolHandle { pool, workers }
-    }
-
-    async fn stop(self) {
-        self.pool.close();
-        for w in self.workers {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
-            while !w.is_finished() && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            w.abort();
-        }
-    }
 }
 
 /// A client from `kubeconfig` (or the usual places: in-cluster, `KUBECONFIG`,
@@ -192,22 +163,16 @@ impl KubeBackend {
             config,
         });
         let c = &inner.config;
-        let mut pools = HashMap::new();
-        if c.pool_size > 0 && !c.pool_per_tenant {
-            let h = PoolHandle::start(
-                &inner,
-                c.pool_limits.clone(),
-                c.pool_env.clone(),
-                c.pool_size,
-                SHARED_POOL,
-            );
-            pools.insert(SHARED_POOL.to_string(), (h, Instant::now()));
-        }
+        let starter = inner.clone();
+        let start = move |pool: Pool| {
+            let inner = starter.clone();
+            PoolHandle::start(pool, move |p| pool::refill(inner.clone(), p))
+        };
+        let shared = (c.pool_limits.clone(), c.pool_env.clone());
+        let pools = Pools::new(c.pool_size, c.pool_per_tenant, shared, Box::new(start));
         Ok(KubeBackend {
             inner,
-            pools: std::sync::Mutex::new(pools),
-            retiring: std::sync::Mutex::default(),
-            closed: std::sync::atomic::AtomicBool::new(false),
+            pools,
             sweeper: std::sync::Mutex::default(),
         })
     }
@@ -225,86 +190,22 @@ impl KubeBackend {
         )
     }
 
-    fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<String, (PoolHandle, Instant)>> {
-        self.pools.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Pool figures, all pools together; `None` when the pool is off.
     pub fn pool_stats(&self) -> Option<PoolStats> {
-        if self.inner.config.pool_size == 0 {
-            return None;
-        }
-        Some(
-            self.pools()
-                .values()
-                .map(|(h, _)| h.pool.stats())
-                .fold(PoolStats::default(), |a, b| a + b),
-        )
-    }
-
-    fn is_closed(&self) -> bool {
-        self.closed.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    fn retire(&self, old: PoolHandle) {
-        old.pool.close();
-        let stopping = tokio::spawn(old.stop());
-        self.retiring.lock().expect("retiring lock").push(stopping);
+        self.pools.stats()
     }
 
     /// A waiting pod for `job`, if its pool has one of its shape (the Docker backend's
     /// rules, per-tenant pools included).
     fn take_warm(&self, job: &JobSpec) -> Option<Live> {
-        if self.inner.config.pool_size == 0 || self.is_closed() {
-            return None;
-        }
-        let mut pools = self.pools();
-        if !self.inner.config.pool_per_tenant {
-            return pools.get(SHARED_POOL)?.0.pool.take(&job.limits, &job.env);
-        }
-        let idle: Vec<String> = pools
-            .iter()
-            .filter(|(k, (_, used))| **k != job.tenant && used.elapsed() > POOL_IDLE)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in idle {
-            if let Some((h, _)) = pools.remove(&k) {
-                self.retire(h);
-            }
-        }
-        if let Some((h, used)) = pools.get_mut(&job.tenant) {
-            *used = Instant::now();
-            if h.pool.fits(&job.limits, &job.env) || !job.keep_warm {
-                return h.pool.take(&job.limits, &job.env);
-            }
-        }
-        if job.keep_warm {
-            let h = PoolHandle::start(
-                &self.inner,
-                job.limits.clone(),
-                job.env.clone(),
-                self.inner.config.pool_size,
-                &job.tenant,
-            );
-            if let Some((old, _)) = pools.insert(job.tenant.clone(), (h, Instant::now())) {
-                self.retire(old);
-            }
-        }
-        None
+        self.pools
+            .take(&job.tenant, &job.limits, &job.env, job.keep_warm)
     }
 
     async fn cold(&self, job: &JobSpec, lifetime: Lifetime) -> Result<Live, BackendError> {
         self.inner
             .launch(&job.limits, &job.env, &job.tenant, &job.id, lifetime)
             .await
-    }
-}
-
-impl Drop for KubeBackend {
-    fn drop(&mut self) {
-        for (h, _) in self.pools().values() {
-            h.pool.close();
-        }
     }
 }
 
@@ -437,25 +338,7 @@ impl Backend for KubeBackend {
     }
 
     async fn prewarm(&self, tenant: &str, env: &RunEnv) {
-        let key = if self.inner.config.pool_per_tenant {
-            tenant
-        } else {
-            SHARED_POOL
-        };
-        let current = self
-            .pools()
-            .get(key)
-            .map(|(h, _)| (h.pool.limits.clone(), h.pool.env.clone()));
-        if let Some((limits, old)) = current {
-            if &old != env && !self.is_closed() {
-                let size = self.inner.config.pool_size;
-                let new = PoolHandle::start(&self.inner, limits, env.clone(), size, key);
-                if let Some((old, _)) = self.pools().insert(key.to_string(), (new, Instant::now()))
-                {
-                    self.retire(old);
-                }
-            }
-        }
+        self.pools.prewarm(tenant, env);
     }
 
     fn stats(&self) -> BackendStats {
@@ -489,18 +372,10 @@ impl Backend for KubeBackend {
     }
 
     async fn shutdown(&self) {
-        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         if let Some(t) = self.sweeper.lock().expect("sweeper lock").take() {
             t.abort();
         }
-        let handles: Vec<PoolHandle> = self.pools().drain().map(|(_, (h, _))| h).collect();
-        for h in handles {
-            h.stop().await;
-        }
-        let retiring = std::mem::take(&mut *self.retiring.lock().expect("retiring lock"));
-        for r in retiring {
-            let _ = r.await;
-        }
+        self.pools.shutdown().await;
         let left = self.inner.cleanup.drain_all(SHUTDOWN_DEADLINE).await;
         if left > 0 {
             tracing::warn!(left, "pods still held at shutdown; the next sweep (or their owner reference) removes them");
