@@ -18,8 +18,7 @@
 //!   runner protocol ([`backend::protocol`]), tar packing ([`backend::archive`]) and the
 //!   gathering of what a runner sends (output caps, the return bound, names fit to show,
 //!   the rules of a session: `backend::collect`) and the warm pools (refill workers, one
-//!   shared pool or one per tenant)
-//!   (`backend::pool`) every backend shares, preloading's runner report and learner
+//!   shared pool or one per tenant: `backend::pool`) every backend shares, preloading's runner report and learner
 //!   ([`backend::preload`]), the neutral description of the sandbox image
 //!   ([`backend::image`]), and a fake for fast tests (`backend::fake`). [`backend::docker`] is the Docker backend and
 //!   the only place the Docker client crate is used: the container spec, launch, sessions, the warm pool (with
