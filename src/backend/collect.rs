@@ -27,8 +27,87 @@ impl Ended {
 /// The rules of a session (one sandbox, one interpreter, cell after cell) that every
 /// backend keeps the same way.
 pub(crate) mod session {
-    use crate::backend::BackendError;
-    use crate::job::Outcome;
+    use std::time::{Duration, Instant};
+
+    use super::Ended;
+    use crate::backend::{emit, protocol, BackendError, Events};
+    use crate::job::{InputFile, Limits, Outcome, RunEvent};
+
+    /// A session's sandbox as the shared steps see it: one message in, what came back.
+    #[async_trait::async_trait]
+    pub(crate) trait Sandbox: Send {
+        /// Its name in progress events.
+        fn name(&self) -> String;
+        /// Send `message` to the runner (its input stays open) and gather what comes back.
+        async fn execute(
+            &mut self,
+            message: &[u8],
+            limits: &Limits,
+            events: &Events,
+        ) -> Result<Ended, BackendError>;
+        /// The outcome of what ended.
+        async fn outcome(&mut self, ended: Ended) -> Result<Outcome, BackendError>;
+    }
+
+    /// Run one cell under the session's `limits` with `timeout`: its outcome, and whether
+    /// the session goes on after it.
+    pub(crate) async fn run_cell<S: Sandbox>(
+        s: &mut S,
+        limits: &Limits,
+        code: &str,
+        timeout: Duration,
+        events: &Events,
+    ) -> (Result<Outcome, BackendError>, bool) {
+        let started = Instant::now();
+        let limits = Limits {
+            timeout,
+            ..limits.clone()
+        };
+        emit(
+            events,
+            RunEvent::Created {
+                container: s.name(),
+            },
+        );
+        let cell = protocol::encode_cell(code, limits.output_bytes);
+        let ended = match s.execute(&cell, &limits, events).await {
+            Ok(e) => e,
+            Err(e) => return (Err(e), false),
+        };
+        let kept = ended.kept_the_interpreter();
+        match s.outcome(ended).await {
+            Ok(mut o) => {
+                let on = goes_on(kept, &o);
+                o.duration_ms = started.elapsed().as_millis() as u64;
+                (Ok(o), on)
+            }
+            Err(e) => (Err(e), false),
+        }
+    }
+
+    /// Put workspace files into the session: a message of the runner's session protocol,
+    /// which the runner unpacks itself (the interpreter runs nothing, its state is
+    /// untouched). What it came to, and whether the session goes on.
+    pub(crate) async fn put<S: Sandbox>(
+        s: &mut S,
+        limits: &Limits,
+        files: &[InputFile],
+        timeout: Duration,
+    ) -> (Result<(), BackendError>, bool) {
+        let message = match protocol::encode_put_files(files) {
+            Ok(m) => m,
+            Err(e) => return (Err(BackendError::Rejected(e.to_string())), true),
+        };
+        let limits = Limits {
+            timeout,
+            ..limits.clone()
+        };
+        let outcome = match s.execute(&message, &limits, &None).await {
+            Ok(ended) => s.outcome(ended).await,
+            Err(e) => Err(e),
+        };
+        files_put(outcome)
+    }
 
     /// The answer to a call into a session that has ended.
     pub(crate) fn ended() -> BackendError {

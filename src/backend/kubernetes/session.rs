@@ -3,16 +3,15 @@
 //! deletes the pod.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
 use super::live::Live;
 use super::Inner;
-use crate::backend::collect::session;
-use crate::backend::protocol;
-use crate::backend::{emit, BackendError, Events, Session};
-use crate::job::{Limits, Outcome, RunEvent};
+use crate::backend::collect::{session, Ended};
+use crate::backend::{BackendError, Events, Session};
+use crate::job::{Limits, Outcome};
 
 /// A session: one pod, one interpreter, cell after cell.
 pub(super) struct KubeSession {
@@ -35,6 +34,26 @@ impl KubeSession {
 }
 
 #[async_trait]
+impl session::Sandbox for KubeSession {
+    fn name(&self) -> String {
+        self.live.guard.name().to_string()
+    }
+
+    async fn execute(
+        &mut self,
+        message: &[u8],
+        limits: &Limits,
+        events: &Events,
+    ) -> Result<Ended, BackendError> {
+        self.live.execute(message, false, limits, events).await
+    }
+
+    async fn outcome(&mut self, ended: Ended) -> Result<Outcome, BackendError> {
+        self.inner.outcome_of(ended, &self.live.guard).await
+    }
+}
+
+#[async_trait]
 impl Session for KubeSession {
     async fn exec(
         &mut self,
@@ -45,36 +64,10 @@ impl Session for KubeSession {
         if !self.alive {
             return Err(session::ended());
         }
-        let started = Instant::now();
-        let limits = Limits {
-            timeout,
-            ..self.limits.clone()
-        };
-        emit(
-            &events,
-            RunEvent::Created {
-                container: self.live.guard.name().to_string(),
-            },
-        );
-        let cell = protocol::encode_cell(code, limits.output_bytes);
-        let ended = match self.live.execute(&cell, false, &limits, &events).await {
-            Ok(e) => e,
-            Err(e) => {
-                self.alive = false;
-                return Err(e);
-            }
-        };
-        let kept = ended.kept_the_interpreter();
-        let mut outcome = match self.inner.outcome_of(ended, &self.live.guard).await {
-            Ok(o) => o,
-            Err(e) => {
-                self.alive = false;
-                return Err(e);
-            }
-        };
-        self.alive = session::goes_on(kept, &outcome);
-        outcome.duration_ms = started.elapsed().as_millis() as u64;
-        Ok(outcome)
+        let limits = self.limits.clone();
+        let (outcome, goes_on) = session::run_cell(self, &limits, code, timeout, &events).await;
+        self.alive = goes_on;
+        outcome
     }
 
     async fn put_files(
@@ -88,19 +81,8 @@ impl Session for KubeSession {
         if !self.alive {
             return Err(session::ended());
         }
-        // A message of the runner's session protocol: the runner unpacks the files itself,
-        // the interpreter runs nothing and its state is untouched.
-        let msg =
-            protocol::encode_put_files(files).map_err(|e| BackendError::Rejected(e.to_string()))?;
-        let limits = Limits {
-            timeout,
-            ..self.limits.clone()
-        };
-        let outcome = match self.live.execute(&msg, false, &limits, &None).await {
-            Ok(ended) => self.inner.outcome_of(ended, &self.live.guard).await,
-            Err(e) => Err(e),
-        };
-        let (put, goes_on) = session::files_put(outcome);
+        let limits = self.limits.clone();
+        let (put, goes_on) = session::put(self, &limits, files, timeout).await;
         self.alive &= goes_on;
         put
     }
