@@ -125,40 +125,12 @@ async fn main() {
     };
     let baseline = bench::engine(&opts).await.expect("engine benchmark");
 
-    // A real server process, on a free port, with its own data and storage.
-    let scratch = std::env::temp_dir().join(format!("mcpx-bench-{}", std::process::id()));
-    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--pool-size",
-            &pool_size.to_string(),
-        ])
-        .env("MCP_EXECUTOR_DATA_DIR", scratch.join("data"))
-        .env("CODE_STORAGE_DIR", scratch.join("code"))
-        .env("MCP_EXECUTOR_MAX_CONCURRENT", "8")
-        // The burst sends BENCH_BURST calls of one tenant at once: above the hosted default
-        // of 64 open responses per tenant, which would answer the rest 429.
-        .env("MCP_EXECUTOR_MAX_STREAMS_PER_TENANT", "256")
-        .env("RUST_LOG", "mcp_code_executor=warn")
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("serve starts");
-    let pid = server.id().expect("pid");
-    let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
-    let url = loop {
-        let line = tokio::time::timeout(Duration::from_secs(300), lines.next_line())
-            .await
-            .expect("serve prints its address")
-            .unwrap()
-            .expect("serve is running");
-        if let Some(rest) = line.split("Streamable HTTP at ").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_string();
-        }
-    };
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    // A real server process, on a free port, with its own data and storage. The burst
+    // sends BENCH_BURST calls of one tenant at once: above the hosted default of 64 open
+    // responses per tenant, which would answer the rest 429.
+    let size = pool_size.to_string();
+    let args = ["--pool-size", &size, "--max-streams-per-tenant", "256"];
+    let (mut server, pid, url, scratch) = start_serve(&args, "mcp").await;
     tokio::time::sleep(Duration::from_secs(3)).await; // the pool fills
     let (idle_rss, _) = rss_of(pid);
 
@@ -300,35 +272,11 @@ async fn runtime_rows(samples: usize, runs: usize) {
         b.drain().await;
         drop(b);
 
-        let scratch =
-            std::env::temp_dir().join(format!("mcpx-bench-{}-{name}", std::process::id()));
-        let mut args = vec!["serve", "--port", "0", "--pool-size", "4"];
+        let mut args = vec!["--pool-size", "4"];
         if let Some(r) = runtime {
             args.extend(["--runtime", r]);
         }
-        let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
-            .args(&args)
-            .env("MCP_EXECUTOR_DATA_DIR", scratch.join("data"))
-            .env("CODE_STORAGE_DIR", scratch.join("code"))
-            .env("MCP_EXECUTOR_MAX_CONCURRENT", "8")
-            .env("RUST_LOG", "mcp_code_executor=warn")
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("serve starts");
-        let pid = server.id().expect("pid");
-        let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
-        let url = loop {
-            let line = tokio::time::timeout(Duration::from_secs(300), lines.next_line())
-                .await
-                .expect("serve prints its address")
-                .unwrap()
-                .unwrap_or_else(|| panic!("serve --runtime {name} exited before serving"));
-            if let Some(rest) = line.split("Streamable HTTP at ").nth(1) {
-                break rest.split_whitespace().next().unwrap().to_string();
-            }
-        };
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let (mut server, pid, url, scratch) = start_serve(&args, name).await;
         tokio::time::sleep(Duration::from_secs(5)).await; // the pool fills
         let c = client(&url).await;
         execute(&c).await.expect("warm-up call");
