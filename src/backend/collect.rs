@@ -16,6 +16,29 @@ pub(crate) enum Ended {
     Vanished(Collected),
 }
 
+/// Write `input` to a runner's stdin, then close it (a one-shot run) or hand it back for
+/// the next message (a session).
+pub(crate) async fn write_input<W>(
+    mut stdin: W,
+    input: &[u8],
+    close: bool,
+) -> (std::io::Result<()>, Option<W>)
+where
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncWriteExt as _;
+    let mut r = stdin.write_all(input).await;
+    if r.is_ok() {
+        r = stdin.flush().await;
+    }
+    if close {
+        let _ = stdin.shutdown().await;
+        (r, None)
+    } else {
+        (r, Some(stdin))
+    }
+}
+
 impl Ended {
     /// Did a session's cell end with its interpreter still there: a report of the cell (not
     /// of the runner's end), no signal, exit status 0 or 1 (1: the code raised)?

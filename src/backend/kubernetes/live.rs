@@ -222,24 +222,11 @@ impl Live {
         limits: &Limits,
         events: &Events,
     ) -> Result<Ended, BackendError> {
-        let mut stdin = self
+        let stdin = self
             .input
             .take()
             .ok_or_else(|| BackendError::Runner("the sandbox's input is already closed".into()))?;
-        let writer = async move {
-            let mut r = stdin.write_all(input).await;
-            if r.is_ok() {
-                r = stdin.flush().await;
-            }
-            if close_input {
-                let _ = stdin.shutdown().await;
-                drop(stdin);
-                (r, None)
-            } else {
-                (r, Some(stdin))
-            }
-        }
-        .fuse();
+        let writer = crate::backend::collect::write_input(stdin, input, close_input).fuse();
         tokio::pin!(writer);
         let mut out = Collected::new(limits.output_bytes);
         emit(events, RunEvent::Started);
