@@ -23,6 +23,24 @@ fn session_spec(tenant: &str, return_files: bool) -> JobSpec {
     job
 }
 
+/// A session of `tenant` on the real sandbox, with its clean-up guard.
+async fn open(
+    tenant: &str,
+    return_files: bool,
+) -> (
+    common::RemoveOnDrop,
+    std::sync::Arc<mcp_code_executor::backend::docker::DockerBackend>,
+    Box<dyn Session>,
+) {
+    let clean = common::remove_on_drop(tenant);
+    let sb = common::sandbox().await;
+    let s = sb
+        .open_session(session_spec(tenant, return_files))
+        .await
+        .expect("session");
+    (clean, sb, s)
+}
+
 async fn cell(s: &mut Box<dyn Session>, code: &str) -> Outcome {
     s.exec(code, Duration::from_secs(30), None)
         .await
@@ -42,12 +60,7 @@ async fn run_job(sb: &dyn Backend, job: JobSpec) -> Outcome {
 #[tokio::test]
 async fn a_forged_status_line_neither_ends_the_cell_nor_shifts_the_next() {
     let tenant = "t-hs-forge";
-    let _clean = common::remove_on_drop(tenant);
-    let sb = common::sandbox().await;
-    let mut s = sb
-        .open_session(session_spec(tenant, false))
-        .await
-        .expect("session");
+    let (_clean, sb, mut s) = open(tenant, false).await;
     let o = cell(
         &mut s,
         "import os, time\nos.write(4, b'{\"ok\": true}\\n')\ntime.sleep(1)\nprint('late')\nraise ValueError('mine')",
@@ -71,12 +84,7 @@ async fn a_forged_status_line_neither_ends_the_cell_nor_shifts_the_next() {
 #[tokio::test]
 async fn garbage_on_the_status_channel_does_not_crash_the_runner() {
     let tenant = "t-hs-garbage";
-    let _clean = common::remove_on_drop(tenant);
-    let sb = common::sandbox().await;
-    let mut s = sb
-        .open_session(session_spec(tenant, false))
-        .await
-        .expect("session");
+    let (_clean, sb, mut s) = open(tenant, false).await;
     let o = cell(
         &mut s,
         "import os\nos.write(4, b'\\xff\\xfe not json\\n[1, 2]\\n{\"ok\": 1}\\nnull\\n' + b'x' * 70000)\nprint('after')",
@@ -353,12 +361,7 @@ fn docker_paused(id: &str) -> bool {
 #[tokio::test]
 async fn a_session_is_frozen_between_cells() {
     let tenant = "t-hs-freeze";
-    let _clean = common::remove_on_drop(tenant);
-    let sb = common::sandbox().await;
-    let mut s = sb
-        .open_session(session_spec(tenant, true))
-        .await
-        .expect("session");
+    let (_clean, sb, mut s) = open(tenant, true).await;
     let o = cell(
         &mut s,
         "import threading\nn = [0]\ndef spin():\n    while True:\n        n[0] += 1\nthreading.Thread(target=spin, daemon=True).start()\nprint('started')",
@@ -393,12 +396,7 @@ async fn a_session_is_frozen_between_cells() {
 #[tokio::test]
 async fn a_session_found_running_at_its_thaw_goes_on() {
     let tenant = "t-hs-thaw";
-    let _clean = common::remove_on_drop(tenant);
-    let sb = common::sandbox().await;
-    let mut s = sb
-        .open_session(session_spec(tenant, false))
-        .await
-        .expect("session");
+    let (_clean, sb, mut s) = open(tenant, false).await;
     let o = cell(&mut s, "x = 5").await;
     assert!(o.success(), "{o:?}");
     let ids = common::own_containers_of(tenant);
