@@ -704,6 +704,64 @@ async fn slow_clients_time_out_and_health_answers_when_saturated() {
     s.stop().await;
 }
 
+/// Issue 24, F1: `read_file` with `length` 0 or 1 looped forever on a worker thread; two
+/// such calls (this host has two workers) froze `/healthz` and every other call. Each must
+/// answer within seconds, with one character, and the server must stay responsive.
+#[tokio::test]
+async fn tiny_read_file_lengths_answer_and_the_server_stays_responsive() {
+    let s = Server::start("tiny-read", &[]).await;
+    let http = reqwest::Client::new();
+    let session = open_session(&http, &s).await.expect("a protocol session");
+    let r = call(
+        &http,
+        &s,
+        &session,
+        &tool_call(2, "write_file", json!({"path": "a.txt", "content": "hi"})),
+    )
+    .await;
+    assert!(
+        r.contains("a.txt") && !r.contains("\"isError\":true"),
+        "{r}"
+    );
+    let reads = [(10u64, 0u64), (11, 1), (12, 1), (13, 0)].map(|(id, length)| {
+        let (http, session) = (http.clone(), session.clone());
+        let url = s.url("/mcp");
+        async move {
+            let body = tool_call(id, "read_file", json!({"path": "a.txt", "length": length}));
+            let answer = tokio::time::timeout(Duration::from_secs(10), async {
+                http.post(url)
+                    .header("Accept", "application/json, text/event-stream")
+                    .header("mcp-session-id", &session)
+                    .header("mcp-protocol-version", "2025-06-18")
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap()
+                    .text()
+                    .await
+                    .unwrap()
+            })
+            .await;
+            (length, answer)
+        }
+    });
+    for (length, answer) in futures::future::join_all(reads).await {
+        let answer = answer.unwrap_or_else(|_| {
+            panic!("read_file with length {length} did not answer within 10 s")
+        });
+        assert!(
+            answer.contains("\"content\":\"h\"") && answer.contains("\"next_offset\":1"),
+            "length {length}: one character and where the next page starts: {answer}"
+        );
+    }
+    let health = tokio::time::timeout(Duration::from_secs(5), http.get(s.url("/healthz")).send())
+        .await
+        .expect("/healthz answers after the reads")
+        .unwrap();
+    assert_eq!(health.status().as_u16(), 200);
+    s.stop().await;
+}
+
 /// Item 12: `/metrics` and `/readyz` refuse a foreign `Host` or `Origin` (DNS rebinding).
 #[tokio::test]
 async fn metrics_and_readyz_check_host_and_origin() {

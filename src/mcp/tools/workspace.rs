@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::{answer, CodeExecutor, NO_SESSION};
 use crate::app::workspaces::{caps, too_large, MOUNT};
 use crate::mcp::args::{self, Args};
-use crate::mcp::report::{escaped_len, tool_error, with_structured};
+use crate::mcp::report::{prefix_within, tool_error, with_structured};
 
 /// The most of a file one read_file call returns (JSON-escaped): the content travels in the
 /// text block and in `structuredContent`, and a result stays well under 1 MiB.
@@ -46,7 +46,7 @@ pub struct ReadFile {
     /// Byte offset to start reading at (default 0); a long file is read in pages, the result gives the next offset.
     #[serde(default)]
     pub offset: Option<u64>,
-    /// The most bytes to return (default and maximum: about 192 KiB).
+    /// The most bytes to return (default and maximum: about 192 KiB; at least one character comes back while any is left).
     #[serde(default)]
     pub length: Option<u64>,
     /// The session whose workspace to read: the session_id an earlier call returned. Omit it to use your connection's own session.
@@ -209,13 +209,11 @@ impl CodeExecutor {
             Err(e) => return answer(e),
         };
         let size = data.len() as u64;
-        let offset = a.offset.unwrap_or(0).min(size) as usize;
-        let want = a
-            .length
-            .map(|l| l as usize)
-            .unwrap_or(READ_PAGE)
-            .clamp(1, READ_PAGE);
-        let (encoding, content, end) = page(&data, offset, want);
+        let offset = usize::try_from(a.offset.unwrap_or(0)).unwrap_or(usize::MAX);
+        let want = a.length.map_or(READ_PAGE, |l| {
+            usize::try_from(l).unwrap_or(usize::MAX).min(READ_PAGE)
+        });
+        let (encoding, offset, content, end) = page(&data, offset, want);
         let next_offset = (end < data.len()).then_some(end as u64);
         let r = WorkspaceFile {
             path: name.clone(),
@@ -315,69 +313,109 @@ impl CodeExecutor {
     }
 }
 
-/// One page of `data` from `offset`, at most `max` bytes once JSON-escaped: UTF-8 text as
-/// text (cut on a character boundary), anything else as base64 of a multiple of 3 bytes
-/// (so pages decode on their own). The encoding, the content and where the page ends.
-fn page(data: &[u8], offset: usize, max: usize) -> (&'static str, String, usize) {
+/// One page of `data` from `offset`: at most `want` bytes of the file and at most
+/// [`READ_PAGE`] bytes once JSON-escaped, UTF-8 text as text (cut on a character
+/// boundary), anything else as base64 (of a multiple of 3 bytes when `want` allows, so
+/// pages join up). Always at least one character or byte when any is left, so paging moves
+/// on whatever `want` is. The encoding, where the page starts, the content and where it ends.
+fn page(data: &[u8], offset: usize, want: usize) -> (&'static str, usize, String, usize) {
+    let offset = offset.min(data.len());
     if let Ok(text) = std::str::from_utf8(data) {
         let mut start = offset;
         while !text.is_char_boundary(start) {
             start -= 1;
         }
         let rest = &text[start..];
-        let mut len = rest.len().min(max);
+        let first = rest.chars().next().map_or(0, char::len_utf8);
+        let mut len = rest.len().min(want);
         while !rest.is_char_boundary(len) {
             len -= 1;
         }
-        let mut chunk = &rest[..len];
-        while escaped_len(chunk) > max {
-            let mut cut = chunk.len() * 3 / 4;
-            while !chunk.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            chunk = &chunk[..cut];
-        }
-        return ("text", chunk.to_string(), start + chunk.len());
+        let fits = prefix_within(&rest[..len.max(first)], READ_PAGE).len();
+        let chunk = &rest[..fits.max(first)];
+        return ("text", start, chunk.to_string(), start + chunk.len());
     }
-    let bytes = (max / 4 * 3).max(3);
+    let most = READ_PAGE / 4 * 3;
+    let bytes = match want.clamp(1, most) {
+        n if n >= 3 => n / 3 * 3,
+        n => n,
+    };
     let end = (offset + bytes).min(data.len());
     let encoded = base64::engine::general_purpose::STANDARD.encode(&data[offset..end]);
-    ("base64", encoded, end)
+    ("base64", offset, encoded, end)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mcp::report::escaped_len;
+    use proptest::prelude::*;
+
+    /// Reads `data` page by page with `want`, checking each page's bounds, and joins them.
+    fn read_all(data: &[u8], want: usize) -> Vec<u8> {
+        let (mut back, mut at) = (Vec::new(), 0);
+        while at < data.len() {
+            let (enc, start, chunk, end) = page(data, at, want);
+            assert_eq!(start, at, "pages start where the last one ended");
+            assert!(end > at, "a page moves on: {at} -> {end} (want {want})");
+            if enc == "text" {
+                assert!(escaped_len(&chunk) <= READ_PAGE);
+                assert!(chunk.len() <= want.max(4), "{} > {want}", chunk.len());
+                back.extend(chunk.as_bytes());
+            } else {
+                assert!(chunk.len() <= READ_PAGE);
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(chunk)
+                    .unwrap();
+                assert!(bytes.len() <= want.max(1));
+                back.extend(bytes);
+            }
+            at = end;
+        }
+        back
+    }
 
     #[test]
     fn pages_fit_and_join_up() {
         let text = "é\u{1}\"".repeat(100_000);
-        let (mut joined, mut at, mut pages) = (String::new(), 0, 0);
-        while at < text.len() {
-            let (enc, chunk, end) = page(text.as_bytes(), at, READ_PAGE);
-            assert_eq!(enc, "text");
-            assert!(escaped_len(&chunk) <= READ_PAGE);
-            assert!(end > at);
-            joined.push_str(&chunk);
-            at = end;
-            pages += 1;
-        }
-        assert_eq!(joined, text);
-        assert!(pages > 3, "{pages}");
+        assert_eq!(read_all(text.as_bytes(), READ_PAGE), text.as_bytes());
         let bin: Vec<u8> = (0..500_000u32).map(|i| (i % 251) as u8 | 0x80).collect();
-        let mut back = Vec::new();
-        let mut at = 0;
-        while at < bin.len() {
-            let (enc, chunk, end) = page(&bin, at, READ_PAGE);
-            assert_eq!(enc, "base64");
-            assert!(chunk.len() <= READ_PAGE);
-            back.extend(
-                base64::engine::general_purpose::STANDARD
-                    .decode(chunk)
-                    .unwrap(),
+        assert_eq!(read_all(&bin, READ_PAGE), bin);
+    }
+
+    /// Issue 24, F1: `length` 0 or 1 looped forever (the escaped length of an empty chunk
+    /// counts two quotes, so it never fit a budget of 1).
+    #[test]
+    fn tiny_lengths_answer_and_move_on() {
+        for want in [0, 1, 2, 3] {
+            let (enc, _, chunk, end) = page(b"hi", 0, want);
+            assert_eq!(enc, "text");
+            assert_eq!(chunk, &"hi"[..end]);
+            assert!(end >= 1);
+            assert_eq!(
+                read_all("h\u{1}é\"€😀".as_bytes(), want),
+                "h\u{1}é\"€😀".as_bytes()
             );
-            at = end;
+            assert_eq!(
+                read_all(&[0xff, 0xfe, 0, 1, 2], want),
+                [0xff, 0xfe, 0, 1, 2]
+            );
         }
-        assert_eq!(back, bin);
+        // An offset past the end, or inside a character, still answers.
+        assert_eq!(page(b"hi", 99, 1).3, 2);
+        let (_, start, chunk, _) = page("é".as_bytes(), 1, 1);
+        assert_eq!((start, chunk.as_str()), (0, "é"));
+    }
+
+    proptest! {
+        #[test]
+        fn any_text_pages_back_whole(s in "\\PC{0,200}|[\\x00-\\x1f\"\\\\é€😀a]{0,200}", want in 0usize..40) {
+            prop_assert_eq!(read_all(s.as_bytes(), want), s.as_bytes());
+        }
+
+        #[test]
+        fn any_bytes_page_back_whole(b in proptest::collection::vec(any::<u8>(), 0..300), want in 0usize..40) {
+            prop_assert_eq!(read_all(&b, want), b);
+        }
     }
 }
