@@ -39,9 +39,9 @@
 //!   shutdown; a tenant's [`app::Executor`] admits a run (rate), holds its environment,
 //!   takes its share of the memory budget and a run slot and calls the backend, racing cancellation and shutdown; a client's
 //!   [`app::Connection`] owns its `execute_python` session and workspace.
-//! - [`mcp`]: the MCP server, which only translates. [`mcp::tools`] holds the fourteen
+//! - [`mcp`]: the MCP server, which only translates. [`mcp::tools`] holds the fifteen
 //!   tools (the nine of the code-executor servers we replace, `execute_python`,
-//!   `reset_session` and the three workspace file tools): each parses its arguments, makes
+//!   `install_package`, `reset_session` and the three workspace file tools): each parses its arguments, makes
 //!   one call into [`app`] and formats the result ([`mcp::report`], [`mcp::figures`],
 //!   progress in [`mcp::progress`]). Workspace files, long output and figures as resources
 //!   in [`mcp::resources`]; long runs as MCP tasks in [`mcp::tasks`].

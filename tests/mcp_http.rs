@@ -28,6 +28,7 @@ async fn tools_are_listed_with_schemas_and_server_info() {
         ("execute_code_file", vec!["file_path"]),
         ("read_code_file", vec!["file_path"]),
         ("install_dependencies", vec!["packages"]),
+        ("install_package", vec!["package"]),
         ("check_installed_packages", vec!["packages"]),
         ("configure_environment", vec!["type"]),
         ("get_environment_config", vec![]),
@@ -47,7 +48,7 @@ async fn tools_are_listed_with_schemas_and_server_info() {
             .unwrap_or_default();
         assert_eq!(req, required, "{tool}: {schema}");
     }
-    assert_eq!(tools.len(), 14, "{names:?}");
+    assert_eq!(tools.len(), 15, "{names:?}");
     let exec = tools.iter().find(|t| t.name == "execute_code").unwrap();
     let schema = serde_json::Value::Object((*exec.input_schema).clone());
     for arg in ["code", "filename", "timeout"] {

@@ -6,7 +6,8 @@ flow, a refused traversal, an unknown tool (with the SDK's `ClientSession` and t
 all) and in its legacy mode: `x = 41` then `x + 1` with the returned session_id, a workspace
 file seen by write_file, read_file and execute_code, a 3 MB print that comes back as its
 head and tail with the rest in the workspace and as resource links that resources/read serves,
-and a 3000x3000 figure whose resource link reads back as a PNG. Exits 0 when every check held, else prints
+and a 3000x3000 figure whose resource link reads back as a PNG; over HTTP, install_package
+(a wheel the image lacks, imported next; a bad spec refused as install_dependencies does). Exits 0 when every check held, else prints
 what failed and exits 1.
 
     python client.py http  http://127.0.0.1:PORT/mcp
@@ -152,6 +153,30 @@ async def exercise_state(client, label):
     check(r.is_error and "not found" in text_of(r), f"{label}: an unknown session_id", text_of(r))
 
 
+async def exercise_install(client, label, first):
+    """install_package, the REPL server's single-package install: a wheel the image lacks,
+    imported by the next execute_python; a bad spec refused as install_dependencies refuses it."""
+    r = await client.call_tool("install_package", {"package": "iniconfig"})
+    check(not r.is_error, f"{label}: install_package iniconfig", text_of(r))
+    got = r.structured_content["packages"][0]
+    want = {"installed"} if first else {"installed", "already_satisfied"}
+    check(got["name"] == "iniconfig" and got["status"] in want and got["version"],
+          f"{label}: install_package's structured result", r.structured_content)
+    r = await client.call_tool("execute_python", {"code": "import iniconfig\nprint(iniconfig.__name__)"})
+    check(not r.is_error and r.structured_content["stdout"] == "iniconfig\n",
+          f"{label}: the next execute_python imports it", text_of(r))
+    errors = []
+    for tool, args in (("install_package", {"package": "--index-url=http://x"}),
+                       ("install_dependencies", {"packages": ["--index-url=http://x"]})):
+        try:
+            r = await client.call_tool(tool, args)
+            errors.append(text_of(r) if r.is_error else None)
+        except Exception as e:  # a JSON-RPC invalid_params error
+            errors.append(str(e))
+    check(errors[0] and errors[0] == errors[1] and "index-url" in errors[0],
+          f"{label}: a bad spec gets install_dependencies' error", errors)
+
+
 async def main():
     kind, target, *rest = sys.argv[1:]
     if kind == "http":
@@ -176,6 +201,8 @@ async def main():
             if kind == "http" and mode == "auto":
                 check(version == "2026-07-28", "the default mode negotiates 2026-07-28 over HTTP", version)
             await exercise_state(client, f"{kind} {mode} ({version})")
+            if kind == "http":
+                await exercise_install(client, f"{kind} {mode} ({version})", mode == "auto")
             print(f"ok: {kind} {mode} {version}")
     print(f"ok: {kind}")
 

@@ -14,7 +14,16 @@ use crate::mcp::progress::{Narration, OutputThrottle, Progress};
 use crate::mcp::report::{with_structured, EnvironmentReport, LimitsReport};
 use crate::storage;
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+
+/// The argument of `install_package`, the single-package form of `install_dependencies`
+/// (the tool name and argument of the REPL server this project replaces).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Package {
+    /// One distribution name as on PyPI, with an optional version specifier, e.g. `pandas` or `requests==2.31.0`.
+    pub package: String,
+}
 
 /// One requested package after an install.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -171,6 +180,11 @@ only packages that publish wheels (binary packages) for the environment's Python
 and says `already satisfied` for a package that was already there (nothing was installed for it). Installed packages persist: every later execute_code run and every new execute_python session can import them \
 (an open execute_python session keeps the environment it started with; reset_session picks up the new one). Check first with check_installed_packages: numpy, pandas and matplotlib are already there in the default environment.";
 
+const INSTALL_PACKAGE: &str = "Install one Python package (e.g. pandas, numpy) from PyPI into the current execution environment: \
+the single-package form of install_dependencies, with the same checks, sandboxed installer, result and errors. \
+Give a plain requirement specifier such as `six` or `requests==2.31.0`; URLs, paths and pip options are refused. \
+Installed packages persist for every later run (an open execute_python session picks them up after reset_session).";
+
 const CHECK_INSTALLED_PACKAGES: &str = "Check which of the given packages are installed in the execution environment, with their versions. \
 Answered by running a small script in the sandbox, so it reflects exactly what your code can import.";
 
@@ -199,51 +213,27 @@ impl CodeExecutor {
         Args(a): Args<args::Packages>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let (progress, events) = Progress::start_with(&ctx, InstallNarration::default());
-        let result = packages::install(self.executor(), &a.packages, events, &ctx.ct).await;
-        if let Some(p) = progress {
-            p.finish().await;
-        }
-        let report = match result {
-            Ok(r) => r,
-            Err(e) => return answer(e),
-        };
-        let r = install_result(&report, &a.packages);
-        let lines: Vec<String> = r
-            .packages
-            .iter()
-            .map(|p| match (p.status.as_str(), &p.version) {
-                ("installed", Some(v)) => format!("{}: installed {v}", p.name),
-                ("already_satisfied", Some(v)) => format!(
-                    "{}: already satisfied by {}; nothing was installed for it",
-                    p.name,
-                    p.satisfied_by.clone().unwrap_or_else(|| v.clone())
-                ),
-                _ => format!("{}: not found after the install", p.name),
-            })
-            .collect();
-        let mut text = format!(
-            "{} {} ({}):\n{}",
-            if r.changed {
-                "installed into"
-            } else {
-                "nothing was installed; already in"
-            },
-            r.path,
-            r.environment,
-            lines.join("\n")
-        );
-        if !r.dependencies.is_empty() {
-            text.push_str(&format!(
-                "\ndependencies installed with them:\n{}",
-                r.dependencies
-                    .iter()
-                    .map(|d| format!("{}: {}", d.name, d.version))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            ));
-        }
-        Ok(with_structured(text, &r, false))
+        self.install(&a.packages, &ctx).await
+    }
+
+    #[tool(
+        title = "Install a Python package",
+        description = INSTALL_PACKAGE,
+        input_schema = args::schema::<Package>(),
+        output_schema = args::output_schema::<InstallResult>(),
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = true
+        )
+    )]
+    async fn install_package(
+        &self,
+        Args(a): Args<Package>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.install(std::slice::from_ref(&a.package), &ctx).await
     }
 
     #[tool(
@@ -444,5 +434,61 @@ impl Narration<InstallEvent> for InstallNarration {
 
     fn last(&self) -> String {
         "finished".into()
+    }
+}
+
+impl CodeExecutor {
+    /// install_dependencies and install_package: one call into the core, then the answer,
+    /// honest about what pip did.
+    async fn install(
+        &self,
+        packages: &[String],
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let (progress, events) = Progress::start_with(ctx, InstallNarration::default());
+        let result = packages::install(self.executor(), packages, events, &ctx.ct).await;
+        if let Some(p) = progress {
+            p.finish().await;
+        }
+        let report = match result {
+            Ok(r) => r,
+            Err(e) => return answer(e),
+        };
+        let r = install_result(&report, packages);
+        let lines: Vec<String> = r
+            .packages
+            .iter()
+            .map(|p| match (p.status.as_str(), &p.version) {
+                ("installed", Some(v)) => format!("{}: installed {v}", p.name),
+                ("already_satisfied", Some(v)) => format!(
+                    "{}: already satisfied by {}; nothing was installed for it",
+                    p.name,
+                    p.satisfied_by.clone().unwrap_or_else(|| v.clone())
+                ),
+                _ => format!("{}: not found after the install", p.name),
+            })
+            .collect();
+        let mut text = format!(
+            "{} {} ({}):\n{}",
+            if r.changed {
+                "installed into"
+            } else {
+                "nothing was installed; already in"
+            },
+            r.path,
+            r.environment,
+            lines.join("\n")
+        );
+        if !r.dependencies.is_empty() {
+            text.push_str(&format!(
+                "\ndependencies installed with them:\n{}",
+                r.dependencies
+                    .iter()
+                    .map(|d| format!("{}: {}", d.name, d.version))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            ));
+        }
+        Ok(with_structured(text, &r, false))
     }
 }

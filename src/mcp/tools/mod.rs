@@ -432,7 +432,7 @@ mod tests {
     #[test]
     fn every_tool_has_a_title_annotations_and_portable_described_schemas() {
         let tools = all_tools();
-        assert_eq!(tools.len(), 14);
+        assert_eq!(tools.len(), 15);
         let mut found = Vec::new();
         for t in &tools {
             let name = t.name.to_string();
