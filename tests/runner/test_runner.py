@@ -1,0 +1,245 @@
+"""Unit tests of the sandbox runner (images/sandbox/mcp_runner) that need no container:
+the frames on stdout and exact reads of stdin, the tar extractor's refusals and its
+handling of what hostile code leaves in a workspace, the walk's bounds, the names fit to
+show, and what a run may return (the budget). Run by scripts/test.sh with the host's
+Python 3 (the runner's modules use the standard library only):
+
+    python3 -m unittest discover -s tests/runner -v
+"""
+
+import io
+import json
+import os
+import struct
+import sys
+import tarfile
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "images", "sandbox"))
+
+from mcp_runner import frames, limits, workspace  # noqa: E402
+
+
+def tar_of(*entries):
+    """A tar archive in memory: (name, bytes) for a file, (name, None) for a directory,
+    (name, "->target") for a symlink."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in entries:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif isinstance(data, str) and data.startswith("->"):
+                info.type = tarfile.SYMTYPE
+                info.linkname = data[2:]
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def parse_frames(raw):
+    """[(kind, payload)] of a framed stream; fails on a torn frame."""
+    out, at = [], 0
+    while at < len(raw):
+        kind = raw[at:at + 1]
+        (n,) = struct.unpack(">I", raw[at + 1:at + 5])
+        payload = raw[at + 5:at + 5 + n]
+        assert len(payload) == n, "a torn frame"
+        out.append((kind, payload))
+        at += 5 + n
+    return out
+
+
+class CapturedFrames:
+    """frames.OUT redirected to memory for the duration of a `with`."""
+
+    def __enter__(self):
+        self.saved, frames.OUT = frames.OUT, io.BytesIO()
+        return self
+
+    def __exit__(self, *exc):
+        self.raw, frames.OUT = frames.OUT.getvalue(), self.saved
+
+
+class FramesTest(unittest.TestCase):
+    def test_frames_are_kind_length_payload(self):
+        with CapturedFrames() as c:
+            frames.frame(b"O", b"hello")
+            frames.frame(b"R")
+            frames.named(b"W", "dir/é.txt".encode(), b"\x00\x01")
+            frames.report({"exit_code": 0})
+        got = parse_frames(c.raw)
+        self.assertEqual([k for k, _ in got], [b"O", b"R", b"W", b"X"])
+        self.assertEqual(got[0][1], b"hello")
+        self.assertEqual(got[1][1], b"")
+        name_len = struct.unpack(">H", got[2][1][:2])[0]
+        self.assertEqual(got[2][1][2:2 + name_len].decode(), "dir/é.txt")
+        self.assertEqual(got[2][1][2 + name_len:], b"\x00\x01")
+        self.assertEqual(json.loads(got[3][1]), {"exit_code": 0})
+
+    def test_fail_sends_f_and_exits(self):
+        with CapturedFrames() as c:
+            with self.assertRaises(SystemExit):
+                frames.fail("no such interpreter")
+        self.assertEqual(parse_frames(c.raw), [(b"F", b'{"error": "no such interpreter"}')])
+
+    def test_messages_are_read_exactly_across_short_reads(self):
+        class Trickle(io.RawIOBase):
+            """Gives at most 3 bytes per read, as a pipe may."""
+
+            def __init__(self, data):
+                self.data = data
+
+            def read(self, n=-1):
+                chunk, self.data = self.data[:min(n, 3)], self.data[min(n, 3):]
+                return chunk
+
+        body = json.dumps({"kind": "cell", "code": "x = 1\n" * 50}).encode()
+        stream = Trickle(struct.pack(">I", len(body)) + body + b"rest")
+        self.assertEqual(frames.read_message(stream)["kind"], "cell")
+        self.assertEqual(frames.read_exact(stream, 4), b"rest")
+        with self.assertRaises(EOFError):
+            frames.read_exact(stream, 1)
+
+
+class UnpackTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dest = os.path.join(self.tmp.name, "ws")
+        os.mkdir(self.dest)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_regular_files_and_directories_are_written(self):
+        written = []
+        workspace.unpack(tar_of(("a.txt", b"hi"), ("d", None), ("d/b.bin", b"\x00" * 10)),
+                         self.dest, written)
+        self.assertEqual(written, ["a.txt", "d/b.bin"])
+        with open(os.path.join(self.dest, "d", "b.bin"), "rb") as f:
+            self.assertEqual(f.read(), b"\x00" * 10)
+        self.assertEqual(os.stat(os.path.join(self.dest, "a.txt")).st_mode & 0o777, 0o644)
+
+    def test_escapes_links_and_odd_entries_are_refused(self):
+        for bad in (("../up.txt", b"x"), ("/abs.txt", b"x"), ("a/../../up", b"x"),
+                    ("link", "->/etc/passwd")):
+            with self.subTest(entry=bad[0]):
+                with self.assertRaises(workspace.Refused):
+                    workspace.unpack(tar_of(bad), self.dest, [])
+        self.assertEqual(os.listdir(self.dest), [])
+        self.assertFalse(os.path.exists(os.path.join(self.tmp.name, "up.txt")))
+
+    def test_a_planted_symlink_is_replaced_not_followed(self):
+        outside = os.path.join(self.tmp.name, "outside.txt")
+        with open(outside, "w") as f:
+            f.write("keep")
+        os.symlink(outside, os.path.join(self.dest, "a.txt"))
+        workspace.unpack(tar_of(("a.txt", b"new")), self.dest, [])
+        with open(outside) as f:
+            self.assertEqual(f.read(), "keep", "the symlink's target was written through")
+        self.assertFalse(os.path.islink(os.path.join(self.dest, "a.txt")))
+
+    def test_a_symlinked_directory_is_not_entered(self):
+        os.mkdir(os.path.join(self.tmp.name, "elsewhere"))
+        os.symlink(os.path.join(self.tmp.name, "elsewhere"), os.path.join(self.dest, "d"))
+        with self.assertRaises(OSError):
+            workspace.unpack(tar_of(("d/x.txt", b"x")), self.dest, [])
+        self.assertEqual(os.listdir(os.path.join(self.tmp.name, "elsewhere")), [])
+
+    def test_a_fifo_where_a_file_goes_does_not_block(self):
+        os.mkfifo(os.path.join(self.dest, "a.txt"))
+        workspace.unpack(tar_of(("a.txt", b"data")), self.dest, [])
+        with open(os.path.join(self.dest, "a.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"data")
+
+
+class WalkAndReturnTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.root = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def write(self, rel, data):
+        path = os.path.join(self.root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+
+    def test_walk_sees_regular_files_only(self):
+        self.write("a.txt", b"1")
+        self.write("sub/b.txt", b"22")
+        os.symlink("/etc", os.path.join(self.root, "etc"))
+        os.symlink("/etc/passwd", os.path.join(self.root, "passwd"))
+        os.mkfifo(os.path.join(self.root, "fifo"))
+        seen = workspace.walk(self.root)
+        self.assertEqual(sorted(seen), ["a.txt", "sub/b.txt"])
+        self.assertEqual(seen["sub/b.txt"][0], 2)
+
+    def test_walk_bounds_are_said_in_notes(self):
+        deep = "/".join("d" for _ in range(limits.MAX_WALK_DEPTH + 2))
+        self.write(deep + "/x.txt", b"x")
+        notes = []
+        seen = workspace.walk(self.root, notes)
+        self.assertEqual(seen, {})
+        self.assertTrue(any("directories deep" in n for n in notes), notes)
+
+    def test_names_fit_to_show(self):
+        for ok in ("a.txt", "dir/é.csv", "日本.txt"):
+            self.assertTrue(workspace.shown_name(ok), ok)
+        for bad in ("", "a\nb", "a\x1b[2Jb", "a\u2028b", "a\u202eb", "x" * (limits.MAX_FILE_PATH + 1)):
+            self.assertFalse(workspace.shown_name(bad), repr(bad))
+
+    def test_changed_files_come_back_within_the_caps_and_the_budget(self):
+        self.write("old.txt", b"same")
+        before = workspace.snapshot(self.root)
+        self.write("new.txt", b"n" * 100)
+        self.write("big.bin", b"b" * 300)
+        self.write("bad\nname.txt", b"x")
+        budget = limits.Budget(250)
+        with CapturedFrames() as c:
+            after, dropped = workspace.send_files(self.root, before, budget)
+        sent = {}
+        for kind, payload in parse_frames(c.raw):
+            self.assertEqual(kind, b"W")
+            n = struct.unpack(">H", payload[:2])[0]
+            sent[payload[2:2 + n].decode()] = payload[2 + n:]
+        self.assertEqual(sent, {"new.txt": b"n" * 100}, "old.txt unchanged; big.bin over budget")
+        self.assertEqual(dropped, 2, "the badly named file and the one over the budget")
+        self.assertIn("new.txt", after)
+        notes = budget.all_notes()
+        self.assertTrue(any("control characters" in n for n in notes), notes)
+        self.assertTrue(any("250-byte limit" in n for n in notes), notes)
+
+    def test_files_the_server_put_in_are_not_returned(self):
+        before = workspace.snapshot(self.root)
+        written = []
+        workspace.unpack(tar_of(("in.csv", b"1,2")), self.root, written)
+        workspace.note_written(self.root, before, written)
+        with CapturedFrames() as c:
+            workspace.send_files(self.root, before, limits.Budget())
+        self.assertEqual(parse_frames(c.raw), [])
+
+
+class BudgetTest(unittest.TestCase):
+    def test_budget_counts_what_does_not_fit(self):
+        b = limits.Budget(10)
+        self.assertTrue(b.take(6))
+        self.assertFalse(b.take(5))
+        self.assertTrue(b.take(4))
+        self.assertEqual((b.left, b.over), (0, 1))
+        self.assertEqual(limits.Budget(-5).total, 0)
+        for _ in range(40):
+            b.note("same")
+        b.note("other")
+        self.assertEqual(b.notes, ["same", "other"])
+
+
+if __name__ == "__main__":
+    unittest.main()
