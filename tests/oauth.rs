@@ -1,0 +1,383 @@
+//! Sign-in with OAuth against a real authorization server: npm `oidc-provider` on loopback
+//! (`tests/oauth/issuer.mjs`, installed under `target/oidc-provider` by `scripts/test.sh`),
+//! the real binary (`serve --tenants … --public-url … --oauth-issuer …`), real clients: the
+//! official Python SDK's OAuth client given only the server's URL (`tests/oauth/sdk_oauth.py`),
+//! rmcp's client and raw HTTP with client-credentials tokens. Every negative case of the
+//! validation matrix, users of one tenant kept apart, key rotation and the issuer down.
+//! Also two items of the hardening review in this layer: the size of `initialize` is bounded,
+//! and a refused `Origin` is logged quoted.
+
+#[path = "mcp_support/mod.rs"]
+mod mcp_support;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use mcp_code_executor::tenancy::token;
+use mcp_support::common;
+use mcp_support::{call, is_error, structured, text};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::ServiceExt;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+const ACME: &str = "t-oauth-acme";
+const GLOBEX: &str = "t-oauth-globex";
+const STATIC: &str = "t-oauth-static";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `oidc-provider` on loopback (tests/oauth/issuer.mjs).
+struct Issuer {
+    child: Option<tokio::process::Child>,
+    port: u16,
+    keys: PathBuf,
+}
+
+impl Issuer {
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    async fn start(port: u16, keys: &Path, rotate: bool) -> Issuer {
+        let modules = Path::new(ROOT).join("target/oidc-provider/node_modules/oidc-provider");
+        assert!(
+            modules.is_dir(),
+            "npm oidc-provider is needed at {}: run scripts/test.sh, or \
+             `npm install --prefix target/oidc-provider oidc-provider@9`",
+            modules.display()
+        );
+        let mut cmd = tokio::process::Command::new("node");
+        cmd.arg(Path::new(ROOT).join("tests/oauth/issuer.mjs"))
+            .arg(port.to_string())
+            .arg(keys);
+        if rotate {
+            cmd.arg("rotate");
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("node runs");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(l) = lines.next_line().await.unwrap() {
+                if l.contains("issuer listening at") {
+                    return;
+                }
+            }
+            panic!("the issuer exited before listening");
+        })
+        .await
+        .expect("the issuer listens in time");
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Issuer {
+            child: Some(child),
+            port,
+            keys: keys.to_path_buf(),
+        }
+    }
+
+    async fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill().await;
+            let _ = c.wait().await;
+        }
+    }
+
+    /// Restart on the same port, with a new signing key first (the old ones kept).
+    async fn rotate(&mut self) {
+        self.stop().await;
+        *self = Issuer::start(self.port, &self.keys.clone(), true).await;
+    }
+
+    /// A client-credentials access token for `resource`.
+    async fn token(&self, client: &str, scope: &str, resource: &str) -> String {
+        let r = reqwest::Client::new()
+            .post(format!("{}/token", self.url()))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!(
+                "grant_type=client_credentials&client_id={client}&client_secret={client}-secret&scope={scope}&resource={resource}"
+            ))
+            .send()
+            .await
+            .unwrap();
+        let v: Value = r.json().await.unwrap();
+        v["access_token"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no token: {v}"))
+            .to_string()
+    }
+
+    /// Claims signed with the issuer's current key (header fields added), and its public JWK.
+    async fn sign(&self, header: Value, payload: Value) -> (String, Value) {
+        let v: Value = reqwest::Client::new()
+            .post(format!("{}/test/sign", self.url()))
+            .body(json!({"header": header, "payload": payload}).to_string())
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        (v["token"].as_str().unwrap().to_string(), v["public_jwk"].clone())
+    }
+
+    async fn jwks_fetches(&self) -> u64 {
+        let v: Value = reqwest::get(format!("{}/test/jwks-fetches", self.url()))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["fetches"].as_u64().unwrap()
+    }
+}
+
+/// A `serve` process with OAuth (or without tenants), its directories and its log.
+struct Hosted {
+    child: tokio::process::Child,
+    base: String,
+    dir: PathBuf,
+    log: Arc<Mutex<Vec<String>>>,
+    tenants: Vec<String>,
+}
+
+impl Hosted {
+    async fn start(tenants: Option<&str>, ids: &[&str], flags: &[String]) -> Hosted {
+        let _image = common::sandbox().await;
+        let dir = std::env::temp_dir().join(format!("mcp-test-oauth-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"));
+        cmd.args(["serve", "--pool-size", "0"]);
+        if let Some(t) = tenants {
+            std::fs::write(dir.join("tenants.toml"), t).unwrap();
+            cmd.arg("--tenants").arg(dir.join("tenants.toml"));
+        }
+        let mut child = cmd
+            .args(flags)
+            .env("CODE_STORAGE_DIR", dir.join("code"))
+            .env("MCP_EXECUTOR_DATA_DIR", dir.join("data"))
+            .env("MCP_EXECUTOR_WORKSPACE_DIR", dir.join("ws"))
+            .env("RUST_LOG", "mcp_code_executor=info")
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let url = tokio::time::timeout(Duration::from_secs(180), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                eprintln!("[server] {line}");
+                log.lock().unwrap().push(line.clone());
+                if let Some(rest) = line.split("Streamable HTTP at ").nth(1) {
+                    return rest.split_whitespace().next().unwrap().to_string();
+                }
+            }
+            panic!("the server exited before listening");
+        })
+        .await
+        .expect("the server listens in time");
+        tokio::spawn({
+            let log = log.clone();
+            async move {
+                while let Ok(Some(line)) = lines.next_line().await {
+                    eprintln!("[server] {line}");
+                    log.lock().unwrap().push(line);
+                }
+            }
+        });
+        Hosted {
+            child,
+            base: url.trim_end_matches("/mcp").to_string(),
+            dir,
+            log,
+            tenants: ids.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// The OAuth server of these tests: tenants acme and globex by the `org` claim, one
+    /// tenant with a static token, on `port` with the public URL http://127.0.0.1:port.
+    async fn oauth(port: u16, issuer: &str, static_token: &str) -> Hosted {
+        let file = format!(
+            "[[tenants]]\nid = \"{ACME}\"\n\n[[tenants]]\nid = \"{GLOBEX}\"\n\n\
+             [[tenants]]\nid = \"{STATIC}\"\ntoken_sha256 = \"{}\"\n\n\
+             [[oauth_rules]]\nissuer = \"{issuer}\"\nclaim = \"org\"\nvalue = \"acme\"\ntenant = \"{ACME}\"\n\n\
+             [[oauth_rules]]\nissuer = \"{issuer}\"\nclaim = \"org\"\nvalue = \"globex\"\ntenant = \"{GLOBEX}\"\n",
+            token::to_hex(&token::hash(static_token))
+        );
+        let flags: Vec<String> = [
+            "--port".to_string(),
+            port.to_string(),
+            "--public-url".into(),
+            format!("http://127.0.0.1:{port}"),
+            "--oauth-issuer".into(),
+            issuer.to_string(),
+        ]
+        .into();
+        Hosted::start(Some(&file), &[ACME, GLOBEX, STATIC], &flags).await
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    async fn finish(mut self) {
+        let pid = self.child.id().unwrap() as i32;
+        // SAFETY: kill(2) on the pid of a child this test spawned and still holds.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .expect("the server exits after SIGTERM")
+            .unwrap();
+        assert!(status.success(), "exit status {status:?}");
+        for t in &self.tenants {
+            let left = common::containers_of(t);
+            assert!(left.is_empty(), "containers of {t} left: {left:?}");
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One JSON-RPC request at 2026-07-28 (no protocol session) with `token`: the HTTP status,
+/// the `WWW-Authenticate` header and the response's `result` or `error`.
+async fn rpc(url: &str, token: Option<&str>, method: &str, params: Value, caps: Value) -> (u16, String, Value) {
+    let mut params = params;
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw-oauth", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": caps,
+    });
+    let mut req = reqwest::Client::new()
+        .post(url)
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", method);
+    if let Some(name) = params.get("name").and_then(Value::as_str) {
+        req = req.header("Mcp-Name", name);
+    } else if let Some(id) = params.get("taskId").and_then(Value::as_str) {
+        req = req.header("Mcp-Name", id);
+    } else if let Some(uri) = params.get("uri").and_then(Value::as_str) {
+        req = req.header("Mcp-Name", uri);
+    }
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let resp = req.body(body.to_string()).send().await.expect("the server answers");
+    let status = resp.status().as_u16();
+    let challenge = resp
+        .headers()
+        .get("www-authenticate")
+        .map(|h| h.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let text = resp.text().await.unwrap();
+    let msg: Value = serde_json::from_str(&text).unwrap_or_else(|_| {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|v| v.get("id").is_some())
+            .unwrap_or_else(|| json!({"raw": text}))
+    });
+    let out = match msg.get("error") {
+        Some(e) => json!({ "error": e }),
+        None => msg.get("result").cloned().unwrap_or(msg),
+    };
+    (status, challenge, out)
+}
+
+async fn tool(url: &str, token: &str, name: &str, args: Value) -> Value {
+    let (status, _, r) = rpc(url, Some(token), "tools/call", json!({"name": name, "arguments": args}), json!({})).await;
+    assert_eq!(status, 200, "{name}: {r}");
+    r
+}
+
+fn tool_text(r: &Value) -> String {
+    r["content"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|c| c["text"].as_str()).collect::<Vec<_>>().join("\n"))
+        .unwrap_or_else(|| r.to_string())
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn b64(v: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v)
+}
+
+fn metric(text: &str, reason: &str) -> u64 {
+    let key = format!("mcp_auth_refused_total{{reason=\"{reason}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in the metrics"))
+}
+
+#[tokio::test]
+async fn the_python_sdk_signs_in_with_only_the_server_url() {
+    let python = std::env::var("MCP_PY_SDK_PYTHON")
+        .unwrap_or_else(|_| format!("{ROOT}/target/py-sdk/bin/python"));
+    assert!(
+        std::process::Command::new(&python).args(["-c", "import mcp"]).status().is_ok_and(|s| s.success()),
+        "the official MCP Python SDK is needed at {python}: run scripts/test.sh"
+    );
+    let dir = tempdir();
+    let issuer = Issuer::start(free_port(), &dir.join("keys.json"), false).await;
+    let port = free_port();
+    let s = Hosted::oauth(port, &issuer.url(), &token::generate()).await;
+    let out = tokio::process::Command::new(&python)
+        .arg(format!("{ROOT}/tests/oauth/sdk_oauth.py"))
+        .arg(s.url("/mcp"))
+        .arg("alice@acme")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}");
+    assert!(out.status.success(), "the SDK's OAuth client failed: {stdout}\n{stderr}");
+    assert!(stdout.contains("ok: auto 2026-07-28"), "{stdout}");
+    assert!(stdout.contains("ok: legacy"), "{stdout}");
+    let want = format!(
+        r#"401 Bearer resource_metadata="http://127.0.0.1:{port}/.well-known/oauth-protected-resource/mcp", scope="mcp""#
+    );
+    assert!(stdout.contains(&want), "the challenge the SDK saw: {stdout}");
+    // alice@acme is in org acme: her runs are the acme tenant's, by a user digest.
+    let log = s.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("standalone session opened") && l.contains(ACME) && l.contains("principal=user:")),
+        "{log}"
+    );
+    s.finish().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn tempdir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mcp-test-oauth-iss-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
