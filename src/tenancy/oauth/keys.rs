@@ -39,7 +39,7 @@ struct State {
 pub struct Issuer {
     pub url: String,
     cooldown: Duration,
-    client: reqwest::Client,
+    client: Client,
     state: Mutex<State>,
     /// One fetch at a time.
     fetching: tokio::sync::Mutex<()>,
@@ -51,16 +51,36 @@ impl std::fmt::Debug for Issuer {
     }
 }
 
-/// The HTTP client for issuers: no redirects to elsewhere, short timeouts, rustls on ring.
-fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(FETCH_TIMEOUT)
-        .connect_timeout(FETCH_TIMEOUT)
-        .user_agent(concat!("mcp-code-executor/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .expect("an HTTP client with default settings builds")
+type Client = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    http_body_util::Empty<bytes::Bytes>,
+>;
+
+/// The HTTP client for issuers: HTTPS (rustls on ring, the system's roots) or HTTP, no
+/// redirects followed.
+fn client() -> Client {
+    let builder = hyper_rustls::HttpsConnectorBuilder::new();
+    let https = match builder
+        .with_provider_and_native_roots(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+    {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(error = %e, "no system root certificates: HTTPS issuers cannot be reached");
+            hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(
+                rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .with_safe_default_protocol_versions()
+                .expect("ring supports the default protocol versions")
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth(),
+            )
+        }
+    }
+    .https_or_http()
+    .enable_http1()
+    .build();
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(https)
 }
 
 /// The metadata URLs of `issuer`, in the order tried: RFC 8414's (the well-known path
@@ -222,29 +242,39 @@ impl Issuer {
     }
 
     async fn get(&self, url: &str) -> Result<(Vec<u8>, Option<String>), String> {
-        let r = self
-            .client
-            .get(url)
+        use http_body_util::BodyExt as _;
+        let req = axum::http::Request::get(url)
             .header("accept", "application/json")
-            .send()
-            .await
+            .header(
+                "user-agent",
+                concat!("mcp-code-executor/", env!("CARGO_PKG_VERSION")),
+            )
+            .body(http_body_util::Empty::new())
             .map_err(|e| format!("GET {url}: {e}"))?;
-        if !r.status().is_success() {
-            return Err(format!("GET {url}: HTTP {}", r.status().as_u16()));
-        }
-        let cache = r
-            .headers()
-            .get("cache-control")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        if r.content_length().is_some_and(|n| n as usize > MAX_DOC_BYTES) {
-            return Err(format!("GET {url}: larger than {MAX_DOC_BYTES} bytes"));
-        }
-        let body = r.bytes().await.map_err(|e| format!("GET {url}: {e}"))?;
-        if body.len() > MAX_DOC_BYTES {
-            return Err(format!("GET {url}: larger than {MAX_DOC_BYTES} bytes"));
-        }
-        Ok((body.to_vec(), cache))
+        let fetch = async {
+            let r = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| format!("GET {url}: {e}"))?;
+            if !r.status().is_success() {
+                return Err(format!("GET {url}: HTTP {}", r.status().as_u16()));
+            }
+            let cache = r
+                .headers()
+                .get("cache-control")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let body = http_body_util::Limited::new(r.into_body(), MAX_DOC_BYTES)
+                .collect()
+                .await
+                .map_err(|e| format!("GET {url}: {e} (at most {MAX_DOC_BYTES} bytes)"))?
+                .to_bytes();
+            Ok((body.to_vec(), cache))
+        };
+        tokio::time::timeout(FETCH_TIMEOUT, fetch)
+            .await
+            .map_err(|_| format!("GET {url}: no answer within {} s", FETCH_TIMEOUT.as_secs()))?
     }
 }
 
