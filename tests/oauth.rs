@@ -647,3 +647,147 @@ async fn tokens_are_validated_tenants_come_from_claims_and_users_are_kept_apart(
     s.finish().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn keys_rotate_after_one_refetch_and_the_last_good_keys_outlive_the_issuer() {
+    let dir = tempdir();
+    let issuer_port = free_port();
+    let keys = dir.join("keys.json");
+    let port = free_port();
+    let resource = format!("http://127.0.0.1:{port}/mcp");
+    // The server starts while the issuer is down: it says so, and starts anyway.
+    let s = Hosted::oauth(port, &format!("http://127.0.0.1:{issuer_port}"), &token::generate()).await;
+    let log = s.log_text();
+    assert!(
+        log.contains(&format!("OAuth issuer http://127.0.0.1:{issuer_port}")) && log.contains("cannot be fetched"),
+        "start-up names the unreachable issuer: {log}"
+    );
+    let started = Instant::now();
+    let mut issuer = Issuer::start(issuer_port, &keys, false).await;
+    let mcp = s.url("/mcp");
+    let ok = |t: String| {
+        let mcp = mcp.clone();
+        async move { rpc(&mcp, Some(&t), "tools/list", json!({}), json!({})).await.0 }
+    };
+    let t1 = issuer.token("acme-ci", "mcp", &resource).await;
+    // Within the cooldown of the failed start-up fetch, keys are not fetched again.
+    if started.elapsed() < Duration::from_secs(8) {
+        assert_eq!(ok(t1.clone()).await, 401, "no refetch within the cooldown");
+        assert_eq!(issuer.jwks_fetches().await, 0);
+    }
+    tokio::time::sleep(Duration::from_secs(11).saturating_sub(started.elapsed())).await;
+    assert_eq!(ok(t1.clone()).await, 200, "the issuer answers: its keys are fetched");
+    assert_eq!(issuer.jwks_fetches().await, 1);
+    let fetched_at = Instant::now();
+
+    // Rotation: a new signing key. Its tokens carry a kid the cache lacks.
+    issuer.rotate().await;
+    let t2 = issuer.token("acme-ci-2", "mcp", &resource).await;
+    let kid = |t: &str| -> String {
+        let h = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(t.split('.').next().unwrap()).unwrap();
+        serde_json::from_slice::<Value>(&h).unwrap()["kid"].as_str().unwrap().to_string()
+    };
+    assert_ne!(kid(&t1), kid(&t2), "the rotated issuer signs with a new key");
+    tokio::time::sleep(Duration::from_secs(11).saturating_sub(fetched_at.elapsed())).await;
+    assert_eq!(ok(t2.clone()).await, 200, "the new key is fetched once and accepted");
+    assert_eq!(issuer.jwks_fetches().await, 1, "one refetch");
+    assert_eq!(ok(t1.clone()).await, 200, "the old key is still published");
+    let (bogus, _) = issuer
+        .sign(json!({"kid": "bogus"}), json!({"iss": issuer.url(), "sub": "x", "aud": resource, "scope": "mcp", "org": "acme", "exp": now() + 600}))
+        .await;
+    assert_eq!(ok(bogus.clone()).await, 401);
+    assert_eq!(ok(bogus.clone()).await, 401);
+    assert_eq!(issuer.jwks_fetches().await, 1, "an unknown kid is fetched for at most once per cooldown");
+    let refetched_at = Instant::now();
+
+    // The issuer goes down: a fetch fails (an unknown kid after the cooldown), and the
+    // last good keys stay in use.
+    issuer.stop().await;
+    tokio::time::sleep(Duration::from_secs(11).saturating_sub(refetched_at.elapsed())).await;
+    assert_eq!(ok(bogus).await, 401, "the unknown kid: a fetch, which fails");
+    assert_eq!(ok(t2).await, 200, "the last good keys, with the issuer down");
+    assert_eq!(ok(t1).await, 200);
+    assert!(s.log_text().contains("the last good ones stay in use"), "the failed fetch is logged");
+    s.finish().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 24 item 4: an `initialize` whose capabilities carry megabytes is refused, so that
+/// protocol sessions cannot pin memory by the megabyte (30 of 7.5 MB added ~300 MB before).
+#[tokio::test]
+async fn initialize_requests_are_bounded_in_size() {
+    let port = free_port();
+    let s = Hosted::start(None, &[mcp_code_executor::job::LOCAL_TENANT], &["--port".into(), port.to_string()]).await;
+    let pid = s.child.id().unwrap();
+    let rss = || -> u64 {
+        let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        st.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap()
+    };
+    let http = reqwest::Client::new();
+    let before = rss();
+    let blob = "x".repeat(7_500_000);
+    let mut statuses = Vec::new();
+    for i in 0..30 {
+        let init = json!({"jsonrpc": "2.0", "id": i, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {"experimental": {"blob": {"b": blob}}},
+            "clientInfo": {"name": "big", "version": "0"}}});
+        let r = http
+            .post(s.url("/mcp"))
+            .header("Content-Type", "application/json")
+            .header("Accept", "application/json, text/event-stream")
+            .body(init.to_string())
+            .send()
+            .await
+            .unwrap();
+        statuses.push(r.status().as_u16());
+        let _ = r.text().await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = rss();
+    eprintln!("RSS before {before} KiB, after 30 initialize of 7.5 MB: {after} KiB");
+    assert!(statuses.iter().all(|s| *s == 400), "refused: {statuses:?}");
+    assert!(after < before + 100_000, "RSS grew from {before} KiB to {after} KiB");
+    // A normal initialize still works.
+    let r = http
+        .post(s.url("/mcp"))
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .body(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "small", "version": "0"}}}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    s.finish().await;
+}
+
+/// Issue 24 item 9: client-sent values in the log are quoted and escaped: a refused
+/// `Origin` carrying a quote and `level=ERROR` shows as one quoted value, not extra fields.
+#[tokio::test]
+async fn a_refused_origin_is_logged_quoted() {
+    let port = free_port();
+    let s = Hosted::start(None, &[mcp_code_executor::job::LOCAL_TENANT], &["--port".into(), port.to_string()]).await;
+    let r = reqwest::Client::new()
+        .post(s.url("/mcp"))
+        .header("Origin", "http://evil.example\" fake=1 level=ERROR")
+        .header("Content-Type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = s.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("refused: Origin not allowed"))
+        .unwrap_or_else(|| panic!("no refusal logged: {log}"));
+    assert!(
+        line.contains(r#"origin="http://evil.example\" fake=1 level=ERROR""#),
+        "the origin is one quoted, escaped value: {line}"
+    );
+    s.finish().await;
+}

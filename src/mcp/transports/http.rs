@@ -607,7 +607,7 @@ async fn check_host(
 fn host_refusal(request: &Request, opts: &HttpOptions) -> Option<Response> {
     let host = header_str(request, header::HOST);
     if !opts.allowed_hosts.is_empty() && !host_allowed(&host, &opts.allowed_hosts) {
-        tracing::info!(host = %host, "refused: Host not allowed");
+        tracing::info!(host = ?host, "refused: Host not allowed");
         return Some(forbidden(format!(
             "Host `{host}` is not allowed (a guard against DNS rebinding); add it with --allowed-hosts (MCP_EXECUTOR_ALLOWED_HOSTS)"
         )));
@@ -615,7 +615,7 @@ fn host_refusal(request: &Request, opts: &HttpOptions) -> Option<Response> {
     if let Some(origin) = request.headers().get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or("");
         if !origin_ok(origin, opts) {
-            tracing::info!(origin = %origin, "refused: Origin not allowed");
+            tracing::info!(origin = ?origin, "refused: Origin not allowed");
             return Some(forbidden(format!(
                 "Origin `{origin}` is not allowed: browser pages may call this server only from http(s)://localhost, 127.0.0.1 or [::1] (any port) or a host of --allowed-hosts (a guard against DNS rebinding). \
                  Add the page's origin with --allowed-origins (MCP_EXECUTOR_ALLOWED_ORIGINS), e.g. --allowed-origins {}",
