@@ -132,7 +132,10 @@ impl Issuer {
             .json()
             .await
             .unwrap();
-        (v["token"].as_str().unwrap().to_string(), v["public_jwk"].clone())
+        (
+            v["token"].as_str().unwrap().to_string(),
+            v["public_jwk"].clone(),
+        )
     }
 
     async fn jwks_fetches(&self) -> u64 {
@@ -158,7 +161,8 @@ struct Hosted {
 impl Hosted {
     async fn start(tenants: Option<&str>, ids: &[&str], flags: &[String]) -> Hosted {
         let _image = common::sandbox().await;
-        let dir = std::env::temp_dir().join(format!("mcp-test-oauth-{}", uuid::Uuid::new_v4().simple()));
+        let dir =
+            std::env::temp_dir().join(format!("mcp-test-oauth-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"));
         cmd.args(["serve", "--pool-size", "0"]);
@@ -259,7 +263,13 @@ impl Hosted {
 
 /// One JSON-RPC request at 2026-07-28 (no protocol session) with `token`: the HTTP status,
 /// the `WWW-Authenticate` header and the response's `result` or `error`.
-async fn rpc(url: &str, token: Option<&str>, method: &str, params: Value, caps: Value) -> (u16, String, Value) {
+async fn rpc(
+    url: &str,
+    token: Option<&str>,
+    method: &str,
+    params: Value,
+    caps: Value,
+) -> (u16, String, Value) {
     let mut params = params;
     params["_meta"] = json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -283,7 +293,11 @@ async fn rpc(url: &str, token: Option<&str>, method: &str, params: Value, caps: 
         req = req.bearer_auth(t);
     }
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    let resp = req.body(body.to_string()).send().await.expect("the server answers");
+    let resp = req
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("the server answers");
     let status = resp.status().as_u16();
     let challenge = resp
         .headers()
@@ -306,7 +320,14 @@ async fn rpc(url: &str, token: Option<&str>, method: &str, params: Value, caps: 
 }
 
 async fn tool(url: &str, token: &str, name: &str, args: Value) -> Value {
-    let (status, _, r) = rpc(url, Some(token), "tools/call", json!({"name": name, "arguments": args}), json!({})).await;
+    let (status, _, r) = rpc(
+        url,
+        Some(token),
+        "tools/call",
+        json!({"name": name, "arguments": args}),
+        json!({}),
+    )
+    .await;
     assert_eq!(status, 200, "{name}: {r}");
     r
 }
@@ -314,7 +335,12 @@ async fn tool(url: &str, token: &str, name: &str, args: Value) -> Value {
 fn tool_text(r: &Value) -> String {
     r["content"]
         .as_array()
-        .map(|a| a.iter().filter_map(|c| c["text"].as_str()).collect::<Vec<_>>().join("\n"))
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
         .unwrap_or_else(|| r.to_string())
 }
 
@@ -342,7 +368,10 @@ async fn the_python_sdk_signs_in_with_only_the_server_url() {
     let python = std::env::var("MCP_PY_SDK_PYTHON")
         .unwrap_or_else(|_| format!("{ROOT}/target/py-sdk/bin/python"));
     assert!(
-        std::process::Command::new(&python).args(["-c", "import mcp"]).status().is_ok_and(|s| s.success()),
+        std::process::Command::new(&python)
+            .args(["-c", "import mcp"])
+            .status()
+            .is_ok_and(|s| s.success()),
         "the official MCP Python SDK is needed at {python}: run scripts/test.sh"
     );
     let dir = tempdir();
@@ -359,17 +388,25 @@ async fn the_python_sdk_signs_in_with_only_the_server_url() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stdout}");
-    assert!(out.status.success(), "the SDK's OAuth client failed: {stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "the SDK's OAuth client failed: {stdout}\n{stderr}"
+    );
     assert!(stdout.contains("ok: auto 2026-07-28"), "{stdout}");
     assert!(stdout.contains("ok: legacy"), "{stdout}");
     let want = format!(
         r#"401 Bearer resource_metadata="http://127.0.0.1:{port}/.well-known/oauth-protected-resource/mcp", scope="mcp""#
     );
-    assert!(stdout.contains(&want), "the challenge the SDK saw: {stdout}");
+    assert!(
+        stdout.contains(&want),
+        "the challenge the SDK saw: {stdout}"
+    );
     // alice@acme is in org acme: her runs are the acme tenant's, by a user digest.
     let log = s.log_text();
     assert!(
-        log.lines().any(|l| l.contains("standalone session opened") && l.contains(ACME) && l.contains("principal=user:")),
+        log.lines().any(|l| l.contains("standalone session opened")
+            && l.contains(ACME)
+            && l.contains("principal=user:")),
         "{log}"
     );
     s.finish().await;
@@ -377,7 +414,10 @@ async fn the_python_sdk_signs_in_with_only_the_server_url() {
 }
 
 fn tempdir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mcp-test-oauth-iss-{}", uuid::Uuid::new_v4().simple()));
+    let d = std::env::temp_dir().join(format!(
+        "mcp-test-oauth-iss-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
     std::fs::create_dir_all(&d).unwrap();
     d
 }
@@ -397,7 +437,11 @@ async fn tokens_are_validated_tenants_come_from_claims_and_users_are_kept_apart(
     let http = reqwest::Client::new();
 
     // -- Protected Resource Metadata: no token, the configured URL whatever the Host, CORS.
-    for (suffix, want) in [("", format!("http://127.0.0.1:{port}")), ("/mcp", resource.clone()), ("/sse", format!("http://127.0.0.1:{port}/sse"))] {
+    for (suffix, want) in [
+        ("", format!("http://127.0.0.1:{port}")),
+        ("/mcp", resource.clone()),
+        ("/sse", format!("http://127.0.0.1:{port}/sse")),
+    ] {
         let r = http
             .get(s.url(&format!("/.well-known/oauth-protected-resource{suffix}")))
             .header("Host", "evil.example")
@@ -413,7 +457,10 @@ async fn tokens_are_validated_tenants_come_from_claims_and_users_are_kept_apart(
         assert_eq!(m["bearer_methods_supported"], json!(["header"]), "{m}");
     }
     let pre = http
-        .request(reqwest::Method::OPTIONS, s.url("/.well-known/oauth-protected-resource/mcp"))
+        .request(
+            reqwest::Method::OPTIONS,
+            s.url("/.well-known/oauth-protected-resource/mcp"),
+        )
         .header("Origin", "https://chat.example")
         .header("Access-Control-Request-Method", "GET")
         .send()
@@ -440,15 +487,31 @@ async fn tokens_are_validated_tenants_come_from_claims_and_users_are_kept_apart(
     };
     // A token the issuer's key signs, as the test asks: valid first (the control).
     let (signed_ok, public_jwk) = issuer.sign(json!({}), claims(json!({}))).await;
-    let (expired, _) = issuer.sign(json!({}), claims(json!({"exp": now() - 120, "iat": now() - 900}))).await;
-    let (not_yet, _) = issuer.sign(json!({}), claims(json!({"nbf": now() + 600}))).await;
-    let (wrong_iss, _) = issuer.sign(json!({}), claims(json!({"iss": format!("{}/other", issuer.url())}))).await;
+    let (expired, _) = issuer
+        .sign(
+            json!({}),
+            claims(json!({"exp": now() - 120, "iat": now() - 900})),
+        )
+        .await;
+    let (not_yet, _) = issuer
+        .sign(json!({}), claims(json!({"nbf": now() + 600})))
+        .await;
+    let (wrong_iss, _) = issuer
+        .sign(
+            json!({}),
+            claims(json!({"iss": format!("{}/other", issuer.url())})),
+        )
+        .await;
     let (no_aud, _) = issuer.sign(json!({}), claims(json!({"aud": null}))).await;
-    let (unknown_kid, _) = issuer.sign(json!({"kid": "no-such-key"}), claims(json!({}))).await;
+    let (unknown_kid, _) = issuer
+        .sign(json!({"kid": "no-such-key"}), claims(json!({})))
+        .await;
     let (with_jku, _) = issuer
         .sign(json!({"kid": "attacker", "jku": "http://127.0.0.1:9/jwks.json", "x5u": "http://127.0.0.1:9/x.pem"}), claims(json!({})))
         .await;
-    let wrong_aud = issuer.token("acme-ci", "mcp", "http://other.example/mcp").await;
+    let wrong_aud = issuer
+        .token("acme-ci", "mcp", "http://other.example/mcp")
+        .await;
     let no_scope = issuer.token("acme-ci", "other", &resource).await;
     let no_tenant = issuer.token("initech-ci", "mcp", &resource).await;
     let body = b64(&serde_json::to_vec(&claims(json!({}))).unwrap());
@@ -458,7 +521,12 @@ async fn tokens_are_validated_tenants_come_from_claims_and_users_are_kept_apart(
     let hs_with = |secret: &[u8]| {
         let mut h = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
         h.kid = public_jwk["kid"].as_str().map(str::to_string);
-        jsonwebtoken::encode(&h, &claims(json!({})), &jsonwebtoken::EncodingKey::from_secret(secret)).unwrap()
+        jsonwebtoken::encode(
+            &h,
+            &claims(json!({})),
+            &jsonwebtoken::EncodingKey::from_secret(secret),
+        )
+        .unwrap()
     };
     let hs_json = hs_with(public_jwk.to_string().as_bytes());
     let hs_n = hs_with(public_jwk["n"].as_str().unwrap().as_bytes());
@@ -469,11 +537,18 @@ async fn tokens_are_validated_tenants_come_from_claims_and_users_are_kept_apart(
         async move { rpc(&mcp, t.as_deref(), "tools/list", json!({}), json!({})).await }
     };
     let (st, ch, r) = list(Some(&signed_ok)).await;
-    assert_eq!(st, 200, "a token signed by the issuer's key is accepted: {ch} {r}");
+    assert_eq!(
+        st, 200,
+        "a token signed by the issuer's key is accepted: {ch} {r}"
+    );
     let (st, ch, _) = list(Some(&t_acme)).await;
     assert_eq!(st, 200, "a client-credentials token: {ch}");
     let (st, ch, _) = list(None).await;
-    assert_eq!((st, ch.as_str()), (401, format!("Bearer {meta}").as_str()), "no token");
+    assert_eq!(
+        (st, ch.as_str()),
+        (401, format!("Bearer {meta}").as_str()),
+        "no token"
+    );
     let mut matrix = vec![];
     for (what, t, status, error) in [
         ("malformed", "abc.def.ghi".to_string(), 401, "invalid_token"),
@@ -498,7 +573,10 @@ async fn tokens_are_validated_tenants_come_from_claims_and_users_are_kept_apart(
     }
     let (st, ch, r) = list(Some(&no_tenant)).await;
     assert_eq!(st, 403, "no tenant: {r}");
-    assert!(ch.is_empty(), "no challenge for a valid token no tenant admits: {ch}");
+    assert!(
+        ch.is_empty(),
+        "no challenge for a valid token no tenant admits: {ch}"
+    );
     assert_eq!(r["error"], "forbidden", "{r}");
     matrix.push(format!("no matching tenant: {st} {r}"));
     // A token in the query string: refused, even a valid one.
@@ -515,7 +593,10 @@ async fn tokens_are_validated_tenants_come_from_claims_and_users_are_kept_apart(
     // The legacy SSE endpoint challenges with its own metadata.
     let r = http.get(s.url("/sse")).send().await.unwrap();
     assert_eq!(r.status(), 401);
-    assert!(r.headers()["www-authenticate"].to_str().unwrap().contains("oauth-protected-resource/sse"));
+    assert!(r.headers()["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .contains("oauth-protected-resource/sse"));
     // A browser client of an allowed origin can read the challenge.
     let r = http
         .post(&mcp)
@@ -526,14 +607,27 @@ async fn tokens_are_validated_tenants_come_from_claims_and_users_are_kept_apart(
         .await
         .unwrap();
     assert_eq!(r.status(), 401);
-    assert_eq!(r.headers()["access-control-allow-origin"], "http://localhost:6274");
-    assert!(r.headers()["access-control-expose-headers"].to_str().unwrap().contains("WWW-Authenticate"));
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "http://localhost:6274"
+    );
+    assert!(r.headers()["access-control-expose-headers"]
+        .to_str()
+        .unwrap()
+        .contains("WWW-Authenticate"));
     for m in &matrix {
         eprintln!("matrix: {m}");
     }
 
     // -- Refusals counted by reason; no token in the log.
-    let m = http.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let m = http
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(metric(&m, "missing") >= 3, "{m}");
     assert!(metric(&m, "invalid") >= 10, "{m}");
     assert!(metric(&m, "audience") >= 2, "{m}");
@@ -546,58 +640,132 @@ async fn tokens_are_validated_tenants_come_from_claims_and_users_are_kept_apart(
     let (ta, tb) = (t_acme, issuer.token("acme-ci-2", "mcp", &resource).await);
     let tg = issuer.token("globex-ci", "mcp", &resource).await;
     // rmcp's client with a client-credentials token.
-    let client = ().serve(StreamableHttpClientTransport::from_config(
-        StreamableHttpClientTransportConfig::with_uri(mcp.clone()).auth_header(ta.clone()),
-    ))
-    .await
-    .expect("rmcp's client connects with the token");
+    let client = ()
+        .serve(StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(mcp.clone()).auth_header(ta.clone()),
+        ))
+        .await
+        .expect("rmcp's client connects with the token");
     let r = call(&client, "execute_python", json!({"code": "x = 41"})).await;
     assert!(!is_error(&r), "{}", text(&r));
     let sa = structured(&r)["session_id"].as_str().unwrap().to_string();
-    let r = call(&client, "execute_python", json!({"code": "x + 1", "session_id": sa})).await;
+    let r = call(
+        &client,
+        "execute_python",
+        json!({"code": "x + 1", "session_id": sa}),
+    )
+    .await;
     assert_eq!(structured(&r)["stdout"], "42\n", "{}", text(&r));
-    let r = call(&client, "write_file", json!({"path": "a.txt", "content": "secret of A", "session_id": sa})).await;
+    let r = call(
+        &client,
+        "write_file",
+        json!({"path": "a.txt", "content": "secret of A", "session_id": sa}),
+    )
+    .await;
     assert!(!is_error(&r), "{}", text(&r));
     let uri = format!("workspace://sessions/{sa}/a.txt");
-    let (_, _, r) = rpc(&mcp, Some(&ta), "resources/read", json!({"uri": uri}), json!({})).await;
-    assert_eq!(r["contents"][0]["text"], "secret of A", "A reads its own resource: {r}");
+    let (_, _, r) = rpc(
+        &mcp,
+        Some(&ta),
+        "resources/read",
+        json!({"uri": uri}),
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        r["contents"][0]["text"], "secret of A",
+        "A reads its own resource: {r}"
+    );
     // B (same tenant, another user): A's session, files and resources are not found.
     for (name, args) in [
         ("execute_python", json!({"code": "x", "session_id": sa})),
         ("read_file", json!({"path": "a.txt", "session_id": sa})),
         ("list_files", json!({"session_id": sa})),
-        ("write_file", json!({"path": "b.txt", "content": "x", "session_id": sa})),
-        ("execute_code", json!({"code": "print(open('/workspace/a.txt').read())", "session_id": sa})),
+        (
+            "write_file",
+            json!({"path": "b.txt", "content": "x", "session_id": sa}),
+        ),
+        (
+            "execute_code",
+            json!({"code": "print(open('/workspace/a.txt').read())", "session_id": sa}),
+        ),
     ] {
         let r = tool(&mcp, &tb, name, args).await;
         let t = tool_text(&r);
-        assert!(r["isError"] == true && t.contains("not found") && !t.contains("secret of A"), "B {name}: {r}");
+        assert!(
+            r["isError"] == true && t.contains("not found") && !t.contains("secret of A"),
+            "B {name}: {r}"
+        );
     }
-    let (_, _, r) = rpc(&mcp, Some(&tb), "resources/read", json!({"uri": uri}), json!({})).await;
-    assert!(r["error"].is_object() && !r.to_string().contains("secret of A"), "B reads A's resource: {r}");
+    let (_, _, r) = rpc(
+        &mcp,
+        Some(&tb),
+        "resources/read",
+        json!({"uri": uri}),
+        json!({}),
+    )
+    .await;
+    assert!(
+        r["error"].is_object() && !r.to_string().contains("secret of A"),
+        "B reads A's resource: {r}"
+    );
     // The static token of another tenant, and G of another org: not found either.
     for t in [&static_token, &tg] {
-        let r = tool(&mcp, t, "read_file", json!({"path": "a.txt", "session_id": sa})).await;
+        let r = tool(
+            &mcp,
+            t,
+            "read_file",
+            json!({"path": "a.txt", "session_id": sa}),
+        )
+        .await;
         assert!(tool_text(&r).contains("not found"), "{r}");
     }
     // G lands in its own tenant.
     let r = tool(&mcp, &tg, "execute_python", json!({"code": "y = 1"})).await;
     assert!(r["isError"] != true, "{r}");
     assert!(
-        s.log_text().lines().any(|l| l.contains("standalone session opened") && l.contains(GLOBEX)),
+        s.log_text()
+            .lines()
+            .any(|l| l.contains("standalone session opened") && l.contains(GLOBEX)),
         "globex's session is in its tenant"
     );
     // The static token still works, beside OAuth.
-    let r = tool(&mcp, &static_token, "execute_code", json!({"code": "print(6 * 7)"})).await;
+    let r = tool(
+        &mcp,
+        &static_token,
+        "execute_code",
+        json!({"code": "print(6 * 7)"}),
+    )
+    .await;
     assert!(tool_text(&r).contains("42"), "{r}");
 
     // Tasks: A's task id is unknown to B.
     let tasks = json!({ "extensions": { "io.modelcontextprotocol/tasks": {} } });
-    let (_, _, created) = rpc(&mcp, Some(&ta), "tools/call", json!({"name": "execute_code", "arguments": {"code": "print('task of A')"}}), tasks.clone()).await;
-    let task = created["taskId"].as_str().unwrap_or_else(|| panic!("a task: {created}")).to_string();
-    let (_, _, mine) = rpc(&mcp, Some(&ta), "tasks/get", json!({"taskId": task}), tasks.clone()).await;
+    let (_, _, created) = rpc(
+        &mcp,
+        Some(&ta),
+        "tools/call",
+        json!({"name": "execute_code", "arguments": {"code": "print('task of A')"}}),
+        tasks.clone(),
+    )
+    .await;
+    let task = created["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a task: {created}"))
+        .to_string();
+    let (_, _, mine) = rpc(
+        &mcp,
+        Some(&ta),
+        "tasks/get",
+        json!({"taskId": task}),
+        tasks.clone(),
+    )
+    .await;
     assert!(mine.get("error").is_none(), "A polls its task: {mine}");
-    for (m, p) in [("tasks/get", json!({"taskId": task})), ("tasks/cancel", json!({"taskId": task}))] {
+    for (m, p) in [
+        ("tasks/get", json!({"taskId": task})),
+        ("tasks/cancel", json!({"taskId": task})),
+    ] {
         let (_, _, r) = rpc(&mcp, Some(&tb), m, p, tasks.clone()).await;
         assert!(r["error"].is_object(), "B {m} on A's task: {r}");
     }
@@ -634,7 +802,11 @@ async fn tokens_are_validated_tenants_come_from_claims_and_users_are_kept_apart(
         }
     };
     assert_eq!(list_in(tb.clone()).await, 404, "B on A's Mcp-Session-Id");
-    assert_eq!(list_in(ta.clone()).await, 200, "A on its own Mcp-Session-Id");
+    assert_eq!(
+        list_in(ta.clone()).await,
+        200,
+        "A on its own Mcp-Session-Id"
+    );
 
     // No token in the log; the log names tenants and principal digests.
     let log = s.log_text();
@@ -656,10 +828,16 @@ async fn keys_rotate_after_one_refetch_and_the_last_good_keys_outlive_the_issuer
     let port = free_port();
     let resource = format!("http://127.0.0.1:{port}/mcp");
     // The server starts while the issuer is down: it says so, and starts anyway.
-    let s = Hosted::oauth(port, &format!("http://127.0.0.1:{issuer_port}"), &token::generate()).await;
+    let s = Hosted::oauth(
+        port,
+        &format!("http://127.0.0.1:{issuer_port}"),
+        &token::generate(),
+    )
+    .await;
     let log = s.log_text();
     assert!(
-        log.contains(&format!("OAuth issuer http://127.0.0.1:{issuer_port}")) && log.contains("cannot be fetched"),
+        log.contains(&format!("OAuth issuer http://127.0.0.1:{issuer_port}"))
+            && log.contains("cannot be fetched"),
         "start-up names the unreachable issuer: {log}"
     );
     let started = Instant::now();
@@ -667,7 +845,11 @@ async fn keys_rotate_after_one_refetch_and_the_last_good_keys_outlive_the_issuer
     let mcp = s.url("/mcp");
     let ok = |t: String| {
         let mcp = mcp.clone();
-        async move { rpc(&mcp, Some(&t), "tools/list", json!({}), json!({})).await.0 }
+        async move {
+            rpc(&mcp, Some(&t), "tools/list", json!({}), json!({}))
+                .await
+                .0
+        }
     };
     let t1 = issuer.token("acme-ci", "mcp", &resource).await;
     // Within the cooldown of the failed start-up fetch, keys are not fetched again.
@@ -676,7 +858,11 @@ async fn keys_rotate_after_one_refetch_and_the_last_good_keys_outlive_the_issuer
         assert_eq!(issuer.jwks_fetches().await, 0);
     }
     tokio::time::sleep(Duration::from_secs(11).saturating_sub(started.elapsed())).await;
-    assert_eq!(ok(t1.clone()).await, 200, "the issuer answers: its keys are fetched");
+    assert_eq!(
+        ok(t1.clone()).await,
+        200,
+        "the issuer answers: its keys are fetched"
+    );
     assert_eq!(issuer.jwks_fetches().await, 1);
     let fetched_at = Instant::now();
 
@@ -684,12 +870,25 @@ async fn keys_rotate_after_one_refetch_and_the_last_good_keys_outlive_the_issuer
     issuer.rotate().await;
     let t2 = issuer.token("acme-ci-2", "mcp", &resource).await;
     let kid = |t: &str| -> String {
-        let h = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(t.split('.').next().unwrap()).unwrap();
-        serde_json::from_slice::<Value>(&h).unwrap()["kid"].as_str().unwrap().to_string()
+        let h = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(t.split('.').next().unwrap())
+            .unwrap();
+        serde_json::from_slice::<Value>(&h).unwrap()["kid"]
+            .as_str()
+            .unwrap()
+            .to_string()
     };
-    assert_ne!(kid(&t1), kid(&t2), "the rotated issuer signs with a new key");
+    assert_ne!(
+        kid(&t1),
+        kid(&t2),
+        "the rotated issuer signs with a new key"
+    );
     tokio::time::sleep(Duration::from_secs(11).saturating_sub(fetched_at.elapsed())).await;
-    assert_eq!(ok(t2.clone()).await, 200, "the new key is fetched once and accepted");
+    assert_eq!(
+        ok(t2.clone()).await,
+        200,
+        "the new key is fetched once and accepted"
+    );
     assert_eq!(issuer.jwks_fetches().await, 1, "one refetch");
     assert_eq!(ok(t1.clone()).await, 200, "the old key is still published");
     let (bogus, _) = issuer
@@ -697,17 +896,32 @@ async fn keys_rotate_after_one_refetch_and_the_last_good_keys_outlive_the_issuer
         .await;
     assert_eq!(ok(bogus.clone()).await, 401);
     assert_eq!(ok(bogus.clone()).await, 401);
-    assert_eq!(issuer.jwks_fetches().await, 1, "an unknown kid is fetched for at most once per cooldown");
+    assert_eq!(
+        issuer.jwks_fetches().await,
+        1,
+        "an unknown kid is fetched for at most once per cooldown"
+    );
     let refetched_at = Instant::now();
 
     // The issuer goes down: a fetch fails (an unknown kid after the cooldown), and the
     // last good keys stay in use.
     issuer.stop().await;
     tokio::time::sleep(Duration::from_secs(11).saturating_sub(refetched_at.elapsed())).await;
-    assert_eq!(ok(bogus).await, 401, "the unknown kid: a fetch, which fails");
-    assert_eq!(ok(t2).await, 200, "the last good keys, with the issuer down");
+    assert_eq!(
+        ok(bogus).await,
+        401,
+        "the unknown kid: a fetch, which fails"
+    );
+    assert_eq!(
+        ok(t2).await,
+        200,
+        "the last good keys, with the issuer down"
+    );
     assert_eq!(ok(t1).await, 200);
-    assert!(s.log_text().contains("the last good ones stay in use"), "the failed fetch is logged");
+    assert!(
+        s.log_text().contains("the last good ones stay in use"),
+        "the failed fetch is logged"
+    );
     s.finish().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -717,7 +931,12 @@ async fn keys_rotate_after_one_refetch_and_the_last_good_keys_outlive_the_issuer
 #[tokio::test]
 async fn initialize_requests_are_bounded_in_size() {
     let port = free_port();
-    let s = Hosted::start(None, &[mcp_code_executor::job::LOCAL_TENANT], &["--port".into(), port.to_string()]).await;
+    let s = Hosted::start(
+        None,
+        &[mcp_code_executor::job::LOCAL_TENANT],
+        &["--port".into(), port.to_string()],
+    )
+    .await;
     let pid = s.child.id().unwrap();
     let rss = || -> u64 {
         let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -749,7 +968,10 @@ async fn initialize_requests_are_bounded_in_size() {
     let after = rss();
     eprintln!("RSS before {before} KiB, after 30 initialize of 7.5 MB: {after} KiB");
     assert!(statuses.iter().all(|s| *s == 400), "refused: {statuses:?}");
-    assert!(after < before + 100_000, "RSS grew from {before} KiB to {after} KiB");
+    assert!(
+        after < before + 100_000,
+        "RSS grew from {before} KiB to {after} KiB"
+    );
     // A normal initialize still works.
     let r = http
         .post(s.url("/mcp"))
@@ -769,7 +991,12 @@ async fn initialize_requests_are_bounded_in_size() {
 #[tokio::test]
 async fn a_refused_origin_is_logged_quoted() {
     let port = free_port();
-    let s = Hosted::start(None, &[mcp_code_executor::job::LOCAL_TENANT], &["--port".into(), port.to_string()]).await;
+    let s = Hosted::start(
+        None,
+        &[mcp_code_executor::job::LOCAL_TENANT],
+        &["--port".into(), port.to_string()],
+    )
+    .await;
     let r = reqwest::Client::new()
         .post(s.url("/mcp"))
         .header("Origin", "http://evil.example\" fake=1 level=ERROR")

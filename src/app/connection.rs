@@ -19,8 +19,8 @@ use super::executor::{code_digest, Executor};
 use super::sessions::SessionRef;
 use super::workspaces::{self, WriteError};
 use crate::backend::Events;
-use crate::tenancy::oauth::Principal;
 use crate::job::{JobSpec, Outcome};
+use crate::tenancy::oauth::Principal;
 
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
 
@@ -82,7 +82,9 @@ impl Connection {
     /// The owner key ([`Principal::owner`]) of a call by `principal` on this connection:
     /// what its sessions and tasks are bound to.
     pub fn owner(&self, principal: Option<&Principal>) -> Option<String> {
-        principal.or(self.principal.get()).and_then(Principal::owner)
+        principal
+            .or(self.principal.get())
+            .and_then(Principal::owner)
     }
 
     /// The session a call works on: the one named by `w.handle` ("not found" when this

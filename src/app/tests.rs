@@ -395,7 +395,7 @@ async fn handles_name_sessions_across_connections_within_a_tenant_only() {
             handle: None,
             stateless: true,
             open: false,
-        principal: None,
+            principal: None,
         })
         .unwrap();
     assert!(none.is_none());

@@ -203,7 +203,8 @@ impl ServeConfig {
             return Err(ConfigError::TenantsOverStdio);
         }
         let oauth = &self.http.oauth;
-        if !oauth.issuers.is_empty() && (self.tenants_file.is_none() || oauth.public_url.is_none()) {
+        if !oauth.issuers.is_empty() && (self.tenants_file.is_none() || oauth.public_url.is_none())
+        {
             return Err(ConfigError::OutOfRange {
                 what: "--oauth-issuer",
                 rule: "given with --public-url and --tenants (whose [[oauth_rules]] map tokens to tenants)",

@@ -234,13 +234,21 @@ pub fn parse_all(text: &str) -> Result<(Vec<Tenant>, Vec<Rule>), String> {
     for (i, r) in file.oauth_rules.into_iter().enumerate() {
         let at = |what: &str| format!("oauth_rules entry {}: {what}", i + 1);
         if !tenants.iter().any(|t| t.id == r.tenant) {
-            return Err(at(&format!("tenant `{}` is not a [[tenants]] id", r.tenant)));
+            return Err(at(&format!(
+                "tenant `{}` is not a [[tenants]] id",
+                r.tenant
+            )));
         }
         if r.issuer.trim().is_empty() || r.issuer.trim() != r.issuer {
-            return Err(at("issuer must be the issuer's URL exactly as its tokens' iss"));
+            return Err(at(
+                "issuer must be the issuer's URL exactly as its tokens' iss",
+            ));
         }
         let empty = |v: &Option<String>| v.as_deref().is_some_and(|v| v.trim().is_empty());
-        if [&r.claim, &r.value, &r.client_id, &r.sub].into_iter().any(empty) {
+        if [&r.claim, &r.value, &r.client_id, &r.sub]
+            .into_iter()
+            .any(empty)
+        {
             return Err(at("a match value is empty"));
         }
         let matches = match (r.claim, r.value, r.client_id, r.sub) {
@@ -492,25 +500,39 @@ mod tests {
         let text = include_str!("../../deploy/tenants.oauth.example.toml");
         let first = text.lines().next().unwrap();
         assert!(first.starts_with("# mcp-code-executor serve "), "{first}");
-        for want in ["--tenants deploy/tenants.oauth.example.toml", "--public-url PUBLIC_URL", "--oauth-issuer ISSUER"] {
+        for want in [
+            "--tenants deploy/tenants.oauth.example.toml",
+            "--public-url PUBLIC_URL",
+            "--oauth-issuer ISSUER",
+        ] {
             assert!(first.contains(want), "{first} lacks {want}");
         }
         let (t, rules) = parse_all(text).unwrap();
-        assert_eq!(t.iter().find(|t| t.id == "acme").unwrap().token_sha256, None);
+        assert_eq!(
+            t.iter().find(|t| t.id == "acme").unwrap().token_sha256,
+            None
+        );
         assert_eq!(
             rules[0],
             Rule {
                 issuer: "ISSUER".into(),
                 tenant: "acme".into(),
-                matches: Match::Claim { name: "org".into(), value: "acme".into() },
+                matches: Match::Claim {
+                    name: "org".into(),
+                    value: "acme".into()
+                },
             }
         );
     }
 
     #[test]
     fn oauth_rules_are_checked() {
-        let base = format!("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH_A}\"\n[[tenants]]\nid = \"b\"\n");
-        let with = |rule: &str| format!("{base}[[oauth_rules]]\nissuer = \"https://as\"\ntenant = \"b\"\n{rule}\n");
+        let base = format!(
+            "[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH_A}\"\n[[tenants]]\nid = \"b\"\n"
+        );
+        let with = |rule: &str| {
+            format!("{base}[[oauth_rules]]\nissuer = \"https://as\"\ntenant = \"b\"\n{rule}\n")
+        };
         let (_, r) = parse_all(&with("client_id = \"ci\"")).unwrap();
         assert_eq!(r[0].matches, Match::ClientId("ci".into()));
         let (_, r) = parse_all(&with("sub = \"u1\"")).unwrap();
@@ -518,9 +540,15 @@ mod tests {
         for (bad, want) in [
             (base.clone(), "nobody could reach it"),
             (with("claim = \"org\""), "exactly one"),
-            (with("claim = \"org\"\nvalue = \"x\"\nsub = \"y\""), "exactly one"),
+            (
+                with("claim = \"org\"\nvalue = \"x\"\nsub = \"y\""),
+                "exactly one",
+            ),
             (with("sub = \"\""), "empty"),
-            (with("").replace("tenant = \"b\"", "tenant = \"zz\""), "not a [[tenants]] id"),
+            (
+                with("").replace("tenant = \"b\"", "tenant = \"zz\""),
+                "not a [[tenants]] id",
+            ),
         ] {
             let e = parse_all(&bad).unwrap_err();
             assert!(e.contains(want), "{bad}: {e}");

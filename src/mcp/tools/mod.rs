@@ -21,8 +21,8 @@ use rmcp::{tool_handler, ErrorData, RoleServer, ServerHandler};
 
 use super::args;
 use super::report::{tool_error, Keep};
-use super::INSTRUCTIONS;
 use super::transports::auth::principal_of;
+use super::INSTRUCTIONS;
 use crate::app::{AppError, Connection, Executor, SessionRef, Wanted};
 
 /// The MCP handler of one connection. Cloning shares the connection (rmcp clones handlers

@@ -114,11 +114,7 @@ pub fn metadata(settings: &Settings, request: &Request) -> Option<Response> {
 
 /// The `WWW-Authenticate` value for a refusal at `path`.
 pub fn challenge_header(settings: &Settings, path: &str, r: &Refusal) -> String {
-    let meta = format!(
-        "{}{WELL_KNOWN}{}",
-        settings.base(),
-        resource_suffix(path)
-    );
+    let meta = format!("{}{WELL_KNOWN}{}", settings.base(), resource_suffix(path));
     let mut v = format!(
         r#"Bearer resource_metadata="{meta}", scope="{}""#,
         settings.scope
@@ -249,7 +245,10 @@ async fn check(
         );
     };
     if in_query {
-        refused(Refusal::Invalid("token in the query string".into()), "token in the query string");
+        refused(
+            Refusal::Invalid("token in the query string".into()),
+            "token in the query string",
+        );
         let body = serde_json::json!({
             "error": "invalid_request",
             "message": "tokens in the URL are refused: send `Authorization: Bearer <token>`",
@@ -321,7 +320,10 @@ pub fn preflight(origin: &str) -> Response {
         header::ACCESS_CONTROL_EXPOSE_HEADERS,
         HeaderValue::from_static(EXPOSED),
     );
-    h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
+    h.insert(
+        header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from_static("600"),
+    );
     h.insert(header::VARY, HeaderValue::from_static("Origin"));
     r
 }
@@ -367,25 +369,30 @@ mod tests {
             challenge_header(&s, "/mcp", &Refusal::Missing),
             r#"Bearer resource_metadata="https://mcp.example.com/.well-known/oauth-protected-resource/mcp", scope="mcp""#
         );
-        assert!(challenge_header(&s, "/messages", &Refusal::Expired).contains(
-            r#"oauth-protected-resource/sse", scope="mcp", error="invalid_token""#
-        ));
-        assert!(challenge_header(&s, "/mcp", &Refusal::Scope)
-            .contains(r#"error="insufficient_scope""#));
+        assert!(challenge_header(&s, "/messages", &Refusal::Expired)
+            .contains(r#"oauth-protected-resource/sse", scope="mcp", error="invalid_token""#));
+        assert!(
+            challenge_header(&s, "/mcp", &Refusal::Scope).contains(r#"error="insufficient_scope""#)
+        );
         assert_eq!(resource_suffix("/mcpx"), "");
     }
 
     #[test]
     fn tokens_in_the_query_are_seen() {
-        let r = |q: &str| Request::builder().uri(q).body(axum::body::Body::empty()).unwrap();
+        let r = |q: &str| {
+            Request::builder()
+                .uri(q)
+                .body(axum::body::Body::empty())
+                .unwrap()
+        };
         assert!(token_in_query(&r("/mcp?access_token=x")));
         assert!(token_in_query(&r("/messages?sessionId=1&Access_Token=x")));
         assert!(!token_in_query(&r("/messages?sessionId=1")));
         assert!(!token_in_query(&r("/mcp")));
     }
 
-    #[test]
-    fn metadata_names_the_resource_of_its_path_from_the_configured_url() {
+    #[tokio::test]
+    async fn metadata_names_the_resource_of_its_path_from_the_configured_url() {
         let s = settings();
         for (path, want) in [
             (WELL_KNOWN.to_string(), "https://mcp.example.com"),
@@ -400,7 +407,14 @@ mod tests {
             let resp = metadata(&s, &req).expect("served");
             assert_eq!(resp.status(), StatusCode::OK);
             assert_eq!(resp.headers()["access-control-allow-origin"], "*");
-            let _ = want;
+            let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+                .await
+                .unwrap();
+            let m: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(m["resource"], want, "{m}");
+            assert_eq!(m["authorization_servers"][0], "https://as.example");
+            assert_eq!(m["scopes_supported"][0], "mcp");
+            assert_eq!(m["bearer_methods_supported"][0], "header");
         }
         let other = Request::builder()
             .uri(format!("{WELL_KNOWN}/other"))

@@ -21,8 +21,8 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
-pub use super::bounds::Bounds;
 use super::auth;
+pub use super::bounds::Bounds;
 use super::bounds::{Conn, Metered};
 use super::sessions::{SessionBook, Sessions};
 use super::sse::{self, SseState};

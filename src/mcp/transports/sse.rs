@@ -34,7 +34,10 @@ use crate::tenancy::oauth::Principal;
 pub const MESSAGES_PATH: &str = "/messages";
 
 /// A session's way in, and the [`Principal::owner`] of the principal that opened it.
-type ToServer = (UnboundedSender<RxJsonRpcMessage<RoleServer>>, Option<String>);
+type ToServer = (
+    UnboundedSender<RxJsonRpcMessage<RoleServer>>,
+    Option<String>,
+);
 
 /// Open sessions, by id.
 pub struct SseState {
@@ -176,7 +179,10 @@ pub async fn post(
     if body.len() > super::http::MAX_INITIALIZE_BYTES {
         if let RxJsonRpcMessage::<RoleServer>::Request(r) = &message {
             if matches!(r.request, rmcp::model::ClientRequest::InitializeRequest(_)) {
-                tracing::info!(bytes = body.len(), "refused: initialize request larger than the bound");
+                tracing::info!(
+                    bytes = body.len(),
+                    "refused: initialize request larger than the bound"
+                );
                 let id = serde_json::to_value(&r.id).ok();
                 return super::http::too_large_initialize(id);
             }

@@ -281,7 +281,9 @@ impl Issuer {
 /// The key of `set` for `kid` (or, without a kid, the only signing key fit for `alg`).
 fn pick(set: &JwkSet, kid: Option<&str>, alg: Algorithm) -> Option<Jwk> {
     let fits = |k: &&Jwk| {
-        k.common.key_algorithm.is_none_or(|a| format!("{a:?}") == format!("{alg:?}"))
+        k.common
+            .key_algorithm
+            .is_none_or(|a| format!("{a:?}") == format!("{alg:?}"))
             && !matches!(
                 k.common.public_key_use,
                 Some(jsonwebtoken::jwk::PublicKeyUse::Encryption)
@@ -344,10 +346,19 @@ mod tests {
         ]}))
         .unwrap();
         assert!(pick(&set, Some("a"), Algorithm::ES256).is_some());
-        assert!(pick(&set, Some("a"), Algorithm::RS256).is_none(), "alg of the key");
-        assert!(pick(&set, Some("b"), Algorithm::ES256).is_none(), "an encryption key");
+        assert!(
+            pick(&set, Some("a"), Algorithm::RS256).is_none(),
+            "alg of the key"
+        );
+        assert!(
+            pick(&set, Some("b"), Algorithm::ES256).is_none(),
+            "an encryption key"
+        );
         assert!(pick(&set, Some("c"), Algorithm::ES256).is_none());
-        assert!(pick(&set, None, Algorithm::ES256).is_some(), "the only signing key");
+        assert!(
+            pick(&set, None, Algorithm::ES256).is_some(),
+            "the only signing key"
+        );
     }
 
     #[tokio::test]

@@ -73,7 +73,10 @@ pub fn digest(issuer: &str, subject: &str) -> String {
     h.update(issuer.as_bytes());
     h.update([0u8]);
     h.update(subject.as_bytes());
-    h.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
+    h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The resource server's settings: flags of `serve`.
@@ -97,9 +100,7 @@ impl Settings {
             let rest = u
                 .strip_prefix("https://")
                 .or_else(|| u.strip_prefix("http://"));
-            rest.is_some_and(|r| {
-                !r.is_empty() && !r.contains(['/', '?', '#', ' ', '@'])
-            })
+            rest.is_some_and(|r| !r.is_empty() && !r.contains(['/', '?', '#', ' ', '@']))
         };
         if !origin_ok(u) {
             return Err(format!(
@@ -121,7 +122,10 @@ impl Settings {
             }
         }
         if self.scope.trim().is_empty() || self.scope.contains(char::is_whitespace) {
-            return Err(format!("--oauth-scope {:?} must be one scope name", self.scope));
+            return Err(format!(
+                "--oauth-scope {:?} must be one scope name",
+                self.scope
+            ));
         }
         Ok(())
     }
@@ -214,13 +218,7 @@ impl OAuth {
             .key(p.kid.as_deref(), p.alg)
             .await
             .map_err(Refusal::Invalid)?;
-        let claims = validate::verify(
-            token,
-            &p,
-            &key,
-            &issuer.url,
-            &self.settings.resources(),
-        )?;
+        let claims = validate::verify(token, &p, &key, &issuer.url, &self.settings.resources())?;
         let scopes = validate::scopes(&claims);
         if !scopes.iter().any(|s| s == &self.settings.scope) {
             return Err(Refusal::Scope);
@@ -290,11 +288,19 @@ mod tests {
         ];
         let c = |v: serde_json::Value| -> validate::Claims { serde_json::from_value(v).unwrap() };
         assert_eq!(
-            tenant_of(&rules, "https://a", &c(serde_json::json!({"org": "acme", "client_id": "robot"}))),
+            tenant_of(
+                &rules,
+                "https://a",
+                &c(serde_json::json!({"org": "acme", "client_id": "robot"}))
+            ),
             Some("ci".into())
         );
         assert_eq!(
-            tenant_of(&rules, "https://a", &c(serde_json::json!({"org": "acme", "sub": "u-1"}))),
+            tenant_of(
+                &rules,
+                "https://a",
+                &c(serde_json::json!({"org": "acme", "sub": "u-1"}))
+            ),
             Some("acme".into())
         );
         assert_eq!(
@@ -329,11 +335,26 @@ mod tests {
             ]
         );
         for bad in [
-            Settings { public_url: "mcp.example.com".into(), ..ok.clone() },
-            Settings { public_url: "https://mcp.example.com/mcp".into(), ..ok.clone() },
-            Settings { issuers: vec![], ..ok.clone() },
-            Settings { issuers: vec!["http://as.example".into()], ..ok.clone() },
-            Settings { scope: "a b".into(), ..ok.clone() },
+            Settings {
+                public_url: "mcp.example.com".into(),
+                ..ok.clone()
+            },
+            Settings {
+                public_url: "https://mcp.example.com/mcp".into(),
+                ..ok.clone()
+            },
+            Settings {
+                issuers: vec![],
+                ..ok.clone()
+            },
+            Settings {
+                issuers: vec!["http://as.example".into()],
+                ..ok.clone()
+            },
+            Settings {
+                scope: "a b".into(),
+                ..ok.clone()
+            },
         ] {
             assert!(bad.check().is_err(), "{bad:?}");
         }

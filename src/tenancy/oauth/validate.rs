@@ -104,7 +104,8 @@ pub fn peek(token: &str) -> Result<Peeked, Refusal> {
         return Err(invalid("token too long"));
     }
     let mut parts = token.split('.');
-    let (Some(h), Some(p), Some(_), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    let (Some(h), Some(p), Some(_), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Err(invalid("not a JWT"));
     };
@@ -120,7 +121,10 @@ pub fn peek(token: &str) -> Result<Peeked, Refusal> {
         .copied()
         .find(|a| format!("{a:?}") == alg_name)
         .ok_or_else(|| invalid(format!("algorithm {alg_name:?} is not allowed")))?;
-    let kid = header.get("kid").and_then(Value::as_str).map(str::to_string);
+    let kid = header
+        .get("kid")
+        .and_then(Value::as_str)
+        .map(str::to_string);
     let payload: Map<String, Value> = b64
         .decode(p)
         .ok()
