@@ -808,6 +808,48 @@ async fn tokens_are_validated_tenants_come_from_claims_and_users_are_kept_apart(
         "A on its own Mcp-Session-Id"
     );
 
+    // Legacy SSE: A's stream refuses B's messages (another principal's session is unknown).
+    let mut sse = http
+        .get(s.url("/sse"))
+        .bearer_auth(&ta)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.status(), 200);
+    let mut first = String::new();
+    while !first.contains("sessionId=") {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), sse.chunk())
+            .await
+            .expect("the endpoint event comes")
+            .unwrap()
+            .expect("the stream stays open");
+        first.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let endpoint = first
+        .lines()
+        .find_map(|l| l.strip_prefix("data:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let init_text = init.to_string();
+    let post_as = |t: String| {
+        let (http, url, body) = (http.clone(), s.url(&endpoint), init_text.clone());
+        async move {
+            http.post(url)
+                .bearer_auth(t)
+                .header("Content-Type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(post_as(tb.clone()).await, 404, "B on A's SSE session");
+    assert_eq!(post_as(ta.clone()).await, 202, "A on its own SSE session");
+    drop(sse);
+
     // No token in the log; the log names tenants and principal digests.
     let log = s.log_text();
     for t in [&ta, &tb, &tg, &static_token, &signed_ok] {

@@ -3,9 +3,11 @@
 //!
 //! Without a tenants file a server has one tenant, `local`, with the server's own limits and
 //! no authentication (the single-user setups of the tools we replace). With one, every HTTP
-//! call carries `Authorization: Bearer <token>`; the token's SHA-256 names the tenant, and
-//! everything the call touches (code storage, workspace, sessions, environment, containers)
-//! is that tenant's alone.
+//! call carries `Authorization: Bearer <token>`: a static token, whose SHA-256 names the
+//! tenant, or an OAuth access token ([`oauth`]), which the file's `[[oauth_rules]]`
+//! ([`Rule`]) map to a tenant by issuer and claim, `client_id` or `sub`. Everything the call
+//! touches (code storage, workspace, sessions, environment, containers) is that tenant's
+//! alone, and within it, for OAuth, its user's.
 
 pub mod memory;
 pub mod oauth;

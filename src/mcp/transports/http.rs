@@ -6,7 +6,9 @@
 //!
 //! Each tenant has its own set of MCP routes over its own [`CodeExecutor`] (own session
 //! managers, storage, workspaces, environment). With tenants configured, a call's bearer
-//! token picks the set; a session id minted for one tenant is unknown to every other's.
+//! token picks the set ([`super::auth`]: a static token or an OAuth access token, whose
+//! principal rides with the request); a session id minted for one tenant is unknown to every
+//! other's, and a protocol session is its maker's alone.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};

@@ -275,6 +275,104 @@ mod tests {
         assert_eq!(claim_text(&c, "org").as_deref(), Some("7"));
     }
 
+    /// A P-256 key made for this test only (PKCS#8 DER) and its public JWK.
+    const TEST_KEY_DER: &str = "MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgL3tj+CylrjOFPRhBHNH+eVi5XMIrXiocQZnRazzy+nOhRANCAARoiM6qHtIVuBsnJAacO/RtKHZBHu/NaWcVvUk2Xt2/Td395qcAPUzT7vSwahpEUldDlpufBNKPvhc60IZubBUL";
+
+    fn test_jwk() -> Jwk {
+        serde_json::from_value(serde_json::json!({
+            "kty": "EC", "crv": "P-256", "kid": "t1", "alg": "ES256",
+            "x": "aIjOqh7SFbgbJyQGnDv0bSh2QR7vzWlnFb1JNl7dv00",
+            "y": "3f3mpwA9TNPu9LBqGkRSV0OWm58E0o--FzrQhm5sFQs"
+        }))
+        .unwrap()
+    }
+
+    fn signed(claims: Value) -> String {
+        let der = base64::engine::general_purpose::STANDARD
+            .decode(TEST_KEY_DER)
+            .unwrap();
+        let mut h = jsonwebtoken::Header::new(Algorithm::ES256);
+        h.kid = Some("t1".into());
+        jsonwebtoken::encode(&h, &claims, &jsonwebtoken::EncodingKey::from_ec_der(&der)).unwrap()
+    }
+
+    fn now() -> i64 {
+        jsonwebtoken::get_current_timestamp() as i64
+    }
+
+    #[test]
+    fn verify_checks_signature_issuer_audience_and_times() {
+        let aud = vec!["https://mcp.example.com/mcp".to_string()];
+        let base = serde_json::json!({
+            "iss": "https://as.example", "sub": "u1", "aud": "https://mcp.example.com/mcp",
+            "exp": now() + 600, "scope": "mcp"
+        });
+        let with = |k: &str, v: Value| {
+            let mut c = base.clone();
+            if v.is_null() {
+                c.as_object_mut().unwrap().remove(k);
+            } else {
+                c[k] = v;
+            }
+            c
+        };
+        let check = |t: &str| {
+            let p = peek(t).unwrap();
+            verify(t, &p, &test_jwk(), "https://as.example", &aud)
+        };
+        let c = check(&signed(base.clone())).unwrap();
+        assert_eq!(c["sub"], "u1");
+        assert_eq!(
+            check(&signed(with("exp", (now() - 61).into()))),
+            Err(Refusal::Expired)
+        );
+        // Within the 60 s leeway: still accepted.
+        assert!(check(&signed(with("exp", (now() - 30).into()))).is_ok());
+        assert!(matches!(
+            check(&signed(with("nbf", (now() + 120).into()))),
+            Err(Refusal::Invalid(_))
+        ));
+        assert!(check(&signed(with("nbf", (now() + 30).into()))).is_ok());
+        assert_eq!(
+            check(&signed(with("aud", "https://other.example".into()))),
+            Err(Refusal::Audience)
+        );
+        assert_eq!(
+            check(&signed(with("aud", Value::Null))),
+            Err(Refusal::Audience)
+        );
+        assert!(check(&signed(with("aud", serde_json::json!(["x", aud[0]])))).is_ok());
+        assert!(matches!(
+            check(&signed(with("iss", "https://as.example/".into()))),
+            Err(Refusal::Invalid(_))
+        ));
+        assert!(matches!(
+            check(&signed(with("sub", Value::Null))),
+            Err(Refusal::Invalid(_))
+        ));
+        assert!(matches!(
+            check(&signed(with("exp", Value::Null))),
+            Err(Refusal::Invalid(_))
+        ));
+        // A flipped signature byte.
+        let t = signed(base.clone());
+        let mut bad = t.clone().into_bytes();
+        let last = bad.len() - 2;
+        bad[last] = if bad[last] == b'A' { b'B' } else { b'A' };
+        assert!(matches!(
+            check(std::str::from_utf8(&bad).unwrap()),
+            Err(Refusal::Invalid(_))
+        ));
+        // The key's own alg must match the header's.
+        let mut rs_key = test_jwk();
+        rs_key.common.key_algorithm = Some(jsonwebtoken::jwk::KeyAlgorithm::ES384);
+        let p = peek(&t).unwrap();
+        assert!(matches!(
+            verify(&t, &p, &rs_key, "https://as.example", &aud),
+            Err(Refusal::Invalid(_))
+        ));
+    }
+
     #[test]
     fn reasons_are_the_metric_labels() {
         let all = [
