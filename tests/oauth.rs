@@ -26,9 +26,13 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-const ACME: &str = "t-oauth-acme";
-const GLOBEX: &str = "t-oauth-globex";
-const STATIC: &str = "t-oauth-static";
+// Tenant ids: each test its own (`tag`), so that its container check sees only its own.
+fn acme(tag: &str) -> String {
+    format!("t-oauth-{tag}-acme")
+}
+fn globex(tag: &str) -> String {
+    format!("t-oauth-{tag}-globex")
+}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -216,12 +220,13 @@ impl Hosted {
 
     /// The OAuth server of these tests: tenants acme and globex by the `org` claim, one
     /// tenant with a static token, on `port` with the public URL http://127.0.0.1:port.
-    async fn oauth(port: u16, issuer: &str, static_token: &str) -> Hosted {
+    async fn oauth(tag: &str, port: u16, issuer: &str, static_token: &str) -> Hosted {
+        let (acme, globex, fixed) = (acme(tag), globex(tag), format!("t-oauth-{tag}-static"));
         let file = format!(
-            "[[tenants]]\nid = \"{ACME}\"\n\n[[tenants]]\nid = \"{GLOBEX}\"\n\n\
-             [[tenants]]\nid = \"{STATIC}\"\ntoken_sha256 = \"{}\"\n\n\
-             [[oauth_rules]]\nissuer = \"{issuer}\"\nclaim = \"org\"\nvalue = \"acme\"\ntenant = \"{ACME}\"\n\n\
-             [[oauth_rules]]\nissuer = \"{issuer}\"\nclaim = \"org\"\nvalue = \"globex\"\ntenant = \"{GLOBEX}\"\n",
+            "[[tenants]]\nid = \"{acme}\"\n\n[[tenants]]\nid = \"{globex}\"\n\n\
+             [[tenants]]\nid = \"{fixed}\"\ntoken_sha256 = \"{}\"\n\n\
+             [[oauth_rules]]\nissuer = \"{issuer}\"\nclaim = \"org\"\nvalue = \"acme\"\ntenant = \"{acme}\"\n\n\
+             [[oauth_rules]]\nissuer = \"{issuer}\"\nclaim = \"org\"\nvalue = \"globex\"\ntenant = \"{globex}\"\n",
             token::to_hex(&token::hash(static_token))
         );
         let flags: Vec<String> = [
@@ -233,7 +238,7 @@ impl Hosted {
             issuer.to_string(),
         ]
         .into();
-        Hosted::start(Some(&file), &[ACME, GLOBEX, STATIC], &flags).await
+        Hosted::start(Some(&file), &[&acme, &globex, &fixed], &flags).await
     }
 
     fn url(&self, path: &str) -> String {
@@ -377,7 +382,7 @@ async fn the_python_sdk_signs_in_with_only_the_server_url() {
     let dir = tempdir();
     let issuer = Issuer::start(free_port(), &dir.join("keys.json"), false).await;
     let port = free_port();
-    let s = Hosted::oauth(port, &issuer.url(), &token::generate()).await;
+    let s = Hosted::oauth("sdk", port, &issuer.url(), &token::generate()).await;
     let out = tokio::process::Command::new(&python)
         .arg(format!("{ROOT}/tests/oauth/sdk_oauth.py"))
         .arg(s.url("/mcp"))
@@ -405,7 +410,7 @@ async fn the_python_sdk_signs_in_with_only_the_server_url() {
     let log = s.log_text();
     assert!(
         log.lines().any(|l| l.contains("standalone session opened")
-            && l.contains(ACME)
+            && l.contains(&acme("sdk"))
             && l.contains("principal=user:")),
         "{log}"
     );
@@ -428,7 +433,7 @@ async fn tokens_are_validated_tenants_come_from_claims_and_users_are_kept_apart(
     let issuer = Issuer::start(free_port(), &dir.join("keys.json"), false).await;
     let port = free_port();
     let static_token = token::generate();
-    let s = Hosted::oauth(port, &issuer.url(), &static_token).await;
+    let s = Hosted::oauth("matrix", port, &issuer.url(), &static_token).await;
     let mcp = s.url("/mcp");
     let resource = format!("http://127.0.0.1:{port}/mcp");
     let meta = format!(
@@ -726,7 +731,7 @@ async fn tokens_are_validated_tenants_come_from_claims_and_users_are_kept_apart(
     assert!(
         s.log_text()
             .lines()
-            .any(|l| l.contains("standalone session opened") && l.contains(GLOBEX)),
+            .any(|l| l.contains("standalone session opened") && l.contains(&globex("matrix"))),
         "globex's session is in its tenant"
     );
     // The static token still works, beside OAuth.
@@ -871,6 +876,7 @@ async fn keys_rotate_after_one_refetch_and_the_last_good_keys_outlive_the_issuer
     let resource = format!("http://127.0.0.1:{port}/mcp");
     // The server starts while the issuer is down: it says so, and starts anyway.
     let s = Hosted::oauth(
+        "keys",
         port,
         &format!("http://127.0.0.1:{issuer_port}"),
         &token::generate(),
@@ -975,8 +981,13 @@ async fn initialize_requests_are_bounded_in_size() {
     let port = free_port();
     let s = Hosted::start(
         None,
-        &[mcp_code_executor::job::LOCAL_TENANT],
-        &["--port".into(), port.to_string()],
+        &["t-oauth-plain"],
+        &[
+            "--port".into(),
+            port.to_string(),
+            "--tenant".into(),
+            "t-oauth-plain".into(),
+        ],
     )
     .await;
     let pid = s.child.id().unwrap();
@@ -1035,8 +1046,13 @@ async fn a_refused_origin_is_logged_quoted() {
     let port = free_port();
     let s = Hosted::start(
         None,
-        &[mcp_code_executor::job::LOCAL_TENANT],
-        &["--port".into(), port.to_string()],
+        &["t-oauth-plain"],
+        &[
+            "--port".into(),
+            port.to_string(),
+            "--tenant".into(),
+            "t-oauth-plain".into(),
+        ],
     )
     .await;
     let r = reqwest::Client::new()
