@@ -250,6 +250,10 @@ impl Hosted {
     }
 
     async fn finish(mut self) {
+        self.finish_checked().await;
+    }
+
+    async fn finish_checked(&mut self) {
         let pid = self.child.id().unwrap() as i32;
         // SAFETY: kill(2) on the pid of a child this test spawned and still holds.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
@@ -415,16 +419,43 @@ async fn the_python_sdk_signs_in_with_only_the_server_url() {
         "{log}"
     );
     s.finish().await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn tempdir() -> PathBuf {
+impl Drop for Hosted {
+    /// Also on a failed test: the server is killed (kill_on_drop), its containers and
+    /// directories removed.
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        for t in &self.tenants {
+            common::remove_containers(&common::containers_of(t));
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A directory removed when dropped (also on a failed test).
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+fn tempdir() -> TempDir {
     let d = std::env::temp_dir().join(format!(
         "mcp-test-oauth-iss-{}",
         uuid::Uuid::new_v4().simple()
     ));
     std::fs::create_dir_all(&d).unwrap();
-    d
+    TempDir(d)
 }
 
 #[tokio::test]
@@ -864,7 +895,6 @@ async fn tokens_are_validated_tenants_come_from_claims_and_users_are_kept_apart(
     assert!(log.contains("principal=user:"), "{log}");
     drop(client);
     s.finish().await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
@@ -971,7 +1001,6 @@ async fn keys_rotate_after_one_refetch_and_the_last_good_keys_outlive_the_issuer
         "the failed fetch is logged"
     );
     s.finish().await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Issue 24 item 4: an `initialize` whose capabilities carry megabytes is refused, so that
@@ -981,12 +1010,12 @@ async fn initialize_requests_are_bounded_in_size() {
     let port = free_port();
     let s = Hosted::start(
         None,
-        &["t-oauth-plain"],
+        &["t-oauth-init"],
         &[
             "--port".into(),
             port.to_string(),
             "--tenant".into(),
-            "t-oauth-plain".into(),
+            "t-oauth-init".into(),
         ],
     )
     .await;
@@ -1046,12 +1075,12 @@ async fn a_refused_origin_is_logged_quoted() {
     let port = free_port();
     let s = Hosted::start(
         None,
-        &["t-oauth-plain"],
+        &["t-oauth-origin"],
         &[
             "--port".into(),
             port.to_string(),
             "--tenant".into(),
-            "t-oauth-plain".into(),
+            "t-oauth-origin".into(),
         ],
     )
     .await;
