@@ -180,7 +180,7 @@ impl Connection {
             tenant = %job.tenant,
             principal = %self.owner(None).map_or("static-token".to_string(), |d| format!("user:{d}")),
             code_sha256 = %code_digest(&job.files[0].contents),
-            file = %path.display(),
+            file = ?path.display().to_string(),
             "run requested"
         );
         let outcome = x.run(job, x.current_env().await, events, cancel).await?;
@@ -243,7 +243,7 @@ impl Connection {
                 job.files
                     .extend(files.into_iter().filter(|f| f.path != entry));
             }
-            Err(e) => tracing::warn!(error = %e, "workspace files not sent"),
+            Err(e) => tracing::warn!(error = ?e.to_string(), "workspace files not sent"),
         }
         job.return_files = true;
     }

@@ -117,7 +117,7 @@ pub async fn open(
                 let _ = running.waiting().await;
             }
             Err(e) => {
-                tracing::debug!(session = %session, error = %e, "legacy SSE session ended before initialisation")
+                tracing::debug!(session = %session, error = ?e.to_string(), "legacy SSE session ended before initialisation")
             }
         }
     });
