@@ -30,7 +30,9 @@
 //! - [`env`](mod@env): which Python environment (venv, uv venv, conda, the managed
 //!   default) and installs into it in sandboxed installer jobs; the backend decides how an
 //!   environment reaches the sandbox.
-//! - [`tenancy`]: the tenants file, bearer tokens (stored as SHA-256), runs-per-minute
+//! - [`tenancy`]: the tenants file (with its `[[oauth_rules]]`), bearer tokens (stored as
+//!   SHA-256), OAuth sign-in ([`tenancy::oauth`]: JWT access tokens checked against the
+//!   issuers' keys, tenants from claims, the principal of a call), runs-per-minute
 //!   buckets, the fair run scheduler and each tenant's memory budget (runs and open
 //!   sessions together). [`storage`]: the code storage directory, where every client
 //!   `file_path` is confined, and the storage quotas.
@@ -46,7 +48,7 @@
 //!   progress in [`mcp::progress`]). Workspace files, long output and figures as resources
 //!   in [`mcp::resources`]; long runs as MCP tasks in [`mcp::tasks`].
 //!   [`mcp::transports`]: stdio, Streamable HTTP and legacy SSE, `/healthz`, `/readyz`,
-//!   `/metrics`, served by our own accept loop within bounds (connections, streams,
+//!   `/metrics`, who calls ([`mcp::transports::auth`]: tokens, OAuth metadata and challenges), served by our own accept loop within bounds (connections, streams,
 //!   protocol sessions, unread result bytes: [`mcp::transports::bounds`],
 //!   [`mcp::transports::sessions`]).
 //! - [`cli`]: the `run` command for CI pipelines, through [`app`] with a local policy:

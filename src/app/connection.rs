@@ -20,6 +20,7 @@ use super::sessions::SessionRef;
 use super::workspaces::{self, WriteError};
 use crate::backend::Events;
 use crate::job::{JobSpec, Outcome};
+use crate::tenancy::oauth::Principal;
 
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
 
@@ -29,6 +30,11 @@ pub struct Connection {
     /// The handle of the connection's own session.
     handle: String,
     executor: Arc<Executor>,
+    /// The principal of the connection: given for its whole life (a legacy SSE session),
+    /// else the first a call names in [`Wanted::principal`] (Streamable HTTP: a connection
+    /// per request, or per protocol session, which the HTTP front binds to the principal
+    /// that made it, so that one connection never serves two principals).
+    principal: std::sync::OnceLock<Principal>,
 }
 
 /// A one-shot run of stored code: its outcome, notes for the caller (a capped timeout,
@@ -50,17 +56,35 @@ pub struct Wanted<'a> {
     pub stateless: bool,
     /// Then open a new standalone session (a call that makes state); else none.
     pub open: bool,
+    /// Who calls (`None`: the connection's own principal, if any, else the tenant's static
+    /// token or stdio). A session belongs to the principal that made it: another one naming
+    /// its handle is told "not found".
+    pub principal: Option<&'a Principal>,
 }
 
 impl Connection {
     /// A new connection to `executor`, with its own session and workspace (made on first
     /// use).
     pub fn new(executor: Arc<Executor>) -> Connection {
+        Self::bound(executor, None)
+    }
+
+    /// [`Connection::new`] for one principal for the connection's whole life.
+    pub fn bound(executor: Arc<Executor>, principal: Option<Principal>) -> Connection {
         Connection {
             id: NEXT_CONNECTION.fetch_add(1, Ordering::SeqCst),
             handle: super::sessions::new_handle(),
             executor,
+            principal: principal.map(std::sync::OnceLock::from).unwrap_or_default(),
         }
+    }
+
+    /// The owner key ([`Principal::owner`]) of a call by `principal` on this connection:
+    /// what its sessions and tasks are bound to.
+    pub fn owner(&self, principal: Option<&Principal>) -> Option<String> {
+        principal
+            .or(self.principal.get())
+            .and_then(Principal::owner)
     }
 
     /// The session a call works on: the one named by `w.handle` ("not found" when this
@@ -68,8 +92,12 @@ impl Connection {
     /// a new standalone one when `w.open`, else none.
     pub fn session(&self, w: Wanted<'_>) -> Result<Option<SessionRef>, AppError> {
         let x = &self.executor;
+        if let Some(p) = w.principal {
+            let _ = self.principal.set(p.clone());
+        }
+        let owner = self.owner(w.principal);
         if let Some(h) = w.handle {
-            let slot = x.sessions.find(h.trim())?;
+            let slot = x.sessions.find(h.trim(), owner.as_deref())?;
             return Ok(Some(SessionRef {
                 slot,
                 created: false,
@@ -78,7 +106,7 @@ impl Connection {
         if !w.stateless {
             let slot = x.sessions.own(
                 &x.workspaces,
-                self.id,
+                (self.id, owner),
                 &self.handle,
                 &self.new_workspace_key(),
             );
@@ -90,14 +118,14 @@ impl Connection {
         if !w.open {
             return Ok(None);
         }
-        self.open_standalone().map(Some)
+        self.open_standalone(owner).map(Some)
     }
 
-    fn open_standalone(&self) -> Result<SessionRef, AppError> {
+    fn open_standalone(&self, owner: Option<String>) -> Result<SessionRef, AppError> {
         let x = &self.executor;
         let slot = x
             .sessions
-            .open_standalone(&x.workspaces, self.new_workspace_key())?;
+            .open_standalone(&x.workspaces, self.new_workspace_key(), owner)?;
         Ok(SessionRef {
             slot,
             created: true,
@@ -150,8 +178,9 @@ impl Connection {
         tracing::info!(
             job_id = %job.id,
             tenant = %job.tenant,
+            principal = %self.owner(None).map_or("static-token".to_string(), |d| format!("user:{d}")),
             code_sha256 = %code_digest(&job.files[0].contents),
-            file = %path.display(),
+            file = ?path.display().to_string(),
             "run requested"
         );
         let outcome = x.run(job, x.current_env().await, events, cancel).await?;
@@ -159,7 +188,7 @@ impl Connection {
         let mut notes: Vec<String> = note.into_iter().collect();
         let wrote = !outcome.files.is_empty() || outcome.files_dropped > 0;
         if session.is_none() && wrote {
-            match self.open_standalone() {
+            match self.open_standalone(self.owner(None)) {
                 Ok(s) => session = Some(s),
                 Err(e) => notes.push(format!("files written to /workspace were not kept: {e}")),
             }
@@ -191,7 +220,7 @@ impl Connection {
     ) -> Result<SessionRef, AppError> {
         let s = match session {
             Some(s) => s,
-            None => self.open_standalone()?,
+            None => self.open_standalone(self.owner(None))?,
         };
         let x = &self.executor;
         match x.workspaces.keep(s.workspace(), name, data).await {
@@ -214,7 +243,7 @@ impl Connection {
                 job.files
                     .extend(files.into_iter().filter(|f| f.path != entry));
             }
-            Err(e) => tracing::warn!(error = %e, "workspace files not sent"),
+            Err(e) => tracing::warn!(error = ?e.to_string(), "workspace files not sent"),
         }
         job.return_files = true;
     }

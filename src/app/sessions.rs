@@ -58,6 +58,9 @@ pub(super) struct Slot {
     pub(super) workspace: String,
     /// The connection whose own session this is; `None` for a standalone session.
     owner: Option<u64>,
+    /// The principal that made it ([`crate::tenancy::oauth::Principal::owner`]; `None`: the
+    /// tenant's static token, or a server without tenants): nobody else finds it.
+    pub(super) principal: Option<String>,
     /// A standalone session's place among `max_sessions`, for its whole life.
     pub(super) ticket: Option<Ticket>,
     pub(super) cell: tokio::sync::Mutex<Option<Live>>,
@@ -232,12 +235,12 @@ impl Sessions {
         }
     }
 
-    /// The own session of connection `conn`, named `handle`, with workspace `workspace`
-    /// (made on first use).
+    /// The own session of connection `conn` of principal `principal`, named `handle`, with
+    /// workspace `workspace` (made on first use).
     pub(super) fn own(
         self: &Arc<Self>,
         workspaces: &Arc<Workspaces>,
-        conn: u64,
+        (conn, principal): (u64, Option<String>),
         handle: &str,
         workspace: &str,
     ) -> Arc<Slot> {
@@ -249,6 +252,7 @@ impl Sessions {
                     handle: handle.to_string(),
                     workspace: workspace.to_string(),
                     owner: Some(conn),
+                    principal,
                     ticket: None,
                     cell: tokio::sync::Mutex::new(None),
                     used: Mutex::new(Instant::now()),
@@ -261,9 +265,14 @@ impl Sessions {
         slot
     }
 
-    /// The session named `handle`, or the "not found" answer.
-    pub(super) fn find(&self, handle: &str) -> Result<Arc<Slot>, AppError> {
-        let slot = self.map().get(handle).cloned();
+    /// The session named `handle` made by the principal `owner`, or the "not found" answer
+    /// (also for another principal's: the same words).
+    pub(super) fn find(&self, handle: &str, owner: Option<&str>) -> Result<Arc<Slot>, AppError> {
+        let slot = self
+            .map()
+            .get(handle)
+            .filter(|s| s.principal.as_deref() == owner)
+            .cloned();
         match slot {
             Some(s) => {
                 s.touch();
@@ -279,6 +288,7 @@ impl Sessions {
         self: &Arc<Self>,
         workspaces: &Arc<Workspaces>,
         workspace: String,
+        principal: Option<String>,
     ) -> Result<Arc<Slot>, AppError> {
         if self.shutdown.is_cancelled() {
             return Err(AppError::ShuttingDown);
@@ -297,6 +307,7 @@ impl Sessions {
             handle: handle.clone(),
             workspace,
             owner: None,
+            principal: principal.clone(),
             ticket: Some(ticket),
             cell: tokio::sync::Mutex::new(None),
             used: Mutex::new(Instant::now()),
@@ -305,7 +316,11 @@ impl Sessions {
         });
         self.map().insert(handle, slot.clone());
         self.start_reaper();
-        tracing::info!(tenant = %self.tenant, "standalone session opened");
+        tracing::info!(
+            tenant = %self.tenant,
+            principal = %principal.as_deref().map_or("static-token".to_string(), |d| format!("user:{d}")),
+            "standalone session opened"
+        );
         Ok(slot)
     }
 

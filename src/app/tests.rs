@@ -48,6 +48,7 @@ fn own(c: &Connection) -> SessionRef {
         handle: None,
         stateless: false,
         open: true,
+        principal: None,
     })
     .unwrap()
     .unwrap()
@@ -360,6 +361,7 @@ async fn handles_name_sessions_across_connections_within_a_tenant_only() {
         handle,
         stateless: true,
         open: true,
+        principal: None,
     };
     // A stateless request without a handle opens a standalone session...
     let first = Connection::new(ex.clone());
@@ -393,6 +395,7 @@ async fn handles_name_sessions_across_connections_within_a_tenant_only() {
             handle: None,
             stateless: true,
             open: false,
+            principal: None,
         })
         .unwrap();
     assert!(none.is_none());

@@ -79,6 +79,29 @@ pub struct HttpConfig {
     pub metrics: bool,
     /// Caps on connections, streams, protocol sessions and unread results.
     pub bounds: HttpBounds,
+    /// Sign-in with OAuth (README "Sign-in with OAuth").
+    pub oauth: OAuthConfig,
+}
+
+/// OAuth sign-in: off unless issuers are given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OAuthConfig {
+    /// `--public-url`.
+    pub public_url: Option<String>,
+    /// `--oauth-issuer`.
+    pub issuers: Vec<String>,
+    /// `--oauth-scope`.
+    pub scope: String,
+}
+
+impl Default for OAuthConfig {
+    fn default() -> Self {
+        OAuthConfig {
+            public_url: None,
+            issuers: Vec::new(),
+            scope: "mcp".into(),
+        }
+    }
 }
 
 /// How long execute_python sessions live, and how many at once.
@@ -179,6 +202,15 @@ impl ServeConfig {
         if self.stdio && self.tenants_file.is_some() {
             return Err(ConfigError::TenantsOverStdio);
         }
+        let oauth = &self.http.oauth;
+        if !oauth.issuers.is_empty() && (self.tenants_file.is_none() || oauth.public_url.is_none())
+        {
+            return Err(ConfigError::OutOfRange {
+                what: "--oauth-issuer",
+                rule: "given with --public-url and --tenants (whose [[oauth_rules]] map tokens to tenants)",
+                value: oauth.issuers.join(","),
+            });
+        }
         Ok(())
     }
 }
@@ -206,6 +238,7 @@ mod tests {
                 allowed_origins: Vec::new(),
                 metrics: true,
                 bounds: HttpBounds::default(),
+                oauth: OAuthConfig::default(),
             },
             limits: Limits::default(),
             max_timeout: Duration::from_secs(300),

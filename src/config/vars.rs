@@ -142,6 +142,15 @@ env_vars! {
     MCP_EXECUTOR_ALLOWED_ORIGINS;
     /// `0`/`false`: no `/metrics` route (`--metrics`, default true).
     MCP_EXECUTOR_METRICS;
+    /// The server's public URL, an origin such as `https://mcp.example.com`
+    /// (`--public-url`): the OAuth resource identifiers and metadata are made from it, never
+    /// from the `Host` header.
+    MCP_EXECUTOR_PUBLIC_URL;
+    /// Comma-separated OAuth issuers whose JWT access tokens are accepted
+    /// (`--oauth-issuer`, with `--public-url` and a tenants file with `[[oauth_rules]]`).
+    MCP_EXECUTOR_OAUTH_ISSUERS;
+    /// The scope an OAuth access token must carry (`--oauth-scope`, default `mcp`).
+    MCP_EXECUTOR_OAUTH_SCOPE;
     /// HTTP connections serving MCP at once (`--max-connections`, default 512); beyond them
     /// a reserve of `MCP_EXECUTOR_HEALTH_CONNECTIONS` answers only health and metrics.
     MCP_EXECUTOR_MAX_CONNECTIONS;

@@ -6,9 +6,10 @@
 //! removes its container. A task run may ask for a timeout up to
 //! [`crate::app::Settings::max_task_timeout`] (30 minutes unless the tenant allows less).
 //!
-//! The tasks of a tenant live in one [`TaskManager`] per executor, shared by all its
-//! connections: a client without protocol sessions (2026-07-28) polls on a new connection
-//! each time. Another tenant's task id is unknown ("not found"), like one that expired.
+//! The tasks of a tenant live in one [`TaskManager`] per executor and principal, shared by
+//! all the principal's connections: a client without protocol sessions (2026-07-28) polls
+//! on a new connection each time. Another tenant's task id is unknown ("not found"), like
+//! one that expired, and so is another signed-in user's of the same tenant.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -44,16 +45,24 @@ pub fn ttl(timeout: Duration) -> Duration {
     (timeout + Duration::from_secs(5 * 60)).max(RESULT_TTL)
 }
 
-type Registry = Mutex<HashMap<usize, (Weak<Executor>, TaskManager)>>;
+type Registry = Mutex<HashMap<(usize, Option<String>), (Weak<Executor>, TaskManager)>>;
 
 fn registry() -> &'static Registry {
     static R: OnceLock<Registry> = OnceLock::new();
     R.get_or_init(Registry::default)
 }
 
-/// The task manager of `executor`'s tenant (made on first use; dropped with the executor).
+/// The task manager of `executor`'s tenant for callers with the tenant's static token (or
+/// without tenants): [`manager_for`] with no principal.
 pub fn manager(executor: &Arc<Executor>) -> TaskManager {
-    let key = Arc::as_ptr(executor) as usize;
+    manager_for(executor, None)
+}
+
+/// The task manager of `executor`'s tenant and the principal `owner`
+/// ([`crate::tenancy::oauth::Principal::owner`]): made on first use, dropped with the
+/// executor.
+pub fn manager_for(executor: &Arc<Executor>, owner: Option<&str>) -> TaskManager {
+    let key = (Arc::as_ptr(executor) as usize, owner.map(str::to_string));
     let mut map = registry().lock().unwrap_or_else(|e| e.into_inner());
     map.retain(|_, (w, m)| {
         let alive = w.strong_count() > 0;

@@ -3,11 +3,14 @@
 //!
 //! Without a tenants file a server has one tenant, `local`, with the server's own limits and
 //! no authentication (the single-user setups of the tools we replace). With one, every HTTP
-//! call carries `Authorization: Bearer <token>`; the token's SHA-256 names the tenant, and
-//! everything the call touches (code storage, workspace, sessions, environment, containers)
-//! is that tenant's alone.
+//! call carries `Authorization: Bearer <token>`: a static token, whose SHA-256 names the
+//! tenant, or an OAuth access token ([`oauth`]), which the file's `[[oauth_rules]]`
+//! ([`Rule`]) map to a tenant by issuer and claim, `client_id` or `sub`. Everything the call
+//! touches (code storage, workspace, sessions, environment, containers) is that tenant's
+//! alone, and within it, for OAuth, its user's.
 
 pub mod memory;
+pub mod oauth;
 pub mod rate;
 pub mod scheduler;
 pub mod token;
@@ -26,8 +29,9 @@ pub const LOCAL: &str = crate::job::LOCAL_TENANT;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tenant {
     pub id: String,
-    /// SHA-256 of the bearer token (the token itself is never stored).
-    pub token_sha256: [u8; 32],
+    /// SHA-256 of the static bearer token (the token itself is never stored); `None`: a
+    /// tenant reached only by OAuth sign-in ([`Rule`]).
+    pub token_sha256: Option<[u8; 32]>,
     pub limits: TenantLimits,
 }
 
@@ -92,13 +96,47 @@ pub enum TenantsError {
 struct File {
     #[serde(default)]
     tenants: Vec<Entry>,
+    #[serde(default)]
+    oauth_rules: Vec<RuleEntry>,
+}
+
+/// A rule of the tenants file mapping a validated OAuth access token to a tenant
+/// (`[[oauth_rules]]`): tokens of `issuer` whose claim, `client_id` or `sub` matches. Rules
+/// are tried in order; the first match wins; a token no rule matches is refused (403).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub issuer: String,
+    pub tenant: String,
+    pub matches: Match,
+}
+
+/// What a [`Rule`] compares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Match {
+    /// A claim (e.g. `org`) equal to a value.
+    Claim { name: String, value: String },
+    /// The token's `client_id` (or `azp`).
+    ClientId(String),
+    /// The token's `sub`.
+    Subject(String),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleEntry {
+    issuer: String,
+    tenant: String,
+    claim: Option<String>,
+    value: Option<String>,
+    client_id: Option<String>,
+    sub: Option<String>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Entry {
     id: String,
-    token_sha256: String,
+    token_sha256: Option<String>,
     max_concurrent_runs: Option<usize>,
     runs_per_minute: Option<u32>,
     max_timeout: Option<Amount>,
@@ -165,11 +203,16 @@ pub fn valid_id(id: &str) -> bool {
 
 /// Read and check a tenants file.
 pub fn load(path: &Path) -> Result<Vec<Tenant>, TenantsError> {
+    load_all(path).map(|(t, _)| t)
+}
+
+/// Read and check a tenants file: its tenants and its OAuth rules.
+pub fn load_all(path: &Path) -> Result<(Vec<Tenant>, Vec<Rule>), TenantsError> {
     let text = std::fs::read_to_string(path).map_err(|source| TenantsError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    parse(&text).map_err(|detail| TenantsError::Invalid {
+    parse_all(&text).map_err(|detail| TenantsError::Invalid {
         path: path.to_path_buf(),
         detail,
     })
@@ -178,12 +221,69 @@ pub fn load(path: &Path) -> Result<Vec<Tenant>, TenantsError> {
 /// Parse the text of a tenants file: ids valid and unique, hashes 64 hex digits and unique,
 /// limits positive.
 pub fn parse(text: &str) -> Result<Vec<Tenant>, String> {
+    parse_all(text).map(|(t, _)| t)
+}
+
+/// [`parse`], with the OAuth rules: each names a tenant of the file, an issuer, and
+/// exactly one of `claim` + `value`, `client_id`, `sub`; every tenant has a token or a rule.
+pub fn parse_all(text: &str) -> Result<(Vec<Tenant>, Vec<Rule>), String> {
     let file: File = toml::from_str(text).map_err(|e| e.to_string())?;
     if file.tenants.is_empty() {
         return Err("no [[tenants]] table: give at least one tenant".into());
     }
+    let tenants = parse_tenants(file.tenants)?;
+    let mut rules = Vec::new();
+    for (i, r) in file.oauth_rules.into_iter().enumerate() {
+        let at = |what: &str| format!("oauth_rules entry {}: {what}", i + 1);
+        if !tenants.iter().any(|t| t.id == r.tenant) {
+            return Err(at(&format!(
+                "tenant `{}` is not a [[tenants]] id",
+                r.tenant
+            )));
+        }
+        if r.issuer.trim().is_empty() || r.issuer.trim() != r.issuer {
+            return Err(at(
+                "issuer must be the issuer's URL exactly as its tokens' iss",
+            ));
+        }
+        let empty = |v: &Option<String>| v.as_deref().is_some_and(|v| v.trim().is_empty());
+        if [&r.claim, &r.value, &r.client_id, &r.sub]
+            .into_iter()
+            .any(empty)
+        {
+            return Err(at("a match value is empty"));
+        }
+        let matches = match (r.claim, r.value, r.client_id, r.sub) {
+            (Some(name), Some(value), None, None) => Match::Claim { name, value },
+            (None, None, Some(c), None) => Match::ClientId(c),
+            (None, None, None, Some(s)) => Match::Subject(s),
+            _ => {
+                return Err(at(
+                    "give exactly one of `claim` with `value`, `client_id`, or `sub`",
+                ))
+            }
+        };
+        rules.push(Rule {
+            issuer: r.issuer,
+            tenant: r.tenant,
+            matches,
+        });
+    }
+    if let Some(t) = tenants
+        .iter()
+        .find(|t| t.token_sha256.is_none() && !rules.iter().any(|r| r.tenant == t.id))
+    {
+        return Err(format!(
+            "tenant `{}`: no token_sha256 and no [[oauth_rules]] entry names it: nobody could reach it",
+            t.id
+        ));
+    }
+    Ok((tenants, rules))
+}
+
+fn parse_tenants(entries: Vec<Entry>) -> Result<Vec<Tenant>, String> {
     let mut out: Vec<Tenant> = Vec::new();
-    for e in file.tenants {
+    for e in entries {
         let id = e.id.clone();
         let at = |what: &str| format!("tenant `{id}`: {what}");
         if !valid_id(&e.id) {
@@ -191,13 +291,16 @@ pub fn parse(text: &str) -> Result<Vec<Tenant>, String> {
                 "the id must be 1 to 63 of a-z, 0-9, `_`, `-`, starting and ending with a letter or digit (and not `pool`)",
             ));
         }
-        let token_sha256 = token::parse_hex(&e.token_sha256).ok_or_else(|| {
-            at("token_sha256 must be 64 hex digits (make one with `mcp-code-executor tenant token`)")
-        })?;
+        let token_sha256 = match &e.token_sha256 {
+            None => None,
+            Some(h) => Some(token::parse_hex(h).ok_or_else(|| {
+                at("token_sha256 must be 64 hex digits (make one with `mcp-code-executor tenant token`)")
+            })?),
+        };
         if out.iter().any(|t| t.id == e.id) {
             return Err(at("the id appears twice"));
         }
-        if out.iter().any(|t| t.token_sha256 == token_sha256) {
+        if token_sha256.is_some() && out.iter().any(|t| t.token_sha256 == token_sha256) {
             return Err(at("its token_sha256 is another tenant's too"));
         }
         let positive = |name: &str, v: Option<u64>| -> Result<(), String> {
@@ -333,7 +436,7 @@ mod tests {
         assert!(b.install_network, "installs may use the network by default");
         assert_eq!(
             t[1].token_sha256,
-            token::parse_hex(HASH_B).unwrap(),
+            token::parse_hex(HASH_B),
             "hex is case-insensitive"
         );
     }
@@ -389,9 +492,69 @@ mod tests {
     fn the_example_file_parses() {
         let t = parse(include_str!("../../deploy/tenants.example.toml")).unwrap();
         assert_eq!(t.len(), 2);
-        assert_eq!(t[0].token_sha256, token::hash("demo-alice-CHANGE-ME"));
+        assert_eq!(t[0].token_sha256, Some(token::hash("demo-alice-CHANGE-ME")));
         assert_eq!(t[0].limits.max_memory, Some(512 << 20));
         assert!(!t[1].limits.install_network);
+    }
+
+    #[test]
+    fn the_oauth_example_file_parses_and_names_its_serve_command() {
+        let text = include_str!("../../deploy/tenants.oauth.example.toml");
+        let first = text.lines().next().unwrap();
+        assert!(first.starts_with("# mcp-code-executor serve "), "{first}");
+        for want in [
+            "--tenants deploy/tenants.oauth.example.toml",
+            "--public-url PUBLIC_URL",
+            "--oauth-issuer ISSUER",
+        ] {
+            assert!(first.contains(want), "{first} lacks {want}");
+        }
+        let (t, rules) = parse_all(text).unwrap();
+        assert_eq!(
+            t.iter().find(|t| t.id == "acme").unwrap().token_sha256,
+            None
+        );
+        assert_eq!(
+            rules[0],
+            Rule {
+                issuer: "ISSUER".into(),
+                tenant: "acme".into(),
+                matches: Match::Claim {
+                    name: "org".into(),
+                    value: "acme".into()
+                },
+            }
+        );
+    }
+
+    #[test]
+    fn oauth_rules_are_checked() {
+        let base = format!(
+            "[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH_A}\"\n[[tenants]]\nid = \"b\"\n"
+        );
+        let with = |rule: &str| {
+            format!("{base}[[oauth_rules]]\nissuer = \"https://as\"\ntenant = \"b\"\n{rule}\n")
+        };
+        let (_, r) = parse_all(&with("client_id = \"ci\"")).unwrap();
+        assert_eq!(r[0].matches, Match::ClientId("ci".into()));
+        let (_, r) = parse_all(&with("sub = \"u1\"")).unwrap();
+        assert_eq!(r[0].matches, Match::Subject("u1".into()));
+        for (bad, want) in [
+            (base.clone(), "nobody could reach it"),
+            (with("claim = \"org\""), "exactly one"),
+            (
+                with("claim = \"org\"\nvalue = \"x\"\nsub = \"y\""),
+                "exactly one",
+            ),
+            (with("sub = \"\""), "empty"),
+            (
+                with("").replace("tenant = \"b\"", "tenant = \"zz\""),
+                "not a [[tenants]] id",
+            ),
+        ] {
+            let e = parse_all(&bad).unwrap_err();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -49,6 +49,8 @@ fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
 #[derive(Debug, Clone)]
 pub struct Authenticator {
     tenants: Vec<(String, [u8; 32])>,
+    /// OAuth sign-in beside the static tokens (`serve --oauth-issuer`).
+    pub oauth: Option<std::sync::Arc<super::oauth::OAuth>>,
 }
 
 impl Authenticator {
@@ -56,8 +58,9 @@ impl Authenticator {
         Authenticator {
             tenants: tenants
                 .iter()
-                .map(|t| (t.id.clone(), t.token_sha256))
+                .filter_map(|t| Some((t.id.clone(), t.token_sha256?)))
                 .collect(),
+            oauth: None,
         }
     }
 
@@ -90,7 +93,7 @@ mod tests {
     fn tenant(id: &str, token: &str) -> Tenant {
         Tenant {
             id: id.into(),
-            token_sha256: hash(token),
+            token_sha256: Some(hash(token)),
             limits: TenantLimits::default(),
         }
     }

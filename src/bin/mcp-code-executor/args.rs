@@ -161,6 +161,17 @@ pub struct ServeCmd {
     /// Serve Prometheus metrics at /metrics (open without a token); `false` turns it off.
     #[arg(long, env = vars::MCP_EXECUTOR_METRICS, default_value = "true", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub metrics: bool,
+    /// The server's public URL, an origin (e.g. https://mcp.example.com): OAuth's resource
+    /// identifiers (it, it/mcp, it/sse) and metadata URLs are made from it.
+    #[arg(long, env = vars::MCP_EXECUTOR_PUBLIC_URL)]
+    pub public_url: Option<String>,
+    /// OAuth issuers whose JWT access tokens are accepted, comma-separated, each exactly as
+    /// its tokens' `iss` (needs --public-url and a tenants file with [[oauth_rules]]).
+    #[arg(long, env = vars::MCP_EXECUTOR_OAUTH_ISSUERS, value_delimiter = ',')]
+    pub oauth_issuer: Vec<String>,
+    /// The scope an OAuth access token must carry.
+    #[arg(long, env = vars::MCP_EXECUTOR_OAUTH_SCOPE, default_value = "mcp")]
+    pub oauth_scope: String,
     #[command(flatten)]
     pub bounds: BoundsOpts,
     /// Serve even when the isolation self-test fails. Dangerous: untrusted code may then
@@ -194,6 +205,16 @@ impl ServeCmd {
                 allowed_origins: self.allowed_origins.clone(),
                 metrics: self.metrics,
                 bounds: self.bounds.bounds(),
+                oauth: config::serve::OAuthConfig {
+                    public_url: self.public_url.clone().filter(|u| !u.trim().is_empty()),
+                    issuers: self
+                        .oauth_issuer
+                        .iter()
+                        .map(|i| i.trim().to_string())
+                        .filter(|i| !i.is_empty())
+                        .collect(),
+                    scope: self.oauth_scope.clone(),
+                },
             },
             limits: Limits {
                 timeout: self.timeout,

@@ -38,9 +38,11 @@ use crate::args::ServeCmd;
 pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
     use anyhow::Context as _;
     let cfg = cmd.config_from_process()?;
+    let mut rules = Vec::new();
     let tenants = match &cfg.tenants_file {
         Some(path) => {
-            let t = tenancy::load(path)?;
+            let (t, r) = tenancy::load_all(path)?;
+            rules = r;
             eprintln!(
                 "mcp-code-executor: {} tenants from {} ({}); every MCP request needs a bearer token",
                 t.len(),
@@ -146,7 +148,10 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         } => {
             let http = &cfg.http;
             let opts = http_options(http);
-            let auth = tenants.as_deref().map(Authenticator::new);
+            let mut auth = tenants.as_deref().map(Authenticator::new);
+            if let Some(a) = auth.as_mut() {
+                a.oauth = oauth(http, std::mem::take(&mut rules)).await?;
+            }
             starting.ready(http::hosted(service.clone(), auth, &opts));
             startup.set(Phase::Serving);
             eprintln!("mcp-code-executor: serving Streamable HTTP at http://{addr}/mcp and legacy SSE at http://{addr}/sse; health at /healthz and /readyz{}",
@@ -159,6 +164,42 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
     service.shutdown().await;
     served.context("the transport task")?.context("serving")?;
     Ok(())
+}
+
+/// OAuth sign-in, when issuers are configured: the resource server, with each issuer's
+/// metadata and keys fetched once now (a warning names an issuer that cannot be reached;
+/// its tokens are checked once it answers).
+async fn oauth(
+    http: &mcp_code_executor::config::HttpConfig,
+    rules: Vec<tenancy::Rule>,
+) -> anyhow::Result<Option<Arc<tenancy::oauth::OAuth>>> {
+    let c = &http.oauth;
+    if c.issuers.is_empty() {
+        if !rules.is_empty() {
+            eprintln!("mcp-code-executor: warning: the tenants file has [[oauth_rules]] but no --oauth-issuer is given: OAuth sign-in is off");
+        }
+        return Ok(None);
+    }
+    let settings = tenancy::oauth::Settings {
+        public_url: c.public_url.clone().unwrap_or_default(),
+        issuers: c.issuers.clone(),
+        scope: c.scope.clone(),
+    };
+    let o = tenancy::oauth::OAuth::new(settings, rules).map_err(|e| anyhow::anyhow!(e))?;
+    for (issuer, r) in o.check_issuers().await {
+        match r {
+            Ok(n) => eprintln!("mcp-code-executor: OAuth issuer {issuer}: {n} signing keys"),
+            Err(e) => eprintln!(
+                "mcp-code-executor: warning: OAuth issuer {issuer}: its metadata or keys cannot be fetched ({e}); its tokens are refused until it answers"
+            ),
+        }
+    }
+    eprintln!(
+        "mcp-code-executor: OAuth sign-in for resource {}/mcp; metadata at {}/.well-known/oauth-protected-resource/mcp",
+        o.settings.base(),
+        o.settings.base()
+    );
+    Ok(Some(Arc::new(o)))
 }
 
 /// The HTTP transports' options from the configuration.
@@ -278,7 +319,7 @@ async fn start(
     }
     let local = [Tenant {
         id: cfg.tenant.clone(),
-        token_sha256: [0; 32],
+        token_sha256: None,
         limits: tenancy::TenantLimits::local(),
     }];
     let dir = &cfg.code_storage_dir;

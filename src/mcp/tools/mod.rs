@@ -21,6 +21,7 @@ use rmcp::{tool_handler, ErrorData, RoleServer, ServerHandler};
 
 use super::args;
 use super::report::{tool_error, Keep};
+use super::transports::auth::principal_of;
 use super::INSTRUCTIONS;
 use crate::app::{AppError, Connection, Executor, SessionRef, Wanted};
 
@@ -83,6 +84,12 @@ impl CodeExecutor {
     fn executor(&self) -> &Arc<Executor> {
         self.conn.executor()
     }
+
+    /// The tasks of the caller (its tenant and principal).
+    fn tasks(&self, ctx: &RequestContext<RoleServer>) -> rmcp::task_manager::TaskManager {
+        let owner = self.conn.owner(principal_of(ctx).as_ref());
+        super::tasks::manager_for(self.executor(), owner.as_deref())
+    }
 }
 
 /// True when the request came without a protocol session, so that this handler lives for
@@ -109,6 +116,7 @@ impl CodeExecutor {
                 handle,
                 stateless: stateless(ctx),
                 open,
+                principal: principal_of(ctx).as_ref(),
             })
             .map_err(|e| tool_error(e.to_string()))
     }
@@ -152,6 +160,7 @@ impl CodeExecutor {
             .and_then(|a| a.get("timeout"))
             .and_then(serde_json::Value::as_f64);
         let (run_for, _) = task_timeout(self.executor(), asked)?;
+        let tasks = self.tasks(&context);
         let mut ctx = context;
         // The request's token ends with the request (or its connection); the task's ends
         // with tasks/cancel or the server's shutdown.
@@ -165,7 +174,7 @@ impl CodeExecutor {
             .with_ttl_ms(ttl)
             .with_poll_interval_ms(super::tasks::POLL_INTERVAL.as_millis() as u64)
             .with_status_message(format!("{} is running", request.name));
-        let task = super::tasks::manager(self.executor()).spawn(options, move |tc| {
+        let task = tasks.spawn(options, move |tc| {
             Box::pin(async move {
                 let ct = ctx.ct.clone();
                 let tcc = rmcp::handler::server::tool::ToolCallContext::new(&this, request, ctx);
@@ -282,9 +291,9 @@ impl ServerHandler for CodeExecutor {
     async fn get_task(
         &self,
         request: rmcp::model::GetTaskParams,
-        _ctx: RequestContext<RoleServer>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
-        let task = super::tasks::manager(self.executor()).get_task(&request.task_id)?;
+        let task = self.tasks(&ctx).get_task(&request.task_id)?;
         Ok(rmcp::model::GetTaskResult::new(task))
     }
 
@@ -292,9 +301,9 @@ impl ServerHandler for CodeExecutor {
     async fn cancel_task(
         &self,
         request: rmcp::model::CancelTaskParams,
-        _ctx: RequestContext<RoleServer>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        super::tasks::manager(self.executor()).cancel_task(&request.task_id)
+        self.tasks(&ctx).cancel_task(&request.task_id)
     }
 
     /// The tools ask no input mid-task: answers are accepted and ignored, as the spec
@@ -302,9 +311,9 @@ impl ServerHandler for CodeExecutor {
     async fn update_task(
         &self,
         request: rmcp::model::UpdateTaskParams,
-        _ctx: RequestContext<RoleServer>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        super::tasks::manager(self.executor()).update_task(&request.task_id, Vec::new())
+        self.tasks(&ctx).update_task(&request.task_id, Vec::new())
     }
 
     fn get_info(&self) -> ServerConfig {
@@ -324,6 +333,7 @@ impl ServerHandler for CodeExecutor {
                 handle: None,
                 stateless: stateless(&ctx),
                 open: false,
+                principal: principal_of(&ctx).as_ref(),
             })
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
         let mut resources = Vec::new();
@@ -359,6 +369,7 @@ impl ServerHandler for CodeExecutor {
                 handle: Some(&parsed.handle),
                 stateless: true,
                 open: false,
+                principal: principal_of(&ctx).as_ref(),
             })
             .map_err(|_| not_found())?
             .ok_or_else(not_found)?;

@@ -6,7 +6,9 @@
 //!
 //! Each tenant has its own set of MCP routes over its own [`CodeExecutor`] (own session
 //! managers, storage, workspaces, environment). With tenants configured, a call's bearer
-//! token picks the set; a session id minted for one tenant is unknown to every other's.
+//! token picks the set ([`super::auth`]: a static token or an OAuth access token, whose
+//! principal rides with the request); a session id minted for one tenant is unknown to every
+//! other's, and a protocol session is its maker's alone.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -21,12 +23,14 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
+use super::auth;
 pub use super::bounds::Bounds;
 use super::bounds::{Conn, Metered};
 use super::sessions::{SessionBook, Sessions};
 use super::sse::{self, SseState};
 use crate::app::{Executor, Service, Startup};
 use crate::mcp::{defaults, CodeExecutor};
+use crate::tenancy::oauth::Principal;
 use crate::tenancy::token::Authenticator;
 
 /// Options of the HTTP transports.
@@ -98,6 +102,8 @@ pub fn hosted(service: Arc<Service>, auth: Option<Authenticator>, opts: &HttpOpt
         service: service.clone(),
         auth,
         book,
+        refusals: auth::Refusals::default(),
+        opts: opts.clone(),
     });
     // /readyz and /metrics say things a page reached by DNS rebinding must not read: the
     // same Host and Origin check as the MCP routes. /healthz says only "ok".
@@ -214,27 +220,64 @@ struct Front {
     auth: Option<Authenticator>,
     /// The Streamable HTTP sessions of every tenant.
     book: Arc<SessionBook>,
+    /// Authentication refusals, by reason.
+    refusals: auth::Refusals,
+    opts: HttpOptions,
 }
 
-/// Hand the request to its tenant's routes, after checking its token when there are tenants.
-async fn dispatch(State(front): State<Arc<Front>>, request: Request) -> Response {
-    let tenant = match &front.auth {
-        None => front.service.tenants()[0].tenant().to_string(),
-        Some(auth) => {
-            let header = header_str(&request, header::AUTHORIZATION);
-            match Authenticator::bearer(&header).and_then(|t| auth.tenant_of(t)) {
-                Some(t) => t.to_string(),
-                None => {
-                    tracing::info!(
-                        path = %request.uri().path(),
-                        token_given = !header.is_empty(),
-                        "refused: no valid bearer token"
-                    );
-                    return unauthorized(!header.is_empty());
-                }
-            }
+/// Hand the request to its tenant's routes, after checking its token when there are
+/// tenants ([`auth::authenticate`]); the caller's [`Principal`] goes with the request. With
+/// OAuth, the Protected Resource Metadata is served here, without a token, and browser
+/// clients of an allowed `Origin` get CORS answers.
+async fn dispatch(State(front): State<Arc<Front>>, mut request: Request) -> Response {
+    let oauth = front.auth.as_ref().and_then(|a| a.oauth.clone());
+    let origin = (oauth.is_some())
+        .then(|| header_str(&request, header::ORIGIN))
+        .filter(|o| !o.is_empty() && origin_ok(o, &front.opts));
+    if let Some(o) = &oauth {
+        if let Some(r) = auth::metadata(&o.settings, &request) {
+            return r;
         }
+        if let (Some(origin), &axum::http::Method::OPTIONS) = (&origin, request.method()) {
+            return auth::preflight(origin);
+        }
+    }
+    let principal = match &front.auth {
+        None => Principal::tenant(front.service.tenants()[0].tenant()),
+        Some(a) => match auth::authenticate(a, &front.refusals, &request).await {
+            Ok(p) => p,
+            Err(mut refused) => {
+                if let Some(o) = &origin {
+                    auth::allow_origin(&mut refused, o);
+                }
+                return refused;
+            }
+        },
     };
+    let tenant = principal.tenant.clone();
+    let owner = principal.owner();
+    // A protocol session (Streamable HTTP or legacy SSE) is its maker's: another principal
+    // naming it is told it does not exist.
+    if let Some(id) = request
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+    {
+        if !front.book.may_use(id, owner.as_deref()) {
+            tracing::info!(tenant = %tenant, principal = %principal.describe(), session = ?id, "refused: another principal's protocol session");
+            return (
+                StatusCode::NOT_FOUND,
+                axum::Json(serde_json::json!({
+                    "jsonrpc": "2.0", "id": null,
+                    "error": {"code": -32001, "message": "session not found"},
+                })),
+            )
+                .into_response();
+        }
+    }
+    tracing::debug!(tenant = %tenant, principal = %principal.describe(), path = ?request.uri().path(), "request admitted");
+    request.extensions_mut().insert(principal);
+    let initializing = !request.headers().contains_key("mcp-session-id");
     let router = front.routers[&tenant].clone();
     // Count the response against the tenant's open streams (when served by our accept
     // loop, which puts the connection in the extensions).
@@ -266,14 +309,22 @@ async fn dispatch(State(front): State<Arc<Front>>, request: Request) -> Response
         Ok(r) => r,
         Err(never) => match never {},
     };
-    if let Some(c) = &conn {
-        if let Some(s) = response
-            .headers()
-            .get("mcp-session-id")
-            .and_then(|v| v.to_str().ok())
-        {
+    let made = response
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    if let Some(s) = &made {
+        if initializing {
+            front.book.bind(s, owner);
+        }
+        if let Some(c) = &conn {
             c.set_session(s);
         }
+    }
+    let mut response = response;
+    if let Some(o) = &origin {
+        auth::allow_origin(&mut response, o);
     }
     response.map(|b| Metered::wrap(b, None, slot))
 }
@@ -300,28 +351,6 @@ fn too_many_streams(b: &Bounds) -> Response {
         .into_response()
 }
 
-/// 401 with the challenge RFC 6750 asks for.
-fn unauthorized(token_given: bool) -> Response {
-    let (challenge, message) = if token_given {
-        (
-            r#"Bearer realm="mcp-code-executor", error="invalid_token""#,
-            "the bearer token is not valid for any tenant",
-        )
-    } else {
-        (
-            r#"Bearer realm="mcp-code-executor""#,
-            "this server needs `Authorization: Bearer <token>`; ask its operator for a tenant token",
-        )
-    };
-    let body = serde_json::json!({"error": "unauthorized", "message": message});
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, challenge)],
-        axum::Json(body),
-    )
-        .into_response()
-}
-
 /// Alive: the process answers.
 async fn healthz() -> &'static str {
     "ok\n"
@@ -343,6 +372,9 @@ async fn readyz(State(front): State<Arc<Front>>) -> Response {
 async fn metrics(State(front): State<Arc<Front>>, request: Request) -> Response {
     let mut text = front.service.metrics_text();
     text.push_str(&front.book.metrics_text());
+    if front.auth.is_some() {
+        text.push_str(&front.refusals.metrics_text());
+    }
     if let Some(c) = request.extensions().get::<Arc<Conn>>() {
         text.push_str(&c.tracker.metrics_text());
     }
@@ -446,6 +478,13 @@ async fn cap_sessions(
         id,
     }) = serde_json::from_slice::<Method>(&bytes)
     {
+        if m == "initialize" && bytes.len() > MAX_INITIALIZE_BYTES {
+            tracing::info!(
+                bytes = bytes.len(),
+                "refused: initialize request larger than the bound"
+            );
+            return too_large_initialize(id);
+        }
         if m == "initialize" {
             if let Err(message) = sessions.make_room().await {
                 tracing::warn!(reason = %message, "refused: initialize past the protocol-session cap");
@@ -465,6 +504,24 @@ async fn cap_sessions(
     }
     next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
         .await
+}
+
+/// The largest `initialize` request taken (a protocol session keeps what the client said in
+/// it, its capabilities, for its whole life; real clients send a few KiB): larger ones are
+/// refused, so that sessions cannot pin memory by the megabyte.
+pub const MAX_INITIALIZE_BYTES: usize = 64 * 1024;
+
+/// 400 with a JSON-RPC error: the `initialize` request is larger than [`MAX_INITIALIZE_BYTES`].
+pub(super) fn too_large_initialize(id: Option<serde_json::Value>) -> Response {
+    let error = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id.unwrap_or(serde_json::Value::Null),
+        "error": {
+            "code": -32600,
+            "message": format!("initialize request larger than {MAX_INITIALIZE_BYTES} bytes: send only the capabilities and client information"),
+        },
+    });
+    (StatusCode::BAD_REQUEST, axum::Json(error)).into_response()
 }
 
 /// How request bodies are read.
@@ -552,7 +609,7 @@ async fn check_host(
 fn host_refusal(request: &Request, opts: &HttpOptions) -> Option<Response> {
     let host = header_str(request, header::HOST);
     if !opts.allowed_hosts.is_empty() && !host_allowed(&host, &opts.allowed_hosts) {
-        tracing::info!(host = %host, "refused: Host not allowed");
+        tracing::info!(host = ?host, "refused: Host not allowed");
         return Some(forbidden(format!(
             "Host `{host}` is not allowed (a guard against DNS rebinding); add it with --allowed-hosts (MCP_EXECUTOR_ALLOWED_HOSTS)"
         )));
@@ -560,7 +617,7 @@ fn host_refusal(request: &Request, opts: &HttpOptions) -> Option<Response> {
     if let Some(origin) = request.headers().get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or("");
         if !origin_ok(origin, opts) {
-            tracing::info!(origin = %origin, "refused: Origin not allowed");
+            tracing::info!(origin = ?origin, "refused: Origin not allowed");
             return Some(forbidden(format!(
                 "Origin `{origin}` is not allowed: browser pages may call this server only from http(s)://localhost, 127.0.0.1 or [::1] (any port) or a host of --allowed-hosts (a guard against DNS rebinding). \
                  Add the page's origin with --allowed-origins (MCP_EXECUTOR_ALLOWED_ORIGINS), e.g. --allowed-origins {}",

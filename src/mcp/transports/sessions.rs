@@ -29,6 +29,9 @@ struct Entry {
     last_used: Instant,
     busy: usize,
     owner: Weak<LocalSessionManager>,
+    /// The principal whose `initialize` made it (see [`SessionBook::bind`]): `None` until
+    /// bound, then the [`crate::tenancy::oauth::Principal::owner`] of that principal.
+    principal: Option<Option<String>>,
 }
 
 /// The open sessions of every tenant.
@@ -119,6 +122,23 @@ impl SessionBook {
             }
         }
         Ok(victims)
+    }
+
+    /// Bind session `id` to the principal that made it (`owner`: its
+    /// [`crate::tenancy::oauth::Principal::owner`]); a session is bound once.
+    pub fn bind(&self, id: &str, owner: Option<String>) {
+        if let Some(e) = self.entries().get_mut(id) {
+            e.principal.get_or_insert(owner);
+        }
+    }
+
+    /// May the principal with `owner` use session `id`? No when the session is bound to
+    /// another principal; yes when it is its own, or unknown (rmcp then answers 404).
+    pub fn may_use(&self, id: &str, owner: Option<&str>) -> bool {
+        match self.entries().get(id).and_then(|e| e.principal.as_ref()) {
+            Some(bound) => bound.as_deref() == owner,
+            None => true,
+        }
     }
 
     fn touch(&self, id: &SessionId) {
@@ -308,6 +328,7 @@ impl SessionManager for Sessions {
                 last_used: Instant::now(),
                 busy: 0,
                 owner: Arc::downgrade(&self.inner),
+                principal: None,
             },
         );
         Ok((id, transport))

@@ -28,11 +28,16 @@ use tokio_util::sync::CancellationToken;
 use super::bounds::Conn;
 use crate::app::Executor;
 use crate::mcp::CodeExecutor;
+use crate::tenancy::oauth::Principal;
 
 /// Path a client POSTs its messages to (announced in the `endpoint` event).
 pub const MESSAGES_PATH: &str = "/messages";
 
-type ToServer = UnboundedSender<RxJsonRpcMessage<RoleServer>>;
+/// A session's way in, and the [`Principal::owner`] of the principal that opened it.
+type ToServer = (
+    UnboundedSender<RxJsonRpcMessage<RoleServer>>,
+    Option<String>,
+);
 
 /// Open sessions, by id.
 pub struct SseState {
@@ -78,6 +83,8 @@ pub async fn open(
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let id = uuid::Uuid::new_v4().simple().to_string();
     let conn = request.extensions().get::<Arc<Conn>>().cloned();
+    let principal = request.extensions().get::<Principal>().cloned();
+    let owner = principal.as_ref().and_then(Principal::owner);
     if let Some(c) = &conn {
         c.set_session(&id);
     }
@@ -92,10 +99,13 @@ pub async fn open(
         }
         futures::future::ready(Ok::<_, SendError>(data))
     });
-    state.sessions().insert(id.clone(), to_server);
+    state.sessions().insert(id.clone(), (to_server, owner));
     let ct = state.shutdown.child_token();
     // A new connection (its own session and workspace) for every SSE session.
-    let executor = CodeExecutor::connect(&state.executor);
+    let executor = CodeExecutor::new(crate::app::Connection::bound(
+        state.executor.clone(),
+        principal,
+    ));
     let service_ct = ct.clone();
     let session = id.clone();
     tokio::spawn(async move {
@@ -107,7 +117,7 @@ pub async fn open(
                 let _ = running.waiting().await;
             }
             Err(e) => {
-                tracing::debug!(session = %session, error = %e, "legacy SSE session ended before initialisation")
+                tracing::debug!(session = %session, error = ?e.to_string(), "legacy SSE session ended before initialisation")
             }
         }
     });
@@ -143,8 +153,10 @@ pub struct SessionQuery {
 pub async fn post(
     State(state): State<Arc<SseState>>,
     Query(q): Query<SessionQuery>,
+    principal: Option<axum::Extension<Principal>>,
     body: Bytes,
 ) -> Response {
+    let owner = principal.and_then(|p| p.0.owner());
     let Some(id) = q.session_id else {
         return (StatusCode::BAD_REQUEST, "missing sessionId query parameter").into_response();
     };
@@ -164,14 +176,32 @@ pub async fn post(
             return (StatusCode::BAD_REQUEST, Json(error)).into_response();
         }
     };
-    let sender = state.sessions().get(&id).cloned();
+    if body.len() > super::http::MAX_INITIALIZE_BYTES {
+        if let RxJsonRpcMessage::<RoleServer>::Request(r) = &message {
+            if matches!(r.request, rmcp::model::ClientRequest::InitializeRequest(_)) {
+                tracing::info!(
+                    bytes = body.len(),
+                    "refused: initialize request larger than the bound"
+                );
+                let id = serde_json::to_value(&r.id).ok();
+                return super::http::too_large_initialize(id);
+            }
+        }
+    }
+    // Another principal's session is as unknown as one that never was.
+    let sender = state
+        .sessions()
+        .get(&id)
+        .filter(|(_, o)| *o == owner)
+        .map(|(tx, _)| tx.clone());
+    let id: String = id.chars().take(40).collect();
     match sender {
         Some(tx) if tx.unbounded_send(message).is_ok() => {
             (StatusCode::ACCEPTED, "Accepted").into_response()
         }
         _ => (
             StatusCode::NOT_FOUND,
-            format!("no open SSE session `{id}`: open one with GET /sse"),
+            format!("no open SSE session {id:?}: open one with GET /sse"),
         )
             .into_response(),
     }
