@@ -1,6 +1,6 @@
 //! Long runs as MCP tasks (the `io.modelcontextprotocol/tasks` extension, SEP-2663, as
 //! rmcp 3.11 implements it): a client that declares the extension gets a task for
-//! `execute_code`, `execute_code_file`, `execute_python` and `install_dependencies`
+//! `execute_code`, `execute_code_file`, `execute_python`, `install_dependencies` and `install_package`
 //! instead of waiting on the request; it polls `tasks/get` (whose answer inlines the tool
 //! result once the task is `completed`) and may `tasks/cancel`, which stops the run and
 //! removes its container. A task run may ask for a timeout up to
@@ -20,11 +20,12 @@ use rmcp::task_manager::TaskManager;
 use crate::app::Executor;
 
 /// The tools a task may run.
-pub const TOOLS: [&str; 4] = [
+pub const TOOLS: [&str; 5] = [
     "execute_code",
     "execute_code_file",
     "execute_python",
     "install_dependencies",
+    "install_package",
 ];
 
 /// How long a finished task's result stays readable by `tasks/get` (rmcp keeps a terminal
