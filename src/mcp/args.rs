@@ -10,6 +10,8 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
+use super::report::{capped_message, quote, ERROR_MAX};
+
 /// The parsed arguments of a tool call. Unlike rmcp's `Parameters`, a type error names the
 /// argument (`timeout: invalid type: string "x", expected f64`).
 pub struct Args<T>(pub T);
@@ -29,9 +31,10 @@ pub fn parse<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ErrorDa
         let message = if path == "." || path.is_empty() {
             format!("invalid arguments: {inner}")
         } else {
-            format!("invalid argument `{path}`: {inner}")
+            format!("invalid argument `{}`: {inner}", quote(&path))
         };
-        ErrorData::invalid_params(message, None)
+        // serde quotes the offending value whole (a 7 MB string, say): a short prefix.
+        ErrorData::invalid_params(capped_message(&message, ERROR_MAX).into_owned(), None)
     })
 }
 
@@ -59,7 +62,7 @@ pub fn check_known(
     let quoted = |names: &[&str]| {
         names
             .iter()
-            .map(|n| format!("`{n}`"))
+            .map(|n| format!("`{}`", quote(n)))
             .collect::<Vec<_>>()
             .join(", ")
     };
@@ -73,8 +76,9 @@ pub fn check_known(
     } else {
         format!("it accepts {}", quoted(&accepted))
     };
+    let message = format!("invalid arguments for `{}`: {what}; {accepts}", quote(tool));
     Err(ErrorData::invalid_params(
-        format!("invalid arguments for `{tool}`: {what}; {accepts}"),
+        capped_message(&message, ERROR_MAX).into_owned(),
         None,
     ))
 }

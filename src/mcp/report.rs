@@ -408,6 +408,66 @@ pub fn head_tail(s: &str, max: usize, where_: &str) -> String {
     format!("{head}{nl}[... {hidden} bytes not shown: {where_} ...]\n{tail}")
 }
 
+/// The longest error message a client gets back (protocol errors, and tool errors that
+/// quote what was sent): an error names what is wrong and quotes at most a short prefix of
+/// the offending value, however large the value was (a stored task keeps its error for 15
+/// minutes: issue 24).
+pub const ERROR_MAX: usize = 512;
+
+/// The most of one client-sent value an error quotes.
+pub const QUOTE_MAX: usize = 64;
+
+/// `value` as an error quotes it: whole when short, else its first [`QUOTE_MAX`] bytes (on
+/// a character boundary) and how long it was.
+pub fn quote(value: &str) -> String {
+    if value.len() <= QUOTE_MAX {
+        return value.to_string();
+    }
+    let mut cut = QUOTE_MAX;
+    while !value.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}… ({} bytes)", &value[..cut], value.len())
+}
+
+/// The longest text of a tool error: it may carry an installer's own report, and it may
+/// quote what was sent (each quoted value itself cut to [`QUOTE_MAX`] where it is made).
+pub const TOOL_ERROR_MAX: usize = 4096;
+
+/// `message` within `max` bytes (at least 256): whole when it fits, else its head and tail
+/// (where "expected ..." and the like are said) around a marker of what was left out.
+pub fn capped_message(message: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    let max = max.max(256);
+    if message.len() <= max {
+        return message.into();
+    }
+    const TAIL: usize = 96;
+    let mut head = max - TAIL - 48;
+    while !message.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = message.len() - TAIL;
+    while !message.is_char_boundary(tail) {
+        tail += 1;
+    }
+    let hidden = tail - head;
+    format!(
+        "{}… [{hidden} bytes not shown] …{}",
+        &message[..head],
+        &message[tail..]
+    )
+    .into()
+}
+
+/// A protocol error with its message within [`ERROR_MAX`] (what every tool call answers
+/// passes through here).
+pub fn capped_error(mut e: rmcp::ErrorData) -> rmcp::ErrorData {
+    if e.message.len() > ERROR_MAX {
+        e.message = capped_message(&e.message, ERROR_MAX).into_owned().into();
+    }
+    e
+}
+
 /// The result of a file tool (initialize, append, read).
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct FileReport {
@@ -479,8 +539,14 @@ pub fn with_structured<T: Serialize>(text: String, value: &T, is_error: bool) ->
 }
 
 /// A tool error the model should read (refused path, missing file, feature not built yet).
+/// Its message within [`TOOL_ERROR_MAX`].
 pub fn tool_error(message: impl Into<String>) -> CallToolResult {
-    CallToolResult::error(vec![ContentBlock::text(message.into())])
+    let message: String = message.into();
+    let message = match capped_message(&message, TOOL_ERROR_MAX) {
+        std::borrow::Cow::Borrowed(_) => message,
+        std::borrow::Cow::Owned(m) => m,
+    };
+    CallToolResult::error(vec![ContentBlock::text(message)])
 }
 
 #[cfg(test)]

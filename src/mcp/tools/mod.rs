@@ -169,7 +169,10 @@ impl CodeExecutor {
         ctx.meta = Default::default();
         ctx.extensions.insert(super::tasks::TaskRun);
         let this = self.clone();
-        let ttl = super::tasks::ttl(run_for).as_millis() as u64;
+        let ttl_d = super::tasks::ttl(run_for);
+        let ttl = ttl_d.as_millis() as u64;
+        // Counted in the tenant's bound on kept tasks before anything starts.
+        let admitted = super::task_caps::admit(self.executor(), ttl_d)?;
         let options = TaskOptions::new()
             .with_ttl_ms(ttl)
             .with_poll_interval_ms(super::tasks::POLL_INTERVAL.as_millis() as u64)
@@ -187,17 +190,20 @@ impl CodeExecutor {
                         // killed and removed; wait for that before settling.
                         ct.cancel();
                         let _ = run.await;
+                        drop(admitted);
                         return Err(TaskExit::Cancelled);
                     }
                 };
-                match done {
+                let done = match done {
                     Ok(rmcp::model::CallToolResponse::Complete(r)) => Ok(r),
-                    Ok(_) => Err(TaskExit::Error(ErrorData::internal_error(
+                    Ok(_) => Err(ErrorData::internal_error(
                         "the tool gave no final result",
                         None,
-                    ))),
-                    Err(e) => Err(TaskExit::Error(e)),
-                }
+                    )),
+                    Err(e) => Err(super::report::capped_error(e)),
+                };
+                admitted.ended(done.as_ref());
+                done.map_err(TaskExit::Error)
             })
         });
         Ok(task)
@@ -261,6 +267,28 @@ fn task_timeout(
     Ok((asked, None))
 }
 
+impl CodeExecutor {
+    /// A call as a task (for a client that declared tasks, of a tool that may run long) or
+    /// at once.
+    async fn dispatch(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        let wants_task = super::tasks::TOOLS.contains(&request.name.as_ref())
+            && context
+                .client_capabilities()
+                .is_some_and(|c| c.supports_tasks());
+        if wants_task {
+            return Ok(rmcp::model::CallToolResponse::Task(
+                rmcp::model::CreateTaskResult::new(self.spawn_task(request, context)?),
+            ));
+        }
+        let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        self.tool_router.call(tcc).await
+    }
+}
+
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for CodeExecutor {
     /// rmcp's dispatch, after refusing arguments the tool does not know (every tool, those
@@ -273,19 +301,12 @@ impl ServerHandler for CodeExecutor {
         if let (Some(tool), Some(arguments)) =
             (self.tool_router.get(&request.name), &request.arguments)
         {
-            args::check_known(&request.name, &tool.input_schema, arguments)?;
+            args::check_known(&request.name, &tool.input_schema, arguments)
+                .map_err(super::report::capped_error)?;
         }
-        let wants_task = super::tasks::TOOLS.contains(&request.name.as_ref())
-            && context
-                .client_capabilities()
-                .is_some_and(|c| c.supports_tasks());
-        if wants_task {
-            return Ok(rmcp::model::CallToolResponse::Task(
-                rmcp::model::CreateTaskResult::new(self.spawn_task(request, context)?),
-            ));
-        }
-        let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
-        self.tool_router.call(tcc).await
+        self.dispatch(request, context)
+            .await
+            .map_err(super::report::capped_error)
     }
 
     async fn get_task(
