@@ -10,6 +10,7 @@ pub mod figures;
 pub mod progress;
 pub mod report;
 pub mod resources;
+pub mod task_caps;
 pub mod tasks;
 pub mod tools;
 pub mod transports;
