@@ -329,6 +329,14 @@ impl Service {
         self.shared.metrics.render(&gauges)
     }
 
+    /// What is in flight: runs going, calls waiting for a run slot, sessions open (what a
+    /// shutdown past its deadline says it abandons).
+    pub fn in_flight(&self) -> (usize, usize, usize) {
+        let depth = self.shared.scheduler.depth();
+        let sessions = self.tenants.iter().map(|e| e.live_sessions()).sum();
+        (depth.running, depth.waiting, sessions)
+    }
+
     /// Stop every run and session (the shutdown token), wait for sessions to close (at most
     /// [`SHUTDOWN_DEADLINE`]), then shut the backend down (pools stopped, sandboxes removed).
     pub async fn shutdown(&self) {

@@ -245,6 +245,28 @@ pub(super) async fn sweep(docker: &Docker) -> Result<usize, BackendError> {
     Ok(removed)
 }
 
+/// Remove every container labelled as made by `owner` (this process, at a shutdown that
+/// can wait no longer for its runs): their count.
+pub(super) async fn remove_owned(docker: &Docker, owner: &str) -> Result<usize, BackendError> {
+    let filters = HashMap::from([("label".to_string(), vec![format!("{LABEL_OWNER}={owner}")])]);
+    let list = docker
+        .list_containers(Some(
+            ListContainersOptionsBuilder::default()
+                .all(true)
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+        .map_err(|e| classify("listing containers", e))?;
+    let mut removed = 0;
+    for id in list.into_iter().filter_map(|c| c.id) {
+        if remove_now(docker, &id).await.is_ok() {
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 /// Should the sweep remove a container of ours? Yes when its owner on this host is dead,
 /// or when it is not running and older than [`STALE_AFTER`], whoever owns it.
 fn is_leftover(owner: &str, host: &str, ended: bool, age: Option<Duration>) -> bool {

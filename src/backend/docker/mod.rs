@@ -379,6 +379,15 @@ impl Backend for DockerBackend {
     }
 }
 
+/// Remove now every container this process made, over a connection of its own (the
+/// caller may run on another runtime than the backend, whose tasks may be stuck): what a
+/// shutdown past its deadline does before the process exits. Their count.
+pub async fn remove_own_containers(docker_host: Option<&str>) -> Result<usize, BackendError> {
+    let docker = connect_docker_at(docker_host).await?;
+    let owner = guard::owner_id(std::process::id()).unwrap_or_else(|| "unknown".into());
+    guard::remove_owned(&docker, &owner).await
+}
+
 /// Connect to the daemon named by `DOCKER_HOST` (`unix://` or `tcp://`; the local socket
 /// when unset) and check it answers.
 pub(crate) async fn connect_docker() -> Result<Docker, BackendError> {

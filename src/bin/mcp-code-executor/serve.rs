@@ -11,7 +11,8 @@
 //! [`crate::backend`], the one file that names it), one executor per tenant in the
 //! application core, and the transports.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use mcp_code_executor::app::{self, Phase, Startup};
 use mcp_code_executor::mcp::transports::http;
@@ -62,14 +63,15 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
 
     let startup = Startup::new();
     let shutdown = CancellationToken::new();
-    tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            wait_for_signal().await;
-            eprintln!("mcp-code-executor: shutting down; stopping runs");
-            shutdown.cancel();
-        }
-    });
+    let serving: Arc<OnceLock<Arc<app::Service>>> = Arc::default();
+    watch_signals(
+        shutdown.clone(),
+        Abandon {
+            serving: serving.clone(),
+            backend: cfg.backend.kind,
+            docker_host: cfg.backend.docker_host.clone(),
+        },
+    );
 
     // The front first: it answers (health, readiness, "starting up") while the rest starts.
     let front = if cfg.stdio {
@@ -124,7 +126,10 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         }
     };
     let service = match started {
-        Ok(service) => service,
+        Ok(service) => {
+            let _ = serving.set(service.clone());
+            service
+        }
         Err(e) => {
             startup.set(Phase::Failed(format!("{e:#}")));
             // Calls waiting for start-up get their error answer before the process exits.
@@ -479,6 +484,94 @@ fn install_caps(l: &tenancy::TenantLimits) -> InstallCaps {
         cpus: l.max_cpus,
         memory_bytes: l.max_memory,
         timeout: l.max_timeout,
+    }
+}
+
+/// How long a shutdown may take from SIGTERM (or SIGINT) to the end of the process. Runs
+/// are cancelled at once and their containers removed, sessions get
+/// [`app::settings::SHUTDOWN_DEADLINE`]; what still has not finished by this deadline (a
+/// request stuck in a loop or on a file, a daemon that does not answer) is abandoned: it is
+/// logged, the containers of this process are removed, and the process exits (status 1).
+/// Under Kubernetes' default grace period of 30 s.
+pub const SHUTDOWN_LIMIT: Duration = Duration::from_secs(25);
+
+/// What an abandoned shutdown needs: what is in flight (once serving), and where this
+/// process's containers are.
+struct Abandon {
+    serving: Arc<OnceLock<Arc<app::Service>>>,
+    backend: mcp_code_executor::config::serve::BackendKind,
+    docker_host: Option<String>,
+}
+
+impl Abandon {
+    /// Say what is left, remove this process's containers (at most 10 s), exit 1.
+    async fn now(self, why: &str) -> ! {
+        let left = match self.serving.get() {
+            Some(s) => {
+                let (running, waiting, sessions) = s.in_flight();
+                format!("{running} runs going, {waiting} calls waiting, {sessions} sessions open")
+            }
+            None => "start-up not finished".to_string(),
+        };
+        eprintln!("mcp-code-executor: {why}; abandoning what is left ({left})");
+        tracing::error!(left = %left, "shutdown abandoned: {why}");
+        use mcp_code_executor::config::serve::BackendKind;
+        match self.backend {
+            BackendKind::Docker => {
+                let removed = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    mcp_code_executor::backend::docker::remove_own_containers(
+                        self.docker_host.as_deref(),
+                    ),
+                )
+                .await;
+                match removed {
+                    Ok(Ok(n)) => eprintln!("mcp-code-executor: removed {n} containers of this process"),
+                    Ok(Err(e)) => eprintln!("mcp-code-executor: could not remove this process's containers ({e}); the next start-up sweep removes them"),
+                    Err(_) => eprintln!("mcp-code-executor: the Docker daemon did not answer within 10 s; the next start-up sweep removes this process's containers"),
+                }
+            }
+            _ => eprintln!(
+                "mcp-code-executor: the pods of this process go to the next start-up sweep"
+            ),
+        }
+        std::process::exit(1)
+    }
+}
+
+/// Signals are watched on a thread of their own, with its own small runtime: a request that
+/// holds every worker of the server's runtime (a loop that never yields) must not stop the
+/// shutdown. The first signal cancels `shutdown` (runs stop, the server drains); if the
+/// process is still there [`SHUTDOWN_LIMIT`] later, or at a second signal, what is left is
+/// abandoned ([`Abandon::now`]).
+fn watch_signals(shutdown: CancellationToken, abandon: Abandon) {
+    let spawned = std::thread::Builder::new()
+        .name("mce-signals".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("mcp-code-executor: no runtime for the signal watcher: {e}");
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                wait_for_signal().await;
+                eprintln!("mcp-code-executor: shutting down; stopping runs");
+                shutdown.cancel();
+                let why = tokio::select! {
+                    _ = tokio::time::sleep(SHUTDOWN_LIMIT) => format!(
+                        "the shutdown did not finish within {} s", SHUTDOWN_LIMIT.as_secs()),
+                    _ = wait_for_signal() => "a second signal came".to_string(),
+                };
+                abandon.now(&why).await
+            })
+        });
+    if let Err(e) = spawned {
+        eprintln!("mcp-code-executor: cannot watch for signals: {e}");
     }
 }
 
