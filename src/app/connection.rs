@@ -171,10 +171,8 @@ impl Connection {
             job.files[0].path = name.clone();
             job.entry = name;
         }
-        match &session {
-            Some(s) => self.add_workspace_files(s.workspace(), &mut job).await,
-            None => job.return_files = true,
-        }
+        // The workspace's files are read once the run has its slot (Executor::run_with_workspace).
+        job.return_files = true;
         tracing::info!(
             job_id = %job.id,
             tenant = %job.tenant,
@@ -183,7 +181,16 @@ impl Connection {
             file = ?path.display().to_string(),
             "run requested"
         );
-        let outcome = x.run(job, x.current_env().await, events, cancel).await?;
+        let workspace = session.as_ref().map(|s| s.workspace().to_string());
+        let outcome = x
+            .run_with_workspace(
+                job,
+                x.current_env().await,
+                workspace.as_deref(),
+                events,
+                cancel,
+            )
+            .await?;
         let mut session = session;
         let mut notes: Vec<String> = note.into_iter().collect();
         let wrote = !outcome.files.is_empty() || outcome.files_dropped > 0;
@@ -231,21 +238,6 @@ impl Connection {
             }
             Err(WriteError::Refused(e)) => Err(e),
         }
-    }
-
-    /// Put the workspace's files into a one-shot job (a file named like the job's entry is
-    /// left out: the code wins).
-    async fn add_workspace_files(&self, key: &str, job: &mut JobSpec) {
-        let x = &self.executor;
-        match x.workspaces.input_files(key).await {
-            Ok(files) => {
-                let entry = job.entry.clone();
-                job.files
-                    .extend(files.into_iter().filter(|f| f.path != entry));
-            }
-            Err(e) => tracing::warn!(error = ?e.to_string(), "workspace files not sent"),
-        }
-        job.return_files = true;
     }
 
     /// Run one cell in `session` (its REPL opened on first use).

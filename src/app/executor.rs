@@ -23,7 +23,7 @@ use crate::job::{JobSpec, Outcome, RunEvent};
 use crate::storage::{self, CodeStorage, StorageError};
 use crate::tenancy::memory::{Holder, MemoryBudget, MemoryHold};
 use crate::tenancy::rate::RateLimiter;
-use crate::tenancy::scheduler::{Permit, QueueError, Scheduler};
+use crate::tenancy::scheduler::{Permit, Place, QueueError, Scheduler};
 
 /// What the server's executors share: the backend, the run slots, the counters and the
 /// shutdown signal.
@@ -228,22 +228,35 @@ impl Executor {
     /// Wait for one of the run slots, fairly shared between tenants and capped by the
     /// tenant's `max_concurrent_runs`: one-shot runs and execute_python cells alike.
     pub(super) async fn acquire_slot(&self) -> Result<Permit, AppError> {
-        let cap = self
-            .settings
-            .quota
-            .max_concurrent_runs
-            .unwrap_or(usize::MAX);
+        let place = self.reserve_place()?;
+        place.acquire().await.map_err(|e| self.queue_error(e))
+    }
+
+    /// A place in the tenant's queue (`--max-queue`), taken before a call holds anything:
+    /// its memory, its environment, its files.
+    pub(super) fn reserve_place(&self) -> Result<Place, AppError> {
         self.shared
             .scheduler
-            .acquire(self.tenant(), cap)
-            .await
-            .map_err(|e| match e {
-                QueueError::Closed => AppError::ShuttingDown,
-                full @ QueueError::Full { .. } => {
-                    self.shared.metrics.rejected(self.tenant(), "queue_full");
-                    AppError::Refused(full.to_string())
-                }
-            })
+            .reserve(self.tenant(), self.slot_cap())
+            .map_err(|e| self.queue_error(e))
+    }
+
+    /// The most run slots this tenant may hold at once.
+    fn slot_cap(&self) -> usize {
+        self.settings
+            .quota
+            .max_concurrent_runs
+            .unwrap_or(usize::MAX)
+    }
+
+    fn queue_error(&self, e: QueueError) -> AppError {
+        match e {
+            QueueError::Closed => AppError::ShuttingDown,
+            full @ QueueError::Full { .. } => {
+                self.shared.metrics.rejected(self.tenant(), "queue_full");
+                AppError::Refused(full.to_string())
+            }
+        }
     }
 
     /// Run a job in `env` (`None`: the image's Python) until it ends, `cancel` fires or the
@@ -256,12 +269,26 @@ impl Executor {
         events: Events,
         cancel: &CancellationToken,
     ) -> Result<Outcome, AppError> {
+        self.run_with_workspace(job, env, None, events, cancel)
+            .await
+    }
+
+    /// [`Executor::run`], with the files of the session workspace `workspace` (its key)
+    /// added to the job once it has its run slot: a call that waits holds no copy of them.
+    pub async fn run_with_workspace(
+        &self,
+        job: JobSpec,
+        env: Option<Environment>,
+        workspace: Option<&str>,
+        events: Events,
+        cancel: &CancellationToken,
+    ) -> Result<Outcome, AppError> {
         let job_id = job.id.clone();
         self.admit()?;
         crate::backend::emit(&events, RunEvent::Admitted);
         let started = Instant::now();
         let result = tokio::select! {
-            r = self.run_in_slot(job, env, events) => r,
+            r = self.run_in_slot(job, env, workspace, events) => r,
             _ = cancel.cancelled() => {
                 tracing::info!(job_id = %job_id, "run cancelled by the client");
                 Err(AppError::Cancelled)
@@ -282,14 +309,19 @@ impl Executor {
         result
     }
 
-    /// Hold `env`, then wait for one of the run slots (fairly shared between tenants),
-    /// then run in it.
+    /// Take a place in the tenant's queue, hold `env`, then the run's memory, then wait for
+    /// one of the run slots (fairly shared between tenants), then read the workspace's
+    /// files and run.
     async fn run_in_slot(
         &self,
         mut job: JobSpec,
         env: Option<Environment>,
+        workspace: Option<&str>,
         events: Events,
     ) -> Result<Outcome, AppError> {
+        // A place in the queue before anything is held: a call past `--max-queue` is
+        // refused at once, whatever it would wait for.
+        let place = self.reserve_place()?;
         // The environment first: a run waiting for an install holds no run slot meanwhile.
         let _env_lock = match &env {
             Some(env) => self.lock_env(env).await,
@@ -299,7 +331,10 @@ impl Executor {
         let _memory = self
             .hold_memory(Holder::Run, job.limits.memory_bytes)
             .await?;
-        let _slot = self.acquire_slot().await?;
+        let _slot = place.acquire().await.map_err(|e| self.queue_error(e))?;
+        if let Some(key) = workspace {
+            self.add_workspace_files(key, &mut job).await;
+        }
         if let Some(env) = &env {
             job.env = env.run_env();
         }
@@ -307,6 +342,20 @@ impl Executor {
             tracing::warn!(error = %e, "sandbox failure");
             AppError::Backend(e)
         })
+    }
+
+    /// Put the files of workspace `key` into a one-shot job (a file named like the job's
+    /// entry is left out: the code wins); the files the run writes come back.
+    async fn add_workspace_files(&self, key: &str, job: &mut JobSpec) {
+        match self.workspaces.input_files(key).await {
+            Ok(files) => {
+                let entry = job.entry.clone();
+                job.files
+                    .extend(files.into_iter().filter(|f| f.path != entry));
+            }
+            Err(e) => tracing::warn!(error = ?e.to_string(), "workspace files not sent"),
+        }
+        job.return_files = true;
     }
 
     /// The environments of this tenant, when the server has them.
@@ -425,16 +474,18 @@ impl Backend for InSlots {
         job: crate::job::JobSpec,
         events: crate::backend::Events,
     ) -> Result<Outcome, crate::backend::BackendError> {
+        let rejected =
+            |e: &dyn std::fmt::Display| crate::backend::BackendError::Rejected(e.to_string());
+        let place = self
+            .scheduler
+            .reserve(&self.tenant, self.cap)
+            .map_err(|e| rejected(&e))?;
         let _memory = self
             .memory
             .hold(Holder::Run, job.limits.memory_bytes)
             .await
-            .map_err(|e| crate::backend::BackendError::Rejected(e.to_string()))?;
-        let _slot = self
-            .scheduler
-            .acquire(&self.tenant, self.cap)
-            .await
-            .map_err(|e| crate::backend::BackendError::Rejected(e.to_string()))?;
+            .map_err(|e| rejected(&e))?;
+        let _slot = place.acquire().await.map_err(|e| rejected(&e))?;
         self.inner.run(job, events).await
     }
 

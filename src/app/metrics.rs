@@ -173,7 +173,7 @@ impl Metrics {
             ),
             (
                 "mcp_executor_queue_depth",
-                "Calls waiting for a run slot.",
+                "Calls waiting to run (for a run slot, the memory budget or an environment).",
                 g.queue_waiting,
             ),
             ("mcp_executor_run_slots", "Run slots in all.", g.run_slots),

@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 /// Why a call got no place in the queue.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum QueueError {
-    #[error("the queue of tenant `{tenant}` is full ({waiting} calls already wait for a run slot; {running} of its runs are going). Retry when one of them ends")]
+    #[error("the queue of tenant `{tenant}` is full ({waiting} calls already wait to run; {running} of its runs are going). Retry when one of them ends")]
     Full {
         tenant: String,
         waiting: usize,
@@ -42,7 +42,41 @@ struct State {
 struct Queue {
     running: usize,
     cap: usize,
+    /// Calls that hold a [`Place`] and no slot yet, wherever they wait (for memory, an
+    /// environment, or in `waiting`): what `max_queue` bounds.
+    pending: usize,
     waiting: VecDeque<oneshot::Sender<()>>,
+}
+
+/// A place in a tenant's queue, taken before a call holds anything (memory, an
+/// environment, its files): [`Place::acquire`] turns it into a run slot; dropping it gives
+/// the place back.
+#[derive(Debug)]
+pub struct Place {
+    scheduler: Arc<Scheduler>,
+    tenant: String,
+    cap: usize,
+    held: bool,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if self.held {
+            self.scheduler.unreserve(&self.tenant);
+        }
+    }
+}
+
+impl Place {
+    /// Wait for a run slot (the place is already counted against the queue bound).
+    pub async fn acquire(mut self) -> Result<Permit, QueueError> {
+        let scheduler = self.scheduler.clone();
+        let r = scheduler.wait_for_slot(&self.tenant, self.cap).await;
+        // Granted or not, this call no longer waits.
+        self.held = false;
+        scheduler.unreserve(&self.tenant);
+        r
+    }
 }
 
 /// A run slot; dropping it frees the slot for the next waiting call.
@@ -87,6 +121,52 @@ impl Scheduler {
     /// when the tenant's queue is full. Dropping the future gives up its place (or the slot,
     /// if it had just been granted).
     pub async fn acquire(self: &Arc<Self>, tenant: &str, cap: usize) -> Result<Permit, QueueError> {
+        self.reserve(tenant, cap)?.acquire().await
+    }
+
+    /// A place in `tenant`'s queue, or the refusal when `max_queue` calls of the tenant
+    /// already wait (for a slot, memory or an environment): taken first, before the call
+    /// holds anything.
+    pub fn reserve(self: &Arc<Self>, tenant: &str, cap: usize) -> Result<Place, QueueError> {
+        let mut s = self.lock();
+        if s.closed {
+            return Err(QueueError::Closed);
+        }
+        let q = s.tenants.entry(tenant.to_string()).or_insert(Queue {
+            running: 0,
+            cap,
+            pending: 0,
+            waiting: VecDeque::new(),
+        });
+        if q.pending >= self.max_queue {
+            return Err(QueueError::Full {
+                tenant: tenant.to_string(),
+                waiting: q.pending,
+                running: q.running,
+            });
+        }
+        q.pending += 1;
+        Ok(Place {
+            scheduler: self.clone(),
+            tenant: tenant.to_string(),
+            cap,
+            held: true,
+        })
+    }
+
+    fn unreserve(&self, tenant: &str) {
+        let mut s = self.lock();
+        if let Some(q) = s.tenants.get_mut(tenant) {
+            q.pending = q.pending.saturating_sub(1);
+        }
+    }
+
+    /// The slot itself, for a call that holds a place.
+    async fn wait_for_slot(
+        self: &Arc<Self>,
+        tenant: &str,
+        cap: usize,
+    ) -> Result<Permit, QueueError> {
         let rx = {
             let mut s = self.lock();
             if s.closed {
@@ -96,6 +176,7 @@ impl Scheduler {
             let q = s.tenants.entry(tenant.to_string()).or_insert(Queue {
                 running: 0,
                 cap,
+                pending: 0,
                 waiting: VecDeque::new(),
             });
             q.cap = cap.max(1);
@@ -104,13 +185,6 @@ impl Scheduler {
                 q.running += 1;
                 s.running += 1;
                 return Ok(self.permit(tenant));
-            }
-            if q.waiting.len() >= self.max_queue {
-                return Err(QueueError::Full {
-                    tenant: tenant.to_string(),
-                    waiting: q.waiting.len(),
-                    running: q.running,
-                });
             }
             let (tx, rx) = oneshot::channel();
             q.waiting.push_back(tx);
@@ -183,16 +257,13 @@ impl Scheduler {
         }
     }
 
-    /// Runs going and calls waiting, over all tenants.
+    /// Runs going and calls waiting (for a slot, memory or an environment), over all
+    /// tenants.
     pub fn depth(&self) -> Depth {
         let s = self.lock();
         Depth {
             running: s.running,
-            waiting: s
-                .tenants
-                .values()
-                .map(|q| q.waiting.iter().filter(|tx| !tx.is_closed()).count())
-                .sum(),
+            waiting: s.tenants.values().map(|q| q.pending).sum(),
         }
     }
 
@@ -326,6 +397,37 @@ mod tests {
         for t in [w1, w2, b] {
             assert_eq!(t.await.unwrap(), Err(QueueError::Closed));
         }
+    }
+
+    /// Issue 24, item 3: a place is counted from `reserve`, before the call waits for
+    /// anything else (memory, an environment); dropping it gives the place back.
+    #[tokio::test]
+    async fn places_count_before_the_slot_queue() {
+        let s = Scheduler::new(1, 2);
+        let p1 = s.reserve("a", 1).unwrap();
+        let _p2 = s.reserve("a", 1).unwrap();
+        assert_eq!(s.depth().waiting, 2);
+        let full = s.reserve("a", 1).unwrap_err();
+        assert!(
+            matches!(full, QueueError::Full { waiting: 2, .. }),
+            "{full}"
+        );
+        assert!(
+            s.reserve("b", 1).is_ok(),
+            "another tenant has its own queue"
+        );
+        drop(p1);
+        let p3 = s.reserve("a", 1).unwrap();
+        // A place turned into a slot leaves the queue.
+        let slot = p3.acquire().await.unwrap();
+        assert_eq!(
+            s.depth(),
+            Depth {
+                running: 1,
+                waiting: 1
+            }
+        );
+        drop(slot);
     }
 
     #[tokio::test]
