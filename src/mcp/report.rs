@@ -630,3 +630,78 @@ mod budget_tests {
         assert_eq!(r.structured_content.unwrap()["stdout"], "42\n");
     }
 }
+
+/// Property tests of the pure functions that cut, escape and quote (issue 24).
+#[cfg(test)]
+mod property_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Text with what escaping makes longer: quotes, backslashes, control characters,
+    /// multi-byte characters, separators.
+    fn text() -> impl Strategy<Value = String> {
+        "[a\\\"\n\t\u{0}\u{1}\u{1f}é€😀\u{2028}\u{202e} ]{0,300}"
+    }
+
+    proptest! {
+        #[test]
+        fn prefix_within_is_the_longest_prefix_that_fits(s in text(), max in 0usize..400) {
+            let p = prefix_within(&s, max);
+            prop_assert!(s.starts_with(p));
+            if max >= 2 {
+                prop_assert!(escaped_len(p) <= max, "{} > {max}", escaped_len(p));
+            }
+            if p.len() < s.len() && max >= 2 {
+                let next = s[p.len()..].chars().next().unwrap();
+                let longer = &s[..p.len() + next.len_utf8()];
+                prop_assert!(escaped_len(longer) > max);
+            }
+        }
+
+        #[test]
+        fn head_tail_fits_and_keeps_both_ends(s in text(), max in 300usize..2000) {
+            let out = head_tail(&s, max, "the rest is elsewhere");
+            if escaped_len(&s) <= max {
+                prop_assert_eq!(&out, &s);
+            } else {
+                prop_assert!(escaped_len(&out) <= max, "{} > {max}", escaped_len(&out));
+                prop_assert!(out.contains("bytes not shown: the rest is elsewhere"));
+                let (head, rest) = out.split_once("[... ").unwrap();
+                let tail = rest.split_once(" ...]\n").unwrap().1;
+                prop_assert!(s.starts_with(head.trim_end_matches('\n')));
+                prop_assert!(s.ends_with(tail));
+            }
+        }
+
+        #[test]
+        fn quote_is_short_and_a_prefix(s in text()) {
+            let q = quote(&s);
+            prop_assert!(q.len() <= QUOTE_MAX + 32, "{}", q.len());
+            let shown = q.split("… (").next().unwrap();
+            prop_assert!(s.starts_with(shown));
+        }
+
+        #[test]
+        fn capped_messages_fit(s in text(), n in 0usize..20_000, max in 0usize..5000) {
+            let m = format!("invalid argument `x`: {}{s}", "9".repeat(n));
+            let c = capped_message(&m, max);
+            prop_assert!(c.len() <= max.max(256), "{} > {}", c.len(), max.max(256));
+            if m.len() <= max.max(256) {
+                prop_assert_eq!(c.as_ref(), m.as_str());
+            } else {
+                prop_assert!(c.starts_with("invalid argument `x`: "));
+                prop_assert!(c.contains("bytes not shown"));
+            }
+        }
+    }
+
+    #[test]
+    fn a_huge_value_in_a_protocol_error_is_cut() {
+        let e = rmcp::ErrorData::invalid_params(format!("bad `{}`", "a".repeat(7 << 20)), None);
+        let e = capped_error(e);
+        assert!(e.message.len() <= ERROR_MAX, "{}", e.message.len());
+        let r = tool_error("b".repeat(1 << 20));
+        let t = &r.content[0].as_text().unwrap().text;
+        assert!(t.len() <= TOOL_ERROR_MAX, "{}", t.len());
+    }
+}
