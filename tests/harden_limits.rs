@@ -507,3 +507,78 @@ async fn waiting_calls_hold_no_copy_of_the_workspace() {
         grew >> 20
     );
 }
+
+/// The review's attacks of items 2 and 3, by hand: RSS before, at the peak and after.
+/// Item 2: 20 task-augmented `execute_code` whose `timeout` is a 7.5 MB string. Item 3:
+/// 40 task `execute_code` of `time.sleep(100)` in a session with 30 MiB of files.
+#[tokio::test]
+#[ignore = "an attack tool run by hand: prints RSS figures"]
+async fn attack_rss_items_2_3() {
+    let s = Server::start("harden-attack", &[], &[]).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let http = reqwest::Client::new();
+    let mib = |b: u64| b >> 20;
+    let peak = process::Peak::start(s.pid());
+
+    let before = s.rss();
+    peak.reset();
+    let huge = "9".repeat(7_500_000);
+    let mut refused = 0;
+    for _ in 0..20 {
+        let r = call(
+            &http,
+            &s,
+            "execute_code",
+            json!({"code": "print(1)", "timeout": huge}),
+            true,
+        )
+        .await;
+        refused += usize::from(r.get("error").is_some());
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    println!(
+        "item 2 (20 tasks with a 7.5 MB timeout string, {refused} refused): RSS before {} MiB, peak {} MiB, 5 s after {} MiB",
+        mib(before),
+        mib(peak.get()),
+        mib(s.rss())
+    );
+
+    let mut session = None::<String>;
+    for i in 0..6 {
+        let mut args = json!({"path": format!("f{i}.txt"), "content": "x".repeat(5 << 20)});
+        if let Some(id) = &session {
+            args["session_id"] = json!(id);
+        }
+        let r = call(&http, &s, "write_file", args, false).await;
+        session = r["structuredContent"]["session_id"]
+            .as_str()
+            .map(str::to_string);
+    }
+    let session = session.expect("a session");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = s.rss();
+    peak.reset();
+    let t0 = Instant::now();
+    let tasks: Vec<_> = (0..40)
+        .map(|_| {
+            spawn_call(
+                &http,
+                &s,
+                json!({"code": "import time\ntime.sleep(100)", "session_id": session}),
+                true,
+            )
+        })
+        .collect();
+    let mut created = 0;
+    for t in tasks {
+        created += usize::from(t.await.unwrap()["result"]["taskId"].is_string());
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    println!(
+        "item 3 (40 task runs of sleep(100) in a 30 MiB session, {created} created in {:.1} s): RSS before {} MiB, peak {} MiB, after 10 s {} MiB",
+        t0.elapsed().as_secs_f64(),
+        mib(before),
+        mib(peak.get()),
+        mib(s.rss())
+    );
+}
