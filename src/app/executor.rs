@@ -25,6 +25,23 @@ use crate::tenancy::memory::{Holder, MemoryBudget, MemoryHold};
 use crate::tenancy::rate::RateLimiter;
 use crate::tenancy::scheduler::{Permit, Place, QueueError, Scheduler};
 
+tokio::task_local! {
+    /// Set while a long run's future runs (an MCP task): its runs take the slots long runs
+    /// may hold, at most half of them (see [`crate::tenancy::scheduler`]).
+    static LONG_RUN: ();
+}
+
+/// Run `f` as a long run: the runs it makes wait for one of the slots long runs may hold
+/// (half of them), so that long runs never hold every slot.
+pub async fn as_long_run<F: std::future::Future>(f: F) -> F::Output {
+    LONG_RUN.scope((), f).await
+}
+
+/// Whether the current call is a long run ([`as_long_run`]).
+fn is_long_run() -> bool {
+    LONG_RUN.try_with(|_| ()).is_ok()
+}
+
 /// What the server's executors share: the backend, the run slots, the counters and the
 /// shutdown signal.
 #[derive(Clone)]
@@ -238,6 +255,7 @@ impl Executor {
         self.shared
             .scheduler
             .reserve(self.tenant(), self.slot_cap())
+            .map(|p| p.long(is_long_run()))
             .map_err(|e| self.queue_error(e))
     }
 
@@ -479,7 +497,8 @@ impl Backend for InSlots {
         let place = self
             .scheduler
             .reserve(&self.tenant, self.cap)
-            .map_err(|e| rejected(&e))?;
+            .map_err(|e| rejected(&e))?
+            .long(is_long_run());
         let _memory = self
             .memory
             .hold(Holder::Run, job.limits.memory_bytes)

@@ -153,6 +153,41 @@ async fn slots_are_shared_fairly_and_a_tenant_stays_within_its_cap() {
     assert_eq!(fake.live(), 0);
 }
 
+/// Issue 24, item 5: one tenant's long runs (tasks) hold at most half the slots; another
+/// tenant's normal call runs at once beside them, not after them.
+#[tokio::test]
+async fn long_runs_of_one_tenant_leave_slots_to_another() {
+    let fake = FakeBackend::new();
+    let mut s = service(fake.clone(), 4);
+    let busy = tenant(&mut s, settings("busy"));
+    let other = tenant(&mut s, settings("other"));
+    fake.hold();
+    let never = CancellationToken::new();
+    let mut long = Vec::new();
+    for i in 0..8 {
+        let (ex, never) = (busy.clone(), never.clone());
+        long.push(tokio::spawn(executor::as_long_run(async move {
+            ex.run(job("busy", &format!("l{i}.py")), None, None, &never)
+                .await
+        })));
+    }
+    fake.wait_running(2).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(fake.running(), 2, "long runs took more than half the slots");
+    let q = {
+        let (ex, never) = (other.clone(), never.clone());
+        tokio::spawn(async move { ex.run(job("other", "q.py"), None, None, &never).await })
+    };
+    fake.wait_running(3).await;
+    assert!(fake.jobs().iter().any(|j| j.tenant == "other"));
+    fake.release();
+    assert!(q.await.unwrap().unwrap().success());
+    for c in long {
+        assert!(c.await.unwrap().unwrap().success());
+    }
+    assert_eq!(fake.live(), 0);
+}
+
 #[tokio::test]
 async fn a_cancelled_run_is_stopped_and_its_sandbox_removed() {
     let fake = FakeBackend::new();

@@ -25,6 +25,10 @@ pub enum QueueError {
 #[derive(Debug)]
 pub struct Scheduler {
     capacity: usize,
+    /// The most slots long runs (tasks, which may run 30 minutes) hold at once, over all
+    /// tenants: half the slots (at least one), so that the others stay for normal calls
+    /// (issue 24, item 5).
+    long_cap: usize,
     max_queue: usize,
     state: Mutex<State>,
 }
@@ -32,6 +36,8 @@ pub struct Scheduler {
 #[derive(Debug, Default)]
 struct State {
     running: usize,
+    /// Slots held by long runs.
+    long_running: usize,
     closed: bool,
     tenants: HashMap<String, Queue>,
     /// Tenants with waiting calls, in the order they are served.
@@ -45,7 +51,23 @@ struct Queue {
     /// Calls that hold a [`Place`] and no slot yet, wherever they wait (for memory, an
     /// environment, or in `waiting`): what `max_queue` bounds.
     pending: usize,
-    waiting: VecDeque<oneshot::Sender<()>>,
+    waiting: VecDeque<Waiter>,
+}
+
+/// A call waiting for a slot: whether it is a long run, and how to wake it.
+#[derive(Debug)]
+struct Waiter {
+    tx: oneshot::Sender<()>,
+    long: bool,
+}
+
+impl Queue {
+    /// The first waiter that may have a slot now (a long run only while long runs hold
+    /// fewer than their share), after dropping those that gave up.
+    fn next_eligible(&mut self, long_free: bool) -> Option<usize> {
+        self.waiting.retain(|w| !w.tx.is_closed());
+        self.waiting.iter().position(|w| !w.long || long_free)
+    }
 }
 
 /// A place in a tenant's queue, taken before a call holds anything (memory, an
@@ -57,6 +79,7 @@ pub struct Place {
     tenant: String,
     cap: usize,
     held: bool,
+    long: bool,
 }
 
 impl Drop for Place {
@@ -71,11 +94,19 @@ impl Place {
     /// Wait for a run slot (the place is already counted against the queue bound).
     pub async fn acquire(mut self) -> Result<Permit, QueueError> {
         let scheduler = self.scheduler.clone();
-        let r = scheduler.wait_for_slot(&self.tenant, self.cap).await;
+        let r = scheduler
+            .wait_for_slot(&self.tenant, self.cap, self.long)
+            .await;
         // Granted or not, this call no longer waits.
         self.held = false;
         scheduler.unreserve(&self.tenant);
         r
+    }
+
+    /// This call is a long run (a task): it waits for one of the slots long runs may hold.
+    pub fn long(mut self, long: bool) -> Place {
+        self.long = long;
+        self
     }
 }
 
@@ -84,11 +115,12 @@ impl Place {
 pub struct Permit {
     scheduler: Arc<Scheduler>,
     tenant: String,
+    long: bool,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.scheduler.release(&self.tenant);
+        self.scheduler.release(&self.tenant, self.long);
     }
 }
 
@@ -102,8 +134,10 @@ pub struct Depth {
 impl Scheduler {
     /// `capacity` runs at once over all tenants; at most `max_queue` waiting calls per tenant.
     pub fn new(capacity: usize, max_queue: usize) -> Arc<Self> {
+        let capacity = capacity.max(1);
         Arc::new(Scheduler {
-            capacity: capacity.max(1),
+            capacity,
+            long_cap: (capacity / 2).max(1),
             max_queue,
             state: Mutex::default(),
         })
@@ -151,6 +185,7 @@ impl Scheduler {
             tenant: tenant.to_string(),
             cap,
             held: true,
+            long: false,
         })
     }
 
@@ -166,6 +201,7 @@ impl Scheduler {
         self: &Arc<Self>,
         tenant: &str,
         cap: usize,
+        long: bool,
     ) -> Result<Permit, QueueError> {
         let rx = {
             let mut s = self.lock();
@@ -173,6 +209,7 @@ impl Scheduler {
                 return Err(QueueError::Closed);
             }
             let free = s.running < self.capacity;
+            let long_free = s.long_running < self.long_cap;
             let q = s.tenants.entry(tenant.to_string()).or_insert(Queue {
                 running: 0,
                 cap,
@@ -180,14 +217,17 @@ impl Scheduler {
                 waiting: VecDeque::new(),
             });
             q.cap = cap.max(1);
-            q.waiting.retain(|tx| !tx.is_closed());
-            if free && q.running < q.cap && q.waiting.is_empty() {
+            // At once when a slot is free, this call may take it, and no call of the
+            // tenant that may take it waits before this one.
+            let may = !long || long_free;
+            if free && may && q.running < q.cap && q.next_eligible(long_free).is_none() {
                 q.running += 1;
                 s.running += 1;
-                return Ok(self.permit(tenant));
+                s.long_running += usize::from(long);
+                return Ok(self.permit(tenant, long));
             }
             let (tx, rx) = oneshot::channel();
-            q.waiting.push_back(tx);
+            q.waiting.push_back(Waiter { tx, long });
             if !s.turn.iter().any(|t| t == tenant) {
                 s.turn.push_back(tenant.to_string());
             }
@@ -197,58 +237,67 @@ impl Scheduler {
             rx: Some(rx),
             scheduler: self.clone(),
             tenant: tenant.to_string(),
+            long,
         };
         let rx = waiting.rx.as_mut().expect("set above");
         match rx.await {
             Ok(()) => {
                 waiting.rx = None;
-                Ok(self.permit(tenant))
+                Ok(self.permit(tenant, long))
             }
             Err(_) => Err(QueueError::Closed),
         }
     }
 
-    fn permit(self: &Arc<Self>, tenant: &str) -> Permit {
+    fn permit(self: &Arc<Self>, tenant: &str, long: bool) -> Permit {
         Permit {
             scheduler: self.clone(),
             tenant: tenant.to_string(),
+            long,
         }
     }
 
-    fn release(&self, tenant: &str) {
+    fn release(&self, tenant: &str, long: bool) {
         let mut s = self.lock();
         s.running = s.running.saturating_sub(1);
+        if long {
+            s.long_running = s.long_running.saturating_sub(1);
+        }
         if let Some(q) = s.tenants.get_mut(tenant) {
             q.running = q.running.saturating_sub(1);
         }
-        Self::dispatch(&mut s, self.capacity);
+        Self::dispatch(&mut s, self.capacity, self.long_cap);
     }
 
-    /// Hand free slots to waiting calls, one tenant after another.
-    fn dispatch(s: &mut State, capacity: usize) {
+    /// Hand free slots to waiting calls, one tenant after another (a tenant whose waiting
+    /// calls are all long runs is passed over while long runs hold their share).
+    fn dispatch(s: &mut State, capacity: usize, long_cap: usize) {
         let mut passes = s.turn.len();
         while s.running < capacity && passes > 0 {
             let Some(tenant) = s.turn.pop_front() else {
                 break;
             };
+            let long_free = s.long_running < long_cap;
             let Some(q) = s.tenants.get_mut(&tenant) else {
                 passes = s.turn.len();
                 continue;
             };
-            q.waiting.retain(|tx| !tx.is_closed());
+            q.waiting.retain(|w| !w.tx.is_closed());
             if q.waiting.is_empty() {
                 passes = s.turn.len();
                 continue;
             }
-            if q.running >= q.cap {
+            let next = q.next_eligible(long_free);
+            let (true, Some(i)) = (q.running < q.cap, next) else {
                 s.turn.push_back(tenant);
                 passes -= 1;
                 continue;
-            }
-            let tx = q.waiting.pop_front().expect("not empty");
-            if tx.send(()).is_ok() {
+            };
+            let w = q.waiting.remove(i).expect("an index of the queue");
+            if w.tx.send(()).is_ok() {
                 q.running += 1;
                 s.running += 1;
+                s.long_running += usize::from(w.long);
             }
             if !q.waiting.is_empty() {
                 s.turn.push_back(tenant);
@@ -284,6 +333,7 @@ struct Waiting {
     rx: Option<oneshot::Receiver<()>>,
     scheduler: Arc<Scheduler>,
     tenant: String,
+    long: bool,
 }
 
 impl Drop for Waiting {
@@ -291,7 +341,7 @@ impl Drop for Waiting {
         if let Some(mut rx) = self.rx.take() {
             rx.close();
             if rx.try_recv().is_ok() {
-                self.scheduler.release(&self.tenant);
+                self.scheduler.release(&self.tenant, self.long);
             }
         }
     }
@@ -428,6 +478,34 @@ mod tests {
             }
         );
         drop(slot);
+    }
+
+    /// Issue 24, item 5: long runs (tasks) of one tenant hold at most half the slots; a
+    /// normal call of another tenant (or of the same) takes one of the others at once.
+    #[tokio::test]
+    async fn long_runs_hold_at_most_half_the_slots() {
+        let s = Scheduler::new(4, 100);
+        let mut held = Vec::new();
+        let mut waiting = Vec::new();
+        for _ in 0..8 {
+            let s = s.clone();
+            waiting.push(tokio::spawn(async move {
+                s.reserve("a", 8).unwrap().long(true).acquire().await
+            }));
+        }
+        settle().await;
+        assert_eq!(s.depth().running, 2, "long runs over their share");
+        held.push(s.reserve("b", 8).unwrap().acquire().await.unwrap());
+        held.push(s.acquire("a", 8).await.unwrap());
+        assert_eq!(s.depth().running, 4);
+        // The long runs go on in their two slots as they end.
+        drop(held);
+        settle().await;
+        assert_eq!(s.depth().running, 2);
+        for w in &waiting[..2] {
+            assert!(w.is_finished());
+        }
+        s.close();
     }
 
     #[tokio::test]

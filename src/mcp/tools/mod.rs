@@ -178,7 +178,8 @@ impl CodeExecutor {
             .with_poll_interval_ms(super::tasks::POLL_INTERVAL.as_millis() as u64)
             .with_status_message(format!("{} is running", request.name));
         let task = tasks.spawn(options, move |tc| {
-            Box::pin(async move {
+            // A task may run for 30 minutes: its runs take the slots long runs may hold.
+            Box::pin(crate::app::executor::as_long_run(async move {
                 let ct = ctx.ct.clone();
                 let tcc = rmcp::handler::server::tool::ToolCallContext::new(&this, request, ctx);
                 let run = this.tool_router.call(tcc);
@@ -204,7 +205,7 @@ impl CodeExecutor {
                 };
                 admitted.ended(done.as_ref());
                 done.map_err(TaskExit::Error)
-            })
+            }))
         });
         Ok(task)
     }
