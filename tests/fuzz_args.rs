@@ -20,6 +20,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use rmcp::model::{CallToolRequestParams, Tool};
 use rmcp::RoleClient;
 use serde_json::{json, Map, Value};
@@ -36,6 +37,8 @@ use process::Server;
 const CALL_LIMIT: Duration = Duration::from_secs(15);
 /// `/healthz` between tools.
 const HEALTH_LIMIT: Duration = Duration::from_secs(3);
+/// Calls of one tool at once (the server's run slots: 4 by default).
+const CONCURRENCY: usize = 4;
 /// How much the server's RSS may grow over the whole fuzz.
 const RSS_GROWTH: u64 = 400 << 20;
 /// The longest message of a protocol error (it names the argument and quotes at most a
@@ -354,9 +357,16 @@ async fn every_tool_argument_at_its_boundaries_answers_and_the_server_stays_up()
                 calls.push((format!("{arg}={label}"), m));
             }
         }
-        for (label, args) in calls {
+        let mut answers = futures::stream::iter(calls.into_iter().map(|(label, args)| {
+            let (peer, name) = (peer.clone(), name.clone());
+            async move {
+                let (answer, took) = call_once(&peer, &name, args, limit).await;
+                (label, answer, took)
+            }
+        }))
+        .buffer_unordered(CONCURRENCY);
+        while let Some((label, answer, took)) = answers.next().await {
             cases += 1;
-            let (answer, took) = call_once(&peer, &name, args, limit).await;
             let case = format!("{name}({label})");
             if took > slowest.0 {
                 slowest = (took, case.clone());
