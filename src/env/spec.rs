@@ -2,7 +2,7 @@
 //! requirement specifiers pass: a name, optional extras, optional version clauses. URLs,
 //! paths, options (`--index-url`), environment markers and anything shell-like are refused.
 
-/// Why a spec was refused; the message quotes it.
+/// Why a spec was refused; the message quotes it (at most its first 64 characters).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SpecError {
     #[error("no packages given")]
@@ -17,6 +17,22 @@ pub enum SpecError {
 pub const MAX_PACKAGES: usize = 50;
 const MAX_LEN: usize = 200;
 const OPERATORS: [&str; 8] = ["===", "==", "!=", "~=", ">=", "<=", ">", "<"];
+/// What pip takes for a local archive when a requirement's name ends with it (pip's own
+/// list): such a "name" reaches pip as a path (issue 24, item 10).
+const ARCHIVE_SUFFIXES: [&str; 12] = [
+    ".whl",
+    ".zip",
+    ".tar",
+    ".tar.gz",
+    ".tgz",
+    ".tar.bz2",
+    ".tbz",
+    ".tar.xz",
+    ".txz",
+    ".tlz",
+    ".tar.lz",
+    ".tar.lzma",
+];
 
 /// Check every spec; the first bad one is reported.
 pub fn validate(specs: &[String]) -> Result<(), SpecError> {
@@ -57,10 +73,13 @@ pub fn name_of(spec: &str) -> &str {
 
 fn validate_one(spec: &str) -> Result<(), SpecError> {
     let bad = |why| {
-        Err(SpecError::Invalid {
-            spec: spec.to_string(),
-            why,
-        })
+        let shown: String = spec.chars().take(64).collect();
+        let spec = if shown.len() < spec.len() {
+            format!("{shown}… ({} bytes)", spec.len())
+        } else {
+            shown
+        };
+        Err(SpecError::Invalid { spec, why })
     };
     if spec.is_empty() || spec.len() > MAX_LEN {
         return bad("empty or too long");
@@ -78,6 +97,10 @@ fn validate_one(spec: &str) -> Result<(), SpecError> {
         return bad("no spaces or control characters");
     }
     let name = name_of(spec);
+    let lower = name.to_ascii_lowercase();
+    if ARCHIVE_SUFFIXES.iter().any(|x| lower.ends_with(x)) {
+        return bad("file names are not accepted: pip would install it as a local archive");
+    }
     let name_ok = !name.is_empty()
         && name
             .chars()
@@ -166,12 +189,23 @@ mod tests {
             "req[",
             "",
             "-",
+            "x.whl",
+            "x.tar.gz",
+            "X.TGZ",
+            "pkg.zip>=1",
+            "a.tar.bz2[extra]",
         ] {
             assert!(validate(&[bad.to_string()]).is_err(), "{bad:?} passed");
         }
         assert_eq!(validate(&[]), Err(SpecError::Empty));
         let many: Vec<String> = (0..51).map(|i| format!("p{i}")).collect();
         assert_eq!(validate(&many), Err(SpecError::TooMany(51)));
+    }
+
+    #[test]
+    fn refusals_quote_a_prefix() {
+        let e = validate(&["a".repeat(1 << 20)]).unwrap_err().to_string();
+        assert!(e.len() < 400, "{}", e.len());
     }
 
     #[test]
