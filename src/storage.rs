@@ -70,7 +70,7 @@ pub enum StorageError {
     },
     #[error("file_path `{path}` is refused: names starting with `{TEMP_PREFIX}` are reserved for files being written")]
     Reserved { path: String },
-    #[error("file_path \"{path}\" is refused: names may not hold control characters (newlines, tabs, escapes)")]
+    #[error("file_path \"{path}\" is refused: names may not hold control characters, format characters or separators (newlines, tabs, escapes, U+2028, U+202E, zero-width and non-breaking spaces)")]
     Control { path: String },
     #[error("file `{path}` is not valid UTF-8 text")]
     NotText { path: String },
@@ -344,7 +344,7 @@ impl CodeStorage {
         if file_path.trim().is_empty() {
             return Err(StorageError::Empty);
         }
-        if file_path.chars().any(char::is_control) {
+        if !file_path.chars().all(printable) {
             // A newline in a name would let it forge a line of a result or a listing.
             return Err(StorageError::Control {
                 path: file_path.escape_debug().take(200).collect(),
@@ -572,7 +572,7 @@ impl CodeStorage {
             };
             if let (true, Some(name)) = (meta.is_file(), entry.file_name().to_str()) {
                 // A name no client could have written (a control character) is not shown.
-                if !name.starts_with(TEMP_PREFIX) && !name.chars().any(char::is_control) {
+                if !name.starts_with(TEMP_PREFIX) && name.chars().all(printable) {
                     out.push((name.to_string(), meta.len()));
                 }
             }
@@ -941,6 +941,10 @@ mod tests {
             ("x\0.py".into(), "NUL"),
             ("a\nstatus: exit code 0".into(), "control characters"),
             ("bell\u{7}.txt".into(), "control characters"),
+            // Issue 24, item 8: what the sandbox refuses for files the code writes.
+            ("a\u{2028}b.txt".into(), "control characters"),
+            ("x\u{202e}txt.py".into(), "control characters"),
+            ("zero\u{200b}width".into(), "control characters"),
             ("".into(), "empty"),
             ("a".repeat(300), "too long"),
             ("a".repeat(5000), "too long"),
@@ -1170,5 +1174,75 @@ mod tests {
             fresh.exists(),
             "a write in progress elsewhere is left alone"
         );
+    }
+}
+
+/// Whether `c` may stand in a file name shown to a client (a result, a listing): the rule
+/// of every name, written by `write_file` or by code (the sandbox's runner applies Python's
+/// `str.isprintable`, which this follows): no control character (a newline would forge a
+/// line), no format character (U+202E turns `gpj.py` around, U+200B hides), no separator
+/// other than the space (U+2028 is a line break to many readers), no private-use character.
+/// Code points not yet assigned are the one difference (Python refuses them; no Unicode
+/// table here).
+pub fn printable(c: char) -> bool {
+    let u = c as u32;
+    let format = matches!(u,
+        0xAD | 0x600..=0x605 | 0x61C | 0x6DD | 0x70F | 0x890..=0x891 | 0x8E2 | 0x180E
+        | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x2064 | 0x2066..=0x206F | 0xFEFF
+        | 0xFFF9..=0xFFFB | 0x110BD | 0x110CD | 0x13430..=0x1343F | 0x1BCA0..=0x1BCA3
+        | 0x1D173..=0x1D17A | 0xE0001 | 0xE0020..=0xE007F);
+    let separator = matches!(
+        u,
+        0xA0 | 0x1680 | 0x2000..=0x200A | 0x2028 | 0x2029 | 0x202F | 0x205F | 0x3000
+    );
+    let private = matches!(u, 0xE000..=0xF8FF | 0xF0000..=0xFFFFD | 0x100000..=0x10FFFD);
+    let nonchar = (u & 0xFFFE) == 0xFFFE || (0xFDD0..=0xFDEF).contains(&u);
+    !(c.is_control() || format || separator || private || nonchar)
+}
+
+#[cfg(test)]
+mod printable_tests {
+    use super::printable;
+    use proptest::prelude::*;
+
+    #[test]
+    fn what_python_does_not_print_is_refused() {
+        for c in [
+            '\n',
+            '\t',
+            '\u{0}',
+            '\u{7f}',
+            '\u{85}',
+            '\u{2028}',
+            '\u{2029}',
+            '\u{202e}',
+            '\u{200b}',
+            '\u{feff}',
+            '\u{a0}',
+            '\u{3000}',
+            '\u{e000}',
+            '\u{fffe}',
+            '\u{e0041}',
+        ] {
+            assert!(!printable(c), "{:?}", c);
+        }
+        for c in ['a', ' ', '.', '-', 'é', '€', '😀', '中', '\u{300}'] {
+            assert!(printable(c), "{:?}", c);
+        }
+    }
+
+    proptest! {
+        /// Every character Python's `isprintable` refuses among those below is refused here
+        /// too (checked once against the host's Python: tests/fuzz_args.rs sends them).
+        #[test]
+        fn names_of_plain_letters_pass(s in "[a-zA-Z0-9 ._éü€中-]{1,40}") {
+            prop_assert!(s.chars().all(printable));
+        }
+
+        #[test]
+        fn one_bad_character_is_enough(s in "[a-z]{0,10}", bad in prop::sample::select(vec!['\n', '\u{2028}', '\u{202e}', '\u{200b}', '\u{1b}']), t in "[a-z]{0,10}") {
+            let name = format!("{s}{bad}{t}");
+            prop_assert!(!name.chars().all(printable));
+        }
     }
 }

@@ -321,10 +321,10 @@ fn keep(buf: &mut Vec<u8>, seen: &mut u64, cap: u64, data: &[u8]) -> usize {
     kept
 }
 
-/// A name fit to be shown in a result or a listing: no control character (a newline
-/// would let the code forge a line of its own).
+/// A name fit to be shown in a result or a listing: the one name rule
+/// ([`crate::storage::printable`]), as for `write_file`.
 pub(crate) fn shown_name(name: &str) -> bool {
-    !name.is_empty() && !name.chars().any(char::is_control)
+    !name.is_empty() && name.chars().all(crate::storage::printable)
 }
 
 #[cfg(test)]
