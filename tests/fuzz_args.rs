@@ -141,14 +141,14 @@ fn schema_values(prop: &Value) -> Vec<(String, Value)> {
     for s in &schemas {
         for key in ["maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum"] {
             if let Some(n) = s.get(key).and_then(Value::as_f64) {
-                out.push((format!("{key}"), json!(n)));
+                out.push((key.to_string(), json!(n)));
                 out.push((format!("{key}+1"), json!(n + 1.0)));
                 out.push((format!("{key}-1"), json!(n - 1.0)));
             }
         }
         for key in ["maxLength", "minLength"] {
             if let Some(n) = s.get(key).and_then(Value::as_u64) {
-                out.push((format!("{key}"), json!("x".repeat(n as usize))));
+                out.push((key.to_string(), json!("x".repeat(n as usize))));
                 out.push((format!("{key}+1"), json!("x".repeat(n as usize + 1))));
             }
         }
