@@ -582,3 +582,31 @@ async fn attack_rss_items_2_3() {
         mib(s.rss())
     );
 }
+
+/// Item 11: a user's traceback shows no frame of the runner (`File "<string>"`,
+/// `_mcp_run`), for a syntax error too, as `python FILE` would. Before: a syntax error
+/// came under the runner's own frames.
+#[tokio::test]
+async fn tracebacks_show_the_users_file_only() {
+    let s = Server::start("harden-tb", &[], &[]).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let http = reqwest::Client::new();
+    for (code, want) in [
+        ("x = 1\ndef (:\n", "SyntaxError"),
+        ("def f():\n    return 1 / 0\nf()\n", "ZeroDivisionError"),
+        ("import json\njson.loads('{')\n", "JSONDecodeError"),
+    ] {
+        let r = call(&http, &s, "execute_code", json!({ "code": code }), false).await;
+        let stderr = r["structuredContent"]["stderr"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(stderr.contains(want), "{r}");
+        assert!(
+            stderr.contains(".py\", line"),
+            "the user's file is named: {stderr}"
+        );
+        for runner in ["<string>", "_mcp_run", "mcp_runner"] {
+            assert!(!stderr.contains(runner), "{runner} in:\n{stderr}");
+        }
+    }
+}

@@ -40,25 +40,31 @@ def _mcp_run(save_open_figures):
     sys.argv = [path]
     sys.path[0] = os.path.dirname(path)
     with open(path, 'rb') as f:
-        code = compile(f.read(), path, 'exec', dont_inherit=True)
+        source = f.read()
     loader = sys.modules['_frozen_importlib_external'].SourceFileLoader('__main__', path)
     g = sys.modules['__main__'].__dict__
     g.clear()
     g.update(__name__='__main__', __doc__=None, __package__=None, __spec__=None,
              __loader__=loader, __file__=path, __cached__=None, __builtins__=builtins)
     status = 0
+    code = None
     try:
+        # Compiled inside the try: a syntax error is reported as `python FILE` does, with
+        # no frame of this stub above it.
+        code = compile(source, path, 'exec', dont_inherit=True)
+        source = None
         exec(code, g)
     except SystemExit as e:
         save_open_figures()
         status = e.code
     except BaseException as e:
+        # The traceback starts at the user's file; none of this stub's frames (`<string>`,
+        # `_mcp_run`) is shown, also when no frame of the file is in it (a syntax error).
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != path:
             tb = tb.tb_next
-        if tb is not None:
-            e.__traceback__ = tb
-        sys.excepthook(type(e), e, e.__traceback__)
+        e.__traceback__ = tb
+        sys.excepthook(type(e), e, tb)
         save_open_figures()
         status = 1
     else:
