@@ -46,7 +46,8 @@
 //!   `install_package`, `reset_session` and the three workspace file tools): each parses its arguments, makes
 //!   one call into [`app`] and formats the result ([`mcp::report`], [`mcp::figures`],
 //!   progress in [`mcp::progress`]). Workspace files, long output and figures as resources
-//!   in [`mcp::resources`]; long runs as MCP tasks in [`mcp::tasks`].
+//!   in [`mcp::resources`]; long runs as MCP tasks in [`mcp::tasks`], what a tenant keeps of
+//!   them bounded in [`mcp::task_caps`].
 //!   [`mcp::transports`]: stdio, Streamable HTTP and legacy SSE, `/healthz`, `/readyz`,
 //!   `/metrics`, who calls ([`mcp::transports::auth`]: tokens, OAuth metadata and challenges), served by our own accept loop within bounds (connections, streams,
 //!   protocol sessions, unread result bytes: [`mcp::transports::bounds`],
