@@ -14,8 +14,8 @@
 //! `MCE_TEST_BIN=/path/to/mcp-code-executor` fuzzes another build (an older one, say).
 //!
 //! Bounded in time: values refused before a run cost a few milliseconds; the values that
-//! do run code run `pass`-sized programs. Installs go to a dead package index (a local
-//! port nothing listens on), so they fail fast instead of fetching.
+//! do run code run `pass`-sized programs. Installs go to a package index that does not
+//! exist (a missing directory), so they fail fast instead of fetching.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -49,7 +49,7 @@ const ERROR_MESSAGE_MAX: usize = 1024;
 /// prefix of what was sent.
 const REFUSAL_MAX: usize = 4096;
 /// The longest a call of a tool that reaches out (`openWorldHint`: installs from the
-/// package index, dead here: pip retries) may take.
+/// package index, missing here) may take.
 const OPEN_WORLD_CALL_LIMIT: Duration = Duration::from_secs(60);
 
 /// JSON nested `depth` levels: arrays, or objects.
@@ -243,9 +243,9 @@ async fn every_tool_argument_at_its_boundaries_answers_and_the_server_stays_up()
         "fuzz",
         &[],
         &[
-            // Installs fail at once: nothing listens there (inside the installer too).
-            ("PIP_INDEX_URL", "http://127.0.0.1:9/simple"),
-            ("UV_INDEX_URL", "http://127.0.0.1:9/simple"),
+            // Installs fail at once: an index that is a missing directory (no network, no
+            // retries).
+            ("PIP_INDEX_URL", "file:///nonexistent-fuzz-index/simple"),
         ],
     )
     .await;
@@ -364,7 +364,9 @@ async fn every_tool_argument_at_its_boundaries_answers_and_the_server_stays_up()
                 (label, answer, took)
             }
         }))
-        .buffer_unordered(CONCURRENCY);
+        // Installs into one environment go one at a time in the server: a tool that reaches
+        // out is called one value at a time, so that each call's time is its own.
+        .buffer_unordered(if open_world { 1 } else { CONCURRENCY });
         while let Some((label, answer, took)) = answers.next().await {
             cases += 1;
             let case = format!("{name}({label})");
