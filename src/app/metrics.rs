@@ -91,7 +91,7 @@ impl Metrics {
     }
 
     /// A call of `tenant` was refused before any container existed, for `reason`
-    /// (`rate`, `queue_full`, `storage`).
+    /// (`rate`, `queue_full`, `storage`, `memory`, `tasks`).
     pub fn rejected(&self, tenant: &str, reason: &'static str) {
         *self
             .lock()
@@ -153,7 +153,7 @@ impl Metrics {
         counter(
             &mut out,
             "mcp_executor_rejected_total",
-            "Calls refused before a container existed, by tenant and reason (rate, queue_full, storage).",
+            "Calls refused before a container existed, by tenant and reason (rate, queue_full, storage, memory, tasks).",
             "reason",
             &c.rejected,
         );
