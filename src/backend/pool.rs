@@ -378,21 +378,30 @@ impl<L: Waiting> Pool<L> {
             .next();
         let total: usize = st.plan.iter().map(|(_, t)| t).sum();
         let held = st.ready.len() + st.making.len();
+        let target_of = |k: &Vec<String>| st.plan.iter().find(|(p, _)| p == k).map_or(0, |p| p.1);
         let claimed = match lacking {
             Some(k) if held < total => Some(k),
             Some(k) => {
-                // Make room: the oldest waiting sandbox of a kind over its target.
-                let over = st.ready.iter().position(|(r, _)| {
-                    let target = st.plan.iter().find(|(p, _)| p == r).map_or(0, |p| p.1);
-                    count(&st, r) > target
-                });
-                match over {
+                // Make room: the oldest waiting sandbox of a kind with more waiting than its
+                // target, plain ones first (the cheapest to make again). A kind over its
+                // target only by what is being made loses nothing: the pool holds one more
+                // than its target for a while instead.
+                let over = |r: &Vec<String>| {
+                    st.ready.iter().filter(|(o, _)| o == r).count() > target_of(r)
+                };
+                let at = st
+                    .ready
+                    .iter()
+                    .position(|(r, _)| r.is_empty() && over(r))
+                    .or_else(|| st.ready.iter().position(|(r, _)| over(r)));
+                match at {
                     Some(i) => {
                         if let Some((_, l)) = st.ready.remove(i) {
                             dead.push(l);
                         }
                         Some(k)
                     }
+                    None if held < total + 1 => Some(k),
                     None => None,
                 }
             }
