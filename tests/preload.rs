@@ -505,6 +505,11 @@ async fn a_plain_call_takes_a_plain_sandbox_and_a_pandas_call_a_preloaded_one() 
         "COLD"
     );
     wait_kind(&s, tenant, &["pandas"]).await;
+    // Use up the plain sandboxes made before it, so that the pandas one is the oldest
+    // waiting (first in line, were sandboxes taken in order), then wait for a new plain one.
+    while ready_of(&s, tenant, &[]) > 0 {
+        ok(&run(&s, tenant, "print(0)", &limits).await);
+    }
     let t = Instant::now();
     while ready_of(&s, tenant, &[]) == 0 {
         assert!(
@@ -514,6 +519,11 @@ async fn a_plain_call_takes_a_plain_sandbox_and_a_pandas_call_a_preloaded_one() 
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert!(
+        ready_of(&s, tenant, &["pandas"]) >= 1,
+        "{:?}",
+        s.pool_mix(tenant)
+    );
     let pandas_waiting = ready_of(&s, tenant, &["pandas"]);
     // Plain code (the standard library only): a plain sandbox, pandas not loaded, and the
     // pandas sandboxes are all still waiting.
