@@ -313,7 +313,7 @@ pub fn plan(
     }
     // Most needed first; among equals, the one seen most recently first.
     kinds.reverse();
-    kinds.sort_by(|a, b| b.1.cmp(&a.1));
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
     let room = (2 * size).saturating_sub(plain_target);
     let keep = kinds.len().min(room).min(MAX_KINDS);
     if keep == 0 {
