@@ -681,6 +681,77 @@ fn row(
     );
 }
 
+/// Where the milliseconds of a warm `print(1)` go, `n` calls 0.3 s apart on one client: the
+/// client's wall time, the backend's (`duration_ms` of the result: dispatch to a waiting
+/// sandbox, the job in, the runner, the result frame), and the code's own CPU inside the
+/// sandbox (`cpu_ms`); the rest is the client, HTTP, MCP and the core.
+async fn breakdown(url: &str, n: usize) {
+    let c = client(url).await;
+    let (mut wall, mut backend, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..n {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut args = serde_json::Map::new();
+        args.insert("code".into(), "print(1)".into());
+        let t = Instant::now();
+        let Ok(r) = c
+            .call_tool(CallToolRequestParams::new("execute_code").with_arguments(args))
+            .await
+        else {
+            continue;
+        };
+        wall.push(ms(t.elapsed()));
+        let s = r.structured_content.unwrap_or_default();
+        if let Some(d) = s.get("duration_ms").and_then(|v| v.as_f64()) {
+            backend.push(d);
+        }
+        if let Some(d) = s.get("cpu_ms").and_then(|v| v.as_f64()) {
+            cpu.push(d);
+        }
+    }
+    let _ = c.cancel().await;
+    let med = |mut v: Vec<f64>| -> f64 {
+        if v.is_empty() {
+            return f64::NAN;
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let (w, b, c) = (med(wall), med(backend), med(cpu));
+    println!(
+        "\nWhere a warm `print(1)` goes (default server, runc, {n} calls 0.3 s apart, medians):\n"
+    );
+    println!("| part | ms |\n| --- | --- |");
+    println!("| client wall time (rmcp client → HTTP → MCP → core → backend → back) | {w:.1} |");
+    println!("| backend: take a waiting sandbox, job in, runner, code, result frame (`duration_ms`) | {b:.1} |");
+    println!("| the code's CPU inside the sandbox (`cpu_ms`) | {c:.1} |");
+    println!(
+        "| client, HTTP, MCP and the core (wall − backend) | {:.1} |",
+        w - b
+    );
+}
+
+/// [`start_serve`], tried up to 3 times: gVisor's CPU-quota self-test at start-up sometimes
+/// refuses a busy machine (DESIGN.md).
+async fn serve_retrying(
+    all: &[&str],
+    label: &str,
+) -> Option<(tokio::process::Child, u32, String, std::path::PathBuf)> {
+    for attempt in 0..3 {
+        let args: Vec<String> = all.iter().map(|s| s.to_string()).collect();
+        let tag = format!("demand-{label}-{attempt}");
+        let h = tokio::spawn(async move {
+            let a: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+            start_serve(&a, &tag).await
+        });
+        match h.await {
+            Ok(s) => return Some(s),
+            Err(_) => eprintln!("bench: serve {all:?} did not start (try {attempt})"),
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    None
+}
+
 /// Is gVisor registered with the daemon?
 fn gvisor_registered() -> bool {
     std::process::Command::new("docker")
@@ -710,75 +781,90 @@ async fn demand_rows(samples: usize) {
         runtimes.push(Some("runsc"));
     }
     let mut costs = Vec::new();
+    let mut breakdown_done = false;
     for runtime in runtimes {
         let rt = runtime.unwrap_or("runc");
-        for (label, args) in [
-            ("off", vec!["--preload", "none", "--preload-learn", "false"]),
-            ("default", vec![]),
-        ] {
-            let mut all = vec!["--pool-size", "2"];
-            all.extend(args.iter().copied());
-            if let Some(r) = runtime {
-                all.extend(["--runtime", r]);
-            }
-            let (mut server, pid, url, scratch) =
-                start_serve(&all, &format!("demand-{label}")).await;
-            tokio::time::sleep(Duration::from_secs(8)).await; // the pool fills
-            let kinds: &[usize] = if runtime.is_some() {
-                &[0, 2]
-            } else {
-                &[0, 1, 2, 3]
-            };
-            for &i in kinds {
-                paced(&url, &[i; 3], pause).await;
-                let lat = paced(&url, &vec![i; samples], pause).await;
-                row(
-                    rt,
-                    label,
-                    "0.3 s",
-                    1,
-                    PRELOAD_CODES[i].0,
-                    lat[i].clone(),
-                    None,
-                );
-            }
-            if runtime.is_none() {
-                let lat = paced(&url, &mix_calls(2 * samples), pause).await;
-                for i in [0, 2, 3] {
+        // Each workload on a fresh server ("preloading on with only that kind of call"), the
+        // mix on another; print(1)'s server also gives the other rates and four clients.
+        let workloads: Vec<Option<usize>> = if runtime.is_some() {
+            vec![Some(0), Some(2)]
+        } else {
+            vec![Some(0), Some(1), Some(2), Some(3), None]
+        };
+        for work in workloads {
+            for (label, args) in [
+                ("off", vec!["--preload", "none", "--preload-learn", "false"]),
+                ("default", vec![]),
+            ] {
+                let mut all = vec!["--pool-size", "2"];
+                all.extend(args.iter().copied());
+                if let Some(r) = runtime {
+                    all.extend(["--runtime", r]);
+                }
+                let Some((mut server, pid, url, scratch)) = serve_retrying(&all, label).await
+                else {
+                    println!("| {rt} | {label} | | | serve did not start (3 tries) | | | | |");
+                    continue;
+                };
+                tokio::time::sleep(Duration::from_secs(5)).await; // the pool fills
+                match work {
+                    Some(i) => {
+                        // The pool learns what these calls need, then makes it.
+                        paced(&url, &[i; 3], pause).await;
+                        tokio::time::sleep(Duration::from_secs(3)).await;
+                        let lat = paced(&url, &vec![i; samples], pause).await;
+                        row(
+                            rt,
+                            label,
+                            "0.3 s",
+                            1,
+                            PRELOAD_CODES[i].0,
+                            lat[i].clone(),
+                            None,
+                        );
+                    }
+                    None => {
+                        paced(&url, &mix_calls(10), pause).await;
+                        let lat = paced(&url, &mix_calls(2 * samples), pause).await;
+                        for i in [0, 2, 3] {
+                            let name = format!("mix: {}", PRELOAD_CODES[i].0);
+                            row(rt, label, "0.3 s", 1, &name, lat[i].clone(), None);
+                        }
+                        costs.push((label, pool_cost(pid)));
+                    }
+                }
+                if work == Some(0) && runtime.is_none() {
+                    let lat = paced(&url, &vec![0; samples / 2], Duration::from_secs(2)).await;
                     row(
                         rt,
                         label,
-                        "0.3 s",
+                        "2 s",
                         1,
-                        &format!("mix: {}", PRELOAD_CODES[i].0),
-                        lat[i].clone(),
+                        PRELOAD_CODES[0].0,
+                        lat[0].clone(),
                         None,
                     );
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    let (lat, cps) = paced_clients(&url, 0, 1, samples, Duration::ZERO).await;
+                    row(rt, label, "b2b", 1, PRELOAD_CODES[0].0, lat, Some(cps));
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    let (lat, cps) = paced_clients(&url, 0, 4, samples / 2, Duration::ZERO).await;
+                    row(rt, label, "b2b", 4, PRELOAD_CODES[0].0, lat, Some(cps));
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    let (lat, cps) = paced_clients(&url, 0, 4, samples / 2, pause).await;
+                    row(rt, label, "0.3 s", 4, PRELOAD_CODES[0].0, lat, Some(cps));
+                    if label == "default" && !breakdown_done {
+                        breakdown_done = true;
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        breakdown(&url, samples).await;
+                        println!("\n| runtime | preload | rate | clients | workload | n | p50 ms | p95 ms | calls/s |");
+                        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+                    }
                 }
-                costs.push((label, pool_cost(pid)));
-                let lat = paced(&url, &vec![0; samples / 2], Duration::from_secs(2)).await;
-                row(
-                    rt,
-                    label,
-                    "2 s",
-                    1,
-                    PRELOAD_CODES[0].0,
-                    lat[0].clone(),
-                    None,
-                );
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                let (lat, cps) = paced_clients(&url, 0, 1, samples, Duration::ZERO).await;
-                row(rt, label, "b2b", 1, PRELOAD_CODES[0].0, lat, Some(cps));
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                let (lat, cps) = paced_clients(&url, 0, 4, samples / 2, Duration::ZERO).await;
-                row(rt, label, "b2b", 4, PRELOAD_CODES[0].0, lat, Some(cps));
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                let (lat, cps) = paced_clients(&url, 0, 4, samples / 2, pause).await;
-                row(rt, label, "0.3 s", 4, PRELOAD_CODES[0].0, lat, Some(cps));
+                sigterm(pid);
+                let _ = tokio::time::timeout(Duration::from_secs(60), server.wait()).await;
+                let _ = std::fs::remove_dir_all(&scratch);
             }
-            sigterm(pid);
-            let _ = tokio::time::timeout(Duration::from_secs(60), server.wait()).await;
-            let _ = std::fs::remove_dir_all(&scratch);
         }
     }
     println!("\n| preload | refill CPU s per waiting sandbox (after the mix) | memory MiB per waiting sandbox | containers measured |");
