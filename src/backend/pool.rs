@@ -23,8 +23,11 @@ use crate::job::{Limits, RunEnv};
 
 /// A waiting sandbox older than this is replaced rather than used.
 pub(crate) const MAX_IDLE: Duration = Duration::from_secs(600);
-/// Refill workers per pool: sandboxes made at once.
-pub(crate) const REFILL_WORKERS: usize = 2;
+/// Refill workers per pool: sandboxes made at once, at most [`MAKING_PER_KIND`] plain and
+/// as many preloaded ones, so that a plain refill never waits behind the imports.
+pub(crate) const REFILL_WORKERS: usize = 3;
+/// Plain sandboxes a pool makes at once, at most, and preloaded ones (over all kinds).
+const MAKING_PER_KIND: usize = 2;
 /// How often waiting sandboxes are checked for death and age.
 const PRUNE_EVERY: Duration = Duration::from_secs(2);
 
@@ -345,8 +348,8 @@ impl<L: Waiting> Pool<L> {
 
     /// Drop waiting sandboxes that died or aged, then claim a slot for one more of a kind
     /// the plan lacks, if waiting + being made stays within the plan: plain first (cheap,
-    /// and most calls need nothing more), at most one preloaded sandbox made at a time (a
-    /// plain refill never waits behind two imports). When all is full but a kind lacks
+    /// and most calls need nothing more), at most [`MAKING_PER_KIND`] plain and as many
+    /// preloaded ones made at a time (a plain refill never waits behind the imports). When all is full but a kind lacks
     /// sandboxes, the oldest waiting sandbox of a kind over its target makes room. All
     /// under the pool lock, which is also where a made sandbox moves from "being made" to
     /// "waiting". Returns the preload list of the sandbox to make.
@@ -369,11 +372,19 @@ impl<L: Waiting> Pool<L> {
             st.ready.iter().filter(|(r, _)| r == k).count()
                 + st.making.iter().filter(|m| *m == k).count()
         };
-        let preloading = st.making.iter().any(|m| !m.is_empty());
+        let preloading = st.making.iter().filter(|m| !m.is_empty()).count();
+        let plain = st.making.len() - preloading;
         let lacking = st
             .plan
             .iter()
-            .filter(|(k, t)| count(&st, k) < *t && (k.is_empty() || !preloading))
+            .filter(|(k, t)| {
+                count(&st, k) < *t
+                    && if k.is_empty() {
+                        plain < MAKING_PER_KIND
+                    } else {
+                        preloading < MAKING_PER_KIND
+                    }
+            })
             .map(|(k, _)| k.clone())
             .next();
         let total: usize = st.plan.iter().map(|(_, t)| t).sum();
@@ -842,7 +853,7 @@ mod tests {
     }
 
     #[test]
-    fn the_mix_follows_demand_and_at_most_one_preloaded_sandbox_is_made_at_once() {
+    fn the_mix_follows_demand_and_a_plain_refill_never_waits_behind_imports() {
         let p = pool(2);
         let mut n = 0;
         fill(&p, &mut n);
@@ -860,11 +871,14 @@ mod tests {
         ];
         for c in calls.iter().cycle().take(30) {
             take(&p, c);
-            // One preloaded at a time: a second worker only makes plain ones meanwhile.
-            if let Some(k) = p.claim() {
-                if !k.is_empty() {
-                    assert!(p.claim().is_none_or(|k2| k2.is_empty()));
-                }
+            // At most two preloaded being made at once, and two plain.
+            let mut claimed = Vec::new();
+            while let Some(k) = p.claim() {
+                claimed.push(k);
+            }
+            let pre = claimed.iter().filter(|k| !k.is_empty()).count();
+            assert!(pre <= MAKING_PER_KIND && claimed.len() - pre <= MAKING_PER_KIND);
+            for k in claimed {
                 p.made(&k, Some(Fake(0, true)));
             }
             fill(&p, &mut n);
