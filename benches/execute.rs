@@ -745,7 +745,13 @@ async fn serve_retrying(
         });
         match h.await {
             Ok(s) => return Some(s),
-            Err(_) => eprintln!("bench: serve {all:?} did not start (try {attempt})"),
+            Err(_) => {
+                eprintln!("bench: serve {all:?} did not start (try {attempt})");
+                let tag = format!("demand-{label}-{attempt}");
+                let scratch =
+                    std::env::temp_dir().join(format!("mcpx-bench-{tag}-{}", std::process::id()));
+                let _ = std::fs::remove_dir_all(scratch);
+            }
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
