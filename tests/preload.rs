@@ -1,6 +1,8 @@
 //! Preloading against the real daemon (docs/mcp.md "Preloading"): a pool sandbox's
-//! interpreter imports its list before the job comes, and nothing but time changes. Each
-//! test uses per-tenant pools under its own tenant label, so they run in parallel.
+//! interpreter imports its list before the job comes, and nothing but time changes. A call
+//! takes the waiting sandbox its code's imports need (plain code a plain one), and a pool
+//! makes preloaded sandboxes only for what its recent calls imported. Each test uses
+//! per-tenant pools under its own tenant label, so they run in parallel.
 
 mod common;
 
@@ -18,9 +20,20 @@ print(df.sum().a)\n\
 print(df.describe().to_string())\n";
 
 /// Is `module` already imported when the user's code starts? The one thing a preload lets
-/// the code see (besides time): how these tests know the preload happened.
+/// the code see (besides time): how these tests know the preload happened. The code names
+/// `module` (and `also`) in import statements it never runs, so that it is dispatched as
+/// code that needs them (the dispatch reads the source).
 fn probe(module: &str) -> String {
-    format!("import sys\nprint('PRELOADED' if {module:?} in sys.modules else 'COLD')\n")
+    probe_also(module, &[])
+}
+
+fn probe_also(module: &str, also: &[&str]) -> String {
+    let mut code =
+        format!("import sys\nprint('PRELOADED' if {module:?} in sys.modules else 'COLD')\n");
+    for m in std::iter::once(&module).chain(also) {
+        code.push_str(&format!("if False:\n    import {m}\n"));
+    }
+    code
 }
 
 fn modules(v: &[&str]) -> Vec<String> {
@@ -65,6 +78,36 @@ async fn wait_warm(s: &DockerBackend) {
     }
 }
 
+/// Wait until the tenant's pool has a sandbox waiting that preloads all of `modules`
+/// (its calls needed them: see `DockerBackend::pool_mix`).
+async fn wait_kind(s: &DockerBackend, tenant: &str, modules: &[&str]) {
+    let t = Instant::now();
+    loop {
+        let mix = s.pool_mix(tenant).expect("the tenant's pool");
+        if mix
+            .iter()
+            .any(|k| k.ready >= 1 && modules.iter().all(|m| k.modules.iter().any(|n| n == m)))
+        {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "no sandbox preloading {modules:?} ever waited: {mix:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// How many of the tenant's sandboxes preloading exactly `modules` wait.
+fn ready_of(s: &DockerBackend, tenant: &str, modules: &[&str]) -> usize {
+    s.pool_mix(tenant)
+        .expect("the tenant's pool")
+        .iter()
+        .filter(|k| k.modules == self::modules(modules))
+        .map(|k| k.ready)
+        .sum()
+}
+
 /// A run from a warm pool sandbox: the pool is started by a first run, filled, then used.
 async fn warm_run(s: &DockerBackend, tenant: &str, code: &str, limits: &Limits) -> Outcome {
     wait_warm(s).await;
@@ -90,16 +133,19 @@ async fn a_preloaded_pandas_run_gives_the_same_output_as_a_cold_one() {
     let limits = Limits::default();
     let cold = common::sandbox().await;
     let s = backend(PreloadConfig::server_default(), 1).await;
-    // The first run starts the tenant's pool (it runs cold itself).
+    // The first run starts the tenant's pool (it runs cold itself), and says pandas is
+    // needed: the pool makes a sandbox that preloads it.
     assert_eq!(
         ok(&run(&s, tenant, &probe("pandas"), &limits).await).trim(),
         "COLD"
     );
+    wait_kind(&s, tenant, &["pandas"]).await;
     assert_eq!(
         ok(&warm_run(&s, tenant, &probe("pandas"), &limits).await).trim(),
         "PRELOADED"
     );
 
+    wait_kind(&s, tenant, &["pandas"]).await;
     let warm = warm_run(&s, tenant, PANDAS, &limits).await;
     let mut job = JobSpec::python(PANDAS, limits.clone());
     job.tenant = tenant.to_string();
@@ -112,6 +158,14 @@ async fn a_preloaded_pandas_run_gives_the_same_output_as_a_cold_one() {
         "import matplotlib\nimport matplotlib.pyplot as plt\nprint(matplotlib.get_backend())\n\
 print(plt.get_fignums())\nplt.plot([1, 2, 3]); print(plt.gcf().number); plt.show()\n\
 print(plt.get_fignums(), plt.figure().number)\n";
+    // A figure call: the pool (of one sandbox besides plain) learns to preload pyplot too.
+    run(&s, tenant, fig, &limits).await;
+    wait_kind(&s, tenant, &["matplotlib.pyplot"]).await;
+    assert_eq!(
+        ok(&warm_run(&s, tenant, &probe("matplotlib.pyplot"), &limits).await).trim(),
+        "PRELOADED"
+    );
+    wait_kind(&s, tenant, &["matplotlib.pyplot"]).await;
     let warm = warm_run(&s, tenant, fig, &limits).await;
     let mut job = JobSpec::python(fig, limits.clone());
     job.tenant = tenant.to_string();
@@ -135,10 +189,11 @@ print(plt.get_fignums(), plt.figure().number)\n";
     // BLAS threads spin for a while after the import): a preloaded print(1) that waited
     // reports about what a cold one does (its interpreter's start-up included), not the
     // 50 ms and more it used to.
-    wait_warm(&s).await;
+    let one = "print(1)\nif False:\n    import pandas\n";
+    wait_kind(&s, tenant, &["pandas"]).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let warm = warm_run(&s, tenant, "print(1)", &limits).await;
-    let mut job = JobSpec::python("print(1)", limits.clone());
+    let warm = warm_run(&s, tenant, one, &limits).await;
+    let mut job = JobSpec::python(one, limits.clone());
     job.tenant = tenant.to_string();
     let reference = cold.run(job, None).await.expect("cold run");
     let (w, c) = (
@@ -169,10 +224,14 @@ async fn two_sandboxes_print_different_random_numbers() {
         2,
     )
     .await;
-    run(&s, tenant, "pass", &limits).await;
     let code =
         "import sys\nprint('numpy' in sys.modules)\nimport numpy as np\nprint(np.random.rand())\n";
+    // Two calls that need numpy: the pool makes numpy sandboxes for them.
+    run(&s, tenant, code, &limits).await;
+    run(&s, tenant, code, &limits).await;
+    wait_kind(&s, tenant, &["numpy"]).await;
     let a = ok(&warm_run(&s, tenant, code, &limits).await);
+    wait_kind(&s, tenant, &["numpy"]).await;
     let b = ok(&warm_run(&s, tenant, code, &limits).await);
     assert!(
         a.starts_with("True\n") && b.starts_with("True\n"),
@@ -196,8 +255,10 @@ async fn a_module_missing_from_the_environment_does_not_fail_a_run() {
         1,
     )
     .await;
-    run(&s, tenant, "pass", &limits).await;
-    let o = warm_run(&s, tenant, &probe("numpy"), &limits).await;
+    let code = probe_also("numpy", &["no_such_module_xyz", "no_such_pkg.sub"]);
+    run(&s, tenant, &code, &limits).await;
+    wait_kind(&s, tenant, &["numpy"]).await;
+    let o = warm_run(&s, tenant, &code, &limits).await;
     assert_eq!(ok(&o).trim(), "PRELOADED");
     assert!(o.stderr.is_empty(), "{}", o.stderr_text());
     // The pool says it once and preloads only what the environment has from then on.
@@ -220,8 +281,10 @@ async fn a_preload_that_does_not_fit_under_max_memory_is_dropped_without_failing
         ..Limits::default()
     };
     let s = backend(PreloadConfig::server_default(), 1).await;
-    run(&s, tenant, "pass", &limits).await;
-    let o = warm_run(&s, tenant, &probe("pandas"), &limits).await;
+    let code = probe_also("pandas", &["matplotlib.pyplot"]);
+    run(&s, tenant, &code, &limits).await;
+    wait_kind(&s, tenant, &["pandas", "matplotlib.pyplot"]).await;
+    let o = warm_run(&s, tenant, &code, &limits).await;
     assert_eq!(
         ok(&o).trim(),
         "COLD",
@@ -248,7 +311,8 @@ async fn a_preload_that_does_not_fit_under_max_memory_is_dropped_without_failing
     .await;
     let tenant2 = "t-preload-memory2";
     let _clean2 = common::remove_on_drop(tenant2);
-    run(&s2, tenant2, "pass", &limits).await;
+    run(&s2, tenant2, &probe("numpy"), &limits).await;
+    wait_kind(&s2, tenant2, &["numpy"]).await;
     let o = warm_run(&s2, tenant2, &probe("numpy"), &limits).await;
     assert_eq!(ok(&o).trim(), "COLD");
     assert_eq!(s2.preload_list(tenant2), Some(Vec::new()));
@@ -301,6 +365,7 @@ import scipy.stats\nprint(scipy.stats.norm.cdf(0))\n";
     assert!(list.contains(&"scipy.stats".to_string()), "{list:?}");
     // The pool's next sandboxes preload it: wait until one made with the new list waits
     // (the one made before may still be there: use it up).
+    wait_kind(&s, tenant, &["scipy.stats"]).await;
     let mut preloaded = false;
     for _ in 0..3 {
         let o = warm_run(&s, tenant, &probe("scipy.stats"), &limits).await;
@@ -320,8 +385,9 @@ async fn a_session_opened_on_a_pool_sandbox_has_its_first_cell_preloaded() {
     let _clean = common::remove_on_drop(tenant);
     let limits = Limits::default();
     let s = backend(PreloadConfig::server_default(), 1).await;
-    run(&s, tenant, "pass", &limits).await;
-    wait_warm(&s).await;
+    // The tenant's calls import pandas; a session takes the most preloaded sandbox.
+    run(&s, tenant, PANDAS, &limits).await;
+    wait_kind(&s, tenant, &["pandas"]).await;
     let hits = s.pool_stats().expect("pool on").hits;
     let mut job = JobSpec::python("", limits.clone());
     job.files.clear();
@@ -391,17 +457,143 @@ async fn a_waiting_preloading_sandbox_yields_the_cpu_and_its_run_gets_it_back() 
     let _clean = common::remove_on_drop(tenant);
     let limits = Limits::default();
     let s = backend(PreloadConfig::server_default(), 1).await;
-    run(&s, tenant, "print(1)", &limits).await; // starts the tenant's pool
-    wait_warm(&s).await;
-    let ids = common::own_containers_of(tenant);
+    run(&s, tenant, PANDAS, &limits).await; // starts the tenant's pool, needs pandas
+    wait_kind(&s, tenant, &["pandas"]).await;
+    let ids: Vec<String> = common::own_containers_of(tenant)
+        .into_iter()
+        .filter(|id| preloads_of(id).is_some())
+        .collect();
     assert_eq!(ids.len(), 1, "{ids:?}");
     let (weight, normal) = host_weight(&ids[0]);
     assert!(weight == "2" || weight == "1", "waiting at weight {weight}");
-    let code = "import os\n\
+    let code = "import os\nif False:\n    import pandas\n\
 ps = ['/sys/fs/cgroup/cpu/cpu.shares', '/sys/fs/cgroup/cpu,cpuacct/cpu.shares', '/sys/fs/cgroup/cpu.weight']\n\
 print(next(open(p).read().strip() for p in ps if os.path.exists(p)))\n";
     let o = warm_run(&s, tenant, code, &limits).await;
     assert_eq!(ok(&o).trim(), normal, "the run's own weight");
     s.shutdown().await;
     common::assert_clean(&s, tenant).await;
+}
+
+/// What container `id` was made to preload (its `MCPX_PRELOAD`); `None`: a plain one.
+fn preloads_of(id: &str) -> Option<String> {
+    let out = std::process::Command::new("docker")
+        .args([
+            "inspect",
+            "-f",
+            "{{range .Config.Env}}{{println .}}{{end}}",
+            id,
+        ])
+        .output()
+        .expect("docker inspect runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("MCPX_PRELOAD=").map(str::to_string))
+}
+
+/// Issue 29: plain code takes a plain sandbox while one waits (the preloaded one is left
+/// for the code that needs it), and pandas code takes the one that preloaded pandas.
+#[tokio::test]
+async fn a_plain_call_takes_a_plain_sandbox_and_a_pandas_call_a_preloaded_one() {
+    let tenant = "t-preload-dispatch";
+    let _clean = common::remove_on_drop(tenant);
+    let limits = Limits::default();
+    let s = backend(PreloadConfig::server_default(), 2).await;
+    // The first call imports pandas: the pool makes a sandbox that preloads it.
+    assert_eq!(
+        ok(&run(&s, tenant, &probe("pandas"), &limits).await).trim(),
+        "COLD"
+    );
+    wait_kind(&s, tenant, &["pandas"]).await;
+    // Use up the plain sandboxes made before it, so that the pandas one is the oldest
+    // waiting (first in line, were sandboxes taken in order), then wait for a new plain one.
+    while ready_of(&s, tenant, &[]) > 0 {
+        ok(&run(&s, tenant, "print(0)", &limits).await);
+    }
+    let t = Instant::now();
+    while ready_of(&s, tenant, &[]) == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{:?}",
+            s.pool_mix(tenant)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        ready_of(&s, tenant, &["pandas"]) >= 1,
+        "{:?}",
+        s.pool_mix(tenant)
+    );
+    let pandas_waiting = ready_of(&s, tenant, &["pandas"]);
+    // Plain code (the standard library only): a plain sandbox, pandas not loaded, and the
+    // pandas sandboxes are all still waiting.
+    let plain = "import sys, json, os\nprint('pandas' in sys.modules, 'numpy' in sys.modules)\n";
+    assert_eq!(
+        ok(&warm_run(&s, tenant, plain, &limits).await).trim(),
+        "False False"
+    );
+    assert_eq!(ready_of(&s, tenant, &["pandas"]), pandas_waiting);
+    // Code that imports pandas: the preloaded one.
+    assert_eq!(
+        ok(&warm_run(&s, tenant, &probe("pandas"), &limits).await).trim(),
+        "PRELOADED"
+    );
+    s.shutdown().await;
+    common::assert_clean(&s, tenant).await;
+}
+
+/// Issue 29: each tenant's pool holds what its own calls need. A tenant whose calls never
+/// import pandas never has a sandbox made that preloads anything; one whose calls do gets
+/// preloaded sandboxes next to plain ones.
+#[tokio::test]
+async fn the_pool_mix_follows_each_tenant_s_demand() {
+    let plain_t = "t-preload-mix-plain";
+    let data_t = "t-preload-mix-data";
+    let _c1 = common::remove_on_drop(plain_t);
+    let _c2 = common::remove_on_drop(data_t);
+    let limits = Limits::default();
+    let s = backend(PreloadConfig::server_default(), 2).await;
+    for i in 0..4 {
+        ok(&run(&s, plain_t, &format!("import json\nprint({i})"), &limits).await);
+        ok(&run(&s, data_t, PANDAS, &limits).await);
+    }
+    wait_kind(&s, data_t, &["pandas"]).await;
+    let t = Instant::now();
+    while ready_of(&s, plain_t, &[]) < 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{:?}",
+            s.pool_mix(plain_t)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mix = s.pool_mix(plain_t).unwrap();
+    assert!(mix.iter().all(|k| k.modules.is_empty()), "{mix:?}");
+    for id in common::own_containers_of(plain_t) {
+        assert_eq!(
+            preloads_of(&id),
+            None,
+            "a plain tenant's sandbox {id} preloads"
+        );
+    }
+    // The pandas tenant: mostly pandas sandboxes, a plain one as the cover of other code.
+    let mix = s.pool_mix(data_t).unwrap();
+    let pandas = mix
+        .iter()
+        .find(|k| k.modules == modules(&["pandas"]))
+        .expect("a pandas kind");
+    let plain = mix
+        .iter()
+        .find(|k| k.modules.is_empty())
+        .expect("a plain kind");
+    assert!(pandas.target >= 2 && plain.target == 1, "{mix:?}");
+    assert!(
+        common::own_containers_of(data_t)
+            .iter()
+            .any(|id| preloads_of(id).as_deref() == Some("pandas")),
+        "no container of the data tenant preloads pandas"
+    );
+    s.shutdown().await;
+    common::assert_clean(&s, plain_t).await;
+    common::assert_clean(&s, data_t).await;
 }

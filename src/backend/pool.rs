@@ -11,19 +11,23 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use crate::backend::preload;
 use crate::backend::BackendError;
 use crate::job::{Limits, RunEnv};
 
 /// A waiting sandbox older than this is replaced rather than used.
 pub(crate) const MAX_IDLE: Duration = Duration::from_secs(600);
-/// Refill workers per pool: sandboxes made at once.
-pub(crate) const REFILL_WORKERS: usize = 2;
+/// Refill workers per pool: sandboxes made at once, at most [`MAKING_PER_KIND`] plain and
+/// as many preloaded ones, so that a plain refill never waits behind the imports.
+pub(crate) const REFILL_WORKERS: usize = 3;
+/// Plain sandboxes a pool makes at once, at most, and preloaded ones (over all kinds).
+const MAKING_PER_KIND: usize = 2;
 /// How often waiting sandboxes are checked for death and age.
 const PRUNE_EVERY: Duration = Duration::from_secs(2);
 
@@ -98,48 +102,79 @@ impl std::ops::Add for PoolStats {
     }
 }
 
-/// One pool: sandboxes of one shape, for one tenant label.
+/// Waiting sandboxes of one kind, and how many the pool aims to keep (see [`Pool::mix`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KindStats {
+    /// What its sandboxes preload (empty: plain).
+    pub modules: Vec<String>,
+    /// How many of them the pool aims to keep waiting.
+    pub target: usize,
+    /// How many wait right now.
+    pub ready: usize,
+    /// How many are being made.
+    pub making: usize,
+}
+
+/// What a pool's lock guards: its waiting sandboxes with their preload lists, what is
+/// being made, its plan, and the demand the plan follows.
+struct State<L> {
+    ready: VecDeque<(Vec<String>, L)>,
+    /// Preload lists of the sandboxes being made right now by the refill workers.
+    making: Vec<Vec<String>>,
+    /// Sandboxes to keep waiting, per preload list (the first: plain).
+    plan: Vec<(Vec<String>, usize)>,
+    /// The imports of the pool's recent calls, oldest first (at most
+    /// [`preload::DEMAND_WINDOW`]).
+    demand: VecDeque<Vec<String>>,
+    /// The modules its sandboxes may preload (configured, then learned; what was found
+    /// missing or too big is left out). Empty where nothing is preloaded.
+    candidates: Vec<String>,
+}
+
+/// One pool: sandboxes of one shape, for one tenant label, of the kinds its calls need
+/// (plain, or preloaded with some of its candidate modules; see
+/// [`crate::backend::preload::plan`]).
 pub(crate) struct Pool<L> {
     pub(crate) limits: Limits,
     pub(crate) env: RunEnv,
     /// The tenant label of its sandboxes (`pool` for a pool any tenant may take from).
     pub(crate) label: String,
     shape: Shape,
-    target: usize,
-    ready: Mutex<VecDeque<L>>,
+    /// Sandboxes of all kinds the plan starts from (`--pool-size`).
+    size: usize,
+    state: Mutex<State<L>>,
     wake: Notify,
     closed: AtomicBool,
     hits: AtomicU64,
     misses: AtomicU64,
     discarded: AtomicU64,
-    /// Sandboxes being made right now by the refill workers.
-    in_flight: AtomicUsize,
-    /// The modules its sandboxes import before they say ready (configured, then learned;
-    /// what was found missing or too big is left out). Empty where nothing is preloaded.
-    preload: Mutex<Vec<String>>,
 }
 
 impl<L: Waiting> Pool<L> {
-    pub(crate) fn new(limits: Limits, env: RunEnv, target: usize, label: &str) -> Self {
+    pub(crate) fn new(limits: Limits, env: RunEnv, size: usize, label: &str) -> Self {
         Pool {
             shape: Shape::of(&limits, &env),
             limits,
             env,
             label: label.to_string(),
-            target,
-            ready: Mutex::new(VecDeque::new()),
+            size,
+            state: Mutex::new(State {
+                ready: VecDeque::new(),
+                making: Vec::new(),
+                plan: preload::plan(size, &[], &[]),
+                demand: VecDeque::new(),
+                candidates: Vec::new(),
+            }),
             wake: Notify::new(),
             closed: AtomicBool::new(false),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             discarded: AtomicU64::new(0),
-            in_flight: AtomicUsize::new(0),
-            preload: Mutex::default(),
         }
     }
 
-    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<L>> {
-        self.ready.lock().unwrap_or_else(|e| e.into_inner())
+    fn state(&self) -> std::sync::MutexGuard<'_, State<L>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn with_preload(self, list: Vec<String>) -> Self {
@@ -147,16 +182,87 @@ impl<L: Waiting> Pool<L> {
         self
     }
 
-    /// The list the next sandbox of this pool preloads.
+    /// The modules this pool's sandboxes may preload (each kind some of them).
     pub(crate) fn preload(&self) -> Vec<String> {
-        self.preload
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.state().candidates.clone()
     }
 
     pub(crate) fn set_preload(&self, list: Vec<String>) {
-        *self.preload.lock().unwrap_or_else(|e| e.into_inner()) = list;
+        let mut st = self.state();
+        st.candidates = list;
+        self.replan(&mut st);
+        drop(st);
+        self.wake.notify_one();
+    }
+
+    fn replan(&self, st: &mut State<L>) {
+        let needs: Vec<Vec<String>> = st
+            .demand
+            .iter()
+            .map(|i| preload::need_of(i, &st.candidates))
+            .collect();
+        st.plan = preload::plan(self.size, &needs, &st.candidates);
+    }
+
+    /// One call with `imports` came to this pool (its shape): the plan follows.
+    pub(crate) fn note(&self, imports: &[String]) {
+        let mut st = self.state();
+        st.demand.push_back(imports.to_vec());
+        while st.demand.len() > preload::DEMAND_WINDOW {
+            st.demand.pop_front();
+        }
+        let before = st.plan.clone();
+        self.replan(&mut st);
+        let changed = st.plan != before;
+        drop(st);
+        if changed {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Its kinds: what each preloads, how many it aims to keep, how many wait.
+    pub(crate) fn mix(&self) -> Vec<KindStats> {
+        let st = self.state();
+        let mut out: Vec<KindStats> = st
+            .plan
+            .iter()
+            .map(|(k, t)| KindStats {
+                modules: k.clone(),
+                target: *t,
+                ready: 0,
+                making: 0,
+            })
+            .collect();
+        let mut at = |k: &Vec<String>| -> usize {
+            match out.iter().position(|s| &s.modules == k) {
+                Some(i) => i,
+                None => {
+                    out.push(KindStats {
+                        modules: k.clone(),
+                        target: 0,
+                        ready: 0,
+                        making: 0,
+                    });
+                    out.len() - 1
+                }
+            }
+        };
+        let ready: Vec<Vec<String>> = st.ready.iter().map(|(k, _)| k.clone()).collect();
+        let mut idx = Vec::new();
+        for k in &ready {
+            idx.push((at(k), true));
+        }
+        for k in &st.making {
+            idx.push((at(k), false));
+        }
+        for (i, r) in idx {
+            if r {
+                out[i].ready += 1;
+            } else {
+                out[i].making += 1;
+            }
+        }
+        out
     }
 
     /// Are this pool's sandboxes of the shape a job with `limits` and `env` needs?
@@ -168,74 +274,176 @@ impl<L: Waiting> Pool<L> {
         self.closed.load(Ordering::SeqCst)
     }
 
-    /// Nothing waiting right now.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.queue().is_empty()
+    /// No sandbox preloading `kind` waiting right now.
+    pub(crate) fn lacks(&self, kind: &[String]) -> bool {
+        !self.state().ready.iter().any(|(k, _)| k == kind)
     }
 
-    /// A live, waiting sandbox for a job with `limits`, if one fits.
-    pub(crate) fn take(&self, limits: &Limits, env: &RunEnv) -> Option<L> {
+    /// A live, waiting sandbox for a job with `limits`, if one fits: the one
+    /// [`preload::choose`] picks for a call that imports `imports` (`None`: a session).
+    pub(crate) fn take(
+        &self,
+        limits: &Limits,
+        env: &RunEnv,
+        imports: Option<&[String]>,
+    ) -> Option<L> {
         if self.is_closed() || Shape::of(limits, env) != self.shape {
             self.misses.fetch_add(1, Ordering::Relaxed);
             return None;
         }
-        let mut q = self.queue();
+        if let Some(i) = imports {
+            self.note(i);
+        }
+        let mut st = self.state();
+        let need = imports.map(|i| preload::need_of(i, &st.candidates));
+        let mut dropped = Vec::new();
         let found = loop {
-            match q.pop_front() {
-                None => break None,
-                Some(mut live) => {
-                    if usable(&mut live) && live.claimed() {
-                        break Some(live);
-                    }
-                    // Dropped here: its guard removes it in the background.
-                    self.discarded.fetch_add(1, Ordering::Relaxed);
-                }
+            let Some(at) =
+                preload::choose(need.as_deref(), st.ready.iter().map(|(k, _)| k.as_slice()))
+            else {
+                break None;
+            };
+            let (kind, mut live) = st.ready.remove(at).expect("chosen index");
+            if usable(&mut live) && live.claimed() {
+                break Some((kind, live));
             }
+            // Dropped below: its guard removes it in the background.
+            self.discarded.fetch_add(1, Ordering::Relaxed);
+            dropped.push(live);
         };
-        drop(q);
+        drop(st);
+        drop(dropped);
         self.wake.notify_one();
         match &found {
-            Some(_) => self.hits.fetch_add(1, Ordering::Relaxed),
+            Some((kind, _)) => {
+                tracing::debug!(pool = %self.label, preloaded = ?kind, need = ?need, "warm sandbox taken");
+                self.hits.fetch_add(1, Ordering::Relaxed)
+            }
             None => self.misses.fetch_add(1, Ordering::Relaxed),
         };
-        found
+        found.map(|(_, l)| l)
     }
 
     pub(crate) fn stats(&self) -> PoolStats {
+        let st = self.state();
         PoolStats {
-            target: self.target,
+            target: st.plan.iter().map(|(_, t)| t).sum(),
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             discarded: self.discarded.load(Ordering::Relaxed),
-            ready: self.queue().len(),
+            ready: st.ready.len(),
         }
     }
 
     /// Stop refilling and drop every waiting sandbox (they are removed in the background).
     pub(crate) fn close(&self) {
-        let drained: Vec<L> = {
-            let mut q = self.queue();
+        let drained: Vec<(Vec<String>, L)> = {
+            let mut st = self.state();
             self.closed.store(true, Ordering::SeqCst);
-            q.drain(..).collect()
+            st.ready.drain(..).collect()
         };
         drop(drained);
         self.wake.notify_waiters();
     }
 
-    /// Drop waiting sandboxes that died or aged, then claim a slot for one more if
-    /// waiting + being made stays within the target. All under the pool lock, which is
-    /// also where a made sandbox moves from "being made" to "waiting".
-    fn claim(&self) -> bool {
-        let mut q = self.queue();
-        let before = q.len();
-        q.retain_mut(usable);
-        self.discarded
-            .fetch_add((before - q.len()) as u64, Ordering::Relaxed);
-        let claimed = q.len() + self.in_flight.load(Ordering::SeqCst) < self.target;
-        if claimed {
-            self.in_flight.fetch_add(1, Ordering::SeqCst);
+    /// Drop waiting sandboxes that died or aged, then claim a slot for one more of a kind
+    /// the plan lacks, if waiting + being made stays within the plan: plain first (cheap,
+    /// and most calls need nothing more), at most [`MAKING_PER_KIND`] plain and as many
+    /// preloaded ones made at a time (a plain refill never waits behind the imports). When all is full but a kind lacks
+    /// sandboxes, the oldest waiting sandbox of a kind over its target makes room. All
+    /// under the pool lock, which is also where a made sandbox moves from "being made" to
+    /// "waiting". Returns the preload list of the sandbox to make.
+    fn claim(&self) -> Option<Vec<String>> {
+        let mut st = self.state();
+        let before = st.ready.len();
+        let mut dead = Vec::new();
+        let mut keep = VecDeque::with_capacity(before);
+        for (k, mut live) in st.ready.drain(..) {
+            if usable(&mut live) {
+                keep.push_back((k, live));
+            } else {
+                dead.push(live);
+            }
         }
+        st.ready = keep;
+        self.discarded
+            .fetch_add(dead.len() as u64, Ordering::Relaxed);
+        let count = |st: &State<L>, k: &Vec<String>| {
+            st.ready.iter().filter(|(r, _)| r == k).count()
+                + st.making.iter().filter(|m| *m == k).count()
+        };
+        let preloading = st.making.iter().filter(|m| !m.is_empty()).count();
+        let plain = st.making.len() - preloading;
+        let lacking = st
+            .plan
+            .iter()
+            .filter(|(k, t)| {
+                count(&st, k) < *t
+                    && if k.is_empty() {
+                        plain < MAKING_PER_KIND
+                    } else {
+                        preloading < MAKING_PER_KIND
+                    }
+            })
+            .map(|(k, _)| k.clone())
+            .next();
+        let total: usize = st.plan.iter().map(|(_, t)| t).sum();
+        let held = st.ready.len() + st.making.len();
+        let target_of = |k: &Vec<String>| st.plan.iter().find(|(p, _)| p == k).map_or(0, |p| p.1);
+        let claimed = match lacking {
+            Some(k) if held < total => Some(k),
+            Some(k) => {
+                // Make room: the oldest waiting sandbox of a kind with more waiting than its
+                // target, plain ones first (the cheapest to make again). A kind over its
+                // target only by what is being made loses nothing: the pool holds one more
+                // than its target for a while instead.
+                let over = |r: &Vec<String>| {
+                    st.ready.iter().filter(|(o, _)| o == r).count() > target_of(r)
+                };
+                let at = st
+                    .ready
+                    .iter()
+                    .position(|(r, _)| r.is_empty() && over(r))
+                    .or_else(|| st.ready.iter().position(|(r, _)| over(r)));
+                match at {
+                    Some(i) => {
+                        if let Some((_, l)) = st.ready.remove(i) {
+                            dead.push(l);
+                        }
+                        Some(k)
+                    }
+                    None if held < total + 1 => Some(k),
+                    None => None,
+                }
+            }
+            None => None,
+        };
+        if let Some(k) = &claimed {
+            st.making.push(k.clone());
+        }
+        drop(st);
+        drop(dead);
         claimed
+    }
+
+    /// A sandbox preloading `kind` was made (or failed, `None`): no longer being made.
+    fn made(&self, kind: &[String], live: Option<L>) -> bool {
+        let mut st = self.state();
+        if let Some(i) = st.making.iter().position(|m| m == kind) {
+            st.making.remove(i);
+        }
+        match live {
+            // Checked under the lock that `close` takes: nothing is pushed after it.
+            Some(live) if !self.is_closed() => {
+                st.ready.push_back((kind.to_vec(), live));
+                true
+            }
+            other => {
+                drop(st);
+                drop(other);
+                false
+            }
+        }
     }
 }
 
@@ -249,16 +457,26 @@ where
     F: Fn(Arc<Pool<L>>) -> Fut,
     Fut: Future<Output = Option<Result<L, BackendError>>>,
 {
+    refill_kinds(pool, |pool, _kind| make(pool)).await
+}
+
+/// [`refill`], where `make` is told what the sandbox preloads (its kind).
+pub(crate) async fn refill_kinds<L, F, Fut>(pool: Arc<Pool<L>>, make: F)
+where
+    L: Waiting,
+    F: Fn(Arc<Pool<L>>, Vec<String>) -> Fut,
+    Fut: Future<Output = Option<Result<L, BackendError>>>,
+{
     let mut failures: u32 = 0;
     loop {
         if pool.is_closed() {
             return;
         }
-        if pool.claim() {
-            let made = match make(pool.clone()).await {
+        if let Some(kind) = pool.claim() {
+            let made = match make(pool.clone(), kind.clone()).await {
                 Some(made) => made,
                 None => {
-                    pool.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    pool.made(&kind, None);
                     return;
                 }
             };
@@ -268,21 +486,13 @@ where
                         tracing::info!(failures, "the warm pool refills again");
                     }
                     failures = 0;
-                    // Checked under the lock that `close` takes: nothing is pushed after it.
-                    // The slot is released under the same lock, so that another worker
-                    // never counts this sandbox neither as waiting nor as being made.
-                    let mut q = pool.queue();
-                    pool.in_flight.fetch_sub(1, Ordering::SeqCst);
-                    if pool.is_closed() {
-                        drop(q);
-                        drop(live);
+                    if !pool.made(&kind, Some(live)) {
                         return;
                     }
-                    q.push_back(live);
                     continue;
                 }
                 Err(e) => {
-                    pool.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    pool.made(&kind, None);
                     failures = failures.saturating_add(1);
                     let backoff = Duration::from_millis(100 << failures.min(7));
                     // One warning per streak of failures, not one per retry; the retries
@@ -435,9 +645,7 @@ impl<L: Waiting> Pools<L> {
     }
 
     /// A waiting sandbox for a job of `tenant` with `limits` and `env`, if its pool has one
-    /// of its shape. With per-tenant pools, a tenant's usual run (`keep_warm`) starts its
-    /// pool when it has none or one of another shape, and other tenants' pools unused for
-    /// [`POOL_IDLE`] are removed.
+    /// of its shape (a session's choice: see [`Pools::take_for`]).
     pub(crate) fn take(
         &self,
         tenant: &str,
@@ -445,12 +653,28 @@ impl<L: Waiting> Pools<L> {
         env: &RunEnv,
         keep_warm: bool,
     ) -> Option<L> {
+        self.take_for(tenant, limits, env, keep_warm, None)
+    }
+
+    /// A waiting sandbox for a job of `tenant` with `limits` and `env`, if its pool has one
+    /// of its shape: for code that imports `imports`, the kind that covers it (see
+    /// [`Pool::take`]), and the pool's plan follows its calls. With per-tenant pools, a
+    /// tenant's usual run (`keep_warm`) starts its pool when it has none or one of another
+    /// shape, and other tenants' pools unused for [`POOL_IDLE`] are removed.
+    pub(crate) fn take_for(
+        &self,
+        tenant: &str,
+        limits: &Limits,
+        env: &RunEnv,
+        keep_warm: bool,
+        imports: Option<&[String]>,
+    ) -> Option<L> {
         if self.size == 0 || self.is_closed() {
             return None;
         }
         let mut pools = self.map();
         if !self.per_tenant {
-            return pools.get(SHARED_POOL)?.0.pool.take(limits, env);
+            return pools.get(SHARED_POOL)?.0.pool.take(limits, env, imports);
         }
         let idle: Vec<String> = pools
             .iter()
@@ -466,16 +690,25 @@ impl<L: Waiting> Pools<L> {
         if let Some((h, used)) = pools.get_mut(tenant) {
             *used = Instant::now();
             if h.pool.fits(limits, env) || !keep_warm {
-                return h.pool.take(limits, env);
+                return h.pool.take(limits, env, imports);
             }
         }
         if keep_warm {
             let h = (self.start)(Pool::new(limits.clone(), env.clone(), self.size, tenant));
+            // Its first call counts: a pool started by a pandas run makes a pandas sandbox.
+            if let Some(i) = imports {
+                h.pool.note(i);
+            }
             if let Some((old, _)) = pools.insert(tenant.to_string(), (h, Instant::now())) {
                 self.retire(old);
             }
         }
         None
+    }
+
+    /// The kinds of the pool of `tenant` (see [`Pool::mix`]); `None` without such a pool.
+    pub(crate) fn mix(&self, tenant: &str) -> Option<Vec<KindStats>> {
+        self.with_pool(self.key(tenant), |p| p.mix())
     }
 
     /// Make the pool of `tenant` serve `env` (the environment runs use changed): an
@@ -520,5 +753,175 @@ impl<L> Drop for Pools<L> {
             h.pool.closed.store(true, Ordering::SeqCst);
             h.pool.wake.notify_waiters();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sandbox that is alive until told otherwise, and says which one it is.
+    struct Fake(u32, bool);
+
+    impl Waiting for Fake {
+        fn waiting_since(&mut self) -> Option<Instant> {
+            self.1.then(Instant::now)
+        }
+    }
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn pool(size: usize) -> Pool<Fake> {
+        Pool::new(Limits::default(), RunEnv::default(), size, "t").with_preload(s(&[
+            "numpy",
+            "pandas",
+            "matplotlib.pyplot",
+        ]))
+    }
+
+    /// Let the refill workers do all they would: claim and make until the plan is met.
+    fn fill(p: &Pool<Fake>, next: &mut u32) -> Vec<Vec<String>> {
+        fill_ids(p, next).into_iter().map(|(k, _)| k).collect()
+    }
+
+    /// [`fill`], with the ids of the sandboxes made.
+    fn fill_ids(p: &Pool<Fake>, next: &mut u32) -> Vec<(Vec<String>, u32)> {
+        let mut made = Vec::new();
+        while let Some(kind) = p.claim() {
+            *next += 1;
+            p.made(&kind, Some(Fake(*next, true)));
+            made.push((kind, *next));
+        }
+        made
+    }
+
+    fn take(p: &Pool<Fake>, code: &str) -> Option<Fake> {
+        let imports = crate::backend::preload::imports_in(code.as_bytes());
+        p.take(&Limits::default(), &RunEnv::default(), Some(&imports))
+    }
+
+    fn ready_of(p: &Pool<Fake>, kind: &[String]) -> usize {
+        p.mix()
+            .iter()
+            .find(|k| k.modules == kind)
+            .map_or(0, |k| k.ready)
+    }
+
+    #[test]
+    fn without_demand_a_pool_is_all_plain_and_plain_calls_keep_it_so() {
+        let p = pool(2);
+        let mut n = 0;
+        assert_eq!(fill(&p, &mut n), vec![Vec::<String>::new(); 2]);
+        for _ in 0..20 {
+            assert!(take(&p, "print(1)").is_some());
+            assert!(fill(&p, &mut n).iter().all(|k| k.is_empty()));
+        }
+        assert_eq!(p.stats().target, 2);
+        assert_eq!(p.mix().len(), 1, "{:?}", p.mix());
+    }
+
+    #[test]
+    fn a_plain_call_takes_a_plain_sandbox_and_a_pandas_call_a_preloaded_one() {
+        let p = pool(2);
+        let mut n = 0;
+        fill(&p, &mut n);
+        // The first pandas call: none waits that has pandas, so a plain one (never cold).
+        let first = take(&p, "import pandas as pd\nprint(1)").expect("a plain one");
+        assert!(first.0 <= 2);
+        let pandas: Vec<u32> = fill_ids(&p, &mut n)
+            .into_iter()
+            .filter(|(k, _)| k == &s(&["pandas"]))
+            .map(|(_, id)| id)
+            .collect();
+        assert!(!pandas.is_empty(), "{:?}", p.mix());
+        // A plain call never takes a pandas sandbox while a plain one waits.
+        let plain = take(&p, "import os, json\nprint(1)").expect("plain");
+        assert!(!pandas.contains(&plain.0));
+        assert_eq!(ready_of(&p, &s(&["pandas"])), pandas.len());
+        // The pandas call takes one.
+        let got = take(&p, "import numpy as np\nimport pandas\n").expect("pandas");
+        assert!(pandas.contains(&got.0));
+        // With no plain sandbox waiting, a plain call takes a preloaded one, not cold.
+        fill(&p, &mut n);
+        while ready_of(&p, &[]) > 0 {
+            take(&p, "print(1)").expect("plain");
+        }
+        assert!(ready_of(&p, &s(&["pandas"])) >= 1);
+        assert!(take(&p, "print(1)").is_some());
+    }
+
+    #[test]
+    fn the_mix_follows_demand_and_a_plain_refill_never_waits_behind_imports() {
+        let p = pool(2);
+        let mut n = 0;
+        fill(&p, &mut n);
+        let calls = [
+            "print(1)",
+            "print(2)",
+            "import pandas",
+            "print(3)",
+            "import matplotlib.pyplot as plt",
+            "x = 1",
+            "import pandas",
+            "print(4)",
+            "print(5)",
+            "y = 2",
+        ];
+        for c in calls.iter().cycle().take(30) {
+            take(&p, c);
+            // At most two preloaded being made at once, and two plain.
+            let mut claimed = Vec::new();
+            while let Some(k) = p.claim() {
+                claimed.push(k);
+            }
+            let pre = claimed.iter().filter(|k| !k.is_empty()).count();
+            assert!(pre <= MAKING_PER_KIND && claimed.len() - pre <= MAKING_PER_KIND);
+            for k in claimed {
+                p.made(&k, Some(Fake(0, true)));
+            }
+            fill(&p, &mut n);
+        }
+        let mix = p.mix();
+        let want = |k: &[&str], t: usize| {
+            let m = mix
+                .iter()
+                .find(|m| m.modules == s(k))
+                .unwrap_or_else(|| panic!("{k:?} in {mix:?}"));
+            assert_eq!((m.target, m.ready), (t, t), "{mix:?}");
+        };
+        want(&[], 2);
+        want(&["pandas"], 1);
+        want(&["matplotlib.pyplot"], 1);
+        // Demand moves to plain only: the preloaded kinds leave the plan, and their waiting
+        // sandboxes make room when a kind lacks one.
+        for _ in 0..DEMAND_WINDOW_FOR_TESTS {
+            take(&p, "print(1)");
+            fill(&p, &mut n);
+        }
+        assert_eq!(p.stats().target, 2, "{:?}", p.mix());
+        // The tenant turns to pandas: the plain surplus goes, pandas sandboxes come.
+        for _ in 0..DEMAND_WINDOW_FOR_TESTS {
+            take(&p, "import pandas");
+            fill(&p, &mut n);
+        }
+        assert_eq!(ready_of(&p, &s(&["pandas"])), 2, "{:?}", p.mix());
+        assert_eq!(ready_of(&p, &[]), 1, "{:?}", p.mix());
+    }
+
+    const DEMAND_WINDOW_FOR_TESTS: usize = crate::backend::preload::DEMAND_WINDOW;
+
+    #[test]
+    fn a_dead_sandbox_is_never_given_and_nothing_preloads_without_candidates() {
+        let p: Pool<Fake> = Pool::new(Limits::default(), RunEnv::default(), 1, "t");
+        let mut n = 0;
+        fill(&p, &mut n);
+        assert!(take(&p, "import pandas").is_some());
+        assert_eq!(fill(&p, &mut n), vec![Vec::<String>::new()]);
+        p.made(&[], Some(Fake(99, false)));
+        assert!(take(&p, "print(1)").is_some_and(|got| got.0 != 99));
+        assert!(take(&p, "print(1)").is_none());
+        assert_eq!(p.stats().discarded, 1);
     }
 }

@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 use self::guard::Cleanup;
 use self::live::Live;
 use self::pool::Pool;
-pub use self::pool::PoolStats;
+pub use self::pool::{KindStats, PoolStats};
 use self::session::DockerSession;
 pub use self::spec::{
     docker_run_flags, is_gvisor, GVISOR_RUNTIME, LABEL_JOB, LABEL_MANAGED, LABEL_OWNER,
@@ -196,10 +196,24 @@ impl DockerBackend {
         self.pools.stats()
     }
 
-    /// A waiting container for `job`, if its pool has one of its shape.
-    fn take_warm(&self, job: &JobSpec) -> Option<Live> {
-        self.pools
-            .take(&job.tenant, &job.limits, &job.env, job.keep_warm)
+    /// A waiting container for `job`, if its pool has one of its shape: for a run, the kind
+    /// its code's imports need (see [`crate::backend::preload::choose`]); for a session
+    /// (`run` false), the most preloaded.
+    fn take_warm(&self, job: &JobSpec, run: bool) -> Option<Live> {
+        let imports = run.then(|| {
+            job.files
+                .iter()
+                .find(|f| f.path == job.entry)
+                .map(|f| crate::backend::preload::imports_in(&f.contents))
+                .unwrap_or_default()
+        });
+        self.pools.take_for(
+            &job.tenant,
+            &job.limits,
+            &job.env,
+            job.keep_warm,
+            imports.as_deref(),
+        )
     }
 }
 
@@ -216,7 +230,7 @@ impl Backend for DockerBackend {
         let started = Instant::now();
         let input = protocol::encode_job(&job, self.inner.python(&job.env))
             .map_err(|e| BackendError::Rejected(e.to_string()))?;
-        let warm = self.take_warm(&job);
+        let warm = self.take_warm(&job, true);
         let pooled = warm.is_some();
         let mut live = match warm {
             Some(live) => live,
@@ -262,7 +276,7 @@ impl Backend for DockerBackend {
     async fn open_session(&self, job: JobSpec) -> Result<Box<dyn Session>, BackendError> {
         let input = protocol::encode_session(&job, self.inner.python(&job.env))
             .map_err(|e| BackendError::Rejected(e.to_string()))?;
-        let mut live = match self.take_warm(&job) {
+        let mut live = match self.take_warm(&job, false) {
             Some(live) => live,
             None => {
                 self.inner

@@ -12,7 +12,7 @@ use crate::backend::preload::{Learner, PreloadConfig};
 use crate::backend::protocol::Report;
 use crate::job::{JobSpec, RunEnv};
 
-pub use crate::backend::pool::PoolStats;
+pub use crate::backend::pool::{KindStats, PoolStats};
 
 /// A pool of waiting containers.
 pub(super) type Pool = crate::backend::pool::Pool<Live>;
@@ -30,16 +30,16 @@ impl Waiting for Live {
 
 /// One refill worker of `pool` (see [`crate::backend::pool::refill`]).
 pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
-    crate::backend::pool::refill(pool, |pool| make(inner.clone(), pool)).await
+    crate::backend::pool::refill_kinds(pool, |pool, kind| make(inner.clone(), pool, kind)).await
 }
 
-/// Make one container for `pool`, ready for a job; `None` when the pool closed while it
-/// waited for a preloading permit.
+/// Make one container for `pool` preloading `preload` (its kind; empty: plain), ready for
+/// a job; `None` when the pool closed while it waited for a preloading permit.
 async fn make(
     inner: Arc<Inner>,
     pool: Arc<Pool>,
+    preload: Vec<String>,
 ) -> Option<Result<Live, crate::backend::BackendError>> {
-    let preload = pool.preload();
     // Preloading refills take CPU for a while (imports): only so many at once over all
     // pools. The request path never waits for this permit; a closing pool stops waiting
     // for it.
@@ -48,9 +48,10 @@ async fn make(
         if pool.is_closed() {
             return None;
         }
-        // A pool with nothing waiting may also take one of the extra permits: its next run
-        // would go cold otherwise. Looked at again every 200 ms.
-        let empty = pool.is_empty();
+        // A pool with no sandbox of this kind waiting may also take one of the extra
+        // permits: its next run of this kind would import for itself otherwise. Looked at
+        // again every 200 ms.
+        let empty = pool.lacks(&preload);
         let slots = &inner.preloads;
         let wait = async {
             if empty {
@@ -228,11 +229,19 @@ impl DockerBackend {
         }
     }
 
-    /// The preload list the pool of `tenant` (the shared pool's key without per-tenant
-    /// pools) makes its next container with; `None` without such a pool.
+    /// The modules the pool of `tenant` (the shared pool's key without per-tenant pools)
+    /// may preload, each of its kinds some of them (see [`DockerBackend::pool_mix`]);
+    /// `None` without such a pool.
     pub fn preload_list(&self, tenant: &str) -> Option<Vec<String>> {
         self.pools
             .with_pool(self.pools.key(tenant), |pool| pool.preload())
+    }
+
+    /// The kinds of sandboxes the pool of `tenant` keeps (plain first), with how many it
+    /// aims to keep and how many wait: the mix its recent calls needed. `None` without
+    /// such a pool.
+    pub fn pool_mix(&self, tenant: &str) -> Option<Vec<KindStats>> {
+        self.pools.mix(tenant)
     }
 
     /// The modules learned for the pool of `tenant` with `env`.
