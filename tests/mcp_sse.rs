@@ -143,7 +143,7 @@ async fn legacy_sse_session_initializes_and_executes() {
     let tools = c.request(2, "tools/list", json!({})).await;
     assert_eq!(
         tools["result"]["tools"].as_array().unwrap().len(),
-        14,
+        15,
         "{tools}"
     );
 

@@ -37,18 +37,24 @@ pub fn failure(o: &Outcome, entry: &str) -> Failure {
     }
 }
 
-/// Parse the last `Traceback (most recent call last):` block of `stderr`: the line of its
-/// last frame in `/workspace/{entry}` (a `SyntaxError` names one too) and the exception
-/// line that ends it. `None` when there is no traceback.
+/// Parse the last `Traceback (most recent call last):` block of `stderr`, or, when there
+/// is none, the error `python FILE` prints for a file that does not compile (its `File`
+/// line, the source and the caret, then `SyntaxError: ...`, with no header): the line of
+/// its last frame in `/workspace/{entry}` and the exception line that ends it. `None` when
+/// there is neither.
 fn traceback(stderr: &str, entry: &str) -> Option<(Option<u32>, Option<String>)> {
     let lines: Vec<&str> = stderr.lines().collect();
-    let start = lines
+    let start = match lines
         .iter()
-        .rposition(|l| l.trim_end() == "Traceback (most recent call last):")?;
+        .rposition(|l| l.trim_end() == "Traceback (most recent call last):")
+    {
+        Some(header) => header + 1,
+        None => lines.iter().position(|l| l.starts_with("  File \""))?,
+    };
     let ours = [format!("/workspace/{entry}"), entry.to_string()];
     let mut line = None;
     let mut exception = None;
-    for l in &lines[start + 1..] {
+    for l in &lines[start..] {
         if let Some(rest) = l.trim_start().strip_prefix("File \"") {
             if let Some((path, after)) = rest.split_once('"') {
                 if ours.iter().any(|o| o == path) {
@@ -127,6 +133,11 @@ mod tests {
         let tb = "Traceback (most recent call last):\n  File \"<string>\", line 54, in <module>\n  File \"<string>\", line 33, in _mcp_run\n  File \"/workspace/syn.py\", line 7\n    x = (\n        ^\nSyntaxError: '(' was never closed\n";
         let f = failure(&failed(tb), "syn.py");
         assert_eq!(f.line, Some(7));
+        assert_eq!(f.message, "SyntaxError: '(' was never closed");
+        // As `python FILE` shows it, which the runner now does too: no header.
+        let bare = "  File \"/workspace/syn.py\", line 2\n    y = (\n        ^\nSyntaxError: '(' was never closed\n";
+        let f = failure(&failed(bare), "syn.py");
+        assert_eq!(f.line, Some(2));
         assert_eq!(f.message, "SyntaxError: '(' was never closed");
     }
 
