@@ -524,15 +524,20 @@ async fn a_plain_call_takes_a_plain_sandbox_and_a_pandas_call_a_preloaded_one() 
         "{:?}",
         s.pool_mix(tenant)
     );
-    let pandas_waiting = ready_of(&s, tenant, &["pandas"]);
-    // Plain code (the standard library only): a plain sandbox, pandas not loaded, and the
-    // pandas sandboxes are all still waiting.
+    // Plain code (the standard library only): a plain sandbox, pandas not loaded (a
+    // sandbox that preloads pandas has it in sys.modules before the code starts). The
+    // number of pandas sandboxes waiting is not compared: the pool may retire a surplus
+    // one meanwhile, as its demand (mostly plain calls here) asks fewer.
     let plain = "import sys, json, os\nprint('pandas' in sys.modules, 'numpy' in sys.modules)\n";
     assert_eq!(
         ok(&warm_run(&s, tenant, plain, &limits).await).trim(),
         "False False"
     );
-    assert_eq!(ready_of(&s, tenant, &["pandas"]), pandas_waiting);
+    assert!(
+        ready_of(&s, tenant, &["pandas"]) >= 1,
+        "{:?}",
+        s.pool_mix(tenant)
+    );
     // Code that imports pandas: the preloaded one.
     assert_eq!(
         ok(&warm_run(&s, tenant, &probe("pandas"), &limits).await).trim(),
