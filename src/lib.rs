@@ -66,6 +66,7 @@
 pub mod app;
 pub mod backend;
 pub mod cli;
+pub mod codemode;
 pub mod config;
 pub mod env;
 pub mod job;

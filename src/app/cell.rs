@@ -139,6 +139,7 @@ pub(super) async fn cell(
         };
         let mut job = JobSpec::python("", x.limits.clone());
         job.tenant = x.tenant.clone();
+        job.tools = crate::codemode::tools_for(&job.tenant);
         job.files = files.clone();
         job.return_files = true;
         job.keep_warm = true;

@@ -170,6 +170,8 @@ pub(crate) enum Control {
     Ready,
     Exit(Report),
     Failed(String),
+    /// Code mode: a tool request of the code (see [`crate::job::ToolRun`]).
+    Tool(Vec<u8>),
 }
 
 /// Output gathered so far, capped per stream.
@@ -214,6 +216,7 @@ impl Collected {
             Frame::Ready => return Some(Control::Ready),
             Frame::Exit(report) => return Some(Control::Exit(report)),
             Frame::Failed(msg) => return Some(Control::Failed(msg)),
+            Frame::Tool(request) => return Some(Control::Tool(request)),
             Frame::Stdout(data) => {
                 let kept = keep(&mut self.stdout, &mut self.stdout_seen, self.cap, &data);
                 live_output(events, StreamKind::Stdout, &data[..kept]);

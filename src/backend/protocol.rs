@@ -185,6 +185,15 @@ pub enum Frame {
     Exit(Report),
     /// `F`: the runner could not run the job.
     Failed(String),
+    /// `T`: code mode: a request of the code (JSON, as the code wrote it: unchecked) for
+    /// the server, answered by a [`encode_tool_answer`] message on stdin.
+    Tool(Vec<u8>),
+}
+
+/// Code mode's answer to a `T` request: a session-style message of kind `tool` (the runner
+/// passes it to the code).
+pub fn encode_tool_answer(answer: &serde_json::Value) -> Vec<u8> {
+    message(answer)
 }
 
 /// Why the runner's stream cannot be understood.
@@ -249,6 +258,7 @@ impl FrameDecoder {
                     .map_err(|e| ProtocolError::BadReport(e.to_string()))?;
                 Frame::Failed(f.error)
             }
+            b'T' => Frame::Tool(payload),
             other => return Err(ProtocolError::UnknownKind(other)),
         };
         Ok(Some(frame))

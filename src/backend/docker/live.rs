@@ -34,6 +34,9 @@ pub(super) struct Live {
     pub(super) born: Instant,
     /// Its CPU weight while it waits in a preloading pool, lowered (see [`super::weight`]).
     pub(super) weight: Option<super::weight::Lowered>,
+    /// Code mode (#26): where the code's tool requests go; its stdin then stays open for
+    /// the answers.
+    pub(super) tools: Option<crate::job::Tools>,
 }
 
 impl Live {
@@ -46,6 +49,7 @@ impl Live {
             ready: false,
             born: Instant::now(),
             weight: None,
+            tools: None,
         }
     }
 
@@ -149,8 +153,24 @@ impl Live {
                 START_DEADLINE
             };
         let mut runner_stderr = Vec::new();
+        // Code mode: each request is answered by a task of its own; the answers go back on
+        // stdin. Returning drops the set: calls still in flight are cancelled upstream.
+        let tool_run = self.tools.as_ref().map(|t| t.0.start());
+        let mut calls = tokio::task::JoinSet::<Vec<u8>>::new();
         loop {
             let chunk = tokio::select! {
+                Some(done) = calls.join_next(), if !calls.is_empty() => {
+                    if let (Ok(answer), Some(stdin)) = (done, back.as_mut()) {
+                        let w = async {
+                            stdin.write_all(&answer).await?;
+                            stdin.flush().await
+                        };
+                        if let Err(e) = w.await {
+                            tracing::debug!(error = %e, "writing a tool answer into the sandbox failed");
+                        }
+                    }
+                    continue;
+                }
                 (r, stdin) = &mut writer => {
                     tracing::trace!("job written");
                     *back = stdin;
@@ -206,6 +226,12 @@ impl Live {
                     }
                     Some(Control::Exit(report)) => return Ok(Ended::Report(report, out)),
                     Some(Control::Failed(msg)) => return Err(BackendError::Rejected(msg)),
+                    Some(Control::Tool(request)) => {
+                        if let Some(run) = &tool_run {
+                            let run = run.clone();
+                            calls.spawn(async move { run.answer(request).await });
+                        }
+                    }
                 }
             }
         }

@@ -249,7 +249,12 @@ impl Backend for DockerBackend {
             },
         );
 
-        let mut ended = live.execute(&input, true, &job.limits, &events).await?;
+        // Code mode keeps the runner's stdin open for the answers to the code's tool calls.
+        live.tools = job.tools.clone();
+        let close_input = job.tools.is_none();
+        let mut ended = live
+            .execute(&input, close_input, &job.limits, &events)
+            .await?;
         if let Ended::Vanished(out) = &ended {
             if pooled && out.is_empty() {
                 // A pool container that died while it waited (a daemon restart, a kill
@@ -260,7 +265,10 @@ impl Backend for DockerBackend {
                     .inner
                     .launch(&job.limits, &job.env, &job.tenant, &job.id)
                     .await?;
-                ended = live.execute(&input, true, &job.limits, &events).await?;
+                live.tools = job.tools.clone();
+                ended = live
+                    .execute(&input, close_input, &job.limits, &events)
+                    .await?;
             }
         }
         if let Ended::Report(report, _) = &ended {
@@ -286,6 +294,7 @@ impl Backend for DockerBackend {
         };
         live.wait_ready().await?;
         live.send(&input).await?;
+        live.tools = job.tools.clone();
         tracing::debug!(job_id = %job.id, tenant = %job.tenant, container = %live.guard.id(), "session opened");
         Ok(Box::new(DockerSession::new(
             self.inner.clone(),

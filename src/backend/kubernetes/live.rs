@@ -272,7 +272,9 @@ impl Live {
                 .map_err(|e| BackendError::Runner(e.to_string()))?
             {
                 match out.absorb(frame, events) {
-                    None | Some(Control::Ready) => {}
+                    // Code mode is not wired here yet: the runner's stdin is closed after
+                    // the job, so it answers the code's tool requests itself.
+                    None | Some(Control::Ready) | Some(Control::Tool(_)) => {}
                     Some(Control::Exit(report)) => return Ok(Ended::Report(report, out)),
                     Some(Control::Failed(msg)) => return Err(BackendError::Rejected(msg)),
                 }

@@ -54,6 +54,22 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
         }
         None => None,
     };
+    if let Some(path) = &cfg.tools_file {
+        // Code mode (#26): upstream clients start at the first call of each tenant's code.
+        let conf = mcp_code_executor::codemode::Config::load(path).map_err(anyhow::Error::msg)?;
+        let m = mcp_code_executor::codemode::Manager::new(
+            conf,
+            cfg.host.path.clone(),
+            cfg.host.home.clone(),
+        );
+        eprintln!(
+            "mcp-code-executor: code mode: {} tool servers from {}: {}",
+            m.summary().len(),
+            path.display(),
+            m.summary().join(", ")
+        );
+        mcp_code_executor::codemode::install(m);
+    }
     let code_root = CodeStorage::open(&cfg.code_storage_dir)?;
     eprintln!(
         "mcp-code-executor: code storage {}{}",
@@ -167,6 +183,7 @@ pub async fn serve(cmd: ServeCmd) -> anyhow::Result<()> {
     };
     // Runs stopped, sessions closed (bounded), then the backend's pools and sandboxes.
     service.shutdown().await;
+    mcp_code_executor::codemode::shutdown().await;
     served.context("the transport task")?.context("serving")?;
     Ok(())
 }
