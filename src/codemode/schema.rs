@@ -19,9 +19,7 @@ fn type_ok(t: &str, v: &Value) -> bool {
         "boolean" => v.is_boolean(),
         "null" => v.is_null(),
         "number" => v.is_number(),
-        "integer" => {
-            v.is_i64() || v.is_u64() || v.as_f64().is_some_and(|f| f.fract() == 0.0)
-        }
+        "integer" => v.is_i64() || v.is_u64() || v.as_f64().is_some_and(|f| f.fract() == 0.0),
         _ => true,
     }
 }
@@ -37,9 +35,7 @@ fn at(schema: &Value, v: &Value, path: &str, depth: usize) -> Option<String> {
         Some(Value::String(t)) if !type_ok(t, v) => {
             return Some(format!("{path} should be of type {t}, got {}", kind(v)))
         }
-        Some(Value::Array(ts))
-            if !ts.iter().any(|t| t.as_str().is_some_and(|t| type_ok(t, v))) =>
-        {
+        Some(Value::Array(ts)) if !ts.iter().any(|t| t.as_str().is_some_and(|t| type_ok(t, v))) => {
             return Some(format!(
                 "{path} should be one of the types {}, got {}",
                 Value::Array(ts.clone()),
@@ -50,7 +46,10 @@ fn at(schema: &Value, v: &Value, path: &str, depth: usize) -> Option<String> {
     }
     if let Some(Value::Array(choices)) = s.get("enum") {
         if !choices.contains(v) {
-            return Some(format!("{path} should be one of {}", Value::Array(choices.clone())));
+            return Some(format!(
+                "{path} should be one of {}",
+                Value::Array(choices.clone())
+            ));
         }
     }
     if let Some(c) = s.get("const") {
@@ -90,7 +89,10 @@ fn at(schema: &Value, v: &Value, path: &str, depth: usize) -> Option<String> {
             }
         }
     }
-    if let (Some(obj), true) = (v.as_object(), s.contains_key("properties") || s.contains_key("required")) {
+    if let (Some(obj), true) = (
+        v.as_object(),
+        s.contains_key("properties") || s.contains_key("required"),
+    ) {
         let props = s.get("properties").and_then(Value::as_object);
         if let Some(Value::Array(req)) = s.get("required") {
             for r in req.iter().filter_map(Value::as_str) {
@@ -155,14 +157,26 @@ mod tests {
             "required": ["a"],
             "additionalProperties": false
         });
-        assert_eq!(check(&s, &json!({"a": 1.5, "n": 2, "mode": "x", "tags": ["t"], "name": null})), None);
+        assert_eq!(
+            check(
+                &s,
+                &json!({"a": 1.5, "n": 2, "mode": "x", "tags": ["t"], "name": null})
+            ),
+            None
+        );
         for (bad, says) in [
             (json!({}), "lacks the required `a`"),
             (json!({"a": "1"}), "arguments.a should be of type number"),
-            (json!({"a": 1, "n": 2.5}), "arguments.n should be of type integer"),
+            (
+                json!({"a": 1, "n": 2.5}),
+                "arguments.n should be of type integer",
+            ),
             (json!({"a": 1, "n": 9}), "at most 3"),
             (json!({"a": 1, "mode": "z"}), "should be one of"),
-            (json!({"a": 1, "tags": [1]}), "arguments.tags[0] should be of type string"),
+            (
+                json!({"a": 1, "tags": [1]}),
+                "arguments.tags[0] should be of type string",
+            ),
             (json!({"a": 1, "name": "long"}), "at most 3 characters"),
             (json!({"a": 1, "zz": 1}), "unknown property `zz`"),
             (json!([1]), "should be of type object"),
@@ -171,6 +185,12 @@ mod tests {
             assert!(got.contains(says), "{bad}: {got}");
         }
         // Keywords it does not know are left to the upstream.
-        assert_eq!(check(&json!({"type": "object", "patternProperties": {}}), &json!({"q": 1})), None);
+        assert_eq!(
+            check(
+                &json!({"type": "object", "patternProperties": {}}),
+                &json!({"q": 1})
+            ),
+            None
+        );
     }
 }

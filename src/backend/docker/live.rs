@@ -226,12 +226,16 @@ impl Live {
                     }
                     Some(Control::Exit(report)) => return Ok(Ended::Report(report, out)),
                     Some(Control::Failed(msg)) => return Err(BackendError::Rejected(msg)),
-                    Some(Control::Tool(request)) => {
-                        if let Some(run) = &tool_run {
+                    Some(Control::Tool(request)) => match &tool_run {
+                        Some(run) => {
                             let run = run.clone();
                             calls.spawn(async move { run.answer(request).await });
                         }
-                    }
+                        None => {
+                            let answer = crate::backend::protocol::tool_unavailable(&request);
+                            calls.spawn(async move { answer });
+                        }
+                    },
                 }
             }
         }
