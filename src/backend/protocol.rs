@@ -376,6 +376,31 @@ mod tests {
     }
 
     #[test]
+    fn tool_requests_and_their_answers() {
+        let mut d = FrameDecoder::default();
+        d.push(&frame(b'T', br#"{"id":3,"op":"call"}"#));
+        assert_eq!(
+            d.next_frame().unwrap(),
+            Some(Frame::Tool(br#"{"id":3,"op":"call"}"#.to_vec()))
+        );
+        let bytes = tool_unavailable(br#"{"id":3,"op":"call"}"#);
+        let (msg, rest) = split_message(&bytes);
+        assert!(rest.is_empty());
+        assert_eq!(msg["kind"], "tool");
+        assert_eq!(msg["id"], 3);
+        assert_eq!(msg["error"]["type"], "ToolError");
+        let bytes = tool_unavailable(br#"{"id":"x","op":"catalog"}"#);
+        let (msg, _) = split_message(&bytes);
+        assert_eq!(
+            msg,
+            serde_json::json!({"kind": "tool", "id": "x", "servers": []})
+        );
+        let bytes = tool_unavailable(b"garbage");
+        let (msg, _) = split_message(&bytes);
+        assert_eq!(msg["id"], serde_json::Value::Null);
+    }
+
+    #[test]
     fn job_encoding_has_header_then_tar() {
         let job = JobSpec::python("print(1)", Limits::default());
         let bytes = encode_job(&job, "/usr/bin/python3").unwrap();

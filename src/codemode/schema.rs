@@ -25,9 +25,7 @@ fn type_ok(t: &str, v: &Value) -> bool {
 }
 
 fn at(schema: &Value, v: &Value, path: &str, depth: usize) -> Option<String> {
-    let Some(s) = schema.as_object() else {
-        return None;
-    };
+    let s = schema.as_object()?;
     if depth > 32 {
         return None;
     }
