@@ -13,8 +13,8 @@ import time
 # 0.5-core quota that the host's cgroup did enforce (its cpuacct showed 0.50). A loop that
 # reads the clock only advances while its thread really runs: a step of less than
 # BURN_STEP is time it ran, a longer one is time it waited (throttled, or preempted by
-# other load). BURN_PROCS loops ask for far more than any quota this check uses, so
-# without a quota they get a core or more even on a loaded two-core host.
+# other load). BURN_PROCS loops ask for far more than any quota this check uses: without a
+# quota they get more than a core on a two-core host unless it is saturated.
 BURN_PROCS = 12
 # Forking Python under gVisor takes tens of milliseconds each: the loops start together
 # once all are made, and only the window after that is measured.
