@@ -170,8 +170,10 @@ pub(crate) enum Control {
     Ready,
     Exit(Report),
     Failed(String),
-    /// Code mode: a tool request of the code (see [`crate::job::ToolRun`]).
-    Tool(Vec<u8>),
+    /// A kind of frame the collector does not gather (a runner's call to the server, say):
+    /// the frame loop hands it to its [`crate::backend::engine::live::FrameHook`].
+    #[allow(dead_code)]
+    Other(Frame),
 }
 
 /// Output gathered so far, capped per stream.
@@ -216,7 +218,6 @@ impl Collected {
             Frame::Ready => return Some(Control::Ready),
             Frame::Exit(report) => return Some(Control::Exit(report)),
             Frame::Failed(msg) => return Some(Control::Failed(msg)),
-            Frame::Tool(request) => return Some(Control::Tool(request)),
             Frame::Stdout(data) => {
                 let kept = keep(&mut self.stdout, &mut self.stdout_seen, self.cap, &data);
                 live_output(events, StreamKind::Stdout, &data[..kept]);
@@ -242,6 +243,9 @@ impl Collected {
                     self.files.push(OutputFile { path, data });
                 }
             }
+            // Kinds added to the protocol for others (see `Control::Other`).
+            #[allow(unreachable_patterns)]
+            other => return Some(Control::Other(other)),
         }
         None
     }

@@ -249,11 +249,10 @@ impl Backend for DockerBackend {
             },
         );
 
-        // Code mode keeps the runner's stdin open for the answers to the code's tool calls.
-        live.tools = job.tools.clone();
-        let close_input = job.tools.is_none();
+        // Code mode (#26): the code's tool requests go to the job's tools.
+        let hook = protocol::tool_hook(&job.tools, false);
         let mut ended = live
-            .execute(&input, close_input, &job.limits, &events)
+            .execute(&input, true, &job.limits, &events, &hook)
             .await?;
         if let Ended::Vanished(out) = &ended {
             if pooled && out.is_empty() {
@@ -265,9 +264,8 @@ impl Backend for DockerBackend {
                     .inner
                     .launch(&job.limits, &job.env, &job.tenant, &job.id)
                     .await?;
-                live.tools = job.tools.clone();
                 ended = live
-                    .execute(&input, close_input, &job.limits, &events)
+                    .execute(&input, true, &job.limits, &events, &hook)
                     .await?;
             }
         }
@@ -294,13 +292,10 @@ impl Backend for DockerBackend {
         };
         live.wait_ready().await?;
         live.send(&input).await?;
-        live.tools = job.tools.clone();
         tracing::debug!(job_id = %job.id, tenant = %job.tenant, container = %live.guard.id(), "session opened");
-        Ok(Box::new(DockerSession::new(
-            self.inner.clone(),
-            live,
-            job.limits,
-        )))
+        let mut session = DockerSession::new(self.inner.clone(), live, job.limits);
+        session.tools = job.tools.clone();
+        Ok(Box::new(session))
     }
 
     async fn info(&self) -> Result<BackendInfo, BackendError> {

@@ -45,7 +45,17 @@ impl session::Sandbox for KubeSession {
         limits: &Limits,
         events: &Events,
     ) -> Result<Ended, BackendError> {
-        self.live.execute(message, false, limits, events).await
+        self.live
+            // Code mode is not wired on Kubernetes yet: a cell's tool requests are answered
+            // that no tools are there (instead of failing the cell).
+            .execute(
+                message,
+                false,
+                limits,
+                events,
+                &crate::backend::protocol::tool_hook(&None, true),
+            )
+            .await
     }
 
     async fn outcome(&mut self, ended: Ended) -> Result<Outcome, BackendError> {
