@@ -209,6 +209,18 @@ mod tests {
     }
 
     #[test]
+    fn the_deploy_example_parses_and_says_how_to_serve_it() {
+        let text = include_str!("../../deploy/code-mode.example.toml");
+        assert_eq!(
+            text.lines().next(),
+            Some("# mcp-code-executor serve --tools deploy/code-mode.example.toml")
+        );
+        let c = Config::parse(text).unwrap();
+        assert_eq!(c.servers[0].name, "everything");
+        assert_eq!(c.servers[0].command.as_deref(), Some("npx"));
+    }
+
+    #[test]
     fn bad_files_are_refused() {
         for bad in [
             "[[servers]]\nname = \"x\"\n",
