@@ -617,3 +617,96 @@ print(json.dumps({"servers": sorted(tools.servers()), "call": e, "import": imp})
     assert!(v["call"].as_str().unwrap().contains("not available"), "{v}");
     drop(client);
 }
+
+fn p50(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// The figure of the issue's bench row: a call proxied from the sandbox (runner, this
+/// server, the rmcp client, the upstream) against the same call made straight to the
+/// upstream with the rmcp client; and one execute_code making 100 calls, against 100 MCP
+/// round trips from a client. Prints the figures; checks only loose bounds.
+#[tokio::test]
+async fn proxied_call_overhead() {
+    let dir = TempDir::new("b");
+    let conf = format!(
+        "[limits]\ncalls_per_run = 200\n[[servers]]\nname = \"everything\"\ncommand = \"node\"\nargs = [\"{}\"]\n",
+        node_server("everything")
+    );
+    let s = start("codemode-b", &conf, &dir.0, &[]).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let client = s.client().await;
+    let peer = client.peer().clone();
+
+    // Direct: the rmcp client to the upstream, 100 calls.
+    let mut cmd = tokio::process::Command::new("node");
+    cmd.arg(node_server("everything"));
+    let (t, _) = rmcp::transport::TokioChildProcess::builder(cmd)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let direct = ().serve(t).await.unwrap();
+    let mut d = vec![];
+    for i in 0..100 {
+        let t0 = Instant::now();
+        let mut args = serde_json::Map::new();
+        args.insert("a".into(), json!(i));
+        args.insert("b".into(), json!(1));
+        direct
+            .call_tool(CallToolRequestParams::new("get-sum").with_arguments(args))
+            .await
+            .unwrap();
+        d.push(t0.elapsed().as_secs_f64() * 1000.0);
+    }
+    let _ = direct.cancel().await;
+
+    // Proxied: 100 calls from one execute_code, each timed in the sandbox.
+    let code = r#"
+import json, time
+from tools import everything
+everything.get_sum(a=0, b=0)  # the upstream starts on the first call
+ms = []
+t = time.perf_counter()
+for i in range(100):
+    t0 = time.perf_counter()
+    everything.get_sum(a=i, b=1)
+    ms.append((time.perf_counter() - t0) * 1000)
+print(json.dumps({"ms": ms, "total": (time.perf_counter() - t) * 1000}))
+"#;
+    let (out, err, _) = run(&peer, code).await;
+    let v = last_json(&out, &err);
+    let proxied: Vec<f64> = v["ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+
+    // 100 MCP round trips from the client: execute_code of a tiny program, as an agent
+    // without code mode would call a tool 100 times (here: 20, scaled).
+    let t0 = Instant::now();
+    let mut bytes = 0usize;
+    for i in 0..20 {
+        let r = call(
+            &peer,
+            "execute_code",
+            json!({"code": format!("print({i} + 1)")}),
+        )
+        .await;
+        bytes += serde_json::to_vec(&r).unwrap().len();
+    }
+    let per_round_trip = t0.elapsed().as_secs_f64() * 1000.0 / 20.0;
+    let (dp, pp) = (p50(d), p50(proxied));
+    eprintln!(
+        "code mode bench: get-sum p50 direct {dp:.2} ms, proxied from the sandbox {pp:.2} ms (overhead {:.2} ms); \
+         100 calls in one execute_code {:.0} ms in the sandbox, {} bytes of result to the client; \
+         one execute_code round trip from the client {per_round_trip:.1} ms ({} bytes each)",
+        pp - dp,
+        v["total"].as_f64().unwrap(),
+        out.len(),
+        bytes / 20
+    );
+    assert!(pp < 100.0, "a proxied call took {pp} ms at p50");
+    drop(client);
+}
