@@ -201,7 +201,7 @@ impl CodeExecutor {
                         "the tool gave no final result",
                         None,
                     )),
-                    Err(e) => Err(super::report::capped_error(e)),
+                    Err(e) => Err(super::fit::capped_error(e)),
                 };
                 admitted.ended(done.as_ref());
                 done.map_err(TaskExit::Error)
@@ -303,11 +303,11 @@ impl ServerHandler for CodeExecutor {
             (self.tool_router.get(&request.name), &request.arguments)
         {
             args::check_known(&request.name, &tool.input_schema, arguments)
-                .map_err(super::report::capped_error)?;
+                .map_err(super::fit::capped_error)?;
         }
         self.dispatch(request, context)
             .await
-            .map_err(super::report::capped_error)
+            .map_err(super::fit::capped_error)
     }
 
     async fn get_task(
