@@ -18,8 +18,8 @@ pub fn kept_name(stream: &str) -> String {
     format!("last-run-{stream}.txt")
 }
 
-/// What a result cannot carry and the workspace should keep: (file name, bytes).
-pub type Keep = Vec<(String, Vec<u8>)>;
+/// What a result cannot carry and the workspace should keep (the core keeps it).
+pub use crate::app::Keep;
 
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct FileReport {
