@@ -124,7 +124,12 @@ pub(super) async fn start(
             EnvSource::Given(_) => anyhow::bail!("given environments serve a single tenant only"),
         };
         service.add_tenant(app::TenantParts {
-            settings: config.settings.for_tenant(tenant),
+            // A tenant of the tenants file: its own limits over the server's. The one local
+            // tenant has none of its own: the server's settings are its.
+            settings: match tenants {
+                Some(_) => config.settings.for_tenant(tenant),
+                None => config.settings.clone(),
+            },
             storage: Some(storage),
             environments,
         });
