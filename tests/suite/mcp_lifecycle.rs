@@ -1,7 +1,7 @@
 //! Long runs: progress notifications while a run goes on, and SIGTERM of a real `serve`
 //! process in the middle of a run (exit 0, no container left).
 
-mod mcp_support;
+use crate::mcp_support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -418,7 +418,7 @@ async fn a_session_found_running_at_its_thaw_goes_on() {
 
 // ---- item 5: environment probes and installs take run slots ------------------------------
 
-mod mcp_support;
+use crate::mcp_support;
 
 /// Item 4, the memory half: open sessions hold their memory against the tenant's budget
 /// while paused. With room for two sandboxes, two open sessions leave none: a third session

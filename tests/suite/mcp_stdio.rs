@@ -1,7 +1,7 @@
 //! `mcp-code-executor serve --stdio` as an MCP client spawns it: the real binary as a child
 //! process (doctor self-test included), rmcp's client on its stdin/stdout.
 
-mod mcp_support;
+use crate::mcp_support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! PyPI, hostile specs refused, switching to a host venv (read-only in runs) and refusing
 //! a broken one while the previous configuration stays.
 
-mod mcp_support;
+use crate::mcp_support;
 
 use mcp_support::{
     call, is_error, server_with_environments, structured, text, try_call, ProgressRecorder,

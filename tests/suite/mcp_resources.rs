@@ -5,7 +5,7 @@
 //! session's workspace; a URI of another session, or of another tenant's session, is
 //! "resource not found" (-32002), like a file that does not exist.
 
-mod mcp_support;
+use crate::mcp_support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -8,10 +8,10 @@
 //! event limit) as its head and tail with the whole output in the workspace and as
 //! `resource_link`s whose `resources/read` gives all of it (up to the output limit), and a
 //! 3000x3000 figure's link reads back as a PNG blob. (Tasks: the SDK has no client side for
-//! them; tests/mcp_tasks.rs drives them over raw HTTP.) `scripts/test.sh` makes the SDK's venv; without it this
+//! them; tests/suite/mcp_tasks.rs drives them over raw HTTP.) `scripts/test.sh` makes the SDK's venv; without it this
 //! test fails and says how to make it.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::PathBuf;

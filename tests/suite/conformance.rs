@@ -12,13 +12,13 @@
 //! `scripts/test.sh` installs the suites and Node 22 under `target/conformance/`
 //! (`MCP_CONFORMANCE_DIR` points elsewhere); without them this test fails and says how.
 
-mod mcp_support;
+use crate::mcp_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-const EXPECTED: &str = include_str!("conformance/expected-failures.yml");
+const EXPECTED: &str = include_str!("../conformance/expected-failures.yml");
 const VERSIONS: [&str; 2] = ["0.1.16", "0.2.0-alpha.12"];
 
 fn dir() -> PathBuf {
