@@ -177,6 +177,8 @@ async fn the_conformance_suites_pass_but_for_the_expected_failures() {
 
     let out_root =
         std::env::temp_dir().join(format!("mcp-conformance-{}", uuid::Uuid::new_v4().simple()));
+    // Removed when the test ends, whether it passes or not.
+    let _out_root_guard = crate::common::TempDirs(vec![out_root.clone()]);
     let expected = expected();
     // (version, revision, scenario) -> outcome
     let mut table: Vec<(String, String, String, Outcome)> = Vec::new();

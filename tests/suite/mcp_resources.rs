@@ -158,6 +158,8 @@ async fn another_tenants_resource_is_not_found() {
     let _b = common::remove_on_drop(BOB);
     let _image = common::sandbox().await;
     let dir = std::env::temp_dir().join(format!("mcp-test-res-{}", uuid::Uuid::new_v4().simple()));
+    // Removed when the test ends, whether it passes or not.
+    let _dir_guard = crate::common::TempDirs(vec![dir.clone()]);
     std::fs::create_dir_all(&dir).unwrap();
     let mut toml = String::new();
     for (id, tok) in [

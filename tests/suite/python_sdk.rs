@@ -83,6 +83,8 @@ async fn the_official_python_sdk_works_over_every_transport() {
     let _clean = common::remove_on_drop(tenant);
     common::sandbox().await;
     let dir = std::env::temp_dir().join(format!("mcpx-pysdk-{}", uuid::Uuid::new_v4().simple()));
+    // Removed when the test ends, whether it passes or not.
+    let _dir_guard = crate::common::TempDirs(vec![dir.clone()]);
     let mut server = tokio::process::Command::new(BIN)
         .args([
             "serve",
