@@ -1,7 +1,7 @@
 //! Stateful sessions against the real daemon: state persists, exceptions keep the session,
 //! timeouts and OOM end it, figures come back per cell, and closing removes the container.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

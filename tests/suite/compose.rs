@@ -4,8 +4,7 @@
 //! nothing left behind. Needs docker-compose (scripts/setup-docker.sh installs it); without
 //! it this test fails, it never skips.
 
-#[path = "mcp_support/mod.rs"]
-mod mcp_support;
+use crate::mcp_support;
 
 use std::path::PathBuf;
 use std::process::Command;

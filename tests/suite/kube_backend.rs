@@ -6,10 +6,9 @@
 //! serving `execute_code` to the official Python SDK.
 #![cfg(feature = "kubernetes")]
 
-mod common;
+use crate::common;
 #[allow(unused_imports)]
-#[path = "kube_standin/mod.rs"]
-mod kube_standin;
+use crate::kube_standin;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -476,7 +475,7 @@ async fn installs_need_the_environment_volume() {
     }
 }
 
-/// The Python with the official MCP SDK (as tests/python_sdk.rs finds it).
+/// The Python with the official MCP SDK (as tests/suite/python_sdk.rs finds it).
 fn sdk_python() -> PathBuf {
     let p = std::env::var_os("MCP_PY_SDK_PYTHON")
         .map(PathBuf::from)
@@ -642,7 +641,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 /// The figures of the README's "Scale on Kubernetes", measured against the stand-in (run
-/// by hand: `cargo test --test kube_backend -- --ignored --nocapture`). Prints, asserts
+/// by hand: `cargo test --test suite kube_backend:: -- --ignored --nocapture`). Prints, asserts
 /// nothing about speed.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "a measurement for the README, run by hand"]

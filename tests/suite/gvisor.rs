@@ -4,7 +4,7 @@
 //! pass of the suite: `MCP_TEST_RUNTIME=runsc`, see scripts/test.sh.) These tests need
 //! runsc registered (`scripts/setup-docker.sh --gvisor`) and fail, saying so, without it.
 
-mod common;
+use crate::common;
 
 use mcp_code_executor::backend::docker::{DockerBackend, DockerConfig, GVISOR_RUNTIME};
 use mcp_code_executor::backend::image;

@@ -418,7 +418,7 @@ async fn a_session_found_running_at_its_thaw_goes_on() {
 
 // ---- item 5: environment probes and installs take run slots ------------------------------
 
-mod mcp_support;
+use crate::mcp_support;
 
 /// Item 4, the memory half: open sessions hold their memory against the tenant's budget
 /// while paused. With room for two sandboxes, two open sessions leave none: a third session
@@ -553,6 +553,8 @@ async fn environment_probes_wait_for_run_slots() {
     let _clean = common::remove_on_drop(tenant);
     let data =
         std::env::temp_dir().join(format!("mcpx-hs-probes-{}", uuid::Uuid::new_v4().simple()));
+    // Removed when the test ends, whether it passes or not.
+    let _data_guard = crate::common::TempDirs(vec![data.clone()]);
     let sandbox = common::sandbox().await;
     let manager = EnvManager::new(data.clone(), EnvManager::default_ca_bundle());
     let state = EnvState::init(&*sandbox, &manager, tenant, None)
@@ -619,7 +621,11 @@ async fn environments_outside_the_allowed_roots_are_refused_with_one_text() {
     let _clean = common::remove_on_drop(tenant);
     let uniq = uuid::Uuid::new_v4().simple().to_string();
     let data = std::env::temp_dir().join(format!("mcpx-hs-envroots-{uniq}"));
+    // Removed when the test ends, whether it passes or not.
+    let _data_guard = crate::common::TempDirs(vec![data.clone()]);
     let outside = std::env::temp_dir().join(format!("mcpx-hs-planted-{uniq}"));
+    // Removed when the test ends, whether it passes or not.
+    let _outside_guard = crate::common::TempDirs(vec![outside.clone()]);
     // A "source tree" and a venv claiming it as its base interpreter's home.
     let tree = outside.join("tree");
     std::fs::create_dir_all(tree.join("bin")).unwrap();
@@ -737,6 +743,8 @@ async fn storage_writes_count_against_runs_per_minute() {
 #[tokio::test]
 async fn stored_code_past_its_age_is_removed() {
     let dir = std::env::temp_dir().join(format!("mcpx-hs-age-{}", uuid::Uuid::new_v4().simple()));
+    // Removed when the test ends, whether it passes or not.
+    let _dir_guard = crate::common::TempDirs(vec![dir.clone()]);
     std::fs::create_dir_all(&dir).unwrap();
     let old = dir.join("old_0123abcd.py");
     let new = dir.join("new_4567abcd.py");
@@ -781,6 +789,8 @@ async fn orphaned_session_workspaces_are_swept_at_start_up() {
     use std::os::unix::io::AsRawFd as _;
     let root =
         std::env::temp_dir().join(format!("mcpx-hs-orphans-{}", uuid::Uuid::new_v4().simple()));
+    // Removed when the test ends, whether it passes or not.
+    let _root_guard = crate::common::TempDirs(vec![root.clone()]);
     let orphan = root.join("t-hs-orph.sessions/0123456789abcdef");
     std::fs::create_dir_all(&orphan).unwrap();
     std::fs::write(orphan.join("big.bin"), vec![0u8; 1 << 20]).unwrap();

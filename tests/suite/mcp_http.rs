@@ -1,7 +1,7 @@
 //! The MCP tools over Streamable HTTP, through rmcp's real client, against a real server with
 //! the real Docker backend. Every test checks at the end that none of its containers is left.
 
-mod mcp_support;
+use crate::mcp_support;
 
 use std::time::Duration;
 
@@ -616,8 +616,8 @@ async fn browser_origins_are_checked_by_default_on_both_transports() {
 /// answers as that server does: `/healthz` at once, `/readyz` once serving, `/metrics`.
 #[tokio::test]
 async fn the_test_server_is_started_by_the_same_server_run_as_the_binary() {
-    let support = include_str!("mcp_support/mod.rs");
-    let serve = include_str!("../src/commands/serve.rs");
+    let support = include_str!("../mcp_support/mod.rs");
+    let serve = include_str!("../../src/commands/serve.rs");
     assert!(
         support.contains("tokio::spawn(server::run(config, shutdown.clone()))"),
         "tests/mcp_support no longer starts its server through server::run"

@@ -1,7 +1,7 @@
 //! Long runs: progress notifications while a run goes on, and SIGTERM of a real `serve`
 //! process in the middle of a run (exit 0, no container left).
 
-mod mcp_support;
+use crate::mcp_support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,6 +62,8 @@ async fn sigterm_stops_runs_removes_containers_and_exits_zero() {
         "mcp-test-sigterm-{}",
         uuid::Uuid::new_v4().simple()
     ));
+    // Removed when the test ends, whether it passes or not.
+    let _dir_guard = crate::common::TempDirs(vec![dir.clone()]);
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
         .args(["serve", "--port", "0"])
         .env("CODE_STORAGE_DIR", &dir)
@@ -139,6 +141,8 @@ async fn serve_refuses_to_start_when_the_self_test_fails() {
     // an image that does not exist (and may not be built) fails the start-up self-test
     let dir =
         std::env::temp_dir().join(format!("mcp-test-refuse-{}", uuid::Uuid::new_v4().simple()));
+    // Removed when the test ends, whether it passes or not.
+    let _dir_guard = crate::common::TempDirs(vec![dir.clone()]);
     let serve = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
         .args([
             "serve",

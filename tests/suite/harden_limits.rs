@@ -5,13 +5,11 @@
 //!
 //! `attack_rss_items_2_3` (ignored; run by hand) repeats the review's attacks of items 2
 //! and 3 and prints the server's RSS before, at the peak and after:
-//! `cargo test --test harden_limits attack_rss -- --ignored --nocapture`
+//! `cargo test --test suite harden_limits::attack_rss -- --ignored --nocapture`
 //! (`MCE_TEST_BIN=/path/to/mcp-code-executor` attacks another build, e.g. an older one).
 
-#[path = "common/mod.rs"]
-mod common;
-#[path = "common/process.rs"]
-mod process;
+use crate::common;
+use crate::process;
 
 use std::time::{Duration, Instant};
 

@@ -7,7 +7,7 @@
 //! run may take a timeout over the server's maximum for calls (up to 30 minutes); a client
 //! that does not declare the extension gets a plain result.
 
-mod mcp_support;
+use crate::mcp_support;
 
 use std::time::Duration;
 

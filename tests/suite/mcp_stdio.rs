@@ -1,7 +1,7 @@
 //! `mcp-code-executor serve --stdio` as an MCP client spawns it: the real binary as a child
 //! process (doctor self-test included), rmcp's client on its stdin/stdout.
 
-mod mcp_support;
+use crate::mcp_support;
 
 use std::time::Duration;
 
@@ -18,6 +18,8 @@ async fn stdio_server_executes_and_leaves_nothing_behind() {
     let sandbox = common::sandbox().await;
     let dir =
         std::env::temp_dir().join(format!("mcp-test-stdio-{}", uuid::Uuid::new_v4().simple()));
+    // Removed when the test ends, whether it passes or not.
+    let _dir_guard = crate::common::TempDirs(vec![dir.clone()]);
     let transport = TokioChildProcess::new(
         tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor")).configure(|cmd| {
             cmd.arg("serve")
@@ -94,6 +96,8 @@ async fn raw_stdio_errors_and_dotenv() {
     let _image = common::sandbox().await;
     let cwd =
         std::env::temp_dir().join(format!("mcp-test-dotenv-{}", uuid::Uuid::new_v4().simple()));
+    // Removed when the test ends, whether it passes or not.
+    let _cwd_guard = crate::common::TempDirs(vec![cwd.clone()]);
     let storage = cwd.join("from-dotenv");
     std::fs::create_dir_all(&cwd).unwrap();
     // A real venv, configured the way users of the old tools do it: ENV_TYPE + VENV_PATH.

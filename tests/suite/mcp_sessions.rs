@@ -2,7 +2,7 @@
 //! real Docker backend: stateful sessions, figures as images, workspace files. Every test
 //! checks at the end that none of its containers is left.
 
-mod mcp_support;
+use crate::mcp_support;
 
 use std::time::Duration;
 

@@ -25,10 +25,8 @@ use rmcp::model::{CallToolRequestParams, Tool};
 use rmcp::RoleClient;
 use serde_json::{json, Map, Value};
 
-#[path = "common/mod.rs"]
-mod common;
-#[path = "common/process.rs"]
-mod process;
+use crate::common;
+use crate::process;
 
 use process::Server;
 

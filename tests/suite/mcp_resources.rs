@@ -5,7 +5,7 @@
 //! session's workspace; a URI of another session, or of another tenant's session, is
 //! "resource not found" (-32002), like a file that does not exist.
 
-mod mcp_support;
+use crate::mcp_support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -158,6 +158,8 @@ async fn another_tenants_resource_is_not_found() {
     let _b = common::remove_on_drop(BOB);
     let _image = common::sandbox().await;
     let dir = std::env::temp_dir().join(format!("mcp-test-res-{}", uuid::Uuid::new_v4().simple()));
+    // Removed when the test ends, whether it passes or not.
+    let _dir_guard = crate::common::TempDirs(vec![dir.clone()]);
     std::fs::create_dir_all(&dir).unwrap();
     let mut toml = String::new();
     for (id, tok) in [

@@ -2,7 +2,7 @@
 //! service) its containers stop by themselves, and hostile code cannot hold a run past its
 //! end. Real daemon, real containers, the real binary.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -8,10 +8,10 @@
 //! event limit) as its head and tail with the whole output in the workspace and as
 //! `resource_link`s whose `resources/read` gives all of it (up to the output limit), and a
 //! 3000x3000 figure's link reads back as a PNG blob. (Tasks: the SDK has no client side for
-//! them; tests/mcp_tasks.rs drives them over raw HTTP.) `scripts/test.sh` makes the SDK's venv; without it this
+//! them; tests/suite/mcp_tasks.rs drives them over raw HTTP.) `scripts/test.sh` makes the SDK's venv; without it this
 //! test fails and says how to make it.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -83,6 +83,8 @@ async fn the_official_python_sdk_works_over_every_transport() {
     let _clean = common::remove_on_drop(tenant);
     common::sandbox().await;
     let dir = std::env::temp_dir().join(format!("mcpx-pysdk-{}", uuid::Uuid::new_v4().simple()));
+    // Removed when the test ends, whether it passes or not.
+    let _dir_guard = crate::common::TempDirs(vec![dir.clone()]);
     let mut server = tokio::process::Command::new(BIN)
         .args([
             "serve",

@@ -1,7 +1,7 @@
 //! The execution engine against the real Docker daemon: every case runs real containers and
 //! checks afterwards that none of them is left.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! session's interpreter runs nothing), replaces what the code left where a file goes
 //! without following it, refuses what it cannot write and keeps the session either way.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

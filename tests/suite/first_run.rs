@@ -10,7 +10,7 @@
 //! the default one, so the daemon's layer cache makes the build itself quick where the
 //! default image was built before (about 0.1 s here; minutes on a fresh machine).
 
-mod mcp_support;
+use crate::mcp_support;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

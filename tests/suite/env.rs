@@ -1,7 +1,7 @@
 //! Python environments mounted read-only into real sandboxes: a host venv, a uv venv, a
 //! conda-shaped prefix, the managed default, and an install from PyPI.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

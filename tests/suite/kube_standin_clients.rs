@@ -5,8 +5,7 @@
 //! container, OOM and the deadline come back in the pod status. What passes here is what
 //! the backend may rely on; `tests/kube_standin/README.md` says what it does not prove.
 
-#[path = "kube_standin/mod.rs"]
-mod kube_standin;
+use crate::kube_standin;
 
 use std::process::Command;
 use std::sync::OnceLock;

@@ -12,13 +12,13 @@
 //! `scripts/test.sh` installs the suites and Node 22 under `target/conformance/`
 //! (`MCP_CONFORMANCE_DIR` points elsewhere); without them this test fails and says how.
 
-mod mcp_support;
+use crate::mcp_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-const EXPECTED: &str = include_str!("conformance/expected-failures.yml");
+const EXPECTED: &str = include_str!("../conformance/expected-failures.yml");
 const VERSIONS: [&str; 2] = ["0.1.16", "0.2.0-alpha.12"];
 
 fn dir() -> PathBuf {
@@ -177,6 +177,8 @@ async fn the_conformance_suites_pass_but_for_the_expected_failures() {
 
     let out_root =
         std::env::temp_dir().join(format!("mcp-conformance-{}", uuid::Uuid::new_v4().simple()));
+    // Removed when the test ends, whether it passes or not.
+    let _out_root_guard = crate::common::TempDirs(vec![out_root.clone()]);
     let expected = expected();
     // (version, revision, scenario) -> outcome
     let mut table: Vec<(String, String, String, Outcome)> = Vec::new();

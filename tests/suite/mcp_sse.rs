@@ -2,7 +2,7 @@
 //! the `endpoint` event, `POST /messages?sessionId=…`, answers as `message` events. The client
 //! here is written by hand on purpose: it is the wire format that must not drift.
 
-mod mcp_support;
+use crate::mcp_support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! PyPI, hostile specs refused, switching to a host venv (read-only in runs) and refusing
 //! a broken one while the previous configuration stays.
 
-mod mcp_support;
+use crate::mcp_support;
 
 use mcp_support::{
     call, is_error, server_with_environments, structured, text, try_call, ProgressRecorder,
@@ -16,6 +16,8 @@ const TENANT: &str = "t-mcp-env";
 #[tokio::test]
 async fn environments_configure_install_and_stay_read_only() {
     let data = std::env::temp_dir().join(format!("mcpx-data-{}", uuid::Uuid::new_v4().simple()));
+    // Removed when the test ends, whether it passes or not.
+    let _data_guard = crate::common::TempDirs(vec![data.clone()]);
     let server = server_with_environments(TENANT, &data).await;
     let recorder = ProgressRecorder::default();
     let client = recorder
@@ -210,6 +212,8 @@ async fn environments_configure_install_and_stay_read_only() {
 async fn runs_and_cells_wait_for_an_install_in_progress() {
     let tenant = "t-mcp-env-wait";
     let data = std::env::temp_dir().join(format!("mcpx-data-{}", uuid::Uuid::new_v4().simple()));
+    // Removed when the test ends, whether it passes or not.
+    let _data_guard = crate::common::TempDirs(vec![data.clone()]);
     let server = server_with_environments(tenant, &data).await;
     let recorder = ProgressRecorder::default();
     let client = recorder

@@ -3,8 +3,7 @@
 //! cross-tenant attempt fails, quotas refuse with the documented errors, and a flooding
 //! tenant does not starve a quiet one.
 
-#[path = "mcp_support/mod.rs"]
-mod mcp_support;
+use crate::mcp_support;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

@@ -4,7 +4,7 @@
 //!
 //! `attack_rss` (ignored; run by hand) is the attack tool: it runs the attacks of items 1-3
 //! against a local server and prints its RSS before, during and after, with the bounds:
-//! `cargo test --test harden_http attack_rss -- --ignored --nocapture`
+//! `cargo test --test suite harden_http::attack_rss -- --ignored --nocapture`
 //! (`MCE_ATTACK_BIN=/path/to/mcp-code-executor` attacks another build, e.g. an older one).
 
 use std::io::Write as _;
@@ -17,8 +17,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpSocket, TcpStream};
 
-#[path = "common/mod.rs"]
-mod common;
+use crate::common;
 
 /// A `serve` process on 127.0.0.1, port 0, with its own data directories.
 struct Server {

@@ -7,8 +7,7 @@
 //! Also two items of the hardening review in this layer: the size of `initialize` is bounded,
 //! and a refused `Origin` is logged quoted.
 
-#[path = "mcp_support/mod.rs"]
-mod mcp_support;
+use crate::mcp_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

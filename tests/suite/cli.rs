@@ -1,7 +1,7 @@
 //! The `run` and `doctor` commands as a CI pipeline uses them: the real binary, the real
 //! daemon, exit codes and reports checked.
 
-mod common;
+use crate::common;
 
 use common::{assert_nothing_left_by, containers_left_by};
 
