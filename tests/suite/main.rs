@@ -20,6 +20,7 @@ mod process;
 
 mod cli;
 mod cli_jobs;
+mod codemode;
 mod compose;
 mod conformance;
 mod engine;

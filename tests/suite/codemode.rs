@@ -15,10 +15,8 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{json, Value};
 
-#[path = "common/mod.rs"]
-mod common;
-#[path = "common/process.rs"]
-mod process;
+use crate::common;
+use crate::process;
 
 use process::Server;
 
