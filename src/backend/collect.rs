@@ -170,6 +170,10 @@ pub(crate) enum Control {
     Ready,
     Exit(Report),
     Failed(String),
+    /// A kind of frame the collector does not gather (a runner's call to the server, say):
+    /// the frame loop hands it to its [`crate::backend::engine::live::FrameHook`].
+    #[allow(dead_code)]
+    Other(Frame),
 }
 
 /// Output gathered so far, capped per stream.
@@ -239,6 +243,9 @@ impl Collected {
                     self.files.push(OutputFile { path, data });
                 }
             }
+            // Kinds added to the protocol for others (see `Control::Other`).
+            #[allow(unreachable_patterns)]
+            other => return Some(Control::Other(other)),
         }
         None
     }

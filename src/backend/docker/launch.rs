@@ -87,7 +87,7 @@ impl Inner {
             .start_container(&created.id, None)
             .await
             .map_err(|e| classify("starting the container", e))?;
-        Ok(Live::new(guard, attached.input, attached.output))
+        Ok(super::live::live(guard, attached.input, attached.output))
     }
 
     /// Docker creates a missing named volume, empty, when a container mounts it: an

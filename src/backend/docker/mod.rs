@@ -249,7 +249,9 @@ impl Backend for DockerBackend {
             },
         );
 
-        let mut ended = live.execute(&input, true, &job.limits, &events).await?;
+        let mut ended = live
+            .execute(&input, true, &job.limits, &events, &None)
+            .await?;
         if let Ended::Vanished(out) = &ended {
             if pooled && out.is_empty() {
                 // A pool container that died while it waited (a daemon restart, a kill
@@ -260,7 +262,9 @@ impl Backend for DockerBackend {
                     .inner
                     .launch(&job.limits, &job.env, &job.tenant, &job.id)
                     .await?;
-                ended = live.execute(&input, true, &job.limits, &events).await?;
+                ended = live
+                    .execute(&input, true, &job.limits, &events, &None)
+                    .await?;
             }
         }
         if let Ended::Report(report, _) = &ended {

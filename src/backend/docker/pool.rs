@@ -3,11 +3,10 @@
 //! and what preloading learns from the runs' reports.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::live::Live;
 use super::{DockerBackend, Inner};
-use crate::backend::pool::Waiting;
 use crate::backend::preload::{Learner, PreloadConfig};
 use crate::backend::protocol::Report;
 use crate::job::{JobSpec, RunEnv};
@@ -16,17 +15,6 @@ pub use crate::backend::pool::{KindStats, PoolStats};
 
 /// A pool of waiting containers.
 pub(super) type Pool = crate::backend::pool::Pool<Live>;
-
-impl Waiting for Live {
-    fn waiting_since(&mut self) -> Option<Instant> {
-        self.still_waiting().then_some(self.born)
-    }
-
-    /// A preloading container gets its CPU weight back before it runs.
-    fn claimed(&mut self) -> bool {
-        self.weight.take().is_none_or(|w| w.restore())
-    }
-}
 
 /// One refill worker of `pool` (see [`crate::backend::pool::refill`]).
 pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
@@ -80,7 +68,10 @@ async fn make(
             .await?;
         if !preload.is_empty() {
             // Its imports yield to the server, the daemon and the runs.
-            live.weight = super::weight::lower(live.guard.id());
+            // A preloading container gets its CPU weight back before it runs.
+            if let Some(w) = super::weight::lower(live.guard.id()) {
+                live.on_claim = Some(Box::new(move || w.restore()));
+            }
         }
         live.wait_ready().await?;
         Ok(live)

@@ -108,7 +108,9 @@ impl session::Sandbox for DockerSession {
         limits: &Limits,
         events: &Events,
     ) -> Result<Ended, BackendError> {
-        self.live.execute(message, false, limits, events).await
+        self.live
+            .execute(message, false, limits, events, &None)
+            .await
     }
 
     async fn outcome(&mut self, ended: Ended) -> Result<Outcome, BackendError> {

@@ -3,48 +3,29 @@
 //! until the report, the deadline or the end. With the `v5.channel.k8s.io` subprotocol,
 //! closing stdin is a clean EOF of stdin alone; the output keeps coming.
 
-use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use futures::{FutureExt, Stream, StreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{AttachParams, AttachedProcess, PostParams};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio_util::io::ReaderStream;
 
 use super::guard::PodGuard;
 use super::spec::{self, Lifetime};
 use super::{classify, Inner};
-use crate::backend::collect::{Collected, Control, Ended};
-use crate::backend::protocol::{Frame, FrameDecoder};
-use crate::backend::{emit, BackendError, Events};
-use crate::job::{Limits, RunEnv, RunEvent};
+use crate::backend::engine::live::{Chunk, Input, ReadError};
+use crate::backend::BackendError;
+use crate::job::{Limits, RunEnv};
 
 /// How long a pod may take from create to its container running (scheduling, pulling the
 /// image on a new node, starting). Not part of the user's timeout.
-pub(super) const START_DEADLINE: Duration = Duration::from_secs(30);
+pub(super) use crate::backend::engine::live::START_DEADLINE;
 
 /// The attach pipes' buffers: the runner's frames are up to 64 KiB of output each.
 const PIPE: usize = 64 << 10;
 
-enum Chunk {
-    Out(bytes::Bytes),
-    Err(bytes::Bytes),
-}
-
-type Output = Pin<Box<dyn Stream<Item = std::io::Result<Chunk>> + Send>>;
-type Input = Pin<Box<dyn AsyncWrite + Send>>;
-
 /// A running pod whose runner waits for (or has been given) its job.
-pub(super) struct Live {
-    pub(super) guard: PodGuard,
-    /// Holds the attach's WebSocket task: dropping it ends the attach.
-    _attached: AttachedProcess,
-    input: Option<Input>,
-    output: Output,
-    decoder: FrameDecoder,
-    pub(super) born: Instant,
-}
+pub(super) type Live = crate::backend::engine::live::Live<PodGuard>;
 
 impl Inner {
     /// Create a pod of the given shape for `tenant`, wait until its container runs, and
@@ -84,7 +65,7 @@ impl Inner {
             )
             .await
             .map_err(|e| classify("attaching to the pod", e))?;
-        Ok(Live::new(guard, attached))
+        Ok(live(guard, attached))
     }
 
     /// Poll the pod until its container runs; a pod that cannot start (no such image, a
@@ -154,131 +135,26 @@ impl Inner {
     }
 }
 
-impl Live {
-    fn new(guard: PodGuard, mut attached: AttachedProcess) -> Self {
-        let input: Input = Box::pin(attached.stdin().expect("stdin asked for"));
-        let out = ReaderStream::with_capacity(attached.stdout().expect("stdout asked for"), PIPE)
-            .map(|r| r.map(Chunk::Out));
-        let err = ReaderStream::with_capacity(attached.stderr().expect("stderr asked for"), PIPE)
-            .map(|r| r.map(Chunk::Err));
-        Live {
-            guard,
-            _attached: attached,
-            input: Some(input),
-            output: Box::pin(futures::stream::select(out, err)),
-            decoder: FrameDecoder::default(),
-            born: Instant::now(),
-        }
-    }
-
-    /// Is a waiting pod still there? One whose attach ended (the pod deleted, the node
-    /// gone) has its stream ended, or something unexpected on it.
-    /// The runner's `R` may arrive after the attach (it is not replayed when it came
-    /// before): that is all a waiting runner may say.
-    pub(super) fn still_waiting(&mut self) -> bool {
-        if self.input.is_none() {
-            return false;
-        }
-        loop {
-            match self.output.next().now_or_never() {
-                None => return true,
-                Some(Some(Ok(Chunk::Out(data)))) => {
-                    self.decoder.push(&data);
-                    loop {
-                        match self.decoder.next_frame() {
-                            Ok(Some(Frame::Ready)) => continue,
-                            Ok(None) => break,
-                            _ => return false,
-                        }
-                    }
-                }
-                Some(_) => return false,
-            }
-        }
-    }
-
-    /// Write to the runner's stdin and keep it open (the opening of a session).
-    pub(super) async fn send(&mut self, bytes: &[u8]) -> Result<(), BackendError> {
-        let stdin = self
-            .input
-            .as_mut()
-            .ok_or_else(|| BackendError::Runner("the sandbox's input is already closed".into()))?;
-        let w = async {
-            stdin.write_all(bytes).await?;
-            stdin.flush().await
-        };
-        w.await
-            .map_err(|e| BackendError::Runner(format!("writing into the sandbox failed: {e}")))
-    }
-
-    /// Feed the input and read the runner's frames until it reports, the deadline passes
-    /// or the stream ends. With `close_input` stdin is closed after the input (a run).
-    /// The attach comes after the runner started, so its `R` may have gone by: the
-    /// runner's stdin is a pipe, and the job waits there until it reads it.
-    pub(super) async fn execute(
-        &mut self,
-        input: &[u8],
-        close_input: bool,
-        limits: &Limits,
-        events: &Events,
-    ) -> Result<Ended, BackendError> {
-        let stdin = self
-            .input
-            .take()
-            .ok_or_else(|| BackendError::Runner("the sandbox's input is already closed".into()))?;
-        let writer = crate::backend::collect::write_input(stdin, input, close_input).fuse();
-        tokio::pin!(writer);
-        let mut out = Collected::new(limits.output_bytes);
-        emit(events, RunEvent::Started);
-        let deadline = tokio::time::Instant::now() + limits.timeout;
-        let mut runner_stderr = Vec::new();
-        loop {
-            let chunk = tokio::select! {
-                (r, stdin) = &mut writer => {
-                    self.input = stdin;
-                    if let Err(e) = r {
-                        tracing::debug!(error = %e, "writing the job into the sandbox failed");
-                    }
-                    continue;
-                }
-                _ = tokio::time::sleep_until(deadline) => return Ok(Ended::TimedOut(out)),
-                c = self.output.next() => c,
-            };
-            match chunk {
-                None => {
-                    if !runner_stderr.is_empty() {
-                        tracing::warn!(stderr = %String::from_utf8_lossy(&runner_stderr), "the runner wrote to stderr");
-                    }
-                    return Ok(Ended::Vanished(out));
-                }
-                Some(Err(e)) => {
-                    return Err(BackendError::Failed {
-                        backend: "Kubernetes",
-                        action: "reading the sandbox output",
-                        detail: e.to_string(),
-                    })
-                }
-                Some(Ok(Chunk::Out(data))) => self.decoder.push(&data),
-                Some(Ok(Chunk::Err(data))) => {
-                    if runner_stderr.len() < 4096 {
-                        runner_stderr.extend_from_slice(&data);
-                    }
-                    continue;
-                }
-            }
-            while let Some(frame) = self
-                .decoder
-                .next_frame()
-                .map_err(|e| BackendError::Runner(e.to_string()))?
-            {
-                match out.absorb(frame, events) {
-                    None | Some(Control::Ready) => {}
-                    Some(Control::Exit(report)) => return Ok(Ended::Report(report, out)),
-                    Some(Control::Failed(msg)) => return Err(BackendError::Rejected(msg)),
-                }
-            }
-        }
-    }
+/// The conversation over a pod's attach. The attach comes after the runner started, so
+/// its `R` may have gone by: the runner is taken as ready (its stdin is a pipe, and the job
+/// waits there until it reads it).
+fn live(guard: PodGuard, mut attached: AttachedProcess) -> Live {
+    let input: Input = Box::pin(attached.stdin().expect("stdin asked for"));
+    let out = ReaderStream::with_capacity(attached.stdout().expect("stdout asked for"), PIPE)
+        .map(|r| r.map(Chunk::Out));
+    let err = ReaderStream::with_capacity(attached.stderr().expect("stderr asked for"), PIPE)
+        .map(|r| r.map(Chunk::Err));
+    let output = futures::stream::select(out, err).map(|r| {
+        r.map_err(|e| {
+            Box::new(move |action| BackendError::Failed {
+                backend: "Kubernetes",
+                action,
+                detail: e.to_string(),
+            }) as ReadError
+        })
+    });
+    // Dropping the attach's handle ends the attach: it lives as long as the sandbox.
+    Live::new(guard, input, Box::pin(output), true).holding(attached)
 }
 
 /// Read the pod's verdict once its runner vanished: did the kernel's OOM killer end the

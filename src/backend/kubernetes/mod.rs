@@ -270,12 +270,16 @@ impl Backend for KubeBackend {
                 container: live.guard.name().to_string(),
             },
         );
-        let mut ended = live.execute(&input, true, &job.limits, &events).await?;
+        let mut ended = live
+            .execute(&input, true, &job.limits, &events, &None)
+            .await?;
         if let Ended::Vanished(out) = &ended {
             if pooled && out.is_empty() {
                 tracing::warn!(job_id = %job.id, pod = %live.guard.name(), "warm pod was gone at dispatch; running the job in a fresh pod");
                 live = self.cold(&job, Lifetime::Run(job.limits.timeout)).await?;
-                ended = live.execute(&input, true, &job.limits, &events).await?;
+                ended = live
+                    .execute(&input, true, &job.limits, &events, &None)
+                    .await?;
             }
         }
         let mut outcome = self.inner.outcome_of(ended, &live.guard).await?;

@@ -2,23 +2,15 @@
 //! running, attached, single-use pods, and how a pod is made for it.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::live::Live;
 use super::spec::Lifetime;
 use super::Inner;
-use crate::backend::pool::Waiting;
 
 pub use crate::backend::pool::PoolStats;
 
 /// A pool of waiting pods.
 pub(super) type Pool = crate::backend::pool::Pool<Live>;
-
-impl Waiting for Live {
-    fn waiting_since(&mut self) -> Option<Instant> {
-        self.still_waiting().then_some(self.born)
-    }
-}
 
 /// One refill worker of `pool` (see [`crate::backend::pool::refill`]).
 pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
