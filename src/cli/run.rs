@@ -38,9 +38,6 @@ pub mod exit {
     pub const TERMINATED: i32 = 143;
 }
 
-/// How long after the last file started the warm pool is stopped (see [`run_files`]).
-const POOL_STOP_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
-
 /// What `run` was asked to do, besides the files.
 pub struct RunOptions {
     pub limits: Limits,
@@ -135,7 +132,6 @@ pub async fn run_files(
     let mut index_of = HashMap::new();
     let (mut next, mut printed) = (0, 0);
     let mut starting = true;
-    let mut pools_stopped = false;
     loop {
         while starting && next < n && tasks.len() < jobs && !stop.is_cancelled() {
             let f = &mut files[next];
@@ -146,20 +142,6 @@ pub async fn run_files(
             let task = tasks.spawn(run_one(executor.clone(), job, live, stop.child_token()));
             index_of.insert(task.id(), next);
             next += 1;
-        }
-        if next == n && n > 1 && !pools_stopped {
-            // Every file has started: a warm pool would only make sandboxes nobody takes,
-            // on the CPU the last runs need, and remove them at the end. `shutdown` stops
-            // it and removes what waits (the runs keep theirs); the caller's own shutdown
-            // at the end waits for the removals. A moment first, so that the files just
-            // started take their waiting sandboxes (a take is microseconds after the
-            // spawn; one that came later would only start cold).
-            pools_stopped = true;
-            let backend = executor.backend().clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(POOL_STOP_DELAY).await;
-                backend.shutdown().await
-            });
         }
         let Some(joined) = tasks.join_next_with_id().await else {
             break;
@@ -292,8 +274,6 @@ mod tests {
         running: AtomicUsize,
         max_running: AtomicUsize,
         started: Mutex<Vec<String>>,
-        /// At each `shutdown`: (files started, runs going on).
-        shutdowns: Mutex<Vec<(usize, usize)>>,
     }
 
     struct Alive(Arc<AtomicUsize>);
@@ -334,12 +314,6 @@ mod tests {
         }
 
         async fn drain(&self) {}
-
-        async fn shutdown(&self) {
-            let started = self.started.lock().unwrap().len();
-            let running = self.running.load(Ordering::SeqCst);
-            self.shutdowns.lock().unwrap().push((started, running));
-        }
     }
 
     fn files(codes: &[&str]) -> Vec<SourceFile> {
@@ -456,20 +430,6 @@ mod tests {
             exit_code_of(&[failed(4), FileReport::Error("x".into())]),
             exit::INFRA
         );
-    }
-
-    #[tokio::test]
-    async fn the_warm_pool_stops_once_every_file_has_started_not_after_the_last_run() {
-        let b = Arc::new(Scripted::default());
-        let codes = ["slow", "slow", "slow", "slow", "slow"];
-        assert_eq!(run(b.clone(), &codes, 2, false, None).await, exit::OK);
-        // Once, with all five started and the last ones still running: no sandbox is
-        // made for a file that will never come, and none waits to be removed at the end.
-        assert_eq!(*b.shutdowns.lock().unwrap(), [(5, 1)]);
-        // One file keeps no pool: nothing to stop.
-        let one = Arc::new(Scripted::default());
-        assert_eq!(run(one.clone(), &["ok"], 2, false, None).await, exit::OK);
-        assert!(one.shutdowns.lock().unwrap().is_empty());
     }
 
     #[test]
