@@ -36,6 +36,9 @@ wall() {
   awk -v a="$start" -v b="$end" 'BEGIN { printf "%.2f", b - a }'
 }
 
+image=$("$bin" image name)
+export image
+if [ "${ONLY:-}" != xargs ]; then  # ONLY=xargs: just the last comparison
 printf '%-8s %6s %12s %12s %8s\n' set files 'jobs 1 (s)' 'jobs 4 (s)' ratio
 for set in print numpy; do
   one=$(wall --jobs 1 "$dir/$set")
@@ -61,3 +64,34 @@ if command -v docker >/dev/null; then
   ratio=$(awk -v a="$one" -v b="$four" 'BEGIN { printf "%.2f", b / a }')
   printf '%-8s %6s %12s %12s %8s\n' "docker" "$n" "$one" "$four" "$ratio"
 fi
+fi
+
+# Issue 29: `run --jobs 4` against the hand-written loop a CI user would write instead,
+# `xargs -P4 docker run --rm -i` of the same files with the same hardening (memory, pids,
+# CPU, read-only root, no network, no capabilities, non-root, as `docker_run_flags`
+# gives them for the default limits). ROUNDS rounds (default 3), the two alternating;
+# medians. Goal: run / xargs <= 0.9.
+if command -v docker >/dev/null; then
+  rounds=${ROUNDS:-3}
+  hard=(--user 65534:65534 --network none --cap-drop ALL --security-opt no-new-privileges
+    --read-only --tmpfs /workspace:rw,nosuid,nodev,noexec,size=67108864,mode=1777
+    --tmpfs /tmp:rw,nosuid,nodev,noexec,size=67108864,mode=1777 --pids-limit 128
+    --memory 536870912 --memory-swap 536870912 --cpus 1 --ulimit nofile=1024:1024
+    --shm-size 16777216 --log-driver none --label io.mcp-code-executor.bench-run-jobs=1)
+  export HARD="${hard[*]}"
+  hrun_x() { local -a h; read -ra h <<<"$HARD"; docker run --rm -i "${h[@]}" "$image" python3 - <"$1" >/dev/null; }
+  export -f hrun_x
+  runs=() loops=()
+  for r in $(seq "$rounds"); do
+    runs+=("$(wall --jobs 4 "$dir/print")")
+    start=$(date +%s.%N)
+    ls "$dir"/print/*.py | xargs -P 4 -I{} bash -c 'hrun_x {}'
+    loops+=("$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')")
+    echo "round $r: run --jobs 4 ${runs[-1]} s, xargs -P4 docker run --rm -i ${loops[-1]} s" >&2
+  done
+  med() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+  a=$(med "${runs[@]}") b=$(med "${loops[@]}")
+  printf '\n%s rounds, medians: run --jobs 4 %s s, xargs -P4 docker run --rm -i (hardened) %s s, ratio %s\n' \
+    "$rounds" "$a" "$b" "$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", a / b }')"
+fi
+

@@ -1,0 +1,166 @@
+use super::*;
+
+/// A sandbox that is alive until told otherwise, and says which one it is.
+struct Fake(u32, bool);
+
+impl Waiting for Fake {
+    fn waiting_since(&mut self) -> Option<Instant> {
+        self.1.then(Instant::now)
+    }
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+fn pool(size: usize) -> Pool<Fake> {
+    Pool::new(Limits::default(), RunEnv::default(), size, "t").with_preload(s(&[
+        "numpy",
+        "pandas",
+        "matplotlib.pyplot",
+    ]))
+}
+
+/// Let the refill workers do all they would: claim and make until the plan is met.
+fn fill(p: &Pool<Fake>, next: &mut u32) -> Vec<Vec<String>> {
+    fill_ids(p, next).into_iter().map(|(k, _)| k).collect()
+}
+
+/// [`fill`], with the ids of the sandboxes made.
+fn fill_ids(p: &Pool<Fake>, next: &mut u32) -> Vec<(Vec<String>, u32)> {
+    let mut made = Vec::new();
+    while let Some(kind) = p.claim() {
+        *next += 1;
+        p.made(&kind, Some(Fake(*next, true)));
+        made.push((kind, *next));
+    }
+    made
+}
+
+fn take(p: &Pool<Fake>, code: &str) -> Option<Fake> {
+    let imports = crate::backend::preload::imports_in(code.as_bytes());
+    p.take(&Limits::default(), &RunEnv::default(), Some(&imports))
+}
+
+fn ready_of(p: &Pool<Fake>, kind: &[String]) -> usize {
+    p.mix()
+        .iter()
+        .find(|k| k.modules == kind)
+        .map_or(0, |k| k.ready)
+}
+
+#[test]
+fn without_demand_a_pool_is_all_plain_and_plain_calls_keep_it_so() {
+    let p = pool(2);
+    let mut n = 0;
+    assert_eq!(fill(&p, &mut n), vec![Vec::<String>::new(); 2]);
+    for _ in 0..20 {
+        assert!(take(&p, "print(1)").is_some());
+        assert!(fill(&p, &mut n).iter().all(|k| k.is_empty()));
+    }
+    assert_eq!(p.stats().target, 2);
+    assert_eq!(p.mix().len(), 1, "{:?}", p.mix());
+}
+
+#[test]
+fn a_plain_call_takes_a_plain_sandbox_and_a_pandas_call_a_preloaded_one() {
+    let p = pool(2);
+    let mut n = 0;
+    fill(&p, &mut n);
+    // The first pandas call: none waits that has pandas, so a plain one (never cold).
+    let first = take(&p, "import pandas as pd\nprint(1)").expect("a plain one");
+    assert!(first.0 <= 2);
+    let pandas: Vec<u32> = fill_ids(&p, &mut n)
+        .into_iter()
+        .filter(|(k, _)| k == &s(&["pandas"]))
+        .map(|(_, id)| id)
+        .collect();
+    assert!(!pandas.is_empty(), "{:?}", p.mix());
+    // A plain call never takes a pandas sandbox while a plain one waits.
+    let plain = take(&p, "import os, json\nprint(1)").expect("plain");
+    assert!(!pandas.contains(&plain.0));
+    assert_eq!(ready_of(&p, &s(&["pandas"])), pandas.len());
+    // The pandas call takes one.
+    let got = take(&p, "import numpy as np\nimport pandas\n").expect("pandas");
+    assert!(pandas.contains(&got.0));
+    // With no plain sandbox waiting, a plain call takes a preloaded one, not cold.
+    fill(&p, &mut n);
+    while ready_of(&p, &[]) > 0 {
+        take(&p, "print(1)").expect("plain");
+    }
+    assert!(ready_of(&p, &s(&["pandas"])) >= 1);
+    assert!(take(&p, "print(1)").is_some());
+}
+
+#[test]
+fn the_mix_follows_demand_and_a_plain_refill_never_waits_behind_imports() {
+    let p = pool(2);
+    let mut n = 0;
+    fill(&p, &mut n);
+    let calls = [
+        "print(1)",
+        "print(2)",
+        "import pandas",
+        "print(3)",
+        "import matplotlib.pyplot as plt",
+        "x = 1",
+        "import pandas",
+        "print(4)",
+        "print(5)",
+        "y = 2",
+    ];
+    for c in calls.iter().cycle().take(30) {
+        take(&p, c);
+        // At most two preloaded being made at once, and two plain.
+        let mut claimed = Vec::new();
+        while let Some(k) = p.claim() {
+            claimed.push(k);
+        }
+        let pre = claimed.iter().filter(|k| !k.is_empty()).count();
+        assert!(pre <= MAKING_PER_KIND && claimed.len() - pre <= MAKING_PER_KIND);
+        for k in claimed {
+            p.made(&k, Some(Fake(0, true)));
+        }
+        fill(&p, &mut n);
+    }
+    let mix = p.mix();
+    let want = |k: &[&str], t: usize| {
+        let m = mix
+            .iter()
+            .find(|m| m.modules == s(k))
+            .unwrap_or_else(|| panic!("{k:?} in {mix:?}"));
+        assert_eq!((m.target, m.ready), (t, t), "{mix:?}");
+    };
+    want(&[], 2);
+    want(&["pandas"], 1);
+    want(&["matplotlib.pyplot"], 1);
+    // Demand moves to plain only: the preloaded kinds leave the plan, and their waiting
+    // sandboxes make room when a kind lacks one.
+    for _ in 0..DEMAND_WINDOW_FOR_TESTS {
+        take(&p, "print(1)");
+        fill(&p, &mut n);
+    }
+    assert_eq!(p.stats().target, 2, "{:?}", p.mix());
+    // The tenant turns to pandas: the plain surplus goes, pandas sandboxes come.
+    for _ in 0..DEMAND_WINDOW_FOR_TESTS {
+        take(&p, "import pandas");
+        fill(&p, &mut n);
+    }
+    assert_eq!(ready_of(&p, &s(&["pandas"])), 2, "{:?}", p.mix());
+    assert_eq!(ready_of(&p, &[]), 1, "{:?}", p.mix());
+}
+
+const DEMAND_WINDOW_FOR_TESTS: usize = crate::backend::preload::DEMAND_WINDOW;
+
+#[test]
+fn a_dead_sandbox_is_never_given_and_nothing_preloads_without_candidates() {
+    let p: Pool<Fake> = Pool::new(Limits::default(), RunEnv::default(), 1, "t");
+    let mut n = 0;
+    fill(&p, &mut n);
+    assert!(take(&p, "import pandas").is_some());
+    assert_eq!(fill(&p, &mut n), vec![Vec::<String>::new()]);
+    p.made(&[], Some(Fake(99, false)));
+    assert!(take(&p, "print(1)").is_some_and(|got| got.0 != 99));
+    assert!(take(&p, "print(1)").is_none());
+    assert_eq!(p.stats().discarded, 1);
+}
