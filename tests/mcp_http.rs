@@ -610,3 +610,37 @@ async fn browser_origins_are_checked_by_default_on_both_transports() {
     }
     s.finish().await;
 }
+
+/// The MCP tests' server is the binary's: `tests/mcp_support` starts it through
+/// `server::run`, the very function `serve` calls (both sources checked here), and it
+/// answers as that server does: `/healthz` at once, `/readyz` once serving, `/metrics`.
+#[tokio::test]
+async fn the_test_server_is_started_by_the_same_server_run_as_the_binary() {
+    let support = include_str!("mcp_support/mod.rs");
+    let serve = include_str!("../src/commands/serve.rs");
+    assert!(
+        support.contains("tokio::spawn(server::run(config, shutdown.clone()))"),
+        "tests/mcp_support no longer starts its server through server::run"
+    );
+    assert!(
+        serve.contains("server::run(config, shutdown).await"),
+        "the binary's serve no longer calls server::run"
+    );
+    let s = server("t-mcp-server-run").await;
+    let http = reqwest::Client::new();
+    let health = http.get(s.url("/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let ready = http.get(s.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+    let ready: serde_json::Value = ready.json().await.unwrap();
+    assert_eq!(ready["phase"], "serving", "{ready}");
+    assert_eq!(ready["ready"], true, "{ready}");
+    let metrics = http.get(s.url("/metrics")).send().await.unwrap();
+    assert_eq!(metrics.status(), 200);
+    let client = s.client().await;
+    let r = call(&client, "execute_code", json!({"code": "print(6 * 7)"})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    assert!(text(&r).contains("42"), "{}", text(&r));
+    client.cancel().await.unwrap();
+    s.finish().await;
+}

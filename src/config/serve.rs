@@ -99,7 +99,7 @@ impl Default for OAuthConfig {
         OAuthConfig {
             public_url: None,
             issuers: Vec::new(),
-            scope: "mcp".into(),
+            scope: super::defaults::OAUTH_SCOPE.into(),
         }
     }
 }
@@ -120,6 +120,17 @@ pub enum BackendKind {
     Docker,
     /// A hardened pod per run on a Kubernetes cluster (the `kubernetes` cargo feature).
     Kubernetes,
+}
+
+impl std::fmt::Display for BackendKind {
+    /// The name `--backend` takes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = Self::ALL
+            .iter()
+            .find(|(_, k)| k == self)
+            .map_or("?", |(n, _)| n);
+        f.write_str(name)
+    }
 }
 
 impl BackendKind {

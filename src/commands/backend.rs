@@ -1,30 +1,32 @@
-//! The one place the binary names a concrete backend: every command gets its sandboxes
-//! from here, as a [`Backend`] (Docker, or Kubernetes with the `kubernetes` feature), and
-//! builds its images through [`image`].
+//! The one place a concrete backend is named: every command (and the server) gets its
+//! sandboxes from here, as a [`Backend`] (Docker, or Kubernetes with the `kubernetes`
+//! feature), and builds its images through [`image`].
 
 use std::sync::Arc;
 
-use mcp_code_executor::backend::docker::{DockerBackend, DockerConfig};
-use mcp_code_executor::backend::Backend;
-use mcp_code_executor::config::serve::BackendKind;
-use mcp_code_executor::config::BackendConfig;
-use mcp_code_executor::job::Limits;
+use crate::backend::docker::{DockerBackend, DockerConfig};
+use crate::backend::Backend;
+use crate::config::serve::BackendKind;
+use crate::config::BackendConfig;
+use crate::job::Limits;
 
 use self::image::BuildOptions;
-use crate::args::SandboxOpts;
 
 /// The sandbox image: what names and packs it (backend-neutral), and the backend's build of
 /// it (`ensure`, `build_server`), under one name for the image commands.
 pub mod image {
-    pub use mcp_code_executor::backend::docker::image::{build_server, ensure};
-    pub use mcp_code_executor::backend::image::*;
+    pub use crate::backend::docker::image::{build_server, ensure};
+    pub use crate::backend::image::*;
 }
 
-/// The backend `opts` name, without a warm pool: the image made sure of (built on first
+/// The backend `cfg` names, without a warm pool: the image made sure of (built on first
 /// use unless told not to, its progress as `[image]` lines), and what dead processes left
 /// swept.
-pub async fn connect(opts: &SandboxOpts) -> Result<Arc<dyn Backend>, String> {
-    let cfg = opts.config_from_process(0);
+pub async fn connect(cfg: &BackendConfig) -> Result<Arc<dyn Backend>, String> {
+    let cfg = BackendConfig {
+        pool_size: 0,
+        ..cfg.clone()
+    };
     connect_with_pool(&cfg, Limits::default(), false, &mut print_build).await
 }
 
@@ -80,7 +82,7 @@ async fn kubernetes(
     pool_limits: Limits,
     per_tenant: bool,
 ) -> Result<Arc<dyn Backend>, String> {
-    use mcp_code_executor::backend::kubernetes::{KubeBackend, KubeConfig, OwnerPod};
+    use crate::backend::kubernetes::{KubeBackend, KubeConfig, OwnerPod};
     let k = &cfg.kubernetes;
     let config = KubeConfig {
         kubeconfig: k.kubeconfig.clone(),
@@ -121,9 +123,12 @@ async fn kubernetes(
 }
 
 /// The bench's way to get a backend with a warm pool of a given size (0: none).
-pub fn bench_connect(opts: SandboxOpts) -> mcp_code_executor::ops::bench::Connect {
+pub fn bench_connect(cfg: BackendConfig) -> crate::ops::bench::Connect {
     Arc::new(move |pool_size| {
-        let cfg = opts.config_from_process(pool_size);
+        let cfg = BackendConfig {
+            pool_size,
+            ..cfg.clone()
+        };
         Box::pin(async move {
             connect_with_pool(&cfg, Limits::default(), false, &mut print_build).await
         })
