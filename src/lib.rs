@@ -74,6 +74,7 @@
 pub mod app;
 pub mod backend;
 pub mod cli;
+pub mod codemode;
 pub mod commands;
 pub mod config;
 pub mod env;

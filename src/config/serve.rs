@@ -33,6 +33,8 @@ pub struct ServeConfig {
     pub tenant: String,
     /// The tenants file (TOML); `None`: one local tenant, no authentication.
     pub tenants_file: Option<PathBuf>,
+    /// Code mode's tools file (TOML); `None`: the code can call no other MCP server.
+    pub tools_file: Option<PathBuf>,
     /// Managed environments, installs' scratch space and the copy of the CA bundle.
     pub data_dir: PathBuf,
     /// Stored code (`code/` under the data directory unless given).
@@ -257,6 +259,7 @@ mod tests {
             max_queue: 256,
             tenant: crate::job::LOCAL_TENANT.into(),
             tenants_file: None,
+            tools_file: None,
             data_dir: "/d".into(),
             code_storage_dir: "/d/code".into(),
             workspace_dir: "/d/workspaces".into(),
@@ -312,6 +315,7 @@ mod tests {
         let c = ServeConfig {
             stdio: true,
             tenants_file: Some("t.toml".into()),
+            tools_file: None,
             ..sample()
         };
         assert_eq!(c.check(), Err(ConfigError::TenantsOverStdio));

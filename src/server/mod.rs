@@ -104,6 +104,18 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
         }
         None => (None, Vec::new()),
     };
+    if let Some(path) = &cfg.tools_file {
+        // Code mode (#26): upstream clients start at the first call of each tenant's code.
+        let conf = crate::codemode::Config::load(path).map_err(anyhow::Error::msg)?;
+        let m = crate::codemode::Manager::new(conf, cfg.host.path.clone(), cfg.host.home.clone());
+        eprintln!(
+            "mcp-code-executor: code mode: {} tool servers from {}: {}",
+            m.summary().len(),
+            path.display(),
+            m.summary().join(", ")
+        );
+        crate::codemode::install(m);
+    }
     let code_root = crate::storage::CodeStorage::open(&cfg.code_storage_dir)?;
     eprintln!(
         "mcp-code-executor: code storage {}{}",
@@ -160,6 +172,7 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
     };
     // Runs stopped, sessions closed (bounded), then the backend's pools and sandboxes.
     service.shutdown().await;
+    crate::codemode::shutdown().await;
     served.context("the transport task")?.context("serving")?;
     Ok(())
 }

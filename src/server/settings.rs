@@ -95,6 +95,7 @@ impl ServeConfig {
             max_queue: app::MAX_QUEUE,
             tenant: defaults::TENANT.into(),
             tenants_file: None,
+            tools_file: None,
             code_storage_dir: crate::storage::default_dir(&data_dir),
             workspace_dir: data_dir.join("workspaces"),
             shared_workspace: false,

@@ -26,8 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use mcp_code_executor::config::defaults::SHUTDOWN_LIMIT;
 
-#[path = "../common/mod.rs"]
-pub mod common;
+pub(crate) use crate::common;
 
 /// A running HTTP server and what a test needs to check on it.
 pub struct Server {

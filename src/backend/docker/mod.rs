@@ -249,8 +249,10 @@ impl Backend for DockerBackend {
             },
         );
 
+        // Code mode (#26): the code's tool requests go to the job's tools.
+        let hook = protocol::tool_hook(&job.tools, false);
         let mut ended = live
-            .execute(&input, true, &job.limits, &events, &None)
+            .execute(&input, true, &job.limits, &events, &hook)
             .await?;
         if let Ended::Vanished(out) = &ended {
             if pooled && out.is_empty() {
@@ -263,7 +265,7 @@ impl Backend for DockerBackend {
                     .launch(&job.limits, &job.env, &job.tenant, &job.id)
                     .await?;
                 ended = live
-                    .execute(&input, true, &job.limits, &events, &None)
+                    .execute(&input, true, &job.limits, &events, &hook)
                     .await?;
             }
         }
@@ -291,11 +293,9 @@ impl Backend for DockerBackend {
         live.wait_ready().await?;
         live.send(&input).await?;
         tracing::debug!(job_id = %job.id, tenant = %job.tenant, container = %live.guard.id(), "session opened");
-        Ok(Box::new(DockerSession::new(
-            self.inner.clone(),
-            live,
-            job.limits,
-        )))
+        let mut session = DockerSession::new(self.inner.clone(), live, job.limits);
+        session.tools = job.tools.clone();
+        Ok(Box::new(session))
     }
 
     async fn info(&self) -> Result<BackendInfo, BackendError> {

@@ -24,6 +24,8 @@ pub(super) struct DockerSession {
     alive: bool,
     /// The container is paused (between cells).
     frozen: bool,
+    /// Code mode (#26): what the session's code may call.
+    pub(super) tools: Option<crate::job::Tools>,
 }
 
 impl DockerSession {
@@ -35,6 +37,7 @@ impl DockerSession {
             limits,
             alive: true,
             frozen: false,
+            tools: None,
         }
     }
 
@@ -108,8 +111,10 @@ impl session::Sandbox for DockerSession {
         limits: &Limits,
         events: &Events,
     ) -> Result<Ended, BackendError> {
+        // Code mode (#26): each cell gets its own tool budget.
+        let hook = crate::backend::protocol::tool_hook(&self.tools, true);
         self.live
-            .execute(message, false, limits, events, &None)
+            .execute(message, false, limits, events, &hook)
             .await
     }
 

@@ -46,7 +46,15 @@ impl session::Sandbox for KubeSession {
         events: &Events,
     ) -> Result<Ended, BackendError> {
         self.live
-            .execute(message, false, limits, events, &None)
+            // Code mode is not wired on Kubernetes yet: a cell's tool requests are answered
+            // that no tools are there (instead of failing the cell).
+            .execute(
+                message,
+                false,
+                limits,
+                events,
+                &crate::backend::protocol::tool_hook(&None, true),
+            )
             .await
     }
 

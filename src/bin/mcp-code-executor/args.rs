@@ -156,6 +156,10 @@ pub struct ServeCmd {
     /// server has one tenant (`--tenant`) and no authentication.
     #[arg(long, env = vars::MCP_EXECUTOR_TENANTS)]
     pub tenants: Option<PathBuf>,
+    /// Code mode's tools file (TOML, see docs/code-mode.md): MCP servers whose tools the
+    /// sandboxed code calls as Python functions (`from tools import NAME`).
+    #[arg(long, env = vars::MCP_EXECUTOR_TOOLS)]
+    pub tools: Option<PathBuf>,
     /// Calls of one tenant that may wait for a run slot; further calls are refused with a
     /// retry hint.
     #[arg(long, env = vars::MCP_EXECUTOR_MAX_QUEUE, default_value_t = mcp::defaults::MAX_QUEUE)]
@@ -229,6 +233,7 @@ impl ServeCmd {
             max_queue: self.max_queue,
             tenant: self.tenant.clone(),
             tenants_file: self.tenants.clone(),
+            tools_file: self.tools.clone(),
             code_storage_dir: self
                 .code_storage_dir
                 .clone()
