@@ -44,7 +44,7 @@
 //! - [`mcp`]: the MCP server, which only translates. [`mcp::tools`] holds the fifteen
 //!   tools (the nine of the code-executor servers we replace, `execute_python`,
 //!   `install_package`, `reset_session` and the three workspace file tools): each parses its arguments, makes
-//!   one call into [`app`] and formats the result ([`mcp::report`], [`mcp::figures`],
+//!   one call into [`app`] and formats the result ([`mcp::report`], [`mcp::figures`], within one message: [`mcp::fit`];
 //!   progress in [`mcp::progress`]). Workspace files, long output and figures as resources
 //!   in [`mcp::resources`]; long runs as MCP tasks in [`mcp::tasks`], what a tenant keeps of
 //!   them bounded in [`mcp::task_caps`].

@@ -13,7 +13,7 @@ pub enum PackageDone {
     /// pip installed or upgraded it now.
     Installed,
     /// It was there already: nothing was installed for it; `by` says where pip found it
-    /// ("<version> in <location>") when pip said so.
+    /// (`"<version> in <location>"`) when pip said so.
     AlreadySatisfied { by: Option<String> },
     /// Not found after the install.
     Missing,

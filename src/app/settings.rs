@@ -39,7 +39,7 @@ pub mod defaults {
 
 /// How long shutdown waits for execute_python calls to stop and sessions to close before it
 /// shuts the backend down anyway (what is left then is removed by the next start-up sweep).
-pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
+pub use crate::config::defaults::SHUTDOWN_DEADLINE;
 
 /// What one tenant's executor needs to know about the server's configuration.
 #[derive(Debug, Clone)]

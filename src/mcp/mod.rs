@@ -3,7 +3,7 @@
 //! transports that carry them ([`transports`]: stdio, Streamable HTTP at `/mcp`, legacy SSE
 //! at `/sse` + `/messages`). This layer only translates: it parses a request, makes one call
 //! into the application core ([`crate::app`]) and formats what comes back ([`report`],
-//! [`figures`], [`progress`]). Quotas, scheduling, sessions and metrics are the core's.
+//! [`figures`], [`progress`]; what fits in one message: [`fit`]). Quotas, scheduling, sessions and metrics are the core's.
 
 pub mod args;
 pub mod figures;

@@ -3,7 +3,7 @@
 //! code, counts quotas or holds locks.
 //!
 //! - [`code`]: `execute_code` and the stored-code tools of the tools we replace.
-//! - [`env`]: packages and environments.
+//! - [`env`](mod@env): packages and environments.
 //! - [`session`]: `execute_python`, `reset_session`.
 //! - [`workspace`]: `write_file`, `read_file`, `list_files`.
 
