@@ -641,11 +641,11 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-/// The figures of the README's "Scale on Kubernetes", measured against the stand-in (run
+/// The figures of "Scale on Kubernetes" in docs/kubernetes.md, measured against the stand-in (run
 /// by hand: `cargo test --test kube_backend -- --ignored --nocapture`). Prints, asserts
 /// nothing about speed.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "a measurement for the README, run by hand"]
+#[ignore = "a measurement for docs/kubernetes.md, run by hand"]
 async fn measure_figures_for_the_readme() {
     let k = standin().await;
     let docker = common::sandbox().await;

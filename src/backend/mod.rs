@@ -14,6 +14,7 @@ pub mod fake;
 pub mod image;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
+pub mod labels;
 pub(crate) mod pool;
 pub mod preload;
 pub mod protocol;

@@ -15,15 +15,7 @@ use super::DockerConfig;
 use crate::backend::{protocol, BackendError};
 use crate::job::{Limits, RunEnv, Source};
 
-/// Label on everything this project creates: the sweep and tests find containers by it.
-pub const LABEL_MANAGED: &str = "io.mcp-code-executor.managed";
-/// Label with the job id (for a pool container: its own id until a job is dispatched).
-pub const LABEL_JOB: &str = "io.mcp-code-executor.job";
-/// Label with the tenant id (`pool` for a waiting pool container).
-pub const LABEL_TENANT: &str = "io.mcp-code-executor.tenant";
-/// Label naming the process that made the container (`host/pid/start-time`), so that the
-/// start-up sweep removes only what a dead process left behind.
-pub const LABEL_OWNER: &str = "io.mcp-code-executor.owner";
+pub use crate::backend::labels::{LABEL_JOB, LABEL_MANAGED, LABEL_OWNER, LABEL_TENANT};
 
 /// The OCI runtime name of gVisor, registered by `scripts/setup-docker.sh --gvisor`.
 pub const GVISOR_RUNTIME: &str = "runsc";

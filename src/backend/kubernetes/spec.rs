@@ -19,7 +19,7 @@ use crate::backend::{protocol, BackendError};
 use crate::job::{Limits, RunEnv, Source};
 
 /// Labels (the Docker backend's keys: valid Kubernetes label names as they are).
-pub use crate::backend::docker::{LABEL_JOB, LABEL_MANAGED, LABEL_OWNER, LABEL_TENANT};
+pub use crate::backend::labels::{LABEL_JOB, LABEL_MANAGED, LABEL_OWNER, LABEL_TENANT};
 /// `egress` on the pods of jobs that may reach the network (installers), `none` on the
 /// others: a NetworkPolicy allows egress to the first only.
 pub const LABEL_NETWORK: &str = "io.mcp-code-executor.network";
@@ -70,15 +70,7 @@ pub struct OwnerPod {
     pub uid: String,
 }
 
-/// How long a pod may live at most (`activeDeadlineSeconds`), a backstop the kubelet
-/// enforces even when the server is gone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lifetime {
-    /// A run made for one job: its timeout, the time to start, the runner's own grace.
-    Run(std::time::Duration),
-    /// A warm pod or a session: it waits, then serves a run or a whole session.
-    Long,
-}
+pub use crate::backend::engine::Lifetime;
 
 /// A label value: at most 63 of `[A-Za-z0-9_.-]`, beginning and ending with an
 /// alphanumeric; anything else becomes `_`, an empty result `x`.
