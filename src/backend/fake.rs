@@ -12,8 +12,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use super::{Backend, BackendError, BackendInfo, BackendStats, Events, Session};
-use crate::job::{InputFile, JobSpec, Outcome};
+use super::{Backend, BackendError, BackendInfo, BackendStats, Events, LifecycleFigures, Session};
+use crate::job::{InputFile, JobSpec, Outcome, RunEnv};
 
 /// The fake. Cheap to make; share it as `Arc<FakeBackend>`.
 pub struct FakeBackend {
@@ -179,6 +179,24 @@ impl Backend for FakeBackend {
 
     async fn shutdown(&self) {
         self.shut_down.store(true, Ordering::SeqCst);
+    }
+
+    /// No pool: nothing to warm.
+    async fn prewarm(&self, _tenant: &str, _env: &RunEnv) {}
+
+    /// Nothing outlives the process: nothing to sweep.
+    async fn sweep(&self) -> Result<usize, BackendError> {
+        Ok(0)
+    }
+
+    fn sweep_periodically(&self, _every: Duration) {}
+
+    async fn lifecycle_ceiling(
+        &self,
+        _total: usize,
+        _concurrency: usize,
+    ) -> Option<Result<LifecycleFigures, BackendError>> {
+        None
     }
 }
 

@@ -18,6 +18,9 @@ pub mod labels;
 pub(crate) mod pool;
 pub mod preload;
 pub mod protocol;
+mod wrap;
+
+pub use self::wrap::{Inert, Wrap};
 
 use std::time::Duration;
 
