@@ -936,7 +936,10 @@ mod tests {
     struct Answers(Result<BackendInfo, String>);
 
     #[async_trait::async_trait]
-    impl Backend for Answers {
+    impl crate::backend::Wrap for Answers {
+        fn inner(&self) -> &dyn Backend {
+            &crate::backend::Inert
+        }
         async fn run(
             &self,
             _job: JobSpec,
