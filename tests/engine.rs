@@ -2,6 +2,14 @@
 //! checks afterwards that none of them is left.
 
 mod common;
+mod contract;
+
+contract::contract_tests!(contract_on_docker, async {
+    contract::alone(common::sandbox().await)
+});
+contract::contract_tests!(contract_on_the_fake, async {
+    contract::alone(mcp_code_executor::backend::fake::FakeBackend::new())
+});
 
 use std::time::{Duration, Instant};
 

@@ -11,6 +11,8 @@ mod common;
 #[path = "kube_standin/mod.rs"]
 mod kube_standin;
 
+mod contract;
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
@@ -89,6 +91,12 @@ async fn assert_no_pods_left(k: &kube_standin::StandIn, b: &KubeBackend) {
     }
     panic!("pods of this backend left: {}", mine());
 }
+
+contract::contract_tests!(contract_on_kubernetes, async {
+    let k = standin().await;
+    let b = connect(config(&k)).await;
+    (std::sync::Arc::new(b) as std::sync::Arc<dyn Backend>, k)
+});
 
 /// A run is a pod with the hardening, code goes in through attach, output comes back,
 /// the pod is deleted.

@@ -9,7 +9,6 @@ pub mod archive;
 pub(crate) mod collect;
 pub mod docker;
 pub mod engine;
-#[cfg(any(test, feature = "fake-backend"))]
 pub mod fake;
 pub mod image;
 #[cfg(feature = "kubernetes")]
