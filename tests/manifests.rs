@@ -1,7 +1,7 @@
 //! The Kubernetes manifests (`deploy/kubernetes/`): `kubectl kustomize` renders them, every
 //! rendered object validates against the Kubernetes OpenAPI schemas offline
 //! (`kubernetes-validate`, strict: unknown fields fail), and the security-relevant parts say
-//! what the README says they do. No skip: without `kubectl` or `kubernetes-validate` these
+//! what docs/kubernetes.md says they do. No skip: without `kubectl` or `kubernetes-validate` these
 //! fail, with the command that installs them.
 
 use std::collections::BTreeSet;

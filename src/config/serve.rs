@@ -79,7 +79,7 @@ pub struct HttpConfig {
     pub metrics: bool,
     /// Caps on connections, streams, protocol sessions and unread results.
     pub bounds: HttpBounds,
-    /// Sign-in with OAuth (README "Sign-in with OAuth").
+    /// Sign-in with OAuth (docs/hosting.md "Sign-in with OAuth").
     pub oauth: OAuthConfig,
 }
 

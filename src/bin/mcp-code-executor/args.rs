@@ -149,7 +149,7 @@ pub struct ServeCmd {
     /// Stored code files not modified for this long are removed (seconds; default 30 days).
     #[arg(long, env = vars::MCP_EXECUTOR_CODE_MAX_AGE, value_parser = config::parse_duration, default_value = "2592000")]
     pub code_max_age: std::time::Duration,
-    /// Tenants file (TOML, see README "Hosting it"): each tenant's token hash and limits.
+    /// Tenants file (TOML, see docs/hosting.md): each tenant's token hash and limits.
     /// With it, the HTTP transports require `Authorization: Bearer <token>`; without it the
     /// server has one tenant (`--tenant`) and no authentication.
     #[arg(long, env = vars::MCP_EXECUTOR_TENANTS)]

@@ -73,7 +73,7 @@ pub async fn connect_with_pool(
 }
 
 /// The Kubernetes backend: the image is not built here (the nodes pull it from a
-/// registry; see the README), what servers that are gone left is swept.
+/// registry; see docs/kubernetes.md), what servers that are gone left is swept.
 #[cfg(feature = "kubernetes")]
 async fn kubernetes(
     cfg: &BackendConfig,
