@@ -13,8 +13,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use super::{Backend, BackendError, BackendInfo, BackendStats, Events, LifecycleFigures, Session};
-use crate::job::{InputFile, JobSpec, Limits, Outcome, RunEnv};
+use super::{Backend, BackendError, BackendInfo, BackendStats, Events, Inert, Session, Wrap};
+use crate::job::{InputFile, JobSpec, Limits, Outcome};
 
 /// The fake. Cheap to make; share it as `Arc<FakeBackend>`.
 pub struct FakeBackend {
@@ -198,8 +198,13 @@ async fn act(ds: &[Directive], limits: &Limits, kept: &mut Option<String>) -> Ou
     o
 }
 
+/// No pool, no sweep, no ceiling: those go to [`Inert`].
 #[async_trait]
-impl Backend for FakeBackend {
+impl Wrap for FakeBackend {
+    fn inner(&self) -> &dyn Backend {
+        &Inert
+    }
+
     async fn run(&self, job: JobSpec, _events: Events) -> Result<Outcome, BackendError> {
         let _live = LiveGuard::new(&self.live);
         let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
@@ -264,24 +269,6 @@ impl Backend for FakeBackend {
 
     async fn shutdown(&self) {
         self.shut_down.store(true, Ordering::SeqCst);
-    }
-
-    /// No pool: nothing to warm.
-    async fn prewarm(&self, _tenant: &str, _env: &RunEnv) {}
-
-    /// Nothing outlives the process: nothing to sweep.
-    async fn sweep(&self) -> Result<usize, BackendError> {
-        Ok(0)
-    }
-
-    fn sweep_periodically(&self, _every: Duration) {}
-
-    async fn lifecycle_ceiling(
-        &self,
-        _total: usize,
-        _concurrency: usize,
-    ) -> Option<Result<LifecycleFigures, BackendError>> {
-        None
     }
 }
 

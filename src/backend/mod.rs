@@ -3,7 +3,9 @@
 //! ([`docker::DockerBackend`]) is the real one; unit tests above it may use a fake. What a
 //! backend must provide is said in neutral words ([`BackendInfo`], [`BackendStats`],
 //! [`LifecycleFigures`], environments as [`Source`](crate::job::Source)s it resolves); the
-//! sandbox image is described in [`image`] and built by the backend.
+//! sandbox image is described in [`image`] and built by the backend. Both real backends are
+//! the one [`engine::Engine`] over a driver; what marks a sandbox as ours is in [`labels`];
+//! wrappers implement [`Wrap`].
 
 pub mod archive;
 pub(crate) mod collect;
@@ -17,6 +19,7 @@ pub mod labels;
 pub(crate) mod pool;
 pub mod preload;
 pub mod protocol;
+mod sources;
 mod wrap;
 
 pub use self::wrap::{Inert, Wrap};

@@ -178,7 +178,7 @@ mod tests {
         }
         async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, BackendError> {
             self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            self.0.run(job, events).await
+            Backend::run(&*self.0, job, events).await
         }
     }
 

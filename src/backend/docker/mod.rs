@@ -9,12 +9,16 @@
 //! container is removed in the background on every path, by a guard whose `Drop` runs on
 //! success, error, timeout, cancellation (the future dropped) and panic alike.
 //!
-//! One file per concern: [`spec`] (what a container is made of: labels, command, the
-//! hardening, how environment sources are mounted), `launch` (create, attach, start),
-//! `live` (the conversation with the runner), `outcome` (how a run ended), `session`
-//! (stateful sessions), `pool` (warm containers), `guard` (removal on every path, sweeps),
-//! [`image`] (building the image), `lifecycle` (the benchmark's Docker ceiling). This file
-//! holds the configuration, the backend with its map of pools, and the [`Backend`] impl.
+//! What every backend does the same way (the warm take, the cold launch and its retry,
+//! the conversation with the runner, sessions, the removal guard, stats, sweeps, shutdown)
+//! is the [`Engine`]'s; this is its `Driver` for Docker, one file per concern: [`spec`]
+//! (what a container is made of: labels, command, the hardening, how environment sources
+//! are mounted), `launch` (create, attach, start), `live` (the attach as the engine's
+//! stream of chunks), `outcome` (the verdict on a runner that vanished), `pause` (a
+//! session frozen between cells), `pool` (warm containers, preloading and its learning),
+//! `guard` (how a container is removed, sweeps), [`image`] (building the image),
+//! `lifecycle` (the benchmark's Docker ceiling). This file holds the configuration and
+//! the driver.
 
 use std::sync::Arc;
 

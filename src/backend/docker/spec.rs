@@ -198,26 +198,25 @@ pub(super) fn mounts_of(sources: &[Source]) -> Result<Mounts, BackendError> {
                 m.binds
                     .push(format!("{p}:{p}:{}", if *writable { "rw" } else { "ro" }));
             }
+            // Volume subpaths came with API 1.45 (Docker 26); older daemons (1.41 here)
+            // ignore the field silently and would mount the whole volume.
             Source::Volume {
                 name,
-                subpath,
-                target,
-                writable,
+                subpath: Some(sub),
+                ..
             } => {
-                if let Some(sub) = subpath {
-                    // Volume subpaths came with API 1.45 (Docker 26); older daemons (1.41
-                    // here) ignore the field silently and would mount the whole volume.
-                    return Err(BackendError::Rejected(format!(
+                return Err(BackendError::Rejected(format!(
                         "the Docker backend mounts whole volumes only, not `{}` inside                          volume `{name}`: give the environment a volume of its own",
                         sub.display()
-                    )));
-                }
-                if name.is_empty() || !target.is_absolute() {
-                    return Err(BackendError::Rejected(format!(
-                        "volume `{name}` at `{}`: a volume needs a name and an absolute target",
-                        target.display()
-                    )));
-                }
+                )));
+            }
+            Source::Volume {
+                name,
+                target,
+                writable,
+                ..
+            } => {
+                crate::backend::sources::check_volume("volume", name, target)?;
                 m.mounts.push(Mount {
                     typ: Some(MountType::VOLUME),
                     source: Some(name.clone()),

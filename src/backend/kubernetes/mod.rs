@@ -12,8 +12,10 @@
 //! background on every path by a guard. A runner that vanished is judged by the pod's
 //! status (`OOMKilled`, `DeadlineExceeded`).
 //!
-//! One file per concern: [`spec`] (the pod), `live` (create, attach, the conversation),
-//! `session` (a pod per session), `pool` (warm pods), `guard` (deletion, sweeps by label).
+//! The conversation, sessions, the guard, stats, sweeps and shutdown are the [`Engine`]'s;
+//! this is its `Driver` for Kubernetes, one file per concern: [`spec`] (the pod), `live`
+//! (create, attach, the verdict from the pod status), `pool` (warm pods), `guard`
+//! (deletion, sweeps by label).
 
 use std::path::PathBuf;
 use std::sync::Arc;

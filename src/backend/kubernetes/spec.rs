@@ -237,12 +237,7 @@ pub fn place(config: &KubeConfig, env: &RunEnv) -> Result<Placement, BackendErro
                 target,
                 writable,
             } => {
-                if name.is_empty() || !target.is_absolute() {
-                    return Err(BackendError::Rejected(format!(
-                        "claim `{name}` at `{}`: a volume needs a name and an absolute target",
-                        target.display()
-                    )));
-                }
+                crate::backend::sources::check_volume("claim", name, target)?;
                 let vname = format!("env-{i}");
                 p.volumes.push(Volume {
                     name: vname.clone(),
