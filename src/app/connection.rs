@@ -167,6 +167,7 @@ impl Connection {
         let mut job = JobSpec::python(code, limits);
         job.tenant = x.tenant().to_string();
         job.keep_warm = true;
+        job.tools = crate::codemode::tools_for(&job.tenant);
         if let Some(name) = entry_name(path) {
             job.files[0].path = name.clone();
             job.entry = name;

@@ -9,12 +9,15 @@
 //! - [`connection`]: a client's [`Connection`] to its executor (explicit constructor
 //!   [`Connection::new`]): picks the session a call works on (its own, removed when it is
 //!   dropped, or one named by a handle); one-shot runs of stored code with a session's
-//!   workspace files.
+//!   workspace files; [`execute`]: a one-shot run of code in one call (timeout, session,
+//!   stored code, run, files kept for the result); the timeouts of runs and tasks
+//!   (`timeouts`).
 //! - [`sessions`]: the registry of sessions by handle (own and standalone; caps, reaper,
 //!   idle expiry); [`cell`]: one cell in a session (its turn, environment, run slot, files
 //!   in and out).
 //! - [`workspaces`]: workspace directories, their caps, files returned by runs.
-//! - [`packages`]: package checks, installs and environment switches of a tenant.
+//! - [`packages`]: package checks, installs and environment switches of a tenant; [`pip`]:
+//!   what pip said an install did.
 //! - [`settings`]: what a tenant's executor may do (limits, quotas, session options).
 //! - [`metrics`]: the counters behind `/metrics`.
 //! - [`error`]: [`AppError`], which front ends translate.
@@ -22,16 +25,20 @@
 pub mod cell;
 pub mod connection;
 pub mod error;
+pub mod execute;
 pub mod executor;
 pub mod metrics;
 pub mod packages;
+pub mod pip;
 pub mod service;
 pub mod sessions;
 pub mod settings;
+mod timeouts;
 pub mod workspaces;
 
 pub use connection::{Connection, RunDone, Wanted};
 pub use error::AppError;
+pub use execute::{Code, CodeRun, Keep, Kept, NotRun, Ran};
 pub use executor::{Executor, TenantParts};
 pub use service::{Capacity, Phase, Readiness, Service, Startup};
 pub use sessions::SessionRef;

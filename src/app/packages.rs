@@ -150,6 +150,19 @@ pub async fn check_packages(
     })
 }
 
+/// [`install`], with what pip said it did read from its output ([`super::pip`]): the one
+/// call of `install_dependencies`.
+pub async fn install_dependencies(
+    ex: &Executor,
+    packages: &[String],
+    events: InstallEvents,
+    cancel: &CancellationToken,
+) -> Result<(InstallReport, super::pip::PipSaid), AppError> {
+    let report = install(ex, packages, events, cancel).await?;
+    let said = super::pip::what_pip_did(&report);
+    Ok((report, said))
+}
+
 /// Install `packages` into the current environment (two installer phases; the
 /// environment is read once, so the one checked is the one written to). Counts as a run
 /// of the tenant's quota; refused without environments or without `install_network`.

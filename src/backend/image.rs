@@ -41,6 +41,9 @@ pub const RUNNER_FILES: &[(&str, &str)] = &[
     runner_file!("mcp_runner/session.py"),
     runner_file!("mcp_runner/stubs.py"),
     runner_file!("mcp_runner/workspace.py"),
+    // Code mode (#26): the relay, and the `tools` package the code imports.
+    runner_file!("mcp_runner/toolrelay.py"),
+    runner_file!("tools/__init__.py"),
 ];
 /// The matplotlib backend that turns figures into PNG artifacts.
 pub const MPL_BACKEND: &str = include_str!("../../images/sandbox/mcp_backend.py");

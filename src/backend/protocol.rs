@@ -185,6 +185,73 @@ pub enum Frame {
     Exit(Report),
     /// `F`: the runner could not run the job.
     Failed(String),
+    /// `T`: code mode: a request of the code (JSON, as the code wrote it: unchecked) for
+    /// the server, answered by a [`encode_tool_answer`] message on stdin.
+    Tool(Vec<u8>),
+}
+
+/// Code mode's answer to a `T` request: a session-style message of kind `tool` (the runner
+/// passes it to the code).
+pub fn encode_tool_answer(answer: &serde_json::Value) -> Vec<u8> {
+    message(answer)
+}
+
+/// The answer to a `T` request of a run that has no tools (a session's runner keeps
+/// relaying, since its stdin stays open): an error the code raises as `ToolError`.
+pub fn tool_unavailable(request: &[u8]) -> Vec<u8> {
+    let id = serde_json::from_slice::<serde_json::Value>(request)
+        .ok()
+        .and_then(|v| v.get("id").cloned())
+        .unwrap_or(serde_json::Value::Null);
+    let catalog = serde_json::from_slice::<serde_json::Value>(request)
+        .ok()
+        .is_some_and(|v| v.get("op").and_then(|o| o.as_str()) == Some("catalog"));
+    if catalog {
+        return message(&serde_json::json!({"kind": "tool", "id": id, "servers": []}));
+    }
+    message(&serde_json::json!({
+        "kind": "tool",
+        "id": id,
+        "error": {"type": "ToolError", "message": "code mode is not available in this run (no tools are configured for this server)"},
+    }))
+}
+
+/// Code mode's [`FrameHook`](super::engine::live::FrameHook) for one run or one session
+/// cell: `T` requests go to the job's tools (a fresh [`crate::job::ToolRun`]: its own
+/// budget); in a session without tools (its stdin stays open, so its runner relays) they
+/// are answered that no tools are there. A one-shot run without tools gets no hook: its
+/// stdin is closed after the job and the runner answers by itself. The loop owns the
+/// replies: those still pending when the conversation ends are dropped, which cancels
+/// their upstream calls.
+pub(crate) fn tool_hook(
+    tools: &Option<crate::job::Tools>,
+    session: bool,
+) -> super::engine::live::Hook {
+    struct ToolHook(Option<std::sync::Arc<dyn crate::job::ToolRun>>);
+    impl super::engine::live::FrameHook for ToolHook {
+        fn frame(&self, frame: Frame) -> Result<super::engine::live::Reply, super::BackendError> {
+            let Frame::Tool(request) = frame else {
+                return Err(super::BackendError::Runner(format!(
+                    "the runner sent a frame this conversation does not take: {frame:?}"
+                )));
+            };
+            Ok(match &self.0 {
+                Some(run) => {
+                    let run = run.clone();
+                    Box::pin(async move { Some(run.answer(request).await) })
+                }
+                None => {
+                    let answer = tool_unavailable(&request);
+                    Box::pin(async move { Some(answer) })
+                }
+            })
+        }
+    }
+    match tools {
+        Some(t) => Some(std::sync::Arc::new(ToolHook(Some(t.0.start())))),
+        None if session => Some(std::sync::Arc::new(ToolHook(None))),
+        None => None,
+    }
 }
 
 /// Why the runner's stream cannot be understood.
@@ -249,6 +316,7 @@ impl FrameDecoder {
                     .map_err(|e| ProtocolError::BadReport(e.to_string()))?;
                 Frame::Failed(f.error)
             }
+            b'T' => Frame::Tool(payload),
             other => return Err(ProtocolError::UnknownKind(other)),
         };
         Ok(Some(frame))
@@ -343,6 +411,31 @@ mod tests {
             d.next_frame().unwrap(),
             Some(Frame::Failed("disk full".into()))
         );
+    }
+
+    #[test]
+    fn tool_requests_and_their_answers() {
+        let mut d = FrameDecoder::default();
+        d.push(&frame(b'T', br#"{"id":3,"op":"call"}"#));
+        assert_eq!(
+            d.next_frame().unwrap(),
+            Some(Frame::Tool(br#"{"id":3,"op":"call"}"#.to_vec()))
+        );
+        let bytes = tool_unavailable(br#"{"id":3,"op":"call"}"#);
+        let (msg, rest) = split_message(&bytes);
+        assert!(rest.is_empty());
+        assert_eq!(msg["kind"], "tool");
+        assert_eq!(msg["id"], 3);
+        assert_eq!(msg["error"]["type"], "ToolError");
+        let bytes = tool_unavailable(br#"{"id":"x","op":"catalog"}"#);
+        let (msg, _) = split_message(&bytes);
+        assert_eq!(
+            msg,
+            serde_json::json!({"kind": "tool", "id": "x", "servers": []})
+        );
+        let bytes = tool_unavailable(b"garbage");
+        let (msg, _) = split_message(&bytes);
+        assert_eq!(msg["id"], serde_json::Value::Null);
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub use serve::{BackendConfig, HttpBounds, HttpConfig, KubeSettings, ServeConfig
 /// Named defaults that have no better home (the MCP layer keeps its own in
 /// `mcp::defaults`, the run limits theirs in [`crate::job::defaults`]).
 pub mod defaults {
+    use std::time::Duration;
+
     /// Sandboxes `serve` keeps started and waiting.
     pub const POOL_SIZE: usize = 2;
     /// The tenant of a server without a tenants file: the label on its containers.
@@ -29,6 +31,21 @@ pub mod defaults {
     /// The host's system CA bundle (Debian's path), trusted by installs when no other is
     /// configured: it carries a TLS-intercepting proxy's CA where the host trusts one.
     pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+    /// Bytes of stored code and workspace files of every tenant together.
+    pub const STORAGE_LIMIT_TOTAL: u64 = 10 << 30;
+    /// The scope an OAuth access token must carry.
+    pub const OAUTH_SCOPE: &str = "mcp";
+    /// How long `serve`'s whole shutdown may take, from SIGTERM to the end of the process
+    /// (under Kubernetes' default grace period of 30 s); past it what is left is abandoned.
+    pub const SHUTDOWN_LIMIT: Duration = Duration::from_secs(25);
+    /// Of [`SHUTDOWN_LIMIT`], how long execute_python calls get to stop and sessions to
+    /// close before the backend is shut down anyway.
+    pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
+    /// Of [`SHUTDOWN_LIMIT`], what is left for the backend to remove its sandboxes after
+    /// [`SHUTDOWN_DEADLINE`]; what is still there then goes to the next start-up sweep.
+    pub const DRAIN_DEADLINE: Duration = SHUTDOWN_LIMIT.saturating_sub(SHUTDOWN_DEADLINE);
+    /// The healthcheck's URL: the default address's `/healthz`.
+    pub const HEALTHCHECK_URL: &str = "http://127.0.0.1:4000/healthz";
 }
 
 /// `get(name)`, with an empty (or blank) value taken as unset. A `get` reads one variable,
@@ -221,6 +238,53 @@ pub fn parse_duration(s: &str) -> Result<Duration, ConfigError> {
     }
 }
 
+/// A size as the flags take and show it (`512m`): clap reads a default of this type from its
+/// named constant (`default_value_t`), so the flag, its help and the docs test show the one
+/// value declared in a `defaults` module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bytes(pub u64);
+
+impl std::fmt::Display for Bytes {
+    /// The largest binary unit that divides it exactly: `512m`, `1g`, `1536`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0;
+        for (unit, shift) in [("g", 30), ("m", 20), ("k", 10)] {
+            if n != 0 && n.is_multiple_of(1u64 << shift) {
+                return write!(f, "{}{unit}", n >> shift);
+            }
+        }
+        write!(f, "{n}")
+    }
+}
+
+impl std::str::FromStr for Bytes {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Bytes, ConfigError> {
+        parse_size(s).map(Bytes)
+    }
+}
+
+/// A duration as the flags take and show it (seconds: `30`, `2.5`); see [`Bytes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Secs(pub Duration);
+
+impl std::fmt::Display for Secs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.subsec_nanos() == 0 {
+            write!(f, "{}", self.0.as_secs())
+        } else {
+            write!(f, "{}", self.0.as_secs_f64())
+        }
+    }
+}
+
+impl std::str::FromStr for Secs {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Secs, ConfigError> {
+        parse_duration(s).map(Secs)
+    }
+}
+
 /// Refuse limits that cannot work, naming the one at fault.
 pub fn validate_limits(l: &Limits) -> Result<(), ConfigError> {
     let range = |what, rule, ok: bool, value: String| {
@@ -265,6 +329,23 @@ pub fn validate_limits(l: &Limits) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A default shown by clap parses back to itself: what `--help` and the docs show is
+    /// the value used.
+    #[test]
+    fn sizes_and_durations_show_as_they_parse() {
+        for n in [0u64, 1536, 1 << 20, 512 << 20, 1 << 30, 10 << 30, 3 << 10] {
+            let shown = Bytes(n).to_string();
+            assert_eq!(shown.parse::<Bytes>().unwrap(), Bytes(n), "{shown}");
+        }
+        assert_eq!(Bytes(512 << 20).to_string(), "512m");
+        assert_eq!(Bytes(10 << 30).to_string(), "10g");
+        for d in [Duration::from_secs(30), Duration::from_millis(2500)] {
+            let shown = Secs(d).to_string();
+            assert_eq!(shown.parse::<Secs>().unwrap(), Secs(d), "{shown}");
+        }
+        assert_eq!(Secs(Duration::from_secs(2592000)).to_string(), "2592000");
+    }
 
     #[test]
     fn sizes() {

@@ -33,6 +33,8 @@ pub struct ServeConfig {
     pub tenant: String,
     /// The tenants file (TOML); `None`: one local tenant, no authentication.
     pub tenants_file: Option<PathBuf>,
+    /// Code mode's tools file (TOML); `None`: the code can call no other MCP server.
+    pub tools_file: Option<PathBuf>,
     /// Managed environments, installs' scratch space and the copy of the CA bundle.
     pub data_dir: PathBuf,
     /// Stored code (`code/` under the data directory unless given).
@@ -99,7 +101,7 @@ impl Default for OAuthConfig {
         OAuthConfig {
             public_url: None,
             issuers: Vec::new(),
-            scope: "mcp".into(),
+            scope: super::defaults::OAUTH_SCOPE.into(),
         }
     }
 }
@@ -120,6 +122,17 @@ pub enum BackendKind {
     Docker,
     /// A hardened pod per run on a Kubernetes cluster (the `kubernetes` cargo feature).
     Kubernetes,
+}
+
+impl std::fmt::Display for BackendKind {
+    /// The name `--backend` takes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = Self::ALL
+            .iter()
+            .find(|(_, k)| k == self)
+            .map_or("?", |(n, _)| n);
+        f.write_str(name)
+    }
 }
 
 impl BackendKind {
@@ -246,6 +259,7 @@ mod tests {
             max_queue: 256,
             tenant: crate::job::LOCAL_TENANT.into(),
             tenants_file: None,
+            tools_file: None,
             data_dir: "/d".into(),
             code_storage_dir: "/d/code".into(),
             workspace_dir: "/d/workspaces".into(),
@@ -301,6 +315,7 @@ mod tests {
         let c = ServeConfig {
             stdio: true,
             tenants_file: Some("t.toml".into()),
+            tools_file: None,
             ..sample()
         };
         assert_eq!(c.check(), Err(ConfigError::TenantsOverStdio));

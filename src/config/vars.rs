@@ -201,6 +201,9 @@ env_vars! {
     /// Without a tenants file, the tenant id: the label on this server's containers
     /// (`--tenant`, default `local`).
     MCP_EXECUTOR_TENANT;
+    /// Code mode's tools file (TOML, see docs/code-mode.md): the MCP servers whose tools the
+    /// sandboxed code may call through `import tools` (`--tools`; unset: none).
+    MCP_EXECUTOR_TOOLS;
 
     // ---- execute_python sessions ----
     /// Seconds without a call after which a session is removed (`--session-idle`, default

@@ -10,7 +10,7 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
-use super::report::{capped_message, quote, ERROR_MAX};
+use super::fit::{capped_message, quote, ERROR_MAX};
 
 /// The parsed arguments of a tool call. Unlike rmcp's `Parameters`, a type error names the
 /// argument (`timeout: invalid type: string "x", expected f64`).

@@ -7,6 +7,7 @@
 
 pub mod args;
 pub mod figures;
+pub mod fit;
 pub mod progress;
 pub mod report;
 pub mod resources;

@@ -11,7 +11,7 @@
 use base64::Engine as _;
 use rmcp::model::{ContentBlock, ErrorData, Resource, ResourceContents};
 
-use super::report::budget;
+use super::fit::budget;
 
 /// The scheme and authority of every URI this server serves.
 pub const PREFIX: &str = "workspace://sessions/";
@@ -143,7 +143,7 @@ fn page_end(name: &str, data: &[u8], offset: usize) -> usize {
         while !text.is_char_boundary(start) {
             start -= 1;
         }
-        let chunk = super::report::prefix_within(&text[start..], PAGE);
+        let chunk = super::fit::prefix_within(&text[start..], PAGE);
         // At least one character, so that paging always moves on.
         let len = chunk
             .len()

@@ -19,11 +19,11 @@ use crate::app::Executor;
 pub const MAX_TASKS: usize = 256;
 
 /// The most bytes the kept tasks of a tenant may hold (their results, serialized). A task
-/// still working counts as the largest result may be ([`super::report::budget::MESSAGE`]).
+/// still working counts as the largest result may be ([`super::fit::budget::MESSAGE`]).
 pub const MAX_TASK_BYTES: u64 = 64 << 20;
 
 /// What a task that is still working is counted as.
-const WORKING_BYTES: u64 = super::report::budget::MESSAGE as u64;
+const WORKING_BYTES: u64 = super::fit::budget::MESSAGE as u64;
 
 /// What an ended task without a result (cancelled, failed) is counted as, beside its error.
 const ENDED_BYTES: u64 = 512;

@@ -204,3 +204,26 @@ pub fn assert_nothing_left_by(pid: u32) {
     let left = containers_left_by(pid, true);
     assert!(left.is_empty(), "process {pid} left containers: {left:?}");
 }
+
+/// Directories removed when this is dropped: at the end of a test, whether it passed or
+/// panicked (a panic unwinds through the test's locals).
+pub struct TempDirs(pub Vec<std::path::PathBuf>);
+
+impl TempDirs {
+    /// A fresh, empty directory `mcp-test-{name}-{random}` under the system's temporary
+    /// directory, removed with the guard.
+    pub fn one(name: &str) -> (TempDirs, std::path::PathBuf) {
+        let dir =
+            std::env::temp_dir().join(format!("mcp-test-{name}-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        (TempDirs(vec![dir.clone()]), dir)
+    }
+}
+
+impl Drop for TempDirs {
+    fn drop(&mut self) {
+        for d in &self.0 {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}

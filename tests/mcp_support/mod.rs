@@ -1,5 +1,10 @@
 //! Shared set-up for the MCP tests: a real server (real Docker backend, real storage dir) on
 //! 127.0.0.1 port 0, and a real rmcp client. No mocks and no skips: without Docker these fail.
+//!
+//! The server is started by [`mcp_code_executor::server::run`], the function the binary's
+//! `serve` calls, from [`ServeConfig::local`] (serve's defaults), with a listener on port 0,
+//! the test's sandbox handed in, and no isolation self-test (the binary always runs it;
+//! `doctor`'s tests and the first-run tests cover it).
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -9,8 +14,9 @@ use std::time::Duration;
 use mcp_code_executor::app::{self, Settings};
 use mcp_code_executor::backend::docker::DockerBackend;
 use mcp_code_executor::backend::Backend;
-use mcp_code_executor::mcp::{self, transports::http::HttpOptions};
-use mcp_code_executor::storage::CodeStorage;
+use mcp_code_executor::config::ServeConfig;
+use mcp_code_executor::mcp::transports::http::HttpOptions;
+use mcp_code_executor::server::{self, EnvSource};
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::RunningService;
 use rmcp::transport::StreamableHttpClientTransport;
@@ -18,8 +24,9 @@ use rmcp::{RoleClient, ServiceExt};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-#[path = "../common/mod.rs"]
-pub mod common;
+use mcp_code_executor::config::defaults::SHUTDOWN_LIMIT;
+
+pub(crate) use crate::common;
 
 /// A running HTTP server and what a test needs to check on it.
 pub struct Server {
@@ -30,7 +37,10 @@ pub struct Server {
     /// The tenant's executor (its execute_python sessions among its parts).
     pub executor: Arc<app::Executor>,
     pub shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    /// The server's directories, removed when the server is dropped, whether the test
+    /// passed or not.
+    _dirs: common::TempDirs,
 }
 
 /// Start a server whose containers carry the label `tenant`.
@@ -83,31 +93,39 @@ pub async fn server_custom(
         "mcp-test-{tenant}-{}",
         uuid::Uuid::new_v4().simple()
     ));
-    let storage = CodeStorage::open(&storage_dir).expect("storage dir");
+    let workspaces = storage_dir.with_extension("ws");
+    let dirs = common::TempDirs(vec![
+        storage_dir.clone(),
+        workspaces.clone(),
+        storage_dir.with_extension("data"),
+    ]);
+    let mut serve = ServeConfig::local(storage_dir.with_extension("data"));
+    serve.tenant = tenant.to_string();
+    serve.code_storage_dir = storage_dir.clone();
+    serve.workspace_dir = workspaces.clone();
+    // The test's sandbox keeps no warm pool (`/readyz` does not wait for one).
+    serve.backend.pool_size = 0;
     settings.tenant = tenant.to_string();
-    settings.sessions.workspace_root = storage_dir.with_extension("ws");
-    let mut service = app::Service::new(
-        wrap(sandbox.clone() as Arc<dyn Backend>),
-        app::Capacity::default(),
-    );
-    let executor = service.add_tenant(app::TenantParts {
-        settings,
-        storage: Some(storage),
-        environments: envs,
-    });
-    let service = Arc::new(service);
-    let shutdown = service.shutdown_token();
-    let router = mcp::transports::http::router(service, opts);
+    settings.sessions.workspace_root = workspaces;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            mcp::transports::http::serve(listener, router, shutdown)
-                .await
-                .unwrap();
-        }
-    });
+    let mut config = server::Config::from(serve);
+    config.settings = settings;
+    config.http = opts.clone();
+    config.listener = Some(listener);
+    config.backend = Some(wrap(sandbox.clone() as Arc<dyn Backend>));
+    config.self_test = false;
+    config.environments = envs.map_or(EnvSource::None, EnvSource::Given);
+    let mut serving = config.serving.subscribe();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(server::run(config, shutdown.clone()));
+    let service = tokio::time::timeout(Duration::from_secs(60), serving.wait_for(Option::is_some))
+        .await
+        .expect("the server serves within 60 s")
+        .expect("the server is running")
+        .clone()
+        .expect("serving");
+    let executor = service.tenants()[0].clone();
     Server {
         addr,
         sandbox,
@@ -116,6 +134,7 @@ pub async fn server_custom(
         executor,
         shutdown,
         task,
+        _dirs: dirs,
     }
 }
 
@@ -136,7 +155,13 @@ impl Server {
     /// check none of our containers is left.
     pub async fn finish(self) {
         self.shutdown.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(15), self.task).await;
+        let ended = tokio::time::timeout(SHUTDOWN_LIMIT, self.task).await;
+        match ended {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => panic!("the server failed: {e:#}"),
+            Ok(Err(e)) => panic!("the server task: {e}"),
+            Err(_) => panic!("the server did not stop within {SHUTDOWN_LIMIT:?}"),
+        }
         assert!(
             self.executor
                 .wait_sessions_closed(app::settings::SHUTDOWN_DEADLINE)
@@ -144,8 +169,6 @@ impl Server {
             "sessions still open after the shutdown deadline"
         );
         common::assert_clean(&self.sandbox, &self.tenant).await;
-        let _ = std::fs::remove_dir_all(&self.storage_dir);
-        let _ = std::fs::remove_dir_all(self.storage_dir.with_extension("ws"));
     }
 }
 

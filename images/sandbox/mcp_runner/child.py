@@ -4,6 +4,7 @@ status line come back through pipes only the runner reads."""
 
 import os
 import signal
+import socket
 
 from mcp_runner.stubs import STUB
 
@@ -13,7 +14,8 @@ class Child:
 
     fds in the child: 0 /dev/null, 1 and 2 pipes to `out_r` / `err_r`, 3 the read end of
     `go_w` (the file to run, or a session's cells), 4 the write end of `st_r` (a session's
-    status lines); nothing else stays open."""
+    status lines), 5 one end of a socket pair whose other end is `tools` (code mode's
+    requests and answers, see `toolrelay`); nothing else stays open."""
 
     def __init__(self, python, workdir, stub=None):
         self.python = python
@@ -21,6 +23,7 @@ class Child:
         self.out_r, out_w = os.pipe()
         self.err_r, err_w = os.pipe()
         self.st_r, st_w = os.pipe()
+        self.tools, tools_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         devnull = os.open(os.devnull, os.O_RDONLY)
         self.pid = os.fork()
         if self.pid == 0:
@@ -32,7 +35,9 @@ class Child:
                     os.dup2(go_r, 3)
                 os.set_inheritable(3, True)  # dup2 onto itself keeps close-on-exec
                 os.dup2(st_w, 4)
-                os.closerange(5, 1 << 16)
+                os.dup2(tools_child.fileno(), 5)
+                os.set_inheritable(5, True)
+                os.closerange(6, 1 << 16)
                 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -43,6 +48,7 @@ class Child:
             os._exit(127)
         for fd in (go_r, out_w, err_w, st_w, devnull):
             os.close(fd)
+        tools_child.close()
 
     def go(self, entry):
         """Run `entry` (a one-shot run): the stub reads it up to EOF."""
@@ -55,6 +61,7 @@ class Child:
                 os.close(fd)
             except OSError:
                 pass
+        self.tools.close()
         try:
             os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)

@@ -2,6 +2,7 @@
 exact reads of what the server sends on stdin."""
 
 import json
+import os
 import struct
 import sys
 
@@ -44,3 +45,65 @@ def read_message(stream):
     """`u32 length, JSON`: the job header, a session's cell or files message."""
     (n,) = struct.unpack(">I", read_exact(stream, 4))
     return json.loads(read_exact(stream, n).decode())
+
+
+class Inbox:
+    """The runner's stdin, read straight from fd 0 with a buffer of its own, so that a
+    select on the fd never misses bytes already read (a `BufferedReader` would hide them).
+    `read(n)` behaves like a raw stream (`read_exact` and `read_message` take it); while
+    code runs, `fill` takes what the server sent (code mode's answers, see `toolrelay`)
+    and `take_tool_answers` the complete ones at the front."""
+
+    def __init__(self, fd=0):
+        self.fd = fd
+        self.buf = bytearray()
+        self.eof = False
+
+    def fileno(self):
+        return self.fd
+
+    def read(self, n):
+        if self.buf:
+            out = bytes(self.buf[:n])
+            del self.buf[:n]
+            return out
+        if self.eof:
+            return b""
+        data = os.read(self.fd, min(n, 1 << 20))
+        if not data:
+            self.eof = True
+        return data
+
+    def fill(self):
+        """One read of what the fd holds (select said it is readable); False at EOF."""
+        try:
+            data = os.read(self.fd, 1 << 20)
+        except OSError:
+            data = b""
+        if not data:
+            self.eof = True
+            return False
+        self.buf += data
+        return True
+
+    def take_tool_answers(self):
+        """The code-mode answers complete at the front of the buffer (JSON objects of
+        kind `tool`); stops at the first message of another kind, which stays buffered
+        for whoever reads messages next (True in the second value when one waits)."""
+        answers = []
+        while len(self.buf) >= 4:
+            (n,) = struct.unpack(">I", bytes(self.buf[:4]))
+            if len(self.buf) < 4 + n:
+                break
+            try:
+                msg = json.loads(bytes(self.buf[4 : 4 + n]).decode())
+            except ValueError:
+                msg = None
+            if not isinstance(msg, dict) or msg.get("kind") != "tool":
+                return answers, True
+            del self.buf[: 4 + n]
+            answers.append(msg)
+        return answers, False
+
+
+INBOX = Inbox(0)

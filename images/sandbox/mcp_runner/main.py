@@ -65,7 +65,7 @@ def main():
     preload.mark_ready(state)
     frames.frame(b"R")
     wait_for_job(wait_limit)
-    job, archive = read_job(sys.stdin.buffer, default_python)
+    job, archive = read_job(frames.INBOX, default_python)
 
     try:
         unpack(archive, job.workdir, [])

@@ -8,7 +8,7 @@ import selectors
 import signal
 import time
 
-from mcp_runner import cgroup, figures, frames, limits, preload
+from mcp_runner import cgroup, figures, frames, limits, preload, toolrelay
 from mcp_runner.workspace import send_files
 
 
@@ -30,6 +30,12 @@ def run(child, job):
     sel.register(out_r, selectors.EVENT_READ, (b"O", 0))
     sel.register(err_r, selectors.EVENT_READ, (b"E", 1))
     sel.register(job.wake_r, selectors.EVENT_READ, None)
+    # Code mode: the code's tool requests go out as `T` frames, the answers come in on
+    # stdin (which the server closes right after the job when the run has no tools).
+    relay = toolrelay.make(child)
+    sel.register(relay.fd, selectors.EVENT_READ, "tools")
+    if not frames.INBOX.eof:
+        sel.register(frames.INBOX.fileno(), selectors.EVENT_READ, "stdin")
     counts = [0, 0]
     status = None
 
@@ -50,7 +56,7 @@ def run(child, job):
             frames.frame(kind, data[:room])
 
     while True:
-        open_pipes = [k for k in sel.get_map().values() if k.data is not None]
+        open_pipes = [k for k in sel.get_map().values() if isinstance(k.data, tuple)]
         if status is not None and not open_pipes:
             break
         now = time.monotonic()
@@ -81,6 +87,12 @@ def run(child, job):
                     os.read(job.wake_r, 512)
                 except OSError:
                     pass
+            elif key.data == "tools":
+                if not relay.from_code():
+                    sel.unregister(key.fd)
+            elif key.data == "stdin":
+                if not relay.from_server()[0]:
+                    sel.unregister(key.fd)
             else:
                 pump(key.fd, *key.data)
         # Reap everything: the code, and any orphan that was re-parented to us.

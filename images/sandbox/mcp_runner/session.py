@@ -17,16 +17,18 @@ import os
 import selectors
 import signal
 import struct
-import sys
 
-from mcp_runner import cgroup, figures, frames, limits
+from mcp_runner import cgroup, figures, frames, limits, toolrelay
 from mcp_runner.workspace import Refused, note_written, send_files, unpack, why
 
 
 def serve(child, job):
     """Serve messages until stdin closes or the interpreter is gone."""
-    stdin = sys.stdin.buffer
+    stdin = frames.INBOX
+    relay = toolrelay.make(child)
     sel = selectors.DefaultSelector()
+    # Code mode's requests are relayed while a cell runs (see `toolrelay`).
+    sel.register(relay.fd, selectors.EVENT_READ, "tools")
     sel.register(child.out_r, selectors.EVENT_READ, (b"O", 0))
     sel.register(child.err_r, selectors.EVENT_READ, (b"E", 1))
     sel.register(child.st_r, selectors.EVENT_READ, "status")
@@ -42,8 +44,10 @@ def serve(child, job):
             return
         if kind == "files":
             put_files(tar, job)
+        elif kind == "tool":
+            pass  # the answer to a call of a cell that has ended: nobody waits for it
         elif kind == "cell":
-            if run_cell(stdin, sel, child, job, msg):
+            if run_cell(stdin, sel, child, job, msg, relay):
                 return
         else:
             child.discard()
@@ -124,7 +128,7 @@ def forward(kind, idx, data, counts, limit):
         frames.frame(kind, data[:room])
 
 
-def run_cell(stdin, sel, child, job, cell):
+def run_cell(stdin, sel, child, job, cell, relay):
     """Run one cell and report; True when the interpreter is gone (the session ended).
 
     The cell ends when the interpreter's stub writes a status line naming the nonce sent
@@ -155,15 +159,22 @@ def run_cell(stdin, sel, child, job, cell):
     while status is None and exited is None:
         for key, _ in sel.select():
             if key.data == "stdin":
-                if stdin.peek(1):
-                    # An early message after all: it is read once this cell is done.
-                    sel.unregister(stdin.fileno())
-                    watching = False
+                is_open, other = relay.from_server()
+                if is_open:
+                    # Code mode's answers went to the interpreter; an early message
+                    # after all is read once this cell is done.
+                    if other:
+                        sel.unregister(stdin.fileno())
+                        watching = False
                     continue
                 try:
                     os.kill(-1, signal.SIGKILL)
                 finally:
                     os._exit(0)
+            if key.data == "tools":
+                if not relay.from_code():
+                    sel.unregister(key.fd)
+                continue
             if key.data is None:
                 try:
                     os.read(job.wake_r, 512)

@@ -171,6 +171,7 @@ impl DockerBackend {
 #[async_trait]
 impl Driver for DockerDriver {
     const PRELOADS: bool = true;
+    const TOOLS: bool = true;
     const LEFT_AT_SHUTDOWN: &'static str =
         "containers still held at shutdown; the next start-up sweep removes them";
 

@@ -75,6 +75,9 @@ pub(crate) enum Freeze {
 pub(crate) trait Driver: Send + Sync + Sized + 'static {
     /// Are warm sandboxes chosen by the imports of a run's code (a preloading pool)?
     const PRELOADS: bool;
+    /// Do runs and sessions reach the job's tools (code mode, #26)? Without, a session's
+    /// tool requests are answered that no tools are there, and a run's are not taken.
+    const TOOLS: bool;
     /// What shutdown says when sandboxes are still held past its deadline.
     const LEFT_AT_SHUTDOWN: &'static str;
 
@@ -227,12 +230,11 @@ impl<D: Driver> Engine<D> {
         Ok(outcome)
     }
 
-    /// [`Backend::open_session`], with `hook` taking, in every cell, the frames the engine
-    /// does not handle.
-    pub async fn open_session_with_hook(
+    /// [`Backend::open_session`]: each cell's frames the engine does not handle go to a
+    /// hook of the job's tools made for that cell (see [`protocol::tool_hook`]).
+    async fn open_session_with_tools(
         &self,
         job: JobSpec,
-        hook: Hook,
     ) -> Result<Box<dyn Session>, BackendError> {
         let python = self.driver.python(&job.env)?;
         let input = protocol::encode_session(&job, &python)
@@ -244,11 +246,12 @@ impl<D: Driver> Engine<D> {
         live.wait_ready().await?;
         live.send(&input).await?;
         tracing::debug!(job_id = %job.id, tenant = %job.tenant, sandbox = %live.guard.id(), "session opened");
+        let tools = if D::TOOLS { job.tools.clone() } else { None };
         Ok(Box::new(session::EngineSession::new(
             self.driver.clone(),
             live,
             job.limits,
-            hook,
+            tools,
         )))
     }
 }
@@ -274,7 +277,12 @@ pub(crate) async fn outcome_of<D: Driver>(
 #[async_trait]
 impl<D: Driver> Backend for Engine<D> {
     async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, BackendError> {
-        self.run_with_hook(job, events, None).await
+        // Code mode (#26): the code's tool requests go to the job's tools.
+        let hook = match D::TOOLS {
+            true => protocol::tool_hook(&job.tools, false),
+            false => None,
+        };
+        self.run_with_hook(job, events, hook).await
     }
 
     async fn info(&self) -> Result<BackendInfo, BackendError> {
@@ -286,7 +294,7 @@ impl<D: Driver> Backend for Engine<D> {
     }
 
     async fn open_session(&self, job: JobSpec) -> Result<Box<dyn Session>, BackendError> {
-        self.open_session_with_hook(job, None).await
+        self.open_session_with_tools(job).await
     }
 
     async fn prewarm(&self, tenant: &str, env: &RunEnv) {

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::live::Hook;
 use super::{outcome_of, Driver, Freeze, Live};
 use crate::backend::collect::{session, Ended};
 use crate::backend::{BackendError, Events, Session};
@@ -19,7 +18,8 @@ pub(super) struct EngineSession<D: Driver> {
     driver: Arc<D>,
     live: Live,
     limits: Limits,
-    hook: Hook,
+    /// Code mode (#26): what the session's code may call.
+    tools: Option<crate::job::Tools>,
     alive: bool,
     /// The sandbox is held still (between cells).
     frozen: bool,
@@ -27,12 +27,17 @@ pub(super) struct EngineSession<D: Driver> {
 
 impl<D: Driver> EngineSession<D> {
     /// A session over `live`, whose runner has been sent the session's opening input.
-    pub(super) fn new(driver: Arc<D>, live: Live, limits: Limits, hook: Hook) -> Self {
+    pub(super) fn new(
+        driver: Arc<D>,
+        live: Live,
+        limits: Limits,
+        tools: Option<crate::job::Tools>,
+    ) -> Self {
         EngineSession {
             driver,
             live,
             limits,
-            hook,
+            tools,
             alive: true,
             frozen: false,
         }
@@ -77,8 +82,11 @@ impl<D: Driver> session::Sandbox for EngineSession<D> {
         limits: &Limits,
         events: &Events,
     ) -> Result<Ended, BackendError> {
+        // Code mode (#26): each cell gets its own tool budget; without tools, a cell's tool
+        // requests are answered that no tools are there (instead of failing the cell).
+        let hook = crate::backend::protocol::tool_hook(&self.tools, true);
         self.live
-            .execute(message, false, limits, events, &self.hook)
+            .execute(message, false, limits, events, &hook)
             .await
     }
 

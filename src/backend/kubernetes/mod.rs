@@ -181,6 +181,8 @@ impl KubeBackend {
 #[async_trait]
 impl Driver for KubeDriver {
     const PRELOADS: bool = false;
+    /// Code mode is not wired on Kubernetes yet.
+    const TOOLS: bool = false;
     const LEFT_AT_SHUTDOWN: &'static str =
         "pods still held at shutdown; the next sweep (or their owner reference) removes them";
 

@@ -3,8 +3,10 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use mcp_code_executor::app::settings::defaults as settings;
 use mcp_code_executor::backend::image;
-use mcp_code_executor::config::{self, vars, ServeConfig};
+use mcp_code_executor::config::serve::http_bounds;
+use mcp_code_executor::config::{self, vars, Bytes, Secs, ServeConfig};
 use mcp_code_executor::job::{defaults, Limits};
 use mcp_code_executor::mcp;
 use mcp_code_executor::storage;
@@ -35,7 +37,7 @@ pub enum Command {
     /// Exit 0 when the server answers 2xx at URL (the container healthcheck of
     /// docker-compose.yml; the server image has no curl).
     Healthcheck {
-        #[arg(default_value = "http://127.0.0.1:4000/healthz")]
+        #[arg(default_value = config::defaults::HEALTHCHECK_URL)]
         url: String,
     },
     /// Tenants of a hosted server: make tokens.
@@ -59,7 +61,7 @@ pub struct ServeCmd {
     pub port: u16,
     /// Host header values the HTTP transports accept, comma-separated (guards against DNS
     /// rebinding); `*` accepts any.
-    #[arg(long, env = vars::MCP_EXECUTOR_ALLOWED_HOSTS, value_delimiter = ',', default_value = "localhost,127.0.0.1,::1")]
+    #[arg(long, env = vars::MCP_EXECUTOR_ALLOWED_HOSTS, value_delimiter = ',', default_values_t = mcp::defaults::ALLOWED_HOSTS.map(String::from))]
     pub allowed_hosts: Vec<String>,
     /// Browser Origin values the HTTP transports accept besides the default ones,
     /// comma-separated (e.g. `https://app.example.com`, `http://host:*` for any port); `*`
@@ -72,14 +74,14 @@ pub struct ServeCmd {
     #[arg(long, env = vars::CODE_STORAGE_DIR)]
     pub code_storage_dir: Option<PathBuf>,
     /// Default wall-clock limit of a run, seconds.
-    #[arg(long, env = vars::MCP_EXECUTOR_TIMEOUT, value_parser = config::parse_duration, default_value = "30")]
-    pub timeout: std::time::Duration,
+    #[arg(long, env = vars::MCP_EXECUTOR_TIMEOUT, default_value_t = Secs(defaults::TIMEOUT))]
+    pub timeout: Secs,
     /// Longest timeout a tool call may ask for, seconds.
-    #[arg(long, env = vars::MCP_EXECUTOR_MAX_TIMEOUT, value_parser = config::parse_duration, default_value = "300")]
-    pub max_timeout: std::time::Duration,
+    #[arg(long, env = vars::MCP_EXECUTOR_MAX_TIMEOUT, default_value_t = Secs(mcp::defaults::MAX_TIMEOUT))]
+    pub max_timeout: Secs,
     /// Memory limit per run (swap included), e.g. 512m.
-    #[arg(long, env = vars::MCP_EXECUTOR_MEMORY, value_parser = config::parse_size, default_value = "512m")]
-    pub memory: u64,
+    #[arg(long, env = vars::MCP_EXECUTOR_MEMORY, default_value_t = Bytes(defaults::MEMORY_BYTES))]
+    pub memory: Bytes,
     /// CPU quota per run, in cores.
     #[arg(long, env = vars::MCP_EXECUTOR_CPUS, default_value_t = defaults::CPUS)]
     pub cpus: f64,
@@ -101,11 +103,11 @@ pub struct ServeCmd {
     pub pool_size: usize,
     /// Modules a waiting sandbox imports before its run, comma-separated, each only where
     /// the environment has it (`none`: nothing). See docs/mcp.md "Preloading".
-    #[arg(long, env = vars::MCP_EXECUTOR_PRELOAD, value_parser = parse_preload, default_value = "numpy,pandas,matplotlib.pyplot")]
+    #[arg(long, env = vars::MCP_EXECUTOR_PRELOAD, value_parser = parse_preload, default_value_t = PreloadList(config::preload::DEFAULT_MODULES.iter().map(|m| m.to_string()).collect()))]
     pub preload: PreloadList,
     /// Learn what to preload from the modules runs import (per tenant and environment);
     /// `false` turns it off.
-    #[arg(long, env = vars::MCP_EXECUTOR_PRELOAD_LEARN, default_value = "true", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    #[arg(long, env = vars::MCP_EXECUTOR_PRELOAD_LEARN, default_value_t = true, value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub preload_learn: bool,
     /// Learned modules added to a pool's preload list, at most.
     #[arg(long, env = vars::MCP_EXECUTOR_PRELOAD_LEARN_MAX, default_value_t = mcp_code_executor::config::preload::DEFAULT_LEARN_MAX)]
@@ -118,11 +120,11 @@ pub struct ServeCmd {
     #[arg(long, env = vars::MCP_EXECUTOR_TENANT, default_value = config::defaults::TENANT)]
     pub tenant: String,
     /// Seconds without a call after which an execute_python session is removed.
-    #[arg(long, env = vars::MCP_EXECUTOR_SESSION_IDLE, value_parser = config::parse_duration, default_value = "600")]
-    pub session_idle: std::time::Duration,
+    #[arg(long, env = vars::MCP_EXECUTOR_SESSION_IDLE, default_value_t = Secs(settings::SESSION_IDLE))]
+    pub session_idle: Secs,
     /// Seconds after which an execute_python session is removed, however busy.
-    #[arg(long, env = vars::MCP_EXECUTOR_SESSION_MAX_LIFETIME, value_parser = config::parse_duration, default_value = "3600")]
-    pub session_max_lifetime: std::time::Duration,
+    #[arg(long, env = vars::MCP_EXECUTOR_SESSION_MAX_LIFETIME, default_value_t = Secs(settings::SESSION_MAX_LIFETIME))]
+    pub session_max_lifetime: Secs,
     /// execute_python sessions alive at once.
     #[arg(long, env = vars::MCP_EXECUTOR_MAX_SESSIONS, default_value_t = mcp_code_executor::app::settings::defaults::MAX_SESSIONS)]
     pub max_sessions: usize,
@@ -135,11 +137,11 @@ pub struct ServeCmd {
     pub shared_workspace: bool,
     /// Bytes of stored code and workspace files each tenant may keep (a tenant's own
     /// `storage_limit` may lower it); 0: unlimited.
-    #[arg(long, env = vars::MCP_EXECUTOR_STORAGE_LIMIT, value_parser = config::parse_size, default_value = "1g")]
-    pub storage_limit: u64,
+    #[arg(long, env = vars::MCP_EXECUTOR_STORAGE_LIMIT, default_value_t = Bytes(settings::STORAGE_BYTES))]
+    pub storage_limit: Bytes,
     /// Bytes of stored code and workspace files of every tenant together; 0: unlimited.
-    #[arg(long, env = vars::MCP_EXECUTOR_STORAGE_LIMIT_TOTAL, value_parser = config::parse_size, default_value = "10g")]
-    pub storage_limit_total: u64,
+    #[arg(long, env = vars::MCP_EXECUTOR_STORAGE_LIMIT_TOTAL, default_value_t = Bytes(config::defaults::STORAGE_LIMIT_TOTAL))]
+    pub storage_limit_total: Bytes,
     /// Memory all of a tenant's sandboxes may hold at once: its runs, probes, installs and
     /// open execute_python sessions (paused between cells or not). A run that does not fit
     /// waits for the tenant's runs to end; one that its open sessions leave no room for is
@@ -147,19 +149,23 @@ pub struct ServeCmd {
     #[arg(long, env = vars::MCP_EXECUTOR_MEMORY_BUDGET, value_parser = config::parse_size)]
     pub memory_budget: Option<u64>,
     /// Stored code files not modified for this long are removed (seconds; default 30 days).
-    #[arg(long, env = vars::MCP_EXECUTOR_CODE_MAX_AGE, value_parser = config::parse_duration, default_value = "2592000")]
-    pub code_max_age: std::time::Duration,
+    #[arg(long, env = vars::MCP_EXECUTOR_CODE_MAX_AGE, default_value_t = Secs(settings::CODE_MAX_AGE))]
+    pub code_max_age: Secs,
     /// Tenants file (TOML, see docs/hosting.md): each tenant's token hash and limits.
     /// With it, the HTTP transports require `Authorization: Bearer <token>`; without it the
     /// server has one tenant (`--tenant`) and no authentication.
     #[arg(long, env = vars::MCP_EXECUTOR_TENANTS)]
     pub tenants: Option<PathBuf>,
+    /// Code mode's tools file (TOML, see docs/code-mode.md): MCP servers whose tools the
+    /// sandboxed code calls as Python functions (`from tools import NAME`).
+    #[arg(long, env = vars::MCP_EXECUTOR_TOOLS)]
+    pub tools: Option<PathBuf>,
     /// Calls of one tenant that may wait for a run slot; further calls are refused with a
     /// retry hint.
     #[arg(long, env = vars::MCP_EXECUTOR_MAX_QUEUE, default_value_t = mcp::defaults::MAX_QUEUE)]
     pub max_queue: usize,
     /// Serve Prometheus metrics at /metrics (open without a token); `false` turns it off.
-    #[arg(long, env = vars::MCP_EXECUTOR_METRICS, default_value = "true", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    #[arg(long, env = vars::MCP_EXECUTOR_METRICS, default_value_t = true, value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub metrics: bool,
     /// The server's public URL, an origin (e.g. https://mcp.example.com): OAuth's resource
     /// identifiers (it, it/mcp, it/sse) and metadata URLs are made from it.
@@ -170,7 +176,7 @@ pub struct ServeCmd {
     #[arg(long, env = vars::MCP_EXECUTOR_OAUTH_ISSUERS, value_delimiter = ',')]
     pub oauth_issuer: Vec<String>,
     /// The scope an OAuth access token must carry.
-    #[arg(long, env = vars::MCP_EXECUTOR_OAUTH_SCOPE, default_value = "mcp")]
+    #[arg(long, env = vars::MCP_EXECUTOR_OAUTH_SCOPE, default_value = config::defaults::OAUTH_SCOPE)]
     pub oauth_scope: String,
     #[command(flatten)]
     pub bounds: BoundsOpts,
@@ -217,16 +223,17 @@ impl ServeCmd {
                 },
             },
             limits: Limits {
-                timeout: self.timeout,
-                memory_bytes: self.memory,
+                timeout: self.timeout.0,
+                memory_bytes: self.memory.0,
                 cpus: self.cpus,
                 ..Limits::default()
             },
-            max_timeout: self.max_timeout,
+            max_timeout: self.max_timeout.0,
             max_concurrent: self.max_concurrent,
             max_queue: self.max_queue,
             tenant: self.tenant.clone(),
             tenants_file: self.tenants.clone(),
+            tools_file: self.tools.clone(),
             code_storage_dir: self
                 .code_storage_dir
                 .clone()
@@ -236,17 +243,20 @@ impl ServeCmd {
                 .clone()
                 .unwrap_or_else(|| data_dir.join("workspaces")),
             shared_workspace: self.shared_workspace,
-            storage_limit: (self.storage_limit > 0).then_some(self.storage_limit),
-            storage_limit_total: (self.storage_limit_total > 0).then_some(self.storage_limit_total),
-            code_max_age: (!self.code_max_age.is_zero()).then_some(self.code_max_age),
+            storage_limit: (self.storage_limit.0 > 0).then_some(self.storage_limit.0),
+            storage_limit_total: (self.storage_limit_total.0 > 0)
+                .then_some(self.storage_limit_total.0),
+            code_max_age: (!self.code_max_age.0.is_zero()).then_some(self.code_max_age.0),
             memory_budget: match self.memory_budget {
-                None => Some(8 * self.memory),
+                None => {
+                    Some(mcp_code_executor::server::settings::MEMORY_BUDGET_TIMES * self.memory.0)
+                }
                 Some(0) => None,
                 Some(b) => Some(b),
             },
             sessions: config::SessionLimits {
-                idle: self.session_idle,
-                max_lifetime: self.session_max_lifetime,
+                idle: self.session_idle.0,
+                max_lifetime: self.session_max_lifetime.0,
                 max_sessions: self.max_sessions,
             },
             env,
@@ -299,7 +309,7 @@ pub enum TenantCmd {
 #[derive(Args, Clone)]
 pub struct SandboxOpts {
     /// Which sandbox backend runs the code: docker, or kubernetes (a pod per run).
-    #[arg(long, env = vars::MCP_EXECUTOR_BACKEND, value_parser = config::serve::BackendKind::parse, default_value = "docker")]
+    #[arg(long, env = vars::MCP_EXECUTOR_BACKEND, value_parser = config::serve::BackendKind::parse, default_value_t = config::serve::BackendKind::default())]
     pub backend: config::serve::BackendKind,
     /// Sandbox image (default: the tag matching this binary's images/).
     #[arg(long, env = vars::MCP_EXECUTOR_IMAGE)]
@@ -392,14 +402,14 @@ pub struct RunCmd {
     /// How results are printed: `text` (output, then a status line), `json` (one JSON
     /// outcome per file on stdout) or `github` (output in collapsible groups, failures as
     /// GitHub Actions `::error` annotations at the traceback's line).
-    #[arg(long, value_enum, default_value = "text")]
+    #[arg(long, value_enum, default_value_t = FormatArg::Text)]
     pub format: FormatArg,
     /// Wall-clock limit per file, seconds.
-    #[arg(long, env = vars::MCP_EXECUTOR_TIMEOUT, value_parser = config::parse_duration, default_value = "30")]
-    pub timeout: std::time::Duration,
+    #[arg(long, env = vars::MCP_EXECUTOR_TIMEOUT, default_value_t = Secs(defaults::TIMEOUT))]
+    pub timeout: Secs,
     /// Memory limit per file (swap included), e.g. 512m.
-    #[arg(long, env = vars::MCP_EXECUTOR_MEMORY, value_parser = config::parse_size, default_value = "512m")]
-    pub memory: u64,
+    #[arg(long, env = vars::MCP_EXECUTOR_MEMORY, default_value_t = Bytes(defaults::MEMORY_BYTES))]
+    pub memory: Bytes,
     /// CPU quota in cores.
     #[arg(long, env = vars::MCP_EXECUTOR_CPUS, default_value_t = defaults::CPUS)]
     pub cpus: f64,
@@ -407,11 +417,11 @@ pub struct RunCmd {
     #[arg(long, env = vars::MCP_EXECUTOR_PIDS, default_value_t = defaults::PIDS)]
     pub pids: i64,
     /// Bytes kept of stdout and of stderr, each; the rest is dropped and flagged.
-    #[arg(long, env = vars::MCP_EXECUTOR_OUTPUT_LIMIT, value_parser = config::parse_size, default_value = "1m")]
-    pub output_limit: u64,
+    #[arg(long, env = vars::MCP_EXECUTOR_OUTPUT_LIMIT, default_value_t = Bytes(defaults::OUTPUT_BYTES))]
+    pub output_limit: Bytes,
     /// Size of the /workspace tmpfs.
-    #[arg(long, env = vars::MCP_EXECUTOR_WORKSPACE_SIZE, value_parser = config::parse_size, default_value = "64m")]
-    pub workspace_size: u64,
+    #[arg(long, env = vars::MCP_EXECUTOR_WORKSPACE_SIZE, default_value_t = Bytes(defaults::WORKSPACE_BYTES))]
+    pub workspace_size: Bytes,
     /// Same as `--format json`.
     #[arg(long, conflicts_with = "format")]
     pub json: bool,
@@ -442,7 +452,7 @@ pub struct BenchCmd {
     #[arg(long, default_value_t = 60)]
     pub throughput_runs: usize,
     /// Concurrency levels of the throughput rows.
-    #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 4, 8])]
     pub concurrency: Vec<usize>,
     /// Concurrent calls in the burst.
     #[arg(long, default_value_t = 100)]
@@ -494,6 +504,12 @@ pub enum ImageCmd {
 /// `--preload`: the module names, parsed as one value.
 #[derive(Debug, Clone)]
 pub struct PreloadList(pub Vec<String>);
+
+impl std::fmt::Display for PreloadList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.join(","))
+    }
+}
 
 fn parse_preload(s: &str) -> Result<PreloadList, String> {
     mcp_code_executor::config::preload::parse_modules(s).map(PreloadList)
@@ -549,6 +565,20 @@ mod tests {
         assert_eq!(c.workspace_dir, data.join("workspaces"));
         assert!(c.backend.build_missing && c.http.metrics && !c.stdio);
         assert_eq!(c.env, config::EnvSelection::default());
+    }
+
+    /// `serve` with no flag and no variable is the library's [`ServeConfig::local`]: the
+    /// defaults clap shows are the ones the server and the MCP tests are built with.
+    #[test]
+    fn no_flag_is_the_local_configuration() {
+        let c = serve(&[]).config(table(&[("HOME", "/h")])).unwrap();
+        let data = std::path::PathBuf::from("/h/.local/share/mcp-code-executor");
+        let local = ServeConfig {
+            ca_bundle: c.ca_bundle.clone(),
+            host: c.host.clone(),
+            ..ServeConfig::local(data)
+        };
+        assert_eq!(c, local);
     }
 
     #[test]
@@ -633,13 +663,17 @@ mod tests {
                 if !row[2].contains(&format!("`--{long}`")) {
                     problems.push(format!("the docs row of {var} does not name --{long}"));
                 }
-                for d in arg.get_default_values() {
-                    let d = d.to_string_lossy();
-                    if !row[3].contains(&format!("`{d}`")) {
-                        problems.push(format!(
-                            "the docs row of {var} does not give the default `{d}`"
-                        ));
-                    }
+                // Several default values (a list flag) are shown as the flag takes them.
+                let defaults: Vec<String> = arg
+                    .get_default_values()
+                    .iter()
+                    .map(|d| d.to_string_lossy().into_owned())
+                    .collect();
+                let d = defaults.join(",");
+                if !defaults.is_empty() && !row[3].contains(&format!("`{d}`")) {
+                    problems.push(format!(
+                        "the docs row of {var} does not give the default `{d}`"
+                    ));
                 }
             }
             for sub in cmd.get_subcommands() {
@@ -668,23 +702,23 @@ pub struct BoundsOpts {
     #[arg(long, env = vars::MCP_EXECUTOR_MAX_STREAMS_PER_TENANT, default_value_t = config::serve::http_bounds::MAX_STREAMS_PER_TENANT)]
     pub max_streams_per_tenant: usize,
     /// Seconds to send a request's headers (and an idle keep-alive connection's life).
-    #[arg(long, env = vars::MCP_EXECUTOR_HEADER_TIMEOUT, value_parser = config::parse_duration, default_value = "10")]
-    pub header_timeout: std::time::Duration,
+    #[arg(long, env = vars::MCP_EXECUTOR_HEADER_TIMEOUT, default_value_t = Secs(http_bounds::HEADER_TIMEOUT))]
+    pub header_timeout: Secs,
     /// Seconds to send a request's body.
-    #[arg(long, env = vars::MCP_EXECUTOR_BODY_TIMEOUT, value_parser = config::parse_duration, default_value = "30")]
-    pub body_timeout: std::time::Duration,
+    #[arg(long, env = vars::MCP_EXECUTOR_BODY_TIMEOUT, default_value_t = Secs(http_bounds::BODY_TIMEOUT))]
+    pub body_timeout: Secs,
     /// Result bytes waiting for clients to read them, in all.
-    #[arg(long, env = vars::MCP_EXECUTOR_MAX_BUFFERED, value_parser = config::parse_size, default_value = "256m")]
-    pub max_buffered: u64,
+    #[arg(long, env = vars::MCP_EXECUTOR_MAX_BUFFERED, default_value_t = Bytes(http_bounds::MAX_BUFFERED_BYTES))]
+    pub max_buffered: Bytes,
     /// Result bytes waiting for one tenant's clients.
-    #[arg(long, env = vars::MCP_EXECUTOR_MAX_BUFFERED_PER_TENANT, value_parser = config::parse_size, default_value = "128m")]
-    pub max_buffered_per_tenant: u64,
+    #[arg(long, env = vars::MCP_EXECUTOR_MAX_BUFFERED_PER_TENANT, default_value_t = Bytes(http_bounds::MAX_BUFFERED_PER_TENANT))]
+    pub max_buffered_per_tenant: Bytes,
     /// Result bytes waiting for one protocol session.
-    #[arg(long, env = vars::MCP_EXECUTOR_MAX_BUFFERED_PER_SESSION, value_parser = config::parse_size, default_value = "16m")]
-    pub max_buffered_per_session: u64,
+    #[arg(long, env = vars::MCP_EXECUTOR_MAX_BUFFERED_PER_SESSION, default_value_t = Bytes(http_bounds::MAX_BUFFERED_PER_SESSION))]
+    pub max_buffered_per_session: Bytes,
     /// Seconds a client with results waiting may read nothing before it is disconnected.
-    #[arg(long, env = vars::MCP_EXECUTOR_STALL_TIMEOUT, value_parser = config::parse_duration, default_value = "30")]
-    pub stall_timeout: std::time::Duration,
+    #[arg(long, env = vars::MCP_EXECUTOR_STALL_TIMEOUT, default_value_t = Secs(http_bounds::STALL_TIMEOUT))]
+    pub stall_timeout: Secs,
     /// Streamable HTTP protocol sessions open at once, in all.
     #[arg(long, env = vars::MCP_EXECUTOR_MAX_PROTOCOL_SESSIONS, default_value_t = config::serve::http_bounds::MAX_SESSIONS)]
     pub max_protocol_sessions: usize,
@@ -692,8 +726,8 @@ pub struct BoundsOpts {
     #[arg(long, env = vars::MCP_EXECUTOR_MAX_PROTOCOL_SESSIONS_PER_TENANT, default_value_t = config::serve::http_bounds::MAX_SESSIONS_PER_TENANT)]
     pub max_protocol_sessions_per_tenant: usize,
     /// Seconds without a request after which a protocol session is closed.
-    #[arg(long, env = vars::MCP_EXECUTOR_PROTOCOL_SESSION_IDLE, value_parser = config::parse_duration, default_value = "300")]
-    pub protocol_session_idle: std::time::Duration,
+    #[arg(long, env = vars::MCP_EXECUTOR_PROTOCOL_SESSION_IDLE, default_value_t = Secs(http_bounds::SESSION_IDLE))]
+    pub protocol_session_idle: Secs,
 }
 
 impl BoundsOpts {
@@ -703,15 +737,15 @@ impl BoundsOpts {
             health_connections: self.health_connections,
             max_streams: self.max_streams,
             max_streams_per_tenant: self.max_streams_per_tenant,
-            header_timeout: self.header_timeout,
-            body_timeout: self.body_timeout,
-            max_buffered_bytes: self.max_buffered,
-            max_buffered_per_tenant: self.max_buffered_per_tenant,
-            max_buffered_per_session: self.max_buffered_per_session,
-            stall_timeout: self.stall_timeout,
+            header_timeout: self.header_timeout.0,
+            body_timeout: self.body_timeout.0,
+            max_buffered_bytes: self.max_buffered.0,
+            max_buffered_per_tenant: self.max_buffered_per_tenant.0,
+            max_buffered_per_session: self.max_buffered_per_session.0,
+            stall_timeout: self.stall_timeout.0,
             max_sessions: self.max_protocol_sessions,
             max_sessions_per_tenant: self.max_protocol_sessions_per_tenant,
-            session_idle: self.protocol_session_idle,
+            session_idle: self.protocol_session_idle.0,
         }
     }
 }

@@ -5,10 +5,12 @@ use rmcp::model::CallToolResult;
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_router, ErrorData, RoleServer};
 
-use super::{answer, timeout, CodeExecutor};
+use super::{answer, as_task, stateless, CodeExecutor};
+use crate::app::{Code, CodeRun, NotRun, Wanted};
 use crate::mcp::args::{self, Args};
 use crate::mcp::progress::Progress;
 use crate::mcp::report::{tool_error, with_structured, FileReport, RunReport};
+use crate::mcp::transports::auth::principal_of;
 
 const EXECUTE_CODE: &str = "Run a complete Python script in a fresh, isolated sandbox and return its stdout, stderr and exit status. \
 Each call starts a new Python process: variables and imports do not survive between calls (use execute_python for that). \
@@ -40,37 +42,59 @@ fn file_report(path: &std::path::Path, size: u64, content: Option<String>) -> Fi
 }
 
 impl CodeExecutor {
-    /// Run `code` stored at `path` and format the outcome.
-    async fn run_stored(
+    /// Run `code` in a fresh sandbox (one call into the core) and format the outcome.
+    async fn run_code(
         &self,
-        session: Option<crate::app::SessionRef>,
-        code: String,
-        path: &std::path::Path,
-        timeout: (std::time::Duration, Option<String>),
+        code: Code<'_>,
+        session_id: Option<&str>,
+        timeout: Option<f64>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let secs = timeout.0.as_secs_f64();
+        let principal = principal_of(&ctx);
+        let run = CodeRun {
+            code,
+            session: Wanted {
+                handle: session_id.map(str::trim).filter(|h| !h.is_empty()),
+                stateless: stateless(&ctx),
+                open: false,
+                principal: principal.as_ref(),
+            },
+            timeout,
+            as_task: as_task(&ctx),
+        };
         let (progress, events) = Progress::start(&ctx);
         let result = self
             .conn
-            .run_stored(session, code, path, timeout, events, &ctx.ct)
+            .execute_code(run, events, &ctx.ct, |outcome, timeout, path| {
+                let report =
+                    RunReport::new(outcome, timeout.as_secs_f64(), path.display().to_string());
+                let keep = report.to_keep();
+                (report, keep)
+            })
             .await;
         if let Some(p) = progress {
             p.finish().await;
         }
-        let file_path = path.display().to_string();
-        Ok(match result {
-            Ok(done) => {
-                let report = RunReport::new(&done.outcome, secs, file_path);
-                let (session, kept, refused) = self.keep(done.session, report.to_keep()).await;
-                report
-                    .kept(session.as_ref().map(|s| s.handle()), kept, refused)
-                    .into_result(done.note)
+        match result {
+            Ok(ran) => {
+                let kept = ran.kept;
+                Ok(ran
+                    .made
+                    .kept(
+                        kept.session.as_ref().map(|s| s.handle()),
+                        kept.names,
+                        kept.refused,
+                    )
+                    .into_result(ran.note))
             }
-            Err(e) => tool_error(format!(
-                "the code could not be run: {e}\nfile_path: {file_path}"
-            )),
-        })
+            Err(NotRun::Timeout(e)) => Err(ErrorData::invalid_params(e.to_string(), None)),
+            Err(NotRun::Session(e)) => Ok(tool_error(e.to_string())),
+            Err(NotRun::Code(e)) => answer(e),
+            Err(NotRun::Run { error, path }) => Ok(tool_error(format!(
+                "the code could not be run: {error}\nfile_path: {}",
+                path.display()
+            ))),
+        }
     }
 }
 
@@ -93,20 +117,12 @@ impl CodeExecutor {
         Args(a): Args<args::ExecuteCode>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let timeout = timeout(self.executor(), a.timeout, &ctx)?;
-        let session = match self.session(a.session_id.as_deref(), &ctx, false) {
-            Ok(s) => s,
-            Err(r) => return Ok(r),
+        let code = Code::New {
+            filename: a.filename.as_deref(),
+            code: &a.code,
         };
-        let path = match self
-            .executor()
-            .create_code(a.filename.as_deref(), &a.code)
+        self.run_code(code, a.session_id.as_deref(), a.timeout, ctx)
             .await
-        {
-            Ok(p) => p,
-            Err(e) => return answer(e),
-        };
-        self.run_stored(session, a.code, &path, timeout, ctx).await
     }
 
     #[tool(
@@ -190,16 +206,11 @@ impl CodeExecutor {
         Args(a): Args<args::ExecuteCodeFile>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let timeout = timeout(self.executor(), a.timeout, &ctx)?;
-        let session = match self.session(a.session_id.as_deref(), &ctx, false) {
-            Ok(s) => s,
-            Err(r) => return Ok(r),
+        let code = Code::Stored {
+            file_path: &a.file_path,
         };
-        let (path, code) = match self.executor().read_code(&a.file_path).await {
-            Ok(v) => v,
-            Err(e) => return answer(e),
-        };
-        self.run_stored(session, code, &path, timeout, ctx).await
+        self.run_code(code, a.session_id.as_deref(), a.timeout, ctx)
+            .await
     }
 
     #[tool(

@@ -7,6 +7,7 @@ use rmcp::{tool, tool_router, ErrorData, RoleServer};
 
 use super::{answer, CodeExecutor};
 use crate::app::packages::{self, EnvAsked, PackagesReport};
+use crate::app::pip::{PackageDone, PipSaid};
 use crate::env::manager::{InstallEvent, Phase};
 use crate::job::RunEvent;
 use crate::mcp::args::{self, Args};
@@ -87,78 +88,35 @@ pub struct EnvironmentSwitched {
     pub installs: String,
 }
 
-/// What pip said of each package: `Requirement already satisfied: six in /usr/lib/python3/dist-packages (1.16.0)`
-/// lines, by normalized name, as "<version> in <location>".
-fn already_satisfied(pip_output: &str) -> std::collections::HashMap<String, String> {
-    let mut found = std::collections::HashMap::new();
-    for line in pip_output.lines() {
-        let Some(rest) = line.trim().strip_prefix("Requirement already satisfied: ") else {
-            continue;
-        };
-        let Some((req, place)) = rest.split_once(" in ") else {
-            continue;
-        };
-        let name: String = req
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-            .collect();
-        let place = place.trim();
-        let said = match place.rsplit_once(" (") {
-            Some((loc, v)) => format!("{} in {loc}", v.trim_end_matches(')')),
-            None => place.to_string(),
-        };
-        found.insert(crate::env::spec::normalize(&name), said);
-    }
-    found
-}
-
 /// The answer of an install, honest about what pip did.
-fn install_result(report: &crate::env::manager::InstallReport, asked: &[String]) -> InstallResult {
-    let pip = report.outcome.stderr_text() + &report.outcome.stdout_text();
-    let fresh: Vec<(String, String)> = pip
-        .lines()
-        .find(|l| l.trim().starts_with("Successfully installed"))
-        .map(|l| {
-            l.trim()
-                .trim_start_matches("Successfully installed")
-                .split_whitespace()
-                .filter_map(|item| {
-                    let (n, v) = item.rsplit_once('-')?;
-                    Some((n.to_string(), v.to_string()))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let fresh_names: Vec<String> = fresh
-        .iter()
-        .map(|(n, _)| crate::env::spec::normalize(n))
-        .collect();
-    let satisfied = already_satisfied(&pip);
+fn install_result(
+    report: &crate::env::manager::InstallReport,
+    said: PipSaid,
+    asked: &[String],
+) -> InstallResult {
     let packages = report
         .installed
         .iter()
+        .zip(said.packages)
         .enumerate()
-        .map(|(i, p)| {
-            let key = crate::env::spec::normalize(&p.name);
-            let (status, by) = if p.version.is_none() {
-                ("missing", None)
-            } else if fresh_names.contains(&key) {
-                ("installed", None)
-            } else {
-                ("already_satisfied", satisfied.get(&key).cloned())
+        .map(|(i, (p, done))| {
+            let status = done.as_str().into();
+            let satisfied_by = match done {
+                PackageDone::AlreadySatisfied { by } => by,
+                _ => None,
             };
             InstalledPackage {
                 name: asked.get(i).cloned().unwrap_or_else(|| p.name.clone()),
                 version: p.version.clone(),
-                status: status.into(),
-                satisfied_by: by,
+                status,
+                satisfied_by,
             }
         })
         .collect();
     InstallResult {
         environment: report.environment.kind.to_string(),
         path: report.environment.path.display().to_string(),
-        changed: !fresh.is_empty(),
+        changed: said.changed,
         packages,
         dependencies: report
             .dependencies
@@ -446,15 +404,16 @@ impl CodeExecutor {
         ctx: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let (progress, events) = Progress::start_with(ctx, InstallNarration::default());
-        let result = packages::install(self.executor(), packages, events, &ctx.ct).await;
+        let result =
+            packages::install_dependencies(self.executor(), packages, events, &ctx.ct).await;
         if let Some(p) = progress {
             p.finish().await;
         }
-        let report = match result {
+        let (report, said) = match result {
             Ok(r) => r,
             Err(e) => return answer(e),
         };
-        let r = install_result(&report, packages);
+        let r = install_result(&report, said, packages);
         let lines: Vec<String> = r
             .packages
             .iter()

@@ -20,7 +20,7 @@ use rmcp::service::RequestContext;
 use rmcp::{tool_handler, ErrorData, RoleServer, ServerHandler};
 
 use super::args;
-use super::report::{tool_error, Keep};
+use super::report::tool_error;
 use super::transports::auth::principal_of;
 use super::INSTRUCTIONS;
 use crate::app::{AppError, Connection, Executor, SessionRef, Wanted};
@@ -120,29 +120,6 @@ impl CodeExecutor {
             })
             .map_err(|e| tool_error(e.to_string()))
     }
-
-    /// Keep in the workspace what a result cannot carry (opening a session when there is
-    /// none): the session, the names kept, and why one or more were not (a quota, the
-    /// workspace caps); a refused file does not stop the others.
-    async fn keep(
-        &self,
-        mut session: Option<SessionRef>,
-        keep: Keep,
-    ) -> (Option<SessionRef>, Vec<String>, Option<String>) {
-        let mut names = Vec::new();
-        let mut refused = Vec::new();
-        for (name, data) in keep {
-            match self.conn.keep_file(session.clone(), &name, &data).await {
-                Ok(s) => {
-                    session = Some(s);
-                    names.push(name);
-                }
-                Err(e) => refused.push(format!("{name}: {e}")),
-            }
-        }
-        let why = (!refused.is_empty()).then(|| refused.join("; "));
-        (session, names, why)
-    }
 }
 
 impl CodeExecutor {
@@ -159,7 +136,10 @@ impl CodeExecutor {
             .as_ref()
             .and_then(|a| a.get("timeout"))
             .and_then(serde_json::Value::as_f64);
-        let (run_for, _) = task_timeout(self.executor(), asked)?;
+        let (run_for, _) = self
+            .executor()
+            .task_timeout(asked)
+            .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
         let tasks = self.tasks(&context);
         let mut ctx = context;
         // The request's token ends with the request (or its connection); the task's ends
@@ -201,7 +181,7 @@ impl CodeExecutor {
                         "the tool gave no final result",
                         None,
                     )),
-                    Err(e) => Err(super::report::capped_error(e)),
+                    Err(e) => Err(super::fit::capped_error(e)),
                 };
                 admitted.ended(done.as_ref());
                 done.map_err(TaskExit::Error)
@@ -225,47 +205,21 @@ pub(crate) fn answer(e: AppError) -> Result<CallToolResult, ErrorData> {
     }
 }
 
-/// The timeout a call gets, or the protocol error for a bad one: up to the server's
-/// maximum, or for a run started as a task ([`super::tasks::TaskRun`]) up to the task
-/// maximum.
+/// Is this call a run started as a task ([`super::tasks::TaskRun`])? Its timeout is capped at
+/// the task maximum, not the server's.
+pub(crate) fn as_task(ctx: &RequestContext<RoleServer>) -> bool {
+    ctx.extensions.get::<super::tasks::TaskRun>().is_some()
+}
+
+/// The timeout a call gets (the core's policy: [`Executor::run_timeout`]), or the protocol
+/// error for a bad one.
 fn timeout(
     ex: &Executor,
     asked: Option<f64>,
     ctx: &RequestContext<RoleServer>,
 ) -> Result<(std::time::Duration, Option<String>), ErrorData> {
-    if ctx.extensions.get::<super::tasks::TaskRun>().is_some() {
-        return task_timeout(ex, asked);
-    }
-    ex.timeout(asked)
+    ex.run_timeout(asked, as_task(ctx))
         .map_err(|e| ErrorData::invalid_params(e.to_string(), None))
-}
-
-/// The timeout of a task run: as asked, capped at the task maximum.
-fn task_timeout(
-    ex: &Executor,
-    asked: Option<f64>,
-) -> Result<(std::time::Duration, Option<String>), ErrorData> {
-    let max = ex.settings().max_task_timeout;
-    let Some(secs) = asked else {
-        return ex
-            .timeout(None)
-            .map_err(|e| ErrorData::invalid_params(e.to_string(), None));
-    };
-    if !secs.is_finite() || secs <= 0.0 {
-        return Err(ErrorData::invalid_params(
-            format!("invalid argument `timeout`: must be a positive number of seconds, got {secs}"),
-            None,
-        ));
-    }
-    let asked = std::time::Duration::from_secs_f64(secs.min(1e9));
-    if asked > max {
-        let note = format!(
-            "timeout {secs} s capped at the maximum of a task run, {} s",
-            max.as_secs_f64()
-        );
-        return Ok((max, Some(note)));
-    }
-    Ok((asked, None))
 }
 
 impl CodeExecutor {
@@ -303,11 +257,11 @@ impl ServerHandler for CodeExecutor {
             (self.tool_router.get(&request.name), &request.arguments)
         {
             args::check_known(&request.name, &tool.input_schema, arguments)
-                .map_err(super::report::capped_error)?;
+                .map_err(super::fit::capped_error)?;
         }
         self.dispatch(request, context)
             .await
-            .map_err(super::report::capped_error)
+            .map_err(super::fit::capped_error)
     }
 
     async fn get_task(

@@ -98,9 +98,13 @@ impl CodeExecutor {
                     done.timeout.as_secs_f64(),
                     "<session>".into(),
                 );
-                let (session, kept, refused) = self.keep(Some(session), report.to_keep()).await;
+                let kept = self.conn.keep_files(Some(session), report.to_keep()).await;
                 Ok(report
-                    .kept(session.as_ref().map(|s| s.handle()), kept, refused)
+                    .kept(
+                        kept.session.as_ref().map(|s| s.handle()),
+                        kept.names,
+                        kept.refused,
+                    )
                     .into_result(done.note))
             }
             Err(e) => {

@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use super::{answer, CodeExecutor, NO_SESSION};
 use crate::app::workspaces::{caps, too_large, MOUNT};
 use crate::mcp::args::{self, Args};
-use crate::mcp::report::{prefix_within, tool_error, with_structured};
+use crate::mcp::fit::prefix_within;
+use crate::mcp::report::{tool_error, with_structured};
 
 /// The most of a file one read_file call returns (JSON-escaped): the content travels in the
 /// text block and in `structuredContent`, and a result stays well under 1 MiB.
@@ -348,7 +349,7 @@ fn page(data: &[u8], offset: usize, want: usize) -> (&'static str, usize, String
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mcp::report::escaped_len;
+    use crate::mcp::fit::escaped_len;
     use proptest::prelude::*;
 
     /// Reads `data` page by page with `want`, checking each page's bounds, and joins them.

@@ -1,0 +1,136 @@
+//! The one place a concrete backend is named: every command (and the server) gets its
+//! sandboxes from here, as a [`Backend`] (Docker, or Kubernetes with the `kubernetes`
+//! feature), and builds its images through [`image`].
+
+use std::sync::Arc;
+
+use crate::backend::docker::{DockerBackend, DockerConfig};
+use crate::backend::Backend;
+use crate::config::serve::BackendKind;
+use crate::config::BackendConfig;
+use crate::job::Limits;
+
+use self::image::BuildOptions;
+
+/// The sandbox image: what names and packs it (backend-neutral), and the backend's build of
+/// it (`ensure`, `build_server`), under one name for the image commands.
+pub mod image {
+    pub use crate::backend::docker::image::{build_server, ensure};
+    pub use crate::backend::image::*;
+}
+
+/// The backend `cfg` names, without a warm pool: the image made sure of (built on first
+/// use unless told not to, its progress as `[image]` lines), and what dead processes left
+/// swept.
+pub async fn connect(cfg: &BackendConfig) -> Result<Arc<dyn Backend>, String> {
+    let cfg = BackendConfig {
+        pool_size: 0,
+        ..cfg.clone()
+    };
+    connect_with_pool(&cfg, Limits::default(), false, &mut print_build).await
+}
+
+/// A build's progress as `[image] …` lines on stderr.
+pub fn print_build(e: &image::BuildEvent) {
+    eprintln!("[image] {e}");
+}
+
+/// The backend `cfg` names, with a warm pool of `cfg.pool_size` sandboxes made with
+/// `pool_limits` (or, with `per_tenant`, one such pool per tenant, made at its first run),
+/// and the build's progress told to `report`. The image comes first: the pool starts
+/// filling only once it exists, so that a first run is not a stream of failed refills.
+pub async fn connect_with_pool(
+    cfg: &BackendConfig,
+    pool_limits: Limits,
+    per_tenant: bool,
+    report: &mut (dyn FnMut(&image::BuildEvent) + Send),
+) -> Result<Arc<dyn Backend>, String> {
+    match cfg.kind {
+        BackendKind::Docker => {
+            let image = cfg.image.clone().unwrap_or_else(image::default_image);
+            let config = DockerConfig {
+                runtime: cfg.runtime.clone(),
+                docker_host: cfg.docker_host.clone(),
+                pool_size: cfg.pool_size,
+                pool_limits,
+                pool_per_tenant: per_tenant,
+                preload: cfg.preload.clone(),
+                ..DockerConfig::new(image.clone())
+            };
+            if cfg.build_missing {
+                image::ensure(&image, &BuildOptions::default(), report)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            let sandbox = DockerBackend::connect(config)
+                .await
+                .map_err(|e| e.to_string())?;
+            if let Err(e) = sandbox.sweep().await {
+                tracing::warn!(error = %e, "sweep of leftover containers failed");
+            }
+            Ok(Arc::new(sandbox))
+        }
+        BackendKind::Kubernetes => kubernetes(cfg, pool_limits, per_tenant).await,
+    }
+}
+
+/// The Kubernetes backend: the image is not built here (the nodes pull it from a
+/// registry; see docs/kubernetes.md), what servers that are gone left is swept.
+#[cfg(feature = "kubernetes")]
+async fn kubernetes(
+    cfg: &BackendConfig,
+    pool_limits: Limits,
+    per_tenant: bool,
+) -> Result<Arc<dyn Backend>, String> {
+    use crate::backend::kubernetes::{KubeBackend, KubeConfig, OwnerPod};
+    let k = &cfg.kubernetes;
+    let config = KubeConfig {
+        kubeconfig: k.kubeconfig.clone(),
+        namespace: k.namespace.clone().unwrap_or_default(),
+        runtime_class: cfg.runtime.clone(),
+        pool_size: cfg.pool_size,
+        pool_limits,
+        pool_per_tenant: per_tenant,
+        env_volume: k.env_volume.clone(),
+        data_dir: k.data_dir.clone(),
+        owner_pod: k.own_pod.clone().map(|(namespace, name, uid)| OwnerPod {
+            namespace,
+            name,
+            uid,
+        }),
+        ..KubeConfig::new(cfg.image.clone().unwrap_or_else(image::default_image))
+    };
+    let sandbox = KubeBackend::connect(config)
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Err(e) = sandbox.sweep().await {
+        tracing::warn!(error = %e, "sweep of leftover pods failed");
+    }
+    Ok(Arc::new(sandbox))
+}
+
+#[cfg(not(feature = "kubernetes"))]
+async fn kubernetes(
+    _cfg: &BackendConfig,
+    _pool_limits: Limits,
+    _per_tenant: bool,
+) -> Result<Arc<dyn Backend>, String> {
+    Err(
+        "this binary was built without the `kubernetes` feature: rebuild it with \
+         `cargo build --features kubernetes` (on by default)"
+            .to_string(),
+    )
+}
+
+/// The bench's way to get a backend with a warm pool of a given size (0: none).
+pub fn bench_connect(cfg: BackendConfig) -> crate::ops::bench::Connect {
+    Arc::new(move |pool_size| {
+        let cfg = BackendConfig {
+            pool_size,
+            ..cfg.clone()
+        };
+        Box::pin(async move {
+            connect_with_pool(&cfg, Limits::default(), false, &mut print_build).await
+        })
+    })
+}

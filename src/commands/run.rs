@@ -1,0 +1,153 @@
+//! `run`: Python files in sandboxes, for CI pipelines, through the application core with a
+//! local policy (one tenant, `--jobs` runs at once, no quotas, no code storage); every
+//! sandbox removed before it exits, also when interrupted.
+
+use std::path::PathBuf;
+
+use super::{backend, Exit};
+use crate::app::{Capacity, Service, Settings, TenantParts};
+use crate::cli::files;
+use crate::cli::output::Format;
+use crate::cli::run::{self, RunOptions};
+use crate::config::{self, BackendConfig};
+use crate::job::Limits;
+
+/// What `run` was asked: the files as given (files, directories, globs, `-`), the limits of
+/// each run, and how to report.
+pub struct RunRequest {
+    pub files: Vec<String>,
+    pub limits: Limits,
+    /// Files at once; `None`: as many as the CPUs and the memory allow.
+    pub jobs: Option<usize>,
+    pub fail_fast: bool,
+    pub format: Format,
+    pub junit: Option<PathBuf>,
+    pub backend: BackendConfig,
+}
+
+/// `run`: read the files, connect (with a warm pool sized to `--jobs` when several files
+/// run), run them through the application core, and remove every sandbox before exiting,
+/// whether the run ended, failed, or was interrupted (SIGINT, SIGTERM).
+pub async fn run(cmd: RunRequest) -> Exit {
+    use std::sync::atomic::{AtomicI32, Ordering};
+    use std::sync::Arc;
+    use tokio_util::sync::CancellationToken;
+
+    let limits = cmd.limits;
+    if let Err(e) = config::validate_limits(&limits) {
+        eprintln!("mcp-code-executor: {e}");
+        return run::exit::USAGE;
+    }
+    let format = cmd.format;
+    // Every file is found and read before any runs: a typo in the last name fails the job
+    // at once, not after the others ran (and without a half-written report).
+    let mut files = match files::expand(&cmd.files) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("mcp-code-executor: {e}");
+            return run::exit::USAGE;
+        }
+    };
+    if files.iter().filter(|f| f.path.is_none()).count() > 1 {
+        eprintln!("mcp-code-executor: `-` (stdin) may be given once");
+        return run::exit::USAGE;
+    }
+    if let Err(e) = files::read_all(&mut files).await {
+        eprintln!("mcp-code-executor: {e}");
+        return run::exit::USAGE;
+    }
+    let jobs = cmd
+        .jobs
+        .unwrap_or_else(|| run::default_jobs(&limits))
+        .min(files.len())
+        .max(1);
+
+    // SIGINT (Ctrl-C) or SIGTERM (a cancelled CI job) from here on: no new file starts, the
+    // running ones are cancelled, and every sandbox is removed before exiting.
+    let stop = CancellationToken::new();
+    let signalled = Arc::new(AtomicI32::new(0));
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("mcp-code-executor: cannot handle SIGTERM: {e}");
+            return run::exit::INFRA;
+        }
+    };
+    let watcher = tokio::spawn({
+        let (stop, signalled) = (stop.clone(), signalled.clone());
+        async move {
+            let code = tokio::select! {
+                _ = tokio::signal::ctrl_c() => run::exit::INTERRUPTED,
+                _ = term.recv() => run::exit::TERMINATED,
+            };
+            let what = if code == run::exit::INTERRUPTED {
+                "interrupted"
+            } else {
+                "terminated"
+            };
+            eprintln!("mcp-code-executor: {what}; removing the sandboxes");
+            signalled.store(code, Ordering::SeqCst);
+            stop.cancel();
+        }
+    });
+    let interrupted = || match signalled.load(Ordering::SeqCst) {
+        0 => None,
+        code => Some(code),
+    };
+
+    // Connect (and build the image on first use) without a pool, so that a signal meanwhile
+    // leaves no sandbox behind; then, for several files, a backend with a warm pool of
+    // `jobs` sandboxes of the run's shape (one file keeps no pool).
+    let plain = tokio::select! {
+        r = backend::connect(&cmd.backend) => r,
+        _ = stop.cancelled() => return interrupted().unwrap_or(run::exit::INTERRUPTED),
+    };
+    let sandbox = match plain {
+        Ok(s) if files.len() > 1 => {
+            drop(s);
+            let cfg = BackendConfig {
+                pool_size: jobs,
+                build_missing: false,
+                ..cmd.backend.clone()
+            };
+            backend::connect_with_pool(&cfg, limits.clone(), false, &mut backend::print_build).await
+        }
+        other => other,
+    };
+    let sandbox = match sandbox {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("mcp-code-executor: {e}");
+            return run::exit::INFRA;
+        }
+    };
+    // The same core the server uses, with a local policy: one tenant, `jobs` runs at once,
+    // no quotas, no code storage.
+    let mut service = Service::new(
+        sandbox.clone(),
+        Capacity {
+            max_concurrent: jobs,
+            ..Capacity::default()
+        },
+    );
+    let executor = service.add_tenant(TenantParts {
+        settings: Settings {
+            limits: limits.clone(),
+            ..Settings::default()
+        },
+        storage: None,
+        environments: None,
+    });
+    let opts = RunOptions {
+        limits,
+        format,
+        junit: cmd.junit,
+        jobs,
+        fail_fast: cmd.fail_fast,
+    };
+    let code = run::run_files(executor, files, opts, stop).await;
+    // Pools stopped, every sandbox removed (bounded; what is left goes to the next sweep).
+    sandbox.shutdown().await;
+    watcher.abort();
+    interrupted().unwrap_or(code)
+}

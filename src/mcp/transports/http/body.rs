@@ -1,0 +1,78 @@
+//! How request bodies are read: up to the limit, within the body timeout, and refused as a
+//! JSON-RPC parse error when they are not JSON.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::super::bounds::Conn;
+
+/// How request bodies are read.
+#[derive(Clone, Copy)]
+pub(super) struct BodyRules {
+    pub(super) limit: usize,
+    pub(super) timeout: std::time::Duration,
+}
+
+/// JSON nested deeper than this is refused as a parse error (serde_json's own limit).
+const MAX_JSON_DEPTH: usize = 128;
+
+/// rmcp answers a POST body that is not JSON (or nested too deep for its parser) with a
+/// plain-text 415; JSON-RPC clients expect a parse error (-32700). Bodies are read up to the
+/// limit (beyond it: 413) within the body timeout (beyond it: 408) and handed on.
+pub(super) async fn answer_parse_errors(
+    State(rules): State<BodyRules>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if request.method() != axum::http::Method::POST {
+        return next.run(request).await;
+    }
+    let limit = rules.limit;
+    let conn = request.extensions().get::<Arc<Conn>>().cloned();
+    let (parts, body) = request.into_parts();
+    let read = tokio::time::timeout(rules.timeout, axum::body::to_bytes(body, limit)).await;
+    let bytes = match read {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => {
+            return (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body larger than {limit} bytes"),
+            )
+                .into_response()
+        }
+        Err(_) => {
+            if let Some(c) = conn {
+                c.tracker.body_timed_out();
+            }
+            tracing::info!("refused: request body not received within the body timeout");
+            return (
+                StatusCode::REQUEST_TIMEOUT,
+                [(header::CONNECTION, "close")],
+                format!(
+                    "request body not received within {} s (--body-timeout, MCP_EXECUTOR_BODY_TIMEOUT)",
+                    rules.timeout.as_secs()
+                ),
+            )
+                .into_response();
+        }
+    };
+    let parsed = if super::super::bounds::json_too_deep(&bytes, MAX_JSON_DEPTH) {
+        Err(format!("JSON nested deeper than {MAX_JSON_DEPTH} levels"))
+    } else {
+        serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).map_err(|e| e.to_string())
+    };
+    if let Err(e) = parsed {
+        let error = serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": null,
+            "error": {"code": -32700, "message": format!("parse error: {e}")},
+        });
+        return (StatusCode::BAD_REQUEST, axum::Json(error)).into_response();
+    }
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await
+}

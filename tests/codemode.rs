@@ -1,0 +1,712 @@
+//! Code mode (#26): sandboxed Python calls the tools of other MCP servers through this
+//! server, against real upstream servers nobody here wrote: npm
+//! `@modelcontextprotocol/server-everything`, `server-memory`, `server-filesystem` and
+//! PyPI `mcp-server-time`, installed under `target/upstreams` by `scripts/test.sh`
+//! (`MCP_CODEMODE_UPSTREAMS` names another directory). Each test starts the real binary
+//! (`serve --tools FILE`) on real Docker and talks to it with the rmcp client.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::RunningService;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{json, Value};
+
+#[path = "common/mod.rs"]
+mod common;
+#[path = "common/process.rs"]
+mod process;
+
+use process::Server;
+
+/// A value the upstream is given in its environment: it must never reach the sandbox.
+const MARKER: &str = "mcpx-marker-secret-5f1c2e9a";
+
+fn upstreams() -> PathBuf {
+    let dir = std::env::var_os("MCP_CODEMODE_UPSTREAMS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/upstreams"));
+    for need in [
+        "node_modules/@modelcontextprotocol/server-everything/dist/index.js",
+        "node_modules/@modelcontextprotocol/server-memory/dist/index.js",
+        "node_modules/@modelcontextprotocol/server-filesystem/dist/index.js",
+        "time/bin/mcp-server-time",
+    ] {
+        assert!(
+            dir.join(need).exists(),
+            "{} is missing: run scripts/test.sh (it installs the upstream MCP servers under target/upstreams)",
+            dir.join(need).display()
+        );
+    }
+    dir
+}
+
+fn node_server(name: &str) -> String {
+    upstreams()
+        .join(format!(
+            "node_modules/@modelcontextprotocol/server-{name}/dist/index.js"
+        ))
+        .display()
+        .to_string()
+}
+
+fn time_server() -> String {
+    upstreams()
+        .join("time/bin/mcp-server-time")
+        .display()
+        .to_string()
+}
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!(
+            "mcpx-codemode-{name}-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn start(name: &str, tools_toml: &str, dir: &Path, extra: &[&str]) -> Server {
+    let file = dir.join("tools.toml");
+    std::fs::write(&file, tools_toml).unwrap();
+    let mut args = vec!["--tools", file.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    // Code mode logs its calls at `info`: what the tests read.
+    Server::start(
+        name,
+        &args,
+        &[(
+            "RUST_LOG",
+            "mcp_code_executor=warn,mcp_code_executor::codemode=info",
+        )],
+    )
+    .await
+}
+
+async fn call(peer: &rmcp::Peer<RoleClient>, tool: &str, args: Value) -> CallToolResult {
+    let Value::Object(map) = args else { panic!() };
+    peer.call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(map))
+        .await
+        .unwrap_or_else(|e| panic!("{tool}: {e}"))
+}
+
+/// Run `code` with execute_code: (stdout, stderr, structured report).
+async fn run(peer: &rmcp::Peer<RoleClient>, code: &str) -> (String, String, Value) {
+    run_with(peer, code, 60).await
+}
+
+async fn run_with(
+    peer: &rmcp::Peer<RoleClient>,
+    code: &str,
+    timeout: u64,
+) -> (String, String, Value) {
+    let r = call(
+        peer,
+        "execute_code",
+        json!({"code": code, "timeout": timeout}),
+    )
+    .await;
+    let s = r.structured_content.clone().expect("structured report");
+    let mut err = s["stderr"].as_str().unwrap_or_default().to_string();
+    if s["timed_out"] == true {
+        err.push_str(&format!("\n[the run timed out: {s}]"));
+    }
+    (s["stdout"].as_str().unwrap_or_default().to_string(), err, s)
+}
+
+/// The last line of stdout, as JSON.
+fn last_json(out: &str, err: &str) -> Value {
+    let line = out
+        .lines()
+        .last()
+        .unwrap_or_else(|| panic!("no output; stderr:\n{err}"));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}\nstderr:\n{err}"))
+}
+
+#[tokio::test]
+async fn everything_and_filesystem_through_execute_code() {
+    let dir = TempDir::new("e");
+    let root = dir.0.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let host_file = root.join("notes.txt");
+    std::fs::write(&host_file, "host-only content 42\n").unwrap();
+    let outside = dir.0.join("outside.txt");
+    std::fs::write(&outside, "not yours").unwrap();
+    let conf = format!(
+        r#"
+[limits]
+calls_per_run = 30
+
+[[servers]]
+name = "everything"
+command = "node"
+args = ["{everything}"]
+env = {{ UPSTREAM_API_TOKEN = "{MARKER}" }}
+allow = ["echo", "get-sum", "get-structured-content", "get-env"]
+
+[[servers]]
+name = "filesystem"
+command = "node"
+args = ["{fs}", "{root}"]
+"#,
+        everything = node_server("everything"),
+        fs = node_server("filesystem"),
+        root = root.display(),
+    );
+    let s = start("codemode-e", &conf, &dir.0, &[]).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let client = s.client().await;
+    let peer = client.peer().clone();
+
+    // The one-liner of the issue.
+    let (out, err, rep) = run(
+        &peer,
+        "from tools import everything; print(everything.get_sum(a=1, b=2))",
+    )
+    .await;
+    // The upstream answers with text, which the function returns as it is.
+    assert_eq!(
+        out.trim(),
+        "The sum of 1 and 2 is 3.",
+        "stderr {err:?} {rep}"
+    );
+
+    // Structured output: a dict matching the outputSchema; the docstring comes from the schema.
+    let code = r#"
+import json, tools, inspect
+from tools import everything
+r = everything.get_structured_content(location="Chicago")
+doc = everything.get_structured_content.__doc__
+print(json.dumps({"type": type(r).__name__, "r": r,
+                  "sig": str(inspect.signature(everything.get_sum)),
+                  "doc_has_schema": "temperature" in doc and "Chicago" in doc,
+                  "found": tools.search("sum"),
+                  "has_hidden": hasattr(everything, "get_tiny_image")}))
+"#;
+    let (out, err, _) = run(&peer, code).await;
+    let v = last_json(&out, &err);
+    assert_eq!(v["type"], "dict", "{v}");
+    let r = &v["r"];
+    assert!(
+        r["temperature"].is_number() && r["humidity"].is_number(),
+        "{v}"
+    );
+    assert!(r["conditions"].is_string(), "{v}");
+    assert_eq!(v["sig"], "(*, a: float, b: float)");
+    assert_eq!(v["doc_has_schema"], true, "{v}");
+    assert!(v["found"].to_string().contains("everything.get_sum"), "{v}");
+    assert_eq!(
+        v["has_hidden"], false,
+        "a tool outside the allow list has no stub: {v}"
+    );
+
+    // The filesystem server reads a host file that the sandbox cannot open; a path
+    // outside its root and a missing file raise ToolError; write_file (destructive) is
+    // refused without the operator's consent; bad arguments are refused before the call.
+    let code = format!(
+        r#"
+import json, tools
+from tools import filesystem as fs
+out = {{}}
+out["content"] = fs.read_text_file(path={host:?})
+try:
+    open({host:?}).read()
+    out["open"] = "opened"
+except OSError as e:
+    out["open"] = type(e).__name__
+for key, call in [("outside", lambda: fs.read_text_file(path={outside:?})),
+                  ("missing", lambda: fs.read_text_file(path={missing:?})),
+                  ("write", lambda: fs.write_file(path={newfile:?}, content="x")),
+                  ("badargs", lambda: tools.call("filesystem", "read_text_file", path=5))]:
+    try:
+        call()
+        out[key] = "no error"
+    except tools.ToolError as e:
+        out[key] = [type(e).__name__, str(e)[:200]]
+print(json.dumps(out))
+"#,
+        host = host_file.display().to_string(),
+        outside = outside.display().to_string(),
+        missing = root.join("missing.txt").display().to_string(),
+        newfile = root.join("new.txt").display().to_string(),
+    );
+    let (out, err, _) = run(&peer, &code).await;
+    let v = last_json(&out, &err);
+    // Its outputSchema makes the result a dict: {"content": TEXT}.
+    assert_eq!(v["content"]["content"], "host-only content 42\n", "{v}");
+    assert_eq!(v["open"], "FileNotFoundError", "{v}");
+    assert_eq!(v["outside"][0], "ToolError", "{v}");
+    assert_eq!(v["missing"][0], "ToolError", "{v}");
+    assert_eq!(v["write"][0], "ToolDenied", "{v}");
+    assert!(
+        v["write"][1].as_str().unwrap().contains("destructive"),
+        "{v}"
+    );
+    assert_eq!(v["badargs"][0], "ToolDenied", "{v}");
+    assert!(!root.join("new.txt").exists());
+
+    // The upstream's environment holds what it was given and nothing of ours; the
+    // sandbox holds no trace of the upstream's secret (environment, files, catalog).
+    let code = format!(
+        r#"
+import json, os, tools
+from tools import everything
+# Made of two halves: the script itself (in /workspace) must not hold the marker.
+M = {m1:?} + {m2:?}
+env = json.loads(everything.get_env())
+hits = [k for k, v in os.environ.items() if M in v or M in k]
+for top in ("/workspace", "/tmp", "/opt/mcp-code-executor", "/etc"):
+    for d, _, files in os.walk(top):
+        for f in files:
+            p = os.path.join(d, f)
+            try:
+                with open(p, "rb") as fh:
+                    if M.encode() in fh.read(4 << 20):
+                        hits.append(p)
+            except OSError:
+                pass
+try:
+    with open("/proc/self/environ", "rb") as fh:
+        if M.encode() in fh.read():
+            hits.append("/proc/self/environ")
+except OSError:
+    pass
+catalog = json.dumps([m.__tools__ for m in tools.servers().values()])
+print(json.dumps({{"upstream_env": sorted(env), "marker_given": env.get("UPSTREAM_API_TOKEN") == M,
+                  "hits": hits, "in_catalog": M in catalog or "node" in catalog}}))
+"#,
+        m1 = &MARKER[..10],
+        m2 = &MARKER[10..],
+    );
+    let (out, err, _) = run(&peer, &code).await;
+    let v = last_json(&out, &err);
+    assert_eq!(v["marker_given"], true, "{v}");
+    assert_eq!(v["hits"], json!([]), "{v}");
+    assert_eq!(v["in_catalog"], false, "{v}");
+    let names: Vec<&str> = v["upstream_env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    for ours in [
+        "MCP_EXECUTOR_TENANT",
+        "MCP_EXECUTOR_DATA_DIR",
+        "CODE_STORAGE_DIR",
+    ] {
+        assert!(
+            !names.contains(&ours),
+            "{ours} reached the upstream: {names:?}"
+        );
+    }
+    assert!(
+        names
+            .iter()
+            .all(|n| ["UPSTREAM_API_TOKEN", "PATH", "HOME"].contains(n)),
+        "the upstream got variables it was not given: {names:?}"
+    );
+
+    // A frame the code forges on the channel is just another request: a tool outside the
+    // allow list is refused; async calls gather; the budget ends a loop of calls.
+    let code = r#"
+import json, os, socket, struct, tools, asyncio
+# Forged before the package opens its channel (whose reader thread would take the answer).
+s = socket.socket(fileno=os.dup(5))
+req = json.dumps({"id": 999999, "op": "call", "server": "everything", "tool": "get-tiny-image", "arguments": {}}).encode()
+s.sendall(struct.pack(">I", len(req)) + req)
+n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+forged = json.loads(s.recv(n, socket.MSG_WAITALL))
+from tools import everything
+async def many():
+    return await asyncio.gather(*[everything.get_sum.aio(a=i, b=1) for i in range(5)])
+gathered = asyncio.run(many())
+# Calls that counted: the 5 gathered (the refused forged one does not count).
+calls = 5
+try:
+    while True:
+        everything.echo(message="x")
+        calls += 1
+except tools.BudgetExceeded as e:
+    budget = [calls, str(e)]
+print(json.dumps({"forged": forged, "gathered": gathered, "budget": budget}))
+"#;
+    let (out, err, _) = run(&peer, code).await;
+    let v = last_json(&out, &err);
+    assert_eq!(v["forged"]["error"]["type"], "ToolDenied", "{v}");
+    assert_eq!(v["forged"]["id"], 999999, "{v}");
+    assert_eq!(v["gathered"].as_array().unwrap().len(), 5, "{v}");
+    // 5 gathered + 25 echoes = 30 = calls_per_run; the refused forged call does not
+    // count (it was refused before the budget).
+    assert_eq!(v["budget"][0], 30, "{v}");
+    assert!(v["budget"][1].as_str().unwrap().contains("30"), "{v}");
+
+    // The log names tool and sizes, never values.
+    let log = s.stderr();
+    assert!(log.contains("code mode: tool call"), "{log}");
+    assert!(
+        !log.contains("host-only content 42"),
+        "a result value was logged"
+    );
+    assert!(!log.contains(MARKER), "the secret was logged");
+    drop(client);
+}
+
+#[tokio::test]
+async fn consent_memory_across_runs_and_cells_and_the_time_server() {
+    let dir = TempDir::new("m");
+    let root = dir.0.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let conf = format!(
+        r#"
+[[servers]]
+name = "filesystem"
+command = "node"
+args = ["{fs}", "{root}"]
+allow_destructive = ["write_file"]
+
+[[servers]]
+name = "memory"
+command = "node"
+args = ["{memory}"]
+env = {{ MEMORY_FILE_PATH = "{memfile}" }}
+allow_destructive = ["*"]
+
+[[servers]]
+name = "time"
+command = "{time}"
+"#,
+        fs = node_server("filesystem"),
+        memory = node_server("memory"),
+        time = time_server(),
+        root = root.display(),
+        memfile = dir.0.join("memory.jsonl").display(),
+    );
+    let s = start("codemode-m", &conf, &dir.0, &[]).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let client = s.client().await;
+    let peer = client.peer().clone();
+
+    // Consent given by the operator: write_file goes through to the host.
+    let target = root.join("written.txt");
+    let code = format!(
+        "from tools import filesystem\nprint(filesystem.write_file(path={:?}, content='from the sandbox'))",
+        target.display().to_string()
+    );
+    let (out, err, _) = run(&peer, &code).await;
+    assert_eq!(
+        std::fs::read_to_string(&target).ok().as_deref(),
+        Some("from the sandbox"),
+        "stdout {out} stderr {err}"
+    );
+
+    // State of the memory server across runs.
+    let code = r#"
+from tools import memory
+memory.create_entities(entities=[{"name": "Ada", "entityType": "person", "observations": ["wrote the first program"]}])
+print("created")
+"#;
+    let (out, err, _) = run(&peer, code).await;
+    assert_eq!(out.trim(), "created", "{err}");
+    let code = r#"
+import json
+from tools import memory
+g = memory.read_graph()
+print(json.dumps(g if isinstance(g, dict) else {"text": g}))
+"#;
+    let (out, err, _) = run(&peer, code).await;
+    assert!(
+        out.contains("wrote the first program"),
+        "stdout {out} stderr {err}"
+    );
+
+    // In an execute_python session the stubs keep working across cells.
+    let r = call(&peer, "execute_python", json!({"code": "from tools import memory\nn1 = memory.search_nodes(query='Ada')\n'Ada' in str(n1)"})).await;
+    let t = serde_json::to_string(&r.structured_content).unwrap();
+    assert!(t.contains("True"), "{t}");
+    let r = call(&peer, "execute_python", json!({"code": "memory.add_observations(observations=[{'entityName': 'Ada', 'contents': ['cell two']}])\n'cell two' in str(memory.open_nodes(names=['Ada']))"})).await;
+    let t = serde_json::to_string(&r.structured_content).unwrap();
+    assert!(t.contains("True"), "{t}");
+
+    // PyPI's mcp-server-time.
+    let code = "from tools import time\nr = time.get_current_time(timezone='UTC')\nprint(r['timezone'] if isinstance(r, dict) else r)";
+    let (out, err, _) = run(&peer, code).await;
+    assert!(out.contains("UTC"), "stdout {out} stderr {err}");
+    drop(client);
+}
+
+#[tokio::test]
+async fn timeouts_cancel_upstream_calls() {
+    let dir = TempDir::new("t");
+    let conf = format!(
+        r#"
+[[servers]]
+name = "everything"
+command = "node"
+args = ["{everything}"]
+
+[[servers]]
+name = "slow"
+command = "node"
+args = ["{everything}"]
+call_timeout_s = 1.5
+"#,
+        everything = node_server("everything"),
+    );
+    let s = start("codemode-t", &conf, &dir.0, &[]).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let client = s.client().await;
+    let peer = client.peer().clone();
+
+    // Per-call timeout: ToolTimeout in the code, which goes on.
+    let code = r#"
+import tools
+from tools import slow
+try:
+    slow.trigger_long_running_operation(duration=20, steps=20)
+    print("returned")
+except tools.ToolTimeout as e:
+    print("ToolTimeout", e)
+print(slow.get_sum(a=2, b=2))
+"#;
+    let t0 = Instant::now();
+    let (out, err, _) = run(&peer, code).await;
+    assert!(out.starts_with("ToolTimeout"), "stdout {out} stderr {err}");
+    assert!(out.contains("The sum of 2 and 2 is 4."), "{out}");
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+
+    // The run's own timeout: the sandbox is killed and its upstream call in flight is
+    // dropped, which cancels it upstream.
+    let code = "from tools import everything\neverything.trigger_long_running_operation(duration=30, steps=30)\nprint('returned')";
+    let t0 = Instant::now();
+    let (out, _, rep) = run_with(&peer, code, 4).await;
+    assert_eq!(rep["timed_out"], true, "{rep}");
+    assert!(!out.contains("returned"));
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = s.stderr();
+        if log.contains("code mode: tool call cancelled") {
+            assert!(log.contains("trigger-long-running-operation"), "{log}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no cancellation logged:\n{}",
+            s.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(client);
+}
+
+async fn client_with_token(s: &Server, token: &str) -> RunningService<RoleClient, ()> {
+    let t = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(s.url("/mcp")).auth_header(token.to_string()),
+    );
+    ().serve(t).await.expect("connects")
+}
+
+#[tokio::test]
+async fn two_tenants_see_only_their_own_servers() {
+    use mcp_code_executor::tenancy::token;
+    let dir = TempDir::new("ten");
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let (a, b) = (format!("t-cma-{id}"), format!("t-cmb-{id}"));
+    let (ta, tb) = (token::generate(), token::generate());
+    std::fs::write(
+        dir.0.join("tenants.toml"),
+        format!(
+            "[[tenants]]\nid = \"{a}\"\ntoken_sha256 = \"{}\"\n[[tenants]]\nid = \"{b}\"\ntoken_sha256 = \"{}\"\n",
+            token::to_hex(&token::hash(&ta)),
+            token::to_hex(&token::hash(&tb))
+        ),
+    )
+    .unwrap();
+    let conf = format!(
+        r#"
+[[servers]]
+name = "everything"
+command = "node"
+args = ["{everything}"]
+tenants = ["{a}"]
+
+[[servers]]
+name = "memory"
+command = "node"
+args = ["{memory}"]
+env = {{ MEMORY_FILE_PATH = "{memfile}" }}
+tenants = ["{b}"]
+"#,
+        everything = node_server("everything"),
+        memory = node_server("memory"),
+        memfile = dir.0.join("memory.jsonl").display(),
+    );
+    let tenants = dir.0.join("tenants.toml");
+    let s = start(
+        "codemode-ten",
+        &conf,
+        &dir.0,
+        &["--tenants", tenants.to_str().unwrap()],
+    )
+    .await;
+    let _clean_a = common::remove_on_drop(&a);
+    let _clean_b = common::remove_on_drop(&b);
+    let code = r#"
+import json, tools
+try:
+    tools.call("everything", "get-sum", a=1, b=1)
+    e = "called"
+except tools.ToolError as x:
+    e = type(x).__name__
+print(json.dumps({"servers": sorted(tools.servers()), "everything": e}))
+"#;
+    let ca = client_with_token(&s, &ta).await;
+    let (out, err, _) = run(ca.peer(), code).await;
+    let v = last_json(&out, &err);
+    assert_eq!(
+        v,
+        json!({"servers": ["everything"], "everything": "called"})
+    );
+    let cb = client_with_token(&s, &tb).await;
+    let (out, err, _) = run(cb.peer(), code).await;
+    let v = last_json(&out, &err);
+    assert_eq!(
+        v,
+        json!({"servers": ["memory"], "everything": "ToolDenied"})
+    );
+    drop((ca, cb));
+}
+
+#[tokio::test]
+async fn without_a_tools_file_the_package_is_there_and_empty() {
+    let s = Server::start("codemode-none", &[], &[]).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let client = s.client().await;
+    let code = r#"
+import json, tools
+try:
+    tools.call("everything", "get-sum", a=1, b=1)
+    e = "called"
+except tools.ToolError as x:
+    e = str(x)
+try:
+    from tools import everything
+    imp = "imported"
+except ImportError:
+    imp = "ImportError"
+print(json.dumps({"servers": sorted(tools.servers()), "call": e, "import": imp}))
+"#;
+    let (out, err, _) = run(client.peer(), code).await;
+    let v = last_json(&out, &err);
+    assert_eq!(v["servers"], json!([]), "{v}");
+    assert_eq!(v["import"], "ImportError", "{v}");
+    assert!(v["call"].as_str().unwrap().contains("not available"), "{v}");
+    drop(client);
+}
+
+fn p50(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// The figure of the issue's bench row: a call proxied from the sandbox (runner, this
+/// server, the rmcp client, the upstream) against the same call made straight to the
+/// upstream with the rmcp client; and one execute_code making 100 calls, against 100 MCP
+/// round trips from a client. Prints the figures; checks only loose bounds.
+#[tokio::test]
+async fn proxied_call_overhead() {
+    let dir = TempDir::new("b");
+    let conf = format!(
+        "[limits]\ncalls_per_run = 200\n[[servers]]\nname = \"everything\"\ncommand = \"node\"\nargs = [\"{}\"]\n",
+        node_server("everything")
+    );
+    let s = start("codemode-b", &conf, &dir.0, &[]).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let client = s.client().await;
+    let peer = client.peer().clone();
+
+    // Direct: the rmcp client to the upstream, 100 calls.
+    let mut cmd = tokio::process::Command::new("node");
+    cmd.arg(node_server("everything"));
+    let (t, _) = rmcp::transport::TokioChildProcess::builder(cmd)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let direct = ().serve(t).await.unwrap();
+    let mut d = vec![];
+    for i in 0..100 {
+        let t0 = Instant::now();
+        let mut args = serde_json::Map::new();
+        args.insert("a".into(), json!(i));
+        args.insert("b".into(), json!(1));
+        direct
+            .call_tool(CallToolRequestParams::new("get-sum").with_arguments(args))
+            .await
+            .unwrap();
+        d.push(t0.elapsed().as_secs_f64() * 1000.0);
+    }
+    let _ = direct.cancel().await;
+
+    // Proxied: 100 calls from one execute_code, each timed in the sandbox.
+    let code = r#"
+import json, time
+from tools import everything
+everything.get_sum(a=0, b=0)  # the upstream starts on the first call
+ms = []
+t = time.perf_counter()
+for i in range(100):
+    t0 = time.perf_counter()
+    everything.get_sum(a=i, b=1)
+    ms.append((time.perf_counter() - t0) * 1000)
+print(json.dumps({"ms": ms, "total": (time.perf_counter() - t) * 1000}))
+"#;
+    let (out, err, _) = run(&peer, code).await;
+    let v = last_json(&out, &err);
+    let proxied: Vec<f64> = v["ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+
+    // 100 MCP round trips from the client: execute_code of a tiny program, as an agent
+    // without code mode would call a tool 100 times (here: 20, scaled).
+    let t0 = Instant::now();
+    let mut bytes = 0usize;
+    for i in 0..20 {
+        let r = call(
+            &peer,
+            "execute_code",
+            json!({"code": format!("print({i} + 1)")}),
+        )
+        .await;
+        bytes += serde_json::to_vec(&r).unwrap().len();
+    }
+    let per_round_trip = t0.elapsed().as_secs_f64() * 1000.0 / 20.0;
+    let (dp, pp) = (p50(d), p50(proxied));
+    eprintln!(
+        "code mode bench: get-sum p50 direct {dp:.2} ms, proxied from the sandbox {pp:.2} ms (overhead {:.2} ms); \
+         100 calls in one execute_code {:.0} ms in the sandbox, {} bytes of result to the client; \
+         one execute_code round trip from the client {per_round_trip:.1} ms ({} bytes each)",
+        pp - dp,
+        v["total"].as_f64().unwrap(),
+        out.len(),
+        bytes / 20
+    );
+    assert!(pp < 100.0, "a proxied call took {pp} ms at p50");
+    drop(client);
+}

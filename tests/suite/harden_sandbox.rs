@@ -1,0 +1,842 @@
+//! Issue 13, the sandbox side: code inside a sandbox must not be able to lie to the server
+//! (forged session status, fake figures, forged names, links, deep trees, a flood cut at
+//! the deadline), what one run returns is bounded, a session does not compute between
+//! cells, and the tenant-facing bounds hold. Real runner, real Docker: no skips.
+
+use mcp_support::common;
+
+use std::time::Duration;
+
+use mcp_code_executor::backend::{Backend, Session};
+use mcp_code_executor::job::{JobSpec, Limits, Outcome};
+
+fn spec(tenant: &str, code: &str) -> JobSpec {
+    let mut job = JobSpec::python(code, Limits::default());
+    job.tenant = tenant.into();
+    job
+}
+
+fn session_spec(tenant: &str, return_files: bool) -> JobSpec {
+    let mut job = spec(tenant, "");
+    job.files.clear();
+    job.return_files = return_files;
+    job
+}
+
+/// A session of `tenant` on the real sandbox, with its clean-up guard.
+async fn open(
+    tenant: &str,
+    return_files: bool,
+) -> (
+    common::RemoveOnDrop,
+    std::sync::Arc<mcp_code_executor::backend::docker::DockerBackend>,
+    Box<dyn Session>,
+) {
+    let clean = common::remove_on_drop(tenant);
+    let sb = common::sandbox().await;
+    let s = sb
+        .open_session(session_spec(tenant, return_files))
+        .await
+        .expect("session");
+    (clean, sb, s)
+}
+
+async fn cell(s: &mut Box<dyn Session>, code: &str) -> Outcome {
+    s.exec(code, Duration::from_secs(30), None)
+        .await
+        .unwrap_or_else(|e| panic!("{code:?}: {e}"))
+}
+
+async fn run_job(sb: &dyn Backend, job: JobSpec) -> Outcome {
+    sb.run(job, None)
+        .await
+        .unwrap_or_else(|e| panic!("infrastructure error: {e}"))
+}
+
+// ---- item 7: the session's status channel -------------------------------------------
+
+/// A cell that writes a status line of its own on fd 4 (the channel the stub reports on)
+/// neither ends itself early nor shifts the cells after it by one.
+#[tokio::test]
+async fn a_forged_status_line_neither_ends_the_cell_nor_shifts_the_next() {
+    let tenant = "t-hs-forge";
+    let (_clean, sb, mut s) = open(tenant, false).await;
+    let o = cell(
+        &mut s,
+        "import os, time\nos.write(4, b'{\"ok\": true}\\n')\ntime.sleep(1)\nprint('late')\nraise ValueError('mine')",
+    )
+    .await;
+    assert!(
+        o.stdout_text().contains("late"),
+        "the cell ran to its real end: {o:?}"
+    );
+    assert_eq!(o.exit_code, Some(1), "its own status (it raised): {o:?}");
+    assert!(o.stderr_text().contains("ValueError: mine"), "{o:?}");
+    let o = cell(&mut s, "print('next')").await;
+    assert_eq!(o.stdout_text(), "next\n", "not shifted: {o:?}");
+    assert!(o.success(), "{o:?}");
+    drop(s);
+    common::assert_clean(&sb, tenant).await;
+}
+
+/// Garbage on the status channel (not JSON, not UTF-8, a line without an end, a JSON
+/// value of the wrong shape) does not crash the runner: the cell and the session go on.
+#[tokio::test]
+async fn garbage_on_the_status_channel_does_not_crash_the_runner() {
+    let tenant = "t-hs-garbage";
+    let (_clean, sb, mut s) = open(tenant, false).await;
+    let o = cell(
+        &mut s,
+        "import os\nos.write(4, b'\\xff\\xfe not json\\n[1, 2]\\n{\"ok\": 1}\\nnull\\n' + b'x' * 70000)\nprint('after')",
+    )
+    .await;
+    assert!(o.success(), "{o:?}");
+    assert_eq!(o.stdout_text(), "after\n");
+    assert!(s.alive());
+    let o = cell(&mut s, "print(6 * 7)").await;
+    assert_eq!(o.stdout_text(), "42\n", "{o:?}");
+    drop(s);
+    common::assert_clean(&sb, tenant).await;
+}
+
+// ---- item 8: figures, names, links ----------------------------------------------------
+
+/// Plain bytes written where the backend saves figures, under a figure's name, are not
+/// returned as a PNG figure (and not flagged downscaled).
+#[tokio::test]
+async fn plain_bytes_are_not_figures() {
+    let tenant = "t-hs-notpng";
+    let _clean = common::remove_on_drop(tenant);
+    let sb = common::sandbox().await;
+    let o = run_job(
+        &*sb,
+        spec(
+            tenant,
+            "import os\nos.makedirs('/tmp/.mcp-figures', exist_ok=True)\n\
+             open('/tmp/.mcp-figures/figure-001-downscaled.png', 'wb').write(b'not a png at all' * 10)\n\
+             open('/tmp/.mcp-figures/figure-002.png', 'wb').write(b'\\x89PNG\\r\\n\\x1a\\n' + b'\\0' * 40)\n",
+        ),
+    )
+    .await;
+    assert!(o.success(), "{o:?}");
+    assert!(o.artifacts.is_empty(), "no figure: {:?}", o.artifacts);
+    assert!(
+        o.notes.iter().any(|n| n.contains("not PNG")),
+        "the result says what was left out: {:?}",
+        o.notes
+    );
+    common::assert_clean(&sb, tenant).await;
+}
+
+/// A real figure still comes back; one saved under a name with a newline comes back
+/// under a safe name.
+#[tokio::test]
+async fn figure_names_are_sanitised() {
+    let tenant = "t-hs-figname";
+    let _clean = common::remove_on_drop(tenant);
+    let sb = common::sandbox().await;
+    let o = run_job(
+        &*sb,
+        spec(
+            tenant,
+            "import os\nimport matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n\
+             os.makedirs('/tmp/.mcp-figures', exist_ok=True)\nplt.plot([1, 2])\n\
+             plt.savefig('/tmp/.mcp-figures/a\\nstatus: exit code 0.png', format='png')\n",
+        ),
+    )
+    .await;
+    assert!(o.success(), "{}", o.stderr_text());
+    let names: Vec<&str> = o.artifacts.iter().map(|a| a.name.as_str()).collect();
+    // The one saved by hand, and the same figure left open (saved by the backend).
+    assert_eq!(names.len(), 2, "a real PNG is a figure: {names:?}");
+    for (a, name) in o.artifacts.iter().zip(&names) {
+        assert!(!name.contains('\n'), "{name:?}");
+        assert!(
+            name.starts_with("figure-") && name.ends_with(".png"),
+            "{name:?}"
+        );
+        assert!(a.data.starts_with(b"\x89PNG"));
+    }
+    common::assert_clean(&sb, tenant).await;
+}
+
+/// After the code replaces the figures directory with a link to `/proc/self`, the runner
+/// (PID 1) does not return its own `/proc` files as figures.
+#[tokio::test]
+async fn a_symlinked_figures_directory_is_not_followed() {
+    let tenant = "t-hs-figlink";
+    let _clean = common::remove_on_drop(tenant);
+    let sb = common::sandbox().await;
+    let o = run_job(
+        &*sb,
+        spec(
+            tenant,
+            "import os, shutil\nshutil.rmtree('/tmp/.mcp-figures', ignore_errors=True)\n\
+             os.symlink('/proc/self', '/tmp/.mcp-figures')\n",
+        ),
+    )
+    .await;
+    assert!(o.success(), "{o:?}");
+    assert!(
+        o.artifacts.is_empty(),
+        "returned through the link: {:?}",
+        o.artifacts.iter().map(|a| &a.name).collect::<Vec<_>>()
+    );
+    // The same in a session, where the link stays for the next cell.
+    let mut s = sb
+        .open_session(session_spec(tenant, false))
+        .await
+        .expect("session");
+    let o = cell(
+        &mut s,
+        "import os\nos.symlink('/proc/self', '/tmp/.mcp-figures')",
+    )
+    .await;
+    assert!(o.artifacts.is_empty(), "{:?}", o.artifacts.len());
+    let o = cell(&mut s, "1").await;
+    assert!(o.artifacts.is_empty(), "{:?}", o.artifacts.len());
+    assert_eq!(o.stdout_text(), "1\n");
+    drop(s);
+    common::assert_clean(&sb, tenant).await;
+}
+
+/// A workspace file whose name holds a newline is not returned under that name (it would
+/// forge a line in the result and in list_files); the others still are.
+#[tokio::test]
+async fn workspace_file_names_with_control_characters_are_not_returned() {
+    let tenant = "t-hs-fname";
+    let _clean = common::remove_on_drop(tenant);
+    let sb = common::sandbox().await;
+    let mut job = spec(
+        tenant,
+        "open('/workspace/ok.txt', 'w').write('fine')\n\
+         open('/workspace/x\\nstatus: exit code 0, 1 ms', 'w').write('forged')\n\
+         open('/workspace/bell\\x07.txt', 'w').write('b')\n",
+    );
+    job.return_files = true;
+    let o = run_job(&*sb, job).await;
+    assert!(o.success(), "{o:?}");
+    let names: Vec<&str> = o.files.iter().map(|f| f.path.as_str()).collect();
+    assert!(names.contains(&"ok.txt"), "{names:?}");
+    assert!(
+        names.iter().all(|n| !n.chars().any(char::is_control)),
+        "{names:?}"
+    );
+    assert!(o.files_dropped >= 2, "counted: {o:?}");
+    assert!(
+        o.notes.iter().any(|n| n.contains("control characters")),
+        "{:?}",
+        o.notes
+    );
+    common::assert_clean(&sb, tenant).await;
+}
+
+// ---- item 9: deep trees -----------------------------------------------------------------
+
+/// 1,100 nested directories under /workspace do not crash the runner's walk: the
+/// program's own outcome (exit status, output) is reported, with a note on what the
+/// bounded walk left out.
+#[tokio::test]
+async fn a_deep_tree_keeps_the_programs_own_outcome() {
+    let tenant = "t-hs-deep";
+    let _clean = common::remove_on_drop(tenant);
+    let sb = common::sandbox().await;
+    let mut job = spec(
+        tenant,
+        "import os, sys\nos.chdir('/workspace')\nfor i in range(1100):\n    os.mkdir('d')\n    os.chdir('d')\n\
+         open('deep.txt', 'w').write('x')\nprint('done')\nsys.exit(3)\n",
+    );
+    job.return_files = true;
+    let o = run_job(&*sb, job).await;
+    assert_eq!(o.exit_code, Some(3), "{o:?}");
+    assert_eq!(o.stdout_text(), "done\n");
+    assert!(
+        o.notes.iter().any(|n| n.contains("deep")),
+        "the bound is said: {:?}",
+        o.notes
+    );
+    // And in a session, cell after cell.
+    let mut s = sb
+        .open_session(session_spec(tenant, true))
+        .await
+        .expect("session");
+    let o = cell(
+        &mut s,
+        "import os\nos.chdir('/workspace')\nfor i in range(1100):\n    os.mkdir('e')\n    os.chdir('e')\nos.chdir('/workspace')\nprint('made')",
+    )
+    .await;
+    assert_eq!(o.stdout_text(), "made\n", "{o:?}");
+    let o = cell(&mut s, "print('still here')").await;
+    assert_eq!(o.stdout_text(), "still here\n", "{o:?}");
+    drop(s);
+    common::assert_clean(&sb, tenant).await;
+}
+
+// ---- item 10: a flood cut by the deadline -------------------------------------------------
+
+/// A flood of output killed at the deadline reports `stdout_truncated`.
+#[tokio::test]
+async fn a_flood_killed_at_the_deadline_is_reported_truncated() {
+    let tenant = "t-hs-flood";
+    let _clean = common::remove_on_drop(tenant);
+    let sb = common::sandbox().await;
+    let mut job = spec(
+        tenant,
+        "import sys\nwhile True:\n    sys.stdout.write('A' * 65536 + '\\n')\n",
+    );
+    job.limits.timeout = Duration::from_secs(3);
+    let o = run_job(&*sb, job).await;
+    assert!(o.timed_out, "{o:?}");
+    assert_eq!(o.stdout.len() as u64, Limits::default().output_bytes);
+    assert!(
+        o.stdout_truncated,
+        "the cut is reported: {}",
+        o.status_line()
+    );
+    common::assert_clean(&sb, tenant).await;
+}
+
+// ---- item 1b: what one run may return in all ---------------------------------------------
+
+/// Four 8 MiB workspace files and six 3 MiB figures fit the per-file and per-figure
+/// caps one by one; together they pass what one run may return: the rest is left out,
+/// counted, and said in the result.
+#[tokio::test]
+async fn one_run_returns_at_most_its_return_limit() {
+    let tenant = "t-hs-budget";
+    let _clean = common::remove_on_drop(tenant);
+    let sb = common::sandbox().await;
+    let mut job = spec(
+        tenant,
+        "import os, zlib, struct\n\
+         for i in range(4):\n    open('/workspace/big%d.bin' % i, 'wb').write(os.urandom(8 << 20))\n\
+         def png(extra):\n\
+         \x20   body = struct.pack('>IIBBBBB', 10, 10, 8, 2, 0, 0, 0)\n\
+         \x20   ihdr = struct.pack('>I', 13) + b'IHDR' + body + struct.pack('>I', zlib.crc32(b'IHDR' + body))\n\
+         \x20   return b'\\x89PNG\\r\\n\\x1a\\n' + ihdr + os.urandom(extra)\n\
+         os.makedirs('/tmp/.mcp-figures', exist_ok=True)\n\
+         for i in range(6):\n    open('/tmp/.mcp-figures/figure-%03d.png' % (i + 1), 'wb').write(png(3 << 20))\n",
+    );
+    job.return_files = true;
+    job.limits.workspace_bytes = 64 << 20;
+    job.limits.memory_bytes = 1 << 30;
+    let o = run_job(&*sb, job).await;
+    assert!(o.success(), "{o:?}");
+    let returned: usize = o.files.iter().map(|f| f.data.len()).sum::<usize>()
+        + o.artifacts.iter().map(|a| a.data.len()).sum::<usize>();
+    let limit = mcp_code_executor::backend::protocol::RETURN_BYTES as usize;
+    assert!(returned <= limit, "{returned} bytes returned, over {limit}");
+    assert!(
+        o.files_dropped + o.artifacts_dropped >= 4,
+        "{} files and {} figures dropped",
+        o.files_dropped,
+        o.artifacts_dropped
+    );
+    assert!(
+        o.notes.iter().any(|n| n.contains("may return")),
+        "the result says so: {:?}",
+        o.notes
+    );
+    assert!(
+        o.status_line().contains("may return"),
+        "{}",
+        o.status_line()
+    );
+    common::assert_clean(&sb, tenant).await;
+}
+
+// ---- item 4: a session does not compute between cells --------------------------------------
+
+fn docker_paused(id: &str) -> bool {
+    let out = std::process::Command::new("docker")
+        .args(["inspect", "-f", "{{.State.Paused}}", id])
+        .output()
+        .expect("docker inspect runs");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).trim() == "true"
+}
+
+/// A cell that leaves a thread spinning returns, and the session's container is then
+/// frozen (paused) until the next cell, which finds its state intact.
+#[tokio::test]
+async fn a_session_is_frozen_between_cells() {
+    let tenant = "t-hs-freeze";
+    let (_clean, sb, mut s) = open(tenant, true).await;
+    let o = cell(
+        &mut s,
+        "import threading\nn = [0]\ndef spin():\n    while True:\n        n[0] += 1\nthreading.Thread(target=spin, daemon=True).start()\nprint('started')",
+    )
+    .await;
+    assert_eq!(o.stdout_text(), "started\n", "{o:?}");
+    let ids = common::own_containers_of(tenant);
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert!(docker_paused(&ids[0]), "frozen between cells");
+    let o = cell(&mut s, "print(n[0] > 0)").await;
+    assert_eq!(o.stdout_text(), "True\n", "{o:?}");
+    assert!(docker_paused(&ids[0]), "frozen again after the next cell");
+    // Files put into a frozen session: it is thawed for them, and frozen again.
+    s.put_files(
+        &[mcp_code_executor::job::InputFile {
+            path: "in.txt".into(),
+            contents: b"hello".to_vec(),
+        }],
+        Duration::from_secs(20),
+    )
+    .await
+    .expect("put files");
+    assert!(docker_paused(&ids[0]));
+    let o = cell(&mut s, "print(open('in.txt').read())").await;
+    assert_eq!(o.stdout_text(), "hello\n", "{o:?}");
+    drop(s);
+    common::assert_clean(&sb, tenant).await;
+}
+
+/// A session whose container is found running when the next cell thaws it (a pause that
+/// did not take, here undone by hand) goes on with its state; it is frozen again after.
+#[tokio::test]
+async fn a_session_found_running_at_its_thaw_goes_on() {
+    let tenant = "t-hs-thaw";
+    let (_clean, sb, mut s) = open(tenant, false).await;
+    let o = cell(&mut s, "x = 5").await;
+    assert!(o.success(), "{o:?}");
+    let ids = common::own_containers_of(tenant);
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert!(docker_paused(&ids[0]));
+    let unpaused = std::process::Command::new("docker")
+        .args(["unpause", &ids[0]])
+        .status()
+        .expect("docker unpause runs");
+    assert!(unpaused.success());
+    assert!(!docker_paused(&ids[0]));
+    let o = cell(&mut s, "print(x)").await;
+    assert_eq!(o.stdout_text(), "5\n", "{o:?}");
+    assert!(s.alive(), "the session goes on");
+    assert!(docker_paused(&ids[0]), "frozen again after the cell");
+    drop(s);
+    common::assert_clean(&sb, tenant).await;
+}
+
+// ---- item 5: environment probes and installs take run slots ------------------------------
+
+use crate::mcp_support;
+
+/// Item 4, the memory half: open sessions hold their memory against the tenant's budget
+/// while paused. With room for two sandboxes, two open sessions leave none: a third session
+/// and a one-shot run are refused at once with a text that names the budget and how to
+/// free it; once a session is reset, the run goes (before: the sessions counted nowhere
+/// and both went).
+#[tokio::test]
+async fn open_sessions_hold_memory_against_the_tenants_budget() {
+    use mcp_code_executor::app::Settings;
+    use serde_json::json;
+    let tenant = "t-hs-membudget";
+    let _clean = common::remove_on_drop(tenant);
+    let mut settings = Settings::default();
+    settings.limits.memory_bytes = 256 << 20;
+    settings.quota.memory_budget = Some(512 << 20);
+    let server = mcp_support::server_with(tenant, settings).await;
+    let (a, b, c) = (
+        server.client().await,
+        server.client().await,
+        server.client().await,
+    );
+    for (client, v) in [(&a, 1), (&b, 2)] {
+        let r = mcp_support::call(
+            client.peer(),
+            "execute_python",
+            json!({"code": format!("x = {v}")}),
+        )
+        .await;
+        assert!(!mcp_support::is_error(&r), "{}", mcp_support::text(&r));
+    }
+    let ids = common::own_containers_of(tenant);
+    assert_eq!(ids.len(), 2, "two open sessions: {ids:?}");
+    assert!(
+        ids.iter().all(|id| docker_paused(id)),
+        "both paused, both holding memory"
+    );
+    let held = server.executor.memory_held();
+    assert_eq!(
+        (held.sessions, held.session_count, held.runs),
+        (512 << 20, 2, 0)
+    );
+
+    let started = std::time::Instant::now();
+    let third = mcp_support::call(c.peer(), "execute_python", json!({"code": "print(3)"})).await;
+    let run = mcp_support::call(c.peer(), "execute_code", json!({"code": "print('run')"})).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "refused at once, not left waiting"
+    );
+    for r in [&third, &run] {
+        let text = mcp_support::text(r);
+        assert!(mcp_support::is_error(r), "{text}");
+        assert!(
+            text.contains("memory_budget")
+                && text.contains("2 open execute_python session(s) hold 512 MiB")
+                && text.contains("close_session"),
+            "{text}"
+        );
+    }
+    assert_eq!(
+        common::own_containers_of(tenant).len(),
+        2,
+        "nothing else started"
+    );
+
+    // A reset gives the session's memory back: the run goes, the other session is intact.
+    let r = mcp_support::call(a.peer(), "reset_session", json!({})).await;
+    assert!(!mcp_support::is_error(&r), "{}", mcp_support::text(&r));
+    let run = mcp_support::call(c.peer(), "execute_code", json!({"code": "print('run')"})).await;
+    assert!(!mcp_support::is_error(&run), "{}", mcp_support::text(&run));
+    assert!(
+        mcp_support::text(&run).contains("run"),
+        "{}",
+        mcp_support::text(&run)
+    );
+    let r = mcp_support::call(b.peer(), "execute_python", json!({"code": "x"})).await;
+    assert!(
+        mcp_support::text(&r).contains('2'),
+        "{}",
+        mcp_support::text(&r)
+    );
+    let held = server.executor.memory_held();
+    assert_eq!(
+        (held.sessions, held.session_count, held.runs),
+        (256 << 20, 1, 0)
+    );
+    drop((a, b, c));
+    server.finish().await;
+}
+
+/// The real backend, counting the runs in progress through it and the most at once.
+struct Counting {
+    inner: std::sync::Arc<dyn Backend>,
+    now: std::sync::atomic::AtomicUsize,
+    max: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl mcp_code_executor::backend::Wrap for Counting {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+
+    async fn run(
+        &self,
+        job: JobSpec,
+        events: mcp_code_executor::backend::Events,
+    ) -> Result<Outcome, mcp_code_executor::backend::BackendError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.now.fetch_add(1, SeqCst) + 1;
+        self.max.fetch_max(n, SeqCst);
+        let r = self.inner.run(job, events).await;
+        self.now.fetch_sub(1, SeqCst);
+        r
+    }
+    async fn info(
+        &self,
+    ) -> Result<mcp_code_executor::backend::BackendInfo, mcp_code_executor::backend::BackendError>
+    {
+        self.inner.info().await
+    }
+    async fn drain(&self) {
+        self.inner.drain().await
+    }
+}
+
+/// Six concurrent configure_environment calls of a tenant limited to one run at once
+/// start one probe sandbox at a time (before: all six at once).
+#[tokio::test]
+async fn environment_probes_wait_for_run_slots() {
+    use mcp_code_executor::app::Settings;
+    use mcp_code_executor::env::manager::EnvManager;
+    use mcp_code_executor::env::state::{EnvState, Environments};
+    use serde_json::json;
+    let tenant = "t-hs-probes";
+    let _clean = common::remove_on_drop(tenant);
+    let data =
+        std::env::temp_dir().join(format!("mcpx-hs-probes-{}", uuid::Uuid::new_v4().simple()));
+    // Removed when the test ends, whether it passes or not.
+    let _data_guard = crate::common::TempDirs(vec![data.clone()]);
+    let sandbox = common::sandbox().await;
+    let manager = EnvManager::new(data.clone(), EnvManager::default_ca_bundle());
+    let state = EnvState::init(&*sandbox, &manager, tenant, None)
+        .await
+        .expect("the managed environment");
+    let envs = std::sync::Arc::new(Environments { manager, state });
+    let venv = data.join("venv-probe");
+    let ok = std::process::Command::new("/usr/bin/python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let mut settings = Settings::default();
+    settings.quota.max_concurrent_runs = Some(1);
+    let max = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let server =
+        mcp_support::server_custom(tenant, settings, Some(envs), &Default::default(), |inner| {
+            std::sync::Arc::new(Counting {
+                inner,
+                now: Default::default(),
+                max: max.clone(),
+            })
+        })
+        .await;
+    let client = server.client().await;
+    let calls = (0..6).map(|_| {
+        let peer = client.peer().clone();
+        let venv = venv.display().to_string();
+        async move {
+            mcp_support::call(
+                &peer,
+                "configure_environment",
+                json!({"type": "venv", "venv_path": venv}),
+            )
+            .await
+        }
+    });
+    let results = futures::future::join_all(calls).await;
+    for r in &results {
+        assert!(!mcp_support::is_error(r), "{}", mcp_support::text(r));
+    }
+    let most = max.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(most >= 1, "the probes ran");
+    assert_eq!(
+        most, 1,
+        "probes at once, for a tenant allowed one run at a time"
+    );
+    drop(client);
+    server.finish().await;
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+// ---- item 11: the single-tenant environment policy is an allow list ------------------------
+
+/// A venv planted outside the allowed roots (the data directory, the configured
+/// environment, MCP_EXECUTOR_ENV_ROOTS), whose `home` points at some tree, is refused;
+/// so is a venv inside the data directory whose base interpreter lies outside; a path
+/// outside that does not exist gets the very same text (nothing says what exists).
+#[tokio::test]
+async fn environments_outside_the_allowed_roots_are_refused_with_one_text() {
+    use serde_json::json;
+    let tenant = "t-hs-envroots";
+    let _clean = common::remove_on_drop(tenant);
+    let uniq = uuid::Uuid::new_v4().simple().to_string();
+    let data = std::env::temp_dir().join(format!("mcpx-hs-envroots-{uniq}"));
+    // Removed when the test ends, whether it passes or not.
+    let _data_guard = crate::common::TempDirs(vec![data.clone()]);
+    let outside = std::env::temp_dir().join(format!("mcpx-hs-planted-{uniq}"));
+    // Removed when the test ends, whether it passes or not.
+    let _outside_guard = crate::common::TempDirs(vec![outside.clone()]);
+    // A "source tree" and a venv claiming it as its base interpreter's home.
+    let tree = outside.join("tree");
+    std::fs::create_dir_all(tree.join("bin")).unwrap();
+    std::fs::write(tree.join("secret.txt"), "not for sandboxes").unwrap();
+    let plant = |venv: &std::path::Path| {
+        std::fs::create_dir_all(venv.join("bin")).unwrap();
+        std::fs::write(
+            venv.join("pyvenv.cfg"),
+            format!(
+                "home = {}\ninclude-system-site-packages = false\nversion = 3.11.2\n",
+                tree.join("bin").display()
+            ),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("/usr/bin/python3", venv.join("bin/python")).unwrap();
+    };
+    let planted = outside.join("venv");
+    plant(&planted);
+    let server = mcp_support::server_with_environments(tenant, &data).await;
+    let inside_bad_base = data.join("venv-bad-base");
+    plant(&inside_bad_base);
+    let client = server.client().await;
+    let configure = |path: String| {
+        let peer = client.peer().clone();
+        async move {
+            mcp_support::call(
+                &peer,
+                "configure_environment",
+                json!({"type": "venv", "venv_path": path}),
+            )
+            .await
+        }
+    };
+    let missing = outside.join("no-such-venv");
+    let mut texts = vec![];
+    for p in [&planted, &missing, &inside_bad_base] {
+        let shown = p.display().to_string();
+        let r = configure(shown.clone()).await;
+        let t = mcp_support::text(&r);
+        assert!(mcp_support::is_error(&r), "{shown} accepted: {t}");
+        assert!(
+            t.contains("is not an environment this server may use"),
+            "{shown}: {t}"
+        );
+        texts.push(t.replace(&shown, "PATH"));
+    }
+    assert_eq!(
+        texts[0], texts[1],
+        "one text, whether the path exists or not"
+    );
+    assert_eq!(texts[0], texts[2], "and for a base interpreter outside");
+    // A venv inside the data directory still works.
+    let good = data.join("venv-good");
+    let ok = std::process::Command::new("/usr/bin/python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&good)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let r = configure(good.display().to_string()).await;
+    assert!(!mcp_support::is_error(&r), "{}", mcp_support::text(&r));
+    drop(client);
+    server.finish().await;
+    let _ = std::fs::remove_dir_all(&data);
+    let _ = std::fs::remove_dir_all(&outside);
+}
+
+// ---- item 6: storage ---------------------------------------------------------------------
+
+/// initialize_code_file and append_to_code_file write to disk without starting a
+/// container: they count against the tenant's runs per minute all the same.
+#[tokio::test]
+async fn storage_writes_count_against_runs_per_minute() {
+    use serde_json::json;
+    let tenant = "t-hs-storerate";
+    let _clean = common::remove_on_drop(tenant);
+    let mut settings = mcp_code_executor::app::Settings::default();
+    settings.quota.runs_per_minute = Some(2);
+    let server = mcp_support::server_with(tenant, settings).await;
+    let client = server.client().await;
+    let mut refused = 0;
+    for i in 0..4 {
+        let r = mcp_support::try_call(
+            client.peer(),
+            "initialize_code_file",
+            json!({"content": format!("x = {i}\n"), "filename": "w"}),
+        )
+        .await;
+        match r {
+            Ok(r) if !mcp_support::is_error(&r) => {}
+            Ok(r) => {
+                assert!(
+                    mcp_support::text(&r).contains("runs per minute"),
+                    "{}",
+                    mcp_support::text(&r)
+                );
+                refused += 1;
+            }
+            Err(e) => {
+                assert!(e.to_string().contains("runs per minute"), "{e}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(
+        refused, 2,
+        "two of four writes over a quota of two per minute"
+    );
+    drop(client);
+    server.finish().await;
+}
+
+/// Stored code not modified for longer than the configured age is removed when the
+/// tenant's executor starts (and later, hourly, on writes); newer code stays.
+#[tokio::test]
+async fn stored_code_past_its_age_is_removed() {
+    let dir = std::env::temp_dir().join(format!("mcpx-hs-age-{}", uuid::Uuid::new_v4().simple()));
+    // Removed when the test ends, whether it passes or not.
+    let _dir_guard = crate::common::TempDirs(vec![dir.clone()]);
+    std::fs::create_dir_all(&dir).unwrap();
+    let old = dir.join("old_0123abcd.py");
+    let new = dir.join("new_4567abcd.py");
+    std::fs::write(&old, "print('old')\n").unwrap();
+    std::fs::write(&new, "print('new')\n").unwrap();
+    let ok = std::process::Command::new("touch")
+        .args(["-m", "-d", "3 hours ago"])
+        .arg(&old)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let storage = mcp_code_executor::storage::CodeStorage::open(&dir).unwrap();
+    let mut settings = mcp_code_executor::app::Settings {
+        tenant: "t-hs-age".into(),
+        ..Default::default()
+    };
+    settings.sessions.workspace_root = dir.with_extension("ws");
+    settings.quota.code_max_age = Some(Duration::from_secs(3600));
+    let sandbox = common::sandbox().await;
+    let mut service = mcp_code_executor::app::Service::new(
+        sandbox as std::sync::Arc<dyn Backend>,
+        mcp_code_executor::app::Capacity::default(),
+    );
+    let _ex = service.add_tenant(mcp_code_executor::app::TenantParts {
+        settings,
+        storage: Some(storage),
+        environments: None,
+    });
+    assert!(
+        !old.exists(),
+        "code untouched for 3 h, over a 1 h age, is removed"
+    );
+    assert!(new.exists(), "newer code stays");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir.with_extension("ws"));
+}
+
+/// Session workspaces left by a server that died (kill -9) are swept when the tenant's
+/// executor starts, unless another live server process shares the directory.
+#[tokio::test]
+async fn orphaned_session_workspaces_are_swept_at_start_up() {
+    use std::os::unix::io::AsRawFd as _;
+    let root =
+        std::env::temp_dir().join(format!("mcpx-hs-orphans-{}", uuid::Uuid::new_v4().simple()));
+    // Removed when the test ends, whether it passes or not.
+    let _root_guard = crate::common::TempDirs(vec![root.clone()]);
+    let orphan = root.join("t-hs-orph.sessions/0123456789abcdef");
+    std::fs::create_dir_all(&orphan).unwrap();
+    std::fs::write(orphan.join("big.bin"), vec![0u8; 1 << 20]).unwrap();
+    // A dead process's claim (nobody holds its lock) and a live one's (this test holds it).
+    let dead = root.join("t-hs-orph.sessions.owner-999999999");
+    std::fs::write(&dead, b"").unwrap();
+    let live_path = root.join("t-hs-orph.sessions.owner-1");
+    let live = std::fs::File::create(&live_path).unwrap();
+    // SAFETY: flock on a file this test owns.
+    assert_eq!(
+        unsafe { libc::flock(live.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    let sandbox = common::sandbox().await;
+    let start = || {
+        let mut settings = mcp_code_executor::app::Settings {
+            tenant: "t-hs-orph".into(),
+            ..Default::default()
+        };
+        settings.sessions.workspace_root = root.clone();
+        let mut service = mcp_code_executor::app::Service::new(
+            sandbox.clone() as std::sync::Arc<dyn Backend>,
+            mcp_code_executor::app::Capacity::default(),
+        );
+        service.add_tenant(mcp_code_executor::app::TenantParts {
+            settings,
+            storage: None,
+            environments: None,
+        })
+    };
+    let ex = start();
+    assert!(
+        orphan.exists(),
+        "another live server shares the directory: kept"
+    );
+    assert!(!dead.exists(), "a dead process's claim goes");
+    drop(ex);
+    drop(live);
+    let _ex = start();
+    assert!(
+        !orphan.exists(),
+        "nobody else alive: the orphaned workspace is swept"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}

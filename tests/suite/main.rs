@@ -1,0 +1,51 @@
+//! The integration tests, in one test binary: the crate and its dependencies are linked
+//! once for all of them. Each file here is one area (what was one test binary before);
+//! `common` (the real daemon, clean-up checks, temporary directories), `mcp_support` (a
+//! real server through `server::run` and a real client) and the Kubernetes API stand-in
+//! are shared. Run one area with `cargo test --test suite AREA::` (e.g. `mcp_http::`).
+//!
+//! `tests/pool.rs` and `tests/preload.rs` stay binaries of their own: they count the warm
+//! pool containers this process made, which other areas' pools would disturb.
+//!
+//! A new area: a file `tests/suite/NAME.rs` and its `mod NAME;` below.
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../contract/mod.rs"]
+mod contract;
+#[path = "../kube_standin/mod.rs"]
+mod kube_standin;
+#[path = "../mcp_support/mod.rs"]
+mod mcp_support;
+#[path = "../common/process.rs"]
+mod process;
+
+mod cli;
+mod cli_jobs;
+mod compose;
+mod conformance;
+mod engine;
+mod env;
+mod first_run;
+mod fuzz_args;
+mod gvisor;
+mod harden_http;
+mod harden_limits;
+mod harden_sandbox;
+mod kube_backend;
+mod kube_standin_clients;
+mod manifests;
+mod mcp_env;
+mod mcp_http;
+mod mcp_lifecycle;
+mod mcp_resources;
+mod mcp_sessions;
+mod mcp_sse;
+mod mcp_stdio;
+mod mcp_tasks;
+mod oauth;
+mod python_sdk;
+mod session;
+mod session_files;
+mod tenants;
+mod watchdog;

@@ -1,0 +1,163 @@
+//! Stateful sessions against the real daemon: state persists, exceptions keep the session,
+//! timeouts and OOM end it, figures come back per cell, and closing removes the container.
+
+use crate::common;
+
+use std::time::Duration;
+
+use mcp_code_executor::backend::{Backend, Session};
+use mcp_code_executor::job::{JobSpec, Limits};
+
+fn spec(tenant: &str, limits: Limits) -> JobSpec {
+    let mut job = JobSpec::python("", limits);
+    job.files.clear();
+    job.tenant = tenant.into();
+    job
+}
+
+async fn cell(s: &mut Box<dyn Session>, code: &str) -> mcp_code_executor::job::Outcome {
+    s.exec(code, Duration::from_secs(20), None)
+        .await
+        .unwrap_or_else(|e| panic!("{code:?}: {e}"))
+}
+
+#[tokio::test]
+async fn state_survives_between_cells_and_expressions_are_shown() {
+    let sb = common::sandbox().await;
+    let mut s = sb
+        .open_session(spec("t-sess", Limits::default()))
+        .await
+        .expect("session");
+    let o = cell(&mut s, "x = 41\nimport math").await;
+    assert!(o.success(), "{o:?}");
+    assert_eq!(o.stdout_text(), "");
+    let o = cell(&mut s, "x + 1").await;
+    assert_eq!(o.stdout_text(), "42\n");
+    let o = cell(&mut s, "def f(y):\n    return y * math.pi\nround(f(x), 2)").await;
+    assert_eq!(o.stdout_text(), "128.81\n");
+    let o = cell(&mut s, "'text'").await;
+    assert_eq!(o.stdout_text(), "'text'\n", "shown as a REPL shows it");
+    let o = cell(&mut s, "None").await;
+    assert_eq!(o.stdout_text(), "");
+
+    // An exception returns the traceback and keeps the state.
+    let o = cell(&mut s, "def g():\n    raise KeyError('k')\ng()").await;
+    assert_eq!(o.exit_code, Some(1));
+    let err = o.stderr_text();
+    assert!(
+        err.contains("KeyError: 'k'") && err.contains("<cell"),
+        "{err}"
+    );
+    assert!(
+        err.contains("raise KeyError('k')"),
+        "source lines shown: {err}"
+    );
+    assert!(s.alive());
+    let o = cell(&mut s, "print(x)").await;
+    assert_eq!(o.stdout_text(), "41\n");
+    let o = cell(&mut s, "print(").await;
+    assert!(
+        o.stderr_text().contains("SyntaxError"),
+        "{}",
+        o.stderr_text()
+    );
+    assert!(s.alive());
+
+    // Figures come back with the cell that made them.
+    let o = cell(
+        &mut s,
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()",
+    )
+    .await;
+    assert_eq!(o.artifacts.len(), 1, "{}", o.stderr_text());
+    let o = cell(&mut s, "plt.plot([3, 2])\n1").await;
+    assert_eq!(o.artifacts.len(), 1, "a figure left open comes back too");
+    let o = cell(&mut s, "2").await;
+    assert!(o.artifacts.is_empty());
+    drop(s);
+    common::assert_clean(&sb, "t-sess").await;
+}
+
+#[tokio::test]
+async fn a_timeout_ends_the_session_and_says_so() {
+    let sb = common::sandbox().await;
+    let mut s = sb
+        .open_session(spec("t-sess-to", Limits::default()))
+        .await
+        .unwrap();
+    cell(&mut s, "x = 1").await;
+    let o = s
+        .exec("while True: pass", Duration::from_secs(1), None)
+        .await
+        .unwrap();
+    assert!(o.timed_out);
+    assert!(!s.alive());
+    let err = s.exec("x", Duration::from_secs(5), None).await.unwrap_err();
+    assert!(err.to_string().contains("session has ended"), "{err}");
+    drop(s);
+    common::assert_clean(&sb, "t-sess-to").await;
+}
+
+#[tokio::test]
+async fn running_out_of_memory_ends_the_session() {
+    let sb = common::sandbox().await;
+    let limits = Limits {
+        memory_bytes: 96 << 20,
+        ..Limits::default()
+    };
+    let mut s = sb.open_session(spec("t-sess-oom", limits)).await.unwrap();
+    cell(&mut s, "y = 2").await;
+    let o = cell(
+        &mut s,
+        "chunks = []\nwhile True:\n    chunks.append('x' * (8 << 20))",
+    )
+    .await;
+    assert!(o.oom_killed, "{o:?}");
+    assert!(!s.alive());
+    drop(s);
+    common::assert_clean(&sb, "t-sess-oom").await;
+}
+
+#[tokio::test]
+async fn two_sessions_do_not_share_state() {
+    let sb = common::sandbox().await;
+    let mut a = sb
+        .open_session(spec("t-sess-two", Limits::default()))
+        .await
+        .unwrap();
+    let mut b = sb
+        .open_session(spec("t-sess-two", Limits::default()))
+        .await
+        .unwrap();
+    cell(
+        &mut a,
+        "secret = 'a'\nopen('/workspace/a.txt', 'w').write('a')",
+    )
+    .await;
+    let o = cell(
+        &mut b,
+        "print('secret' in globals())\nimport os\nprint(os.path.exists('/workspace/a.txt'))",
+    )
+    .await;
+    assert_eq!(o.stdout_text(), "False\nFalse\n");
+    drop((a, b));
+    common::assert_clean(&sb, "t-sess-two").await;
+}
+
+#[tokio::test]
+async fn each_cell_returns_the_files_it_wrote() {
+    let sb = common::sandbox().await;
+    let mut job = spec("t-sess-files", Limits::default());
+    job.return_files = true;
+    let mut s = sb.open_session(job).await.unwrap();
+    let o = cell(&mut s, "open('a.txt', 'w').write('one')").await;
+    let names: Vec<&str> = o.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(names, ["a.txt"]);
+    let o = cell(&mut s, "1 + 1").await;
+    assert!(o.files.is_empty(), "nothing new");
+    let o = cell(&mut s, "open('a.txt', 'a').write('two')").await;
+    assert_eq!(o.files.len(), 1);
+    assert_eq!(o.files[0].data, b"onetwo");
+    drop(s);
+    common::assert_clean(&sb, "t-sess-files").await;
+}
