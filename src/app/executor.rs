@@ -485,8 +485,13 @@ struct InSlots {
     cap: usize,
 }
 
+/// Only runs change: the rest (sessions, prewarm, stats, ...) forwards to the backend.
 #[async_trait::async_trait]
-impl Backend for InSlots {
+impl crate::backend::Wrap for InSlots {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+
     async fn run(
         &self,
         job: crate::job::JobSpec,
@@ -506,22 +511,6 @@ impl Backend for InSlots {
             .map_err(|e| rejected(&e))?;
         let _slot = place.acquire().await.map_err(|e| rejected(&e))?;
         self.inner.run(job, events).await
-    }
-
-    async fn info(&self) -> Result<crate::backend::BackendInfo, crate::backend::BackendError> {
-        self.inner.info().await
-    }
-
-    async fn drain(&self) {
-        self.inner.drain().await
-    }
-
-    async fn prewarm(&self, tenant: &str, env: &crate::job::RunEnv) {
-        self.inner.prewarm(tenant, env).await
-    }
-
-    fn stats(&self) -> crate::backend::BackendStats {
-        self.inner.stats()
     }
 }
 

@@ -479,7 +479,7 @@ mod env_lock {
     //! A run waits for an install into its environment, and holds no run slot meanwhile.
 
     use super::*;
-    use crate::backend::{BackendError, BackendInfo, Events};
+    use crate::backend::{BackendError, Events};
     use crate::env::manager::EnvManager;
     use crate::env::state::{EnvState, Environments};
     use crate::env::testing::{tempdir, Recorder};
@@ -494,7 +494,10 @@ mod env_lock {
     }
 
     #[async_trait::async_trait]
-    impl Backend for GatedInstall {
+    impl crate::backend::Wrap for GatedInstall {
+        fn inner(&self) -> &dyn Backend {
+            &self.inner
+        }
         async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, BackendError> {
             if job.files.iter().any(|f| f.path == "install.json") {
                 self.installing.notify_one();
@@ -503,12 +506,8 @@ mod env_lock {
                     open.changed().await.unwrap();
                 }
             }
-            self.inner.run(job, events).await
+            Backend::run(&self.inner, job, events).await
         }
-        async fn info(&self) -> Result<BackendInfo, BackendError> {
-            self.inner.info().await
-        }
-        async fn drain(&self) {}
     }
 
     #[tokio::test]

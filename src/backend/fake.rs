@@ -2,8 +2,9 @@
 //! containers, but the same contract. Every run and session counts as a live sandbox until
 //! its future or session is dropped (so a test sees cancellation remove it); runs can be
 //! held at a gate to observe queueing and concurrency; a session keeps state between cells
-//! (each cell prints how many cells its session has run). Compiled for the crate's own
-//! tests and, with the `fake-backend` feature, for integration tests.
+//! (each cell prints how many cells its session has run). The contract tests run it with
+//! the real backends from one body: code may carry [`Directive`]s in `#fake:` comments
+//! (Python ignores them) saying what the code would do.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,8 +13,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use super::{Backend, BackendError, BackendInfo, BackendStats, Events, Session};
-use crate::job::{InputFile, JobSpec, Outcome};
+use super::{Backend, BackendError, BackendInfo, BackendStats, Events, Inert, Session, Wrap};
+use crate::job::{InputFile, JobSpec, Limits, Outcome};
 
 /// The fake. Cheap to make; share it as `Arc<FakeBackend>`.
 pub struct FakeBackend {
@@ -124,20 +125,106 @@ impl Drop for RunningGuard {
     }
 }
 
+/// What code would do, said to the fake in a comment: `#fake: out=TEXT err=TEXT exit=N`
+/// (output lines and the exit status), `hang` (runs until its timeout, then is killed),
+/// `oom` (killed by the OOM killer), `flood` (writes past the output cap), and in a
+/// session `keep=VALUE` (the session keeps it) and `recall` (prints what it keeps).
+#[derive(Debug, PartialEq)]
+enum Directive {
+    Out(String),
+    Err(String),
+    Exit(i64),
+    Hang,
+    Oom,
+    Flood,
+    Keep(String),
+    Recall,
+}
+
+/// The directives in `code`; empty when it has none (the fake's plain answers).
+fn directives(code: &str) -> Vec<Directive> {
+    code.lines()
+        .filter_map(|l| l.split_once("#fake:").map(|(_, d)| d))
+        .flat_map(str::split_whitespace)
+        .filter_map(|t| {
+            Some(match t.split_once('=') {
+                Some(("out", v)) => Directive::Out(v.into()),
+                Some(("err", v)) => Directive::Err(v.into()),
+                Some(("exit", v)) => Directive::Exit(v.parse().ok()?),
+                Some(("keep", v)) => Directive::Keep(v.into()),
+                None if t == "hang" => Directive::Hang,
+                None if t == "oom" => Directive::Oom,
+                None if t == "flood" => Directive::Flood,
+                None if t == "recall" => Directive::Recall,
+                _ => return None,
+            })
+        })
+        .collect()
+}
+
+/// The outcome `ds` describe under `limits` (a hang waits for the timeout first); what a
+/// session keeps is `kept`.
+async fn act(ds: &[Directive], limits: &Limits, kept: &mut Option<String>) -> Outcome {
+    let mut o = Outcome {
+        exit_code: Some(0),
+        ..Outcome::default()
+    };
+    let cap = limits.output_bytes as usize;
+    for d in ds {
+        match d {
+            Directive::Out(t) => o.stdout.extend(format!("{t}\n").bytes()),
+            Directive::Err(t) => o.stderr.extend(format!("{t}\n").bytes()),
+            Directive::Exit(c) => o.exit_code = Some(*c),
+            Directive::Keep(v) => *kept = Some(v.clone()),
+            Directive::Recall => {
+                let v = kept.clone().unwrap_or_default();
+                o.stdout.extend(format!("{v}\n").bytes());
+            }
+            Directive::Flood => {
+                o.stdout = vec![b'x'; cap];
+                o.stdout_truncated = true;
+            }
+            Directive::Hang | Directive::Oom => {
+                if *d == Directive::Hang {
+                    tokio::time::sleep(limits.timeout).await;
+                }
+                o.exit_code = None;
+                o.signal = Some(9);
+                o.timed_out = *d == Directive::Hang;
+                o.oom_killed = *d == Directive::Oom;
+            }
+        }
+    }
+    o
+}
+
+/// No pool, no sweep, no ceiling: those go to [`Inert`].
 #[async_trait]
-impl Backend for FakeBackend {
+impl Wrap for FakeBackend {
+    fn inner(&self) -> &dyn Backend {
+        &Inert
+    }
+
     async fn run(&self, job: JobSpec, _events: Events) -> Result<Outcome, BackendError> {
         let _live = LiveGuard::new(&self.live);
         let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
         let _running = RunningGuard(self.running.clone());
         self.max_running.fetch_max(now, Ordering::SeqCst);
         let entry = job.entry.clone();
+        let code = job.files.iter().find(|f| f.path == entry);
+        let ds = directives(&String::from_utf8_lossy(
+            code.map_or(&[][..], |f| &f.contents),
+        ));
+        let limits = job.limits.clone();
         self.jobs.lock().unwrap().push(job);
         let mut held = self.held.subscribe();
         while *held.borrow_and_update() {
             if held.changed().await.is_err() {
                 break;
             }
+        }
+        if !ds.is_empty() {
+            return Ok(act(&ds, &limits, &mut None).await);
         }
         Ok(Outcome {
             exit_code: Some(0),
@@ -160,8 +247,11 @@ impl Backend for FakeBackend {
 
     async fn open_session(&self, job: JobSpec) -> Result<Box<dyn Session>, BackendError> {
         let files = job.files.iter().map(|f| f.path.clone()).collect();
+        let limits = job.limits.clone();
         self.jobs.lock().unwrap().push(job);
         Ok(Box::new(FakeSession {
+            limits,
+            kept: None,
             _live: LiveGuard::new(&self.live),
             cells: 0,
             files,
@@ -184,6 +274,9 @@ impl Backend for FakeBackend {
 
 /// A session that counts its cells: its state is the count.
 struct FakeSession {
+    limits: Limits,
+    /// What `keep=` directives left.
+    kept: Option<String>,
     _live: LiveGuard,
     cells: u32,
     /// Files it has in its workspace.
@@ -197,9 +290,22 @@ impl Session for FakeSession {
     async fn exec(
         &mut self,
         code: &str,
-        _timeout: Duration,
+        timeout: Duration,
         _events: Events,
     ) -> Result<Outcome, BackendError> {
+        if !self.alive {
+            return Err(crate::backend::collect::session::ended());
+        }
+        let ds = directives(code);
+        if !ds.is_empty() {
+            let limits = Limits {
+                timeout,
+                ..self.limits.clone()
+            };
+            let o = act(&ds, &limits, &mut self.kept).await;
+            self.alive = !o.timed_out && !o.oom_killed;
+            return Ok(o);
+        }
         if code.trim() == "exit()" {
             self.alive = false;
             return Ok(Outcome {

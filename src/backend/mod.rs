@@ -3,20 +3,26 @@
 //! ([`docker::DockerBackend`]) is the real one; unit tests above it may use a fake. What a
 //! backend must provide is said in neutral words ([`BackendInfo`], [`BackendStats`],
 //! [`LifecycleFigures`], environments as [`Source`](crate::job::Source)s it resolves); the
-//! sandbox image is described in [`image`] and built by the backend.
+//! sandbox image is described in [`image`] and built by the backend. Both real backends are
+//! the one [`engine::Engine`] over a driver; what marks a sandbox as ours is in [`labels`];
+//! wrappers implement [`Wrap`].
 
 pub mod archive;
 pub(crate) mod collect;
 pub mod docker;
 pub mod engine;
-#[cfg(any(test, feature = "fake-backend"))]
 pub mod fake;
 pub mod image;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
+pub mod labels;
 pub(crate) mod pool;
 pub mod preload;
 pub mod protocol;
+mod sources;
+mod wrap;
+
+pub use self::wrap::{Inert, Wrap};
 
 use std::time::Duration;
 
@@ -135,6 +141,10 @@ pub struct LifecycleFigures {
 /// Runs jobs, one fresh sandbox each. Dropping the future of [`Backend::run`] cancels the
 /// run: its container is killed and removed in the background. Everything specific to one
 /// kind of sandbox (containers, pools, sweeps, images) stays behind this trait.
+///
+/// Every method is required: a backend says what it does for each, and a wrapper that
+/// forgets one does not compile. A wrapper that changes a few implements [`Wrap`] (the
+/// rest forwards); a test double that answers only a few wraps [`Inert`].
 #[async_trait]
 pub trait Backend: Send + Sync {
     /// Run one job to its end (exit, timeout, OOM) and report the outcome.
@@ -150,43 +160,31 @@ pub trait Backend: Send + Sync {
     /// Open a stateful session: one sandbox that runs cell after cell in one interpreter.
     /// `job` gives its limits, environment and initial files (its `entry` is unused); each
     /// cell's timeout is given to [`Session::exec`].
-    async fn open_session(&self, _job: JobSpec) -> Result<Box<dyn Session>, BackendError> {
-        Err(BackendError::Rejected(
-            "this backend has no stateful sessions".into(),
-        ))
-    }
+    async fn open_session(&self, job: JobSpec) -> Result<Box<dyn Session>, BackendError>;
 
     /// `tenant`'s runs will mostly use `env` from now on: a backend with a warm pool makes
     /// its waiting sandboxes (the tenant's, or the shared ones) with it and discards those
     /// made for the previous one.
-    async fn prewarm(&self, _tenant: &str, _env: &RunEnv) {}
+    async fn prewarm(&self, tenant: &str, env: &RunEnv);
 
     /// Gauges right now (cheap: no call to the backend).
-    fn stats(&self) -> BackendStats {
-        BackendStats::default()
-    }
+    fn stats(&self) -> BackendStats;
 
     /// Remove what processes that are gone left behind (a crash, a `kill -9`); how many.
-    async fn sweep(&self) -> Result<usize, BackendError> {
-        Ok(0)
-    }
+    async fn sweep(&self) -> Result<usize, BackendError>;
 
     /// Sweep every `every` too, while the backend lives (a long-lived server).
-    fn sweep_periodically(&self, _every: std::time::Duration) {}
+    fn sweep_periodically(&self, every: std::time::Duration);
 
     /// Stop making sandboxes (pools included), remove those still held, and wait for the
     /// removals (bounded); what is left goes to the next start-up sweep.
-    async fn shutdown(&self) {
-        self.drain().await
-    }
+    async fn shutdown(&self);
 
     /// Measure [`LifecycleFigures`] over `total` bare sandboxes, `concurrency` at once;
     /// `None` where the backend has no such measure (the benchmark then skips the profile).
     async fn lifecycle_ceiling(
         &self,
-        _total: usize,
-        _concurrency: usize,
-    ) -> Option<Result<LifecycleFigures, BackendError>> {
-        None
-    }
+        total: usize,
+        concurrency: usize,
+    ) -> Option<Result<LifecycleFigures, BackendError>>;
 }

@@ -284,7 +284,11 @@ mod tests {
     }
 
     #[async_trait]
-    impl Backend for Scripted {
+    impl crate::backend::Wrap for Scripted {
+        fn inner(&self) -> &dyn Backend {
+            &crate::backend::Inert
+        }
+
         async fn run(&self, job: JobSpec, _events: Events) -> Result<Outcome, BackendError> {
             self.live.fetch_add(1, Ordering::SeqCst);
             let _alive = Alive(self.live.clone());

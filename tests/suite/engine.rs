@@ -1,7 +1,14 @@
 //! The execution engine against the real Docker daemon: every case runs real containers and
 //! checks afterwards that none of them is left.
 
-use crate::common;
+use crate::{common, contract};
+
+contract::contract_tests!(contract_on_docker, async {
+    contract::alone(common::sandbox().await)
+});
+contract::contract_tests!(contract_on_the_fake, async {
+    contract::alone(mcp_code_executor::backend::fake::FakeBackend::new())
+});
 
 use std::time::{Duration, Instant};
 

@@ -517,7 +517,11 @@ struct Counting {
 }
 
 #[async_trait::async_trait]
-impl Backend for Counting {
+impl mcp_code_executor::backend::Wrap for Counting {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+
     async fn run(
         &self,
         job: JobSpec,

@@ -8,7 +8,7 @@
 
 use crate::common;
 #[allow(unused_imports)]
-use crate::kube_standin;
+use crate::{contract, kube_standin};
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -88,6 +88,12 @@ async fn assert_no_pods_left(k: &kube_standin::StandIn, b: &KubeBackend) {
     }
     panic!("pods of this backend left: {}", mine());
 }
+
+contract::contract_tests!(contract_on_kubernetes, async {
+    let k = standin().await;
+    let b = connect(config(&k)).await;
+    (std::sync::Arc::new(b) as std::sync::Arc<dyn Backend>, k)
+});
 
 /// A run is a pod with the hardening, code goes in through attach, output comes back,
 /// the pod is deleted.
@@ -640,11 +646,11 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-/// The figures of the README's "Scale on Kubernetes", measured against the stand-in (run
+/// The figures of "Scale on Kubernetes" in docs/kubernetes.md, measured against the stand-in (run
 /// by hand: `cargo test --test suite kube_backend:: -- --ignored --nocapture`). Prints, asserts
 /// nothing about speed.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "a measurement for the README, run by hand"]
+#[ignore = "a measurement for docs/kubernetes.md, run by hand"]
 async fn measure_figures_for_the_readme() {
     let k = standin().await;
     let docker = common::sandbox().await;

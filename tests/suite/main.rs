@@ -11,6 +11,8 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../contract/mod.rs"]
+mod contract;
 #[path = "../kube_standin/mod.rs"]
 mod kube_standin;
 #[path = "../mcp_support/mod.rs"]

@@ -6,7 +6,7 @@ use crate::mcp_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mcp_code_executor::backend::{Backend, BackendError, BackendInfo, Events, Session};
+use mcp_code_executor::backend::{Backend, BackendError, Events, Session, Wrap};
 use mcp_code_executor::job::{JobSpec, Outcome};
 
 use mcp_support::{common, is_error, server, structured, text, ProgressRecorder};
@@ -187,16 +187,11 @@ struct SlowSyncSession {
     entered: Arc<tokio::sync::Notify>,
 }
 
+/// Only sessions change; everything else forwards to the real sandbox.
 #[async_trait::async_trait]
-impl Backend for SlowSync {
-    async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, BackendError> {
-        self.inner.run(job, events).await
-    }
-    async fn info(&self) -> Result<BackendInfo, BackendError> {
-        self.inner.info().await
-    }
-    async fn drain(&self) {
-        self.inner.drain().await
+impl Wrap for SlowSync {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
     }
     async fn open_session(&self, job: JobSpec) -> Result<Box<dyn Session>, BackendError> {
         Ok(Box::new(SlowSyncSession {

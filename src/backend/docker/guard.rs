@@ -1,149 +1,38 @@
-//! Container removal on every path, and the start-up sweep of what a dead process left.
+//! How containers are removed (for the engine's guards, on every path), and the start-up
+//! sweep of what a dead process left.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use bollard::errors::Error as BollardError;
 use bollard::models::ContainerSummaryStateEnum;
 use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder};
 use bollard::Docker;
-use tokio::sync::Notify;
 
 use super::{classify, LABEL_MANAGED, LABEL_OWNER};
+use crate::backend::engine::guard::Remover;
+use crate::backend::labels::{hostname, owner_is_dead};
 use crate::backend::BackendError;
 
-/// Counts the removals still running in the background, so that shutdown can wait for them.
-#[derive(Default)]
-pub(super) struct Cleanup {
-    pending: AtomicUsize,
-    done: Notify,
-    /// Containers guarded and not yet removed (waiting in the pool, running, or being
-    /// removed).
-    live: AtomicUsize,
-}
+/// Removes containers for the engine's guards.
+pub(super) struct DockerRemover(pub(super) Docker);
 
-impl Cleanup {
-    /// Containers of this process that exist or are being made or removed.
-    pub(super) fn live(&self) -> usize {
-        self.live.load(Ordering::SeqCst)
-    }
-
-    /// Wait until no removal is in flight.
-    pub(super) async fn drain(&self) {
-        loop {
-            let notified = self.done.notified();
-            if self.pending.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-            notified.await;
+#[async_trait::async_trait]
+impl Remover for DockerRemover {
+    async fn remove(&self, id: &str, confirmed: bool) {
+        if !confirmed {
+            // The create request may still be in the daemon: look again a little later.
+            remove_unconfirmed(&self.0, id).await;
+        } else if let Err(e) = remove_now(&self.0, id).await {
+            tracing::warn!(container = %id, error = %e, "could not remove a sandbox container; the next start-up sweep will");
         }
-    }
-
-    /// Wait until every guarded container is removed: those still held by runs being
-    /// cancelled too, not only removals already started. Gives up after `deadline` (what
-    /// is left then is found by the next start-up sweep); returns how many were left.
-    pub(super) async fn drain_all(&self, deadline: Duration) -> usize {
-        let until = tokio::time::Instant::now() + deadline;
-        loop {
-            let notified = self.done.notified();
-            let left = self.live.load(Ordering::SeqCst);
-            if left == 0 {
-                return 0;
-            }
-            // Every guard wakes the waiters when it is gone (removed or disarmed).
-            tokio::select! {
-                _ = notified => {}
-                _ = tokio::time::sleep_until(until) => return left,
-            }
-        }
-    }
-}
-
-/// Removes its container when dropped, in the background, whatever path dropped it:
-/// success, error, timeout, cancellation (the run's future dropped) or panic.
-///
-/// The guard exists *before* the container is created, holding the name asked for: a run
-/// cancelled while `create` is in flight still has its container removed once the daemon
-/// has made it.
-pub(super) struct ContainerGuard {
-    docker: Docker,
-    /// The name until `create` answered, the id after.
-    id: String,
-    /// `create` answered: a 404 on removal then really means "already gone".
-    confirmed: bool,
-    /// `create` was refused by the daemon: there is nothing to remove.
-    disarmed: bool,
-    cleanup: Arc<Cleanup>,
-}
-
-impl ContainerGuard {
-    /// A guard for the container about to be created under `name`.
-    pub(super) fn new(docker: &Docker, name: &str, cleanup: &Arc<Cleanup>) -> Self {
-        cleanup.live.fetch_add(1, Ordering::SeqCst);
-        ContainerGuard {
-            docker: docker.clone(),
-            id: name.to_string(),
-            confirmed: false,
-            disarmed: false,
-            cleanup: cleanup.clone(),
-        }
-    }
-
-    /// The daemon created it, with this id.
-    pub(super) fn confirm(&mut self, id: &str) {
-        self.id = id.to_string();
-        self.confirmed = true;
-    }
-
-    /// The daemon refused to create it (no such image, a bad request): nothing exists,
-    /// so nothing is looked for. A create that was cancelled or lost on the way stays
-    /// armed: the daemon may still make it.
-    pub(super) fn disarm(&mut self) {
-        self.disarmed = true;
-    }
-
-    pub(super) fn id(&self) -> &str {
-        &self.id
     }
 
     /// Kill at once (a timeout: the CPU belongs to the next run); removal still follows.
-    pub(super) async fn kill_now(&self) {
-        if let Err(e) = self.docker.kill_container(&self.id, None).await {
-            tracing::debug!(container = %self.id, error = %e, "kill failed (already gone?)");
+    async fn kill_now(&self, id: &str) {
+        if let Err(e) = self.0.kill_container(id, None).await {
+            tracing::debug!(container = %id, error = %e, "kill failed (already gone?)");
         }
-    }
-}
-
-impl Drop for ContainerGuard {
-    fn drop(&mut self) {
-        let docker = self.docker.clone();
-        let id = std::mem::take(&mut self.id);
-        let confirmed = self.confirmed;
-        let cleanup = self.cleanup.clone();
-        if self.disarmed {
-            cleanup.live.fetch_sub(1, Ordering::SeqCst);
-            cleanup.done.notify_waiters();
-            return;
-        }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            // No runtime left (process exit): the next start-up sweep removes it.
-            cleanup.live.fetch_sub(1, Ordering::SeqCst);
-            return;
-        };
-        cleanup.pending.fetch_add(1, Ordering::SeqCst);
-        handle.spawn(async move {
-            if !confirmed {
-                // The create request may still be in the daemon: look again a little later.
-                remove_unconfirmed(&docker, &id).await;
-            } else if let Err(e) = remove_now(&docker, &id).await {
-                tracing::warn!(container = %id, error = %e, "could not remove a sandbox container; the next start-up sweep will");
-            }
-            cleanup.live.fetch_sub(1, Ordering::SeqCst);
-            cleanup.pending.fetch_sub(1, Ordering::SeqCst);
-            cleanup.done.notify_waiters();
-        });
     }
 }
 
@@ -273,62 +162,14 @@ fn is_leftover(owner: &str, host: &str, ended: bool, age: Option<Duration>) -> b
     owner_is_dead(owner, host) || (ended && age.is_some_and(|a| a > STALE_AFTER))
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
-/// `host/pid/start-time` of a process: the start time tells a reused pid apart.
-pub(super) fn owner_id(pid: u32) -> Option<String> {
-    Some(format!(
-        "{}/{}/{}",
-        hostname(),
-        pid,
-        process_start_time(pid)?
-    ))
-}
-
-fn process_start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Field 22, counted after the parenthesised command name (which may hold spaces).
-    let after = &stat[stat.rfind(')')? + 2..];
-    after.split(' ').nth(19)?.parse().ok()
-}
-
-fn owner_is_dead(owner: &str, host: &str) -> bool {
-    let mut parts = owner.splitn(3, '/');
-    let (Some(h), Some(pid), Some(start)) = (parts.next(), parts.next(), parts.next()) else {
-        return false;
-    };
-    if h != host {
-        return false;
-    }
-    let Ok(pid) = pid.parse::<u32>() else {
-        return false;
-    };
-    process_start_time(pid).map(|s| s.to_string()) != Some(start.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn owner_of_this_process_is_alive_and_a_made_up_one_is_dead() {
-        let host = hostname();
-        let me = owner_id(std::process::id()).unwrap();
-        assert!(!owner_is_dead(&me, &host));
-        let pid = std::process::id();
-        assert!(owner_is_dead(&format!("{host}/{pid}/1"), &host));
-        assert!(!owner_is_dead(&format!("elsewhere/{pid}/1"), &host));
-        assert!(!owner_is_dead("garbage", &host));
-    }
-
-    #[test]
     fn the_sweep_takes_dead_owners_and_stale_ended_containers_only() {
         let host = hostname();
-        let me = owner_id(std::process::id()).unwrap();
+        let me = crate::backend::labels::owner_id(std::process::id()).unwrap();
         let dead = format!("{host}/{}/1", std::process::id());
         let hour = Some(STALE_AFTER + Duration::from_secs(1));
         let fresh = Some(Duration::from_secs(60));

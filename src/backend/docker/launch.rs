@@ -5,25 +5,15 @@
 use bollard::errors::Error as BollardError;
 use bollard::query_parameters::{AttachContainerOptionsBuilder, CreateContainerOptionsBuilder};
 
-use super::guard::ContainerGuard;
-use super::live::Live;
-use super::{classify, spec, Inner};
+use super::{classify, spec, DockerDriver};
+use crate::backend::engine::guard::Guard;
+use crate::backend::engine::Live;
 use crate::backend::BackendError;
 use crate::job::{Limits, RunEnv, Source};
 
-impl Inner {
-    /// Create, attach and start a container of the given shape for `tenant`.
-    pub(super) async fn launch(
-        &self,
-        limits: &Limits,
-        env: &RunEnv,
-        tenant: &str,
-        id: &str,
-    ) -> Result<Live, BackendError> {
-        self.launch_with(limits, env, tenant, id, &[]).await
-    }
-
-    /// [`launch`](Self::launch), its interpreter importing `preload` before the runner says
+impl DockerDriver {
+    /// Create, attach and start a container of the given shape for `tenant`, its
+    /// interpreter importing `preload` before the runner says
     /// ready (pool containers; see [`crate::backend::preload`]). The list goes in the
     /// container's environment, which the runner takes out of its own before the code's
     /// interpreter starts.
@@ -46,7 +36,7 @@ impl Inner {
         }
         self.check_volumes(env).await?;
         let name = format!("mcpx-{id}");
-        let mut guard = ContainerGuard::new(&self.docker, &name, &self.cleanup);
+        let mut guard = Guard::new(self.remover.clone(), &name, &self.cleanup);
         let created = self
             .docker
             .create_container(

@@ -10,14 +10,14 @@ use bollard::query_parameters::{CreateContainerOptionsBuilder, RemoveContainerOp
 use futures::StreamExt;
 
 use super::spec::{host_config, LABEL_MANAGED, LABEL_OWNER};
-use super::{classify, Inner};
+use super::{classify, DockerDriver};
 use crate::backend::{BackendError, LifecycleFigures};
 use crate::job::{new_job_id, Limits, RunEnv};
 
 /// Run `total` containers of `/bin/true` with `concurrency` at once, through the full
 /// create → start → wait → remove cycle ([`Backend::lifecycle_ceiling`](crate::backend::Backend::lifecycle_ceiling)).
 pub(super) async fn ceiling(
-    inner: &Arc<Inner>,
+    inner: &Arc<DockerDriver>,
     total: usize,
     concurrency: usize,
 ) -> Result<LifecycleFigures, BackendError> {

@@ -1,4 +1,4 @@
-//! A started container as the engine's [`Live`](crate::backend::engine::live::Live): the
+//! A started container as the engine's [`Live`]: the
 //! attach's multiplexed output as chunks of the runner's stdout and stderr.
 
 use std::pin::Pin;
@@ -8,17 +8,15 @@ use bollard::errors::Error as BollardError;
 use futures::{Stream, StreamExt};
 
 use super::classify;
-use super::guard::ContainerGuard;
+use crate::backend::engine::guard::Guard;
 use crate::backend::engine::live::{Chunk, Input, ReadError};
-
-/// A started container whose runner waits for (or has been given) its one job.
-pub(super) type Live = crate::backend::engine::live::Live<ContainerGuard>;
+use crate::backend::engine::Live;
 
 type Attached = Pin<Box<dyn Stream<Item = Result<LogOutput, BollardError>> + Send>>;
 
 /// The conversation over a container's attach, made before its start: its runner's `R`
 /// is still to come.
-pub(super) fn live(guard: ContainerGuard, input: Input, output: Attached) -> Live {
+pub(super) fn live(guard: Guard, input: Input, output: Attached) -> Live {
     let output = output.filter_map(|item| async move {
         match item {
             Ok(LogOutput::StdOut { message }) => Some(Ok(Chunk::Out(message))),

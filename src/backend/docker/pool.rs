@@ -5,26 +5,24 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::live::Live;
-use super::{DockerBackend, Inner};
+use super::{DockerBackend, DockerDriver};
+use crate::backend::engine::{Live, Pool};
+use crate::backend::pool::Pools;
 use crate::backend::preload::{Learner, PreloadConfig};
 use crate::backend::protocol::Report;
 use crate::job::{JobSpec, RunEnv};
 
 pub use crate::backend::pool::{KindStats, PoolStats};
 
-/// A pool of waiting containers.
-pub(super) type Pool = crate::backend::pool::Pool<Live>;
-
 /// One refill worker of `pool` (see [`crate::backend::pool::refill`]).
-pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
+pub(super) async fn refill(inner: Arc<DockerDriver>, pool: Arc<Pool>) {
     crate::backend::pool::refill_kinds(pool, |pool, kind| make(inner.clone(), pool, kind)).await
 }
 
 /// Make one container for `pool` preloading `preload` (its kind; empty: plain), ready for
 /// a job; `None` when the pool closed while it waited for a preloading permit.
 async fn make(
-    inner: Arc<Inner>,
+    inner: Arc<DockerDriver>,
     pool: Arc<Pool>,
     preload: Vec<String>,
 ) -> Option<Result<Live, crate::backend::BackendError>> {
@@ -146,21 +144,27 @@ impl Preloads {
     }
 }
 
-impl DockerBackend {
+impl DockerDriver {
     /// What a run's report says about preloading: a pool container's preload (modules
     /// missing from the environment, or dropped because they failed or did not fit under
     /// the memory budget, are left out of that pool's list from now on, said once in the
     /// log), and the modules the run imported (learned for its tenant and environment).
-    pub(super) fn observe_preload(&self, job: &JobSpec, pooled: bool, report: &Report) {
-        let config = &self.inner.config.preload;
-        if self.inner.config.pool_size == 0 || !config.enabled() {
+    pub(super) fn observe_preload(
+        &self,
+        pools: &Pools<Live>,
+        job: &JobSpec,
+        pooled: bool,
+        report: &Report,
+    ) {
+        let config = &self.config.preload;
+        if self.config.pool_size == 0 || !config.enabled() {
             return;
         }
-        let key = self.pools.key(&job.tenant).to_string();
+        let key = pools.key(&job.tenant).to_string();
         let k = (key.clone(), job.env.clone());
         let mut changed = false;
         if let (true, Some(p)) = (pooled, report.preload.as_deref()) {
-            let mut learner = self.inner.preloads.learner();
+            let mut learner = self.preloads.learner();
             let banned = learner.banned(&k);
             let fresh: Vec<String> = p
                 .missing
@@ -200,43 +204,42 @@ impl DockerBackend {
             .collect();
         if config.learn
             && !imported.is_empty()
-            && self
-                .inner
-                .preloads
-                .learner()
-                .observe(&k, &imported)
-                .is_some()
+            && self.preloads.learner().observe(&k, &imported).is_some()
         {
-            tracing::info!(pool = %key, learned = ?self.inner.preloads.learned(&key, &job.env), "preload: learned modules changed");
+            tracing::info!(pool = %key, learned = ?self.preloads.learned(&key, &job.env), "preload: learned modules changed");
             changed = true;
         }
         if changed {
-            let list = self.inner.preloads.list_for(config, &key, &job.env);
-            self.pools.with_pool(&key, |pool| {
+            let list = self.preloads.list_for(config, &key, &job.env);
+            pools.with_pool(&key, |pool| {
                 if pool.env == job.env {
                     pool.set_preload(list);
                 }
             });
         }
     }
+}
 
+impl DockerBackend {
     /// The modules the pool of `tenant` (the shared pool's key without per-tenant pools)
     /// may preload, each of its kinds some of them (see [`DockerBackend::pool_mix`]);
     /// `None` without such a pool.
     pub fn preload_list(&self, tenant: &str) -> Option<Vec<String>> {
-        self.pools
-            .with_pool(self.pools.key(tenant), |pool| pool.preload())
+        let pools = self.pools();
+        pools.with_pool(pools.key(tenant), |pool| pool.preload())
     }
 
     /// The kinds of sandboxes the pool of `tenant` keeps (plain first), with how many it
     /// aims to keep and how many wait: the mix its recent calls needed. `None` without
     /// such a pool.
     pub fn pool_mix(&self, tenant: &str) -> Option<Vec<KindStats>> {
-        self.pools.mix(tenant)
+        self.pools().mix(tenant)
     }
 
     /// The modules learned for the pool of `tenant` with `env`.
     pub fn learned_preloads(&self, tenant: &str, env: &RunEnv) -> Vec<String> {
-        self.inner.preloads.learned(self.pools.key(tenant), env)
+        self.driver()
+            .preloads
+            .learned(self.pools().key(tenant), env)
     }
 }

@@ -15,15 +15,7 @@ use super::DockerConfig;
 use crate::backend::{protocol, BackendError};
 use crate::job::{Limits, RunEnv, Source};
 
-/// Label on everything this project creates: the sweep and tests find containers by it.
-pub const LABEL_MANAGED: &str = "io.mcp-code-executor.managed";
-/// Label with the job id (for a pool container: its own id until a job is dispatched).
-pub const LABEL_JOB: &str = "io.mcp-code-executor.job";
-/// Label with the tenant id (`pool` for a waiting pool container).
-pub const LABEL_TENANT: &str = "io.mcp-code-executor.tenant";
-/// Label naming the process that made the container (`host/pid/start-time`), so that the
-/// start-up sweep removes only what a dead process left behind.
-pub const LABEL_OWNER: &str = "io.mcp-code-executor.owner";
+pub use crate::backend::labels::{LABEL_JOB, LABEL_MANAGED, LABEL_OWNER, LABEL_TENANT};
 
 /// The OCI runtime name of gVisor, registered by `scripts/setup-docker.sh --gvisor`.
 pub const GVISOR_RUNTIME: &str = "runsc";
@@ -206,26 +198,25 @@ pub(super) fn mounts_of(sources: &[Source]) -> Result<Mounts, BackendError> {
                 m.binds
                     .push(format!("{p}:{p}:{}", if *writable { "rw" } else { "ro" }));
             }
+            // Volume subpaths came with API 1.45 (Docker 26); older daemons (1.41 here)
+            // ignore the field silently and would mount the whole volume.
             Source::Volume {
                 name,
-                subpath,
-                target,
-                writable,
+                subpath: Some(sub),
+                ..
             } => {
-                if let Some(sub) = subpath {
-                    // Volume subpaths came with API 1.45 (Docker 26); older daemons (1.41
-                    // here) ignore the field silently and would mount the whole volume.
-                    return Err(BackendError::Rejected(format!(
+                return Err(BackendError::Rejected(format!(
                         "the Docker backend mounts whole volumes only, not `{}` inside                          volume `{name}`: give the environment a volume of its own",
                         sub.display()
-                    )));
-                }
-                if name.is_empty() || !target.is_absolute() {
-                    return Err(BackendError::Rejected(format!(
-                        "volume `{name}` at `{}`: a volume needs a name and an absolute target",
-                        target.display()
-                    )));
-                }
+                )));
+            }
+            Source::Volume {
+                name,
+                target,
+                writable,
+                ..
+            } => {
+                crate::backend::sources::check_volume("volume", name, target)?;
                 m.mounts.push(Mount {
                     typ: Some(MountType::VOLUME),
                     source: Some(name.clone()),

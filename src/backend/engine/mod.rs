@@ -1,4 +1,357 @@
-//! The sandbox engine: what every backend does the same way over its own driver. The
-//! conversation with a runner ([`live`]).
+//! The sandbox engine: what every backend does the same way, over a small [`Driver`] that
+//! holds only what differs (the sandbox's spec, launch and attach, the verdict on a runner
+//! that vanished, listing for the sweep, the image, a session's pause between cells).
+//!
+//! Here, once: the warm take and the cold launch with its retry when a waiting sandbox
+//! vanished ([`Engine`]), the conversation with a runner ([`live`]), sessions
+//! ([`session`]), removal on every path ([`guard`]), stats, sweeps and shutdown. The
+//! Docker backend is `Engine<DockerDriver>`, the Kubernetes one `Engine<KubeDriver>`.
 
+// The driver trait and the engine's parts are the crate's own: backends outside the crate
+// are not a goal, so the engine is public over a crate-private bound.
+#![allow(private_bounds, private_interfaces)]
+
+pub(crate) mod guard;
 pub mod live;
+mod session;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::task::JoinHandle;
+
+use self::guard::{Cleanup, Guard};
+use self::live::Hook;
+use crate::backend::collect::{Collected, Ended};
+use crate::backend::pool::{PoolHandle, PoolStats, Pools};
+use crate::backend::protocol::{self, Report};
+use crate::backend::{
+    emit, Backend, BackendError, BackendInfo, BackendStats, Events, LifecycleFigures, Session,
+};
+use crate::job::{JobSpec, Limits, Outcome, RunEnv, RunEvent};
+
+/// A started sandbox of any driver.
+pub(crate) type Live = live::Live<Guard>;
+/// A pool of waiting sandboxes.
+pub(crate) type Pool = crate::backend::pool::Pool<Live>;
+
+/// How long [`Backend::shutdown`] waits for the sandboxes still held by runs being
+/// cancelled.
+const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(30);
+
+/// What a sandbox is made for, and so how long it may live at most (on Kubernetes its
+/// `activeDeadlineSeconds`, a backstop the kubelet enforces even when the server is gone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifetime {
+    /// A run made for one job: its timeout, the time to start, the runner's own grace.
+    Run(Duration),
+    /// A warm sandbox or a session: it waits, then serves a run or a whole session.
+    Long,
+}
+
+/// The sandbox to make: its limits and environment, whose it is, its id.
+pub(crate) struct Shape<'a> {
+    pub(crate) limits: &'a Limits,
+    pub(crate) env: &'a RunEnv,
+    pub(crate) tenant: &'a str,
+    pub(crate) id: &'a str,
+    pub(crate) lifetime: Lifetime,
+}
+
+/// A session's sandbox between cells.
+pub(crate) enum Freeze {
+    /// Held still: nothing the code left running computes until the next cell.
+    Frozen,
+    /// The driver does not hold sandboxes still.
+    Running,
+    /// It could not be held still: the session ends.
+    Failed,
+}
+
+/// What differs between backends. Every method is required: a driver says what it does
+/// for each.
+#[async_trait]
+pub(crate) trait Driver: Send + Sync + Sized + 'static {
+    /// Are warm sandboxes chosen by the imports of a run's code (a preloading pool)?
+    const PRELOADS: bool;
+    /// Do runs and sessions reach the job's tools (code mode, #26)? Without, a session's
+    /// tool requests are answered that no tools are there, and a run's are not taken.
+    const TOOLS: bool;
+    /// What shutdown says when sandboxes are still held past its deadline.
+    const LEFT_AT_SHUTDOWN: &'static str;
+
+    /// The guards' count of what this driver holds.
+    fn cleanup(&self) -> &Arc<Cleanup>;
+    /// The interpreter line of the job header of a job with `env`.
+    fn python(&self, env: &RunEnv) -> Result<String, BackendError>;
+    /// Make a sandbox of `shape`, guarded from before its creation (the cold path).
+    async fn launch(&self, shape: Shape<'_>) -> Result<Live, BackendError>;
+    /// Run `pool` with its refill workers.
+    fn start_pool(self: &Arc<Self>, pool: Pool) -> PoolHandle<Live>;
+    /// The outcome of a sandbox whose runner vanished without a report (`out`: what it
+    /// sent before): the OOM killer, a deadline, or an error saying it was stopped from
+    /// outside.
+    async fn vanished(&self, guard: &Guard, out: Collected) -> Result<Outcome, BackendError>;
+    /// What a run's report says about the pools (preloading learns from it).
+    fn observe(&self, pools: &Pools<Live>, job: &JobSpec, pooled: bool, report: &Report);
+    /// Is the backend reachable, and what is it?
+    async fn info(&self) -> Result<BackendInfo, BackendError>;
+    /// Remove what processes that are gone left behind; how many.
+    async fn sweep(&self) -> Result<usize, BackendError>;
+    /// The backend's own ceiling for the benchmark, where it has one.
+    async fn lifecycle_ceiling(
+        self: &Arc<Self>,
+        total: usize,
+        concurrency: usize,
+    ) -> Option<Result<LifecycleFigures, BackendError>>;
+    /// Hold a session's sandbox still between cells.
+    async fn freeze(&self, guard: &Guard) -> Freeze;
+    /// Let a frozen session's sandbox go on for the next cell; an error ends the session.
+    async fn thaw(&self, guard: &Guard) -> Result<(), BackendError>;
+}
+
+/// A backend: the engine over driver `D`.
+pub struct Engine<D: Driver> {
+    driver: Arc<D>,
+    /// Warm pools: one shared, or one per tenant (see [`crate::backend::pool::Pools`]).
+    pools: Pools<Live>,
+    /// The periodic sweep of a long-lived server, stopped at shutdown.
+    sweeper: std::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+impl<D: Driver> Engine<D> {
+    /// The engine over `driver`, with pools of `size` (0: none), per tenant or one shared
+    /// pool of `shared` (limits, environment), started at once.
+    pub(crate) fn new(
+        driver: Arc<D>,
+        size: usize,
+        per_tenant: bool,
+        shared: (Limits, RunEnv),
+    ) -> Self {
+        let starter = driver.clone();
+        let start = move |pool: Pool| starter.start_pool(pool);
+        Engine {
+            pools: Pools::new(size, per_tenant, shared, Box::new(start)),
+            driver,
+            sweeper: std::sync::Mutex::default(),
+        }
+    }
+
+    pub(crate) fn driver(&self) -> &Arc<D> {
+        &self.driver
+    }
+
+    pub(crate) fn pools(&self) -> &Pools<Live> {
+        &self.pools
+    }
+
+    /// Pool figures, all pools together; `None` when the pool is off. The backends' own
+    /// tests read them; everything else reads [`Backend::stats`].
+    pub fn pool_stats(&self) -> Option<PoolStats> {
+        self.pools.stats()
+    }
+
+    /// A waiting sandbox for `job`, if its pool has one of its shape: for a run on a
+    /// preloading driver, the kind its code's imports need (see
+    /// [`crate::backend::preload::choose`]); for a session (`run` false), the most
+    /// preloaded.
+    fn take_warm(&self, job: &JobSpec, run: bool) -> Option<Live> {
+        let (tenant, limits, env) = (&job.tenant, &job.limits, &job.env);
+        if !(run && D::PRELOADS) {
+            return self.pools.take(tenant, limits, env, job.keep_warm);
+        }
+        let imports = job
+            .files
+            .iter()
+            .find(|f| f.path == job.entry)
+            .map(|f| crate::backend::preload::imports_in(&f.contents))
+            .unwrap_or_default();
+        self.pools
+            .take_for(tenant, limits, env, job.keep_warm, Some(&imports))
+    }
+
+    async fn cold(&self, job: &JobSpec, lifetime: Lifetime) -> Result<Live, BackendError> {
+        let shape = Shape {
+            limits: &job.limits,
+            env: &job.env,
+            tenant: &job.tenant,
+            id: &job.id,
+            lifetime,
+        };
+        self.driver.launch(shape).await
+    }
+
+    /// [`Backend::run`], with `hook` taking the frames the engine does not handle.
+    pub async fn run_with_hook(
+        &self,
+        job: JobSpec,
+        events: Events,
+        hook: Hook,
+    ) -> Result<Outcome, BackendError> {
+        let started = Instant::now();
+        let python = self.driver.python(&job.env)?;
+        let input = protocol::encode_job(&job, &python)
+            .map_err(|e| BackendError::Rejected(e.to_string()))?;
+        let lifetime = Lifetime::Run(job.limits.timeout);
+        let warm = self.take_warm(&job, true);
+        let pooled = warm.is_some();
+        let mut live = match warm {
+            Some(live) => live,
+            None => self.cold(&job, lifetime).await?,
+        };
+        let sandbox = live.guard.id().to_string();
+        tracing::debug!(job_id = %job.id, tenant = %job.tenant, sandbox = %sandbox, pooled, ms = started.elapsed().as_millis() as u64, "sandbox started");
+        emit(
+            &events,
+            RunEvent::Created {
+                container: sandbox.clone(),
+            },
+        );
+        let limits = &job.limits;
+        let mut ended = live.execute(&input, true, limits, &events, &hook).await?;
+        if let Ended::Vanished(out) = &ended {
+            if pooled && out.is_empty() {
+                // A waiting sandbox that died while it waited (a daemon restart, a kill
+                // from outside, its node gone) and slipped past the pool's liveness check:
+                // the job never started. Run it once more, in a fresh sandbox.
+                tracing::warn!(job_id = %job.id, sandbox = %sandbox, "the warm sandbox was gone at dispatch; running the job in a fresh one");
+                live = self.cold(&job, lifetime).await?;
+                ended = live.execute(&input, true, limits, &events, &hook).await?;
+            }
+        }
+        if let Ended::Report(report, _) = &ended {
+            self.driver.observe(&self.pools, &job, pooled, report);
+        }
+        let mut outcome = outcome_of(&*self.driver, ended, &live.guard).await?;
+        outcome.duration_ms = started.elapsed().as_millis() as u64;
+        tracing::debug!(job_id = %job.id, status = %outcome.status_line(), "run finished");
+        // `live` drops here: its guard removes the sandbox in the background.
+        Ok(outcome)
+    }
+
+    /// [`Backend::open_session`]: each cell's frames the engine does not handle go to a
+    /// hook of the job's tools made for that cell (see [`protocol::tool_hook`]).
+    async fn open_session_with_tools(
+        &self,
+        job: JobSpec,
+    ) -> Result<Box<dyn Session>, BackendError> {
+        let python = self.driver.python(&job.env)?;
+        let input = protocol::encode_session(&job, &python)
+            .map_err(|e| BackendError::Rejected(e.to_string()))?;
+        let mut live = match self.take_warm(&job, false) {
+            Some(live) => live,
+            None => self.cold(&job, Lifetime::Long).await?,
+        };
+        live.wait_ready().await?;
+        live.send(&input).await?;
+        tracing::debug!(job_id = %job.id, tenant = %job.tenant, sandbox = %live.guard.id(), "session opened");
+        let tools = if D::TOOLS { job.tools.clone() } else { None };
+        Ok(Box::new(session::EngineSession::new(
+            self.driver.clone(),
+            live,
+            job.limits,
+            tools,
+        )))
+    }
+}
+
+/// Turn how a conversation ended into the user's outcome: the runner's report, a timeout
+/// (the sandbox is killed now rather than in the background: the CPU is the next run's),
+/// or the driver's verdict on a runner that vanished.
+pub(crate) async fn outcome_of<D: Driver>(
+    driver: &D,
+    ended: Ended,
+    guard: &Guard,
+) -> Result<Outcome, BackendError> {
+    match ended {
+        Ended::Report(report, out) => Ok(out.into_outcome(&report)),
+        Ended::TimedOut(out) => {
+            guard.kill_now().await;
+            Ok(out.into_killed(true))
+        }
+        Ended::Vanished(out) => driver.vanished(guard, out).await,
+    }
+}
+
+#[async_trait]
+impl<D: Driver> Backend for Engine<D> {
+    async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, BackendError> {
+        // Code mode (#26): the code's tool requests go to the job's tools.
+        let hook = match D::TOOLS {
+            true => protocol::tool_hook(&job.tools, false),
+            false => None,
+        };
+        self.run_with_hook(job, events, hook).await
+    }
+
+    async fn info(&self) -> Result<BackendInfo, BackendError> {
+        self.driver.info().await
+    }
+
+    async fn drain(&self) {
+        self.driver.cleanup().drain().await
+    }
+
+    async fn open_session(&self, job: JobSpec) -> Result<Box<dyn Session>, BackendError> {
+        self.open_session_with_tools(job).await
+    }
+
+    async fn prewarm(&self, tenant: &str, env: &RunEnv) {
+        self.pools.prewarm(tenant, env);
+    }
+
+    fn stats(&self) -> BackendStats {
+        let pool = self.pool_stats().unwrap_or_default();
+        BackendStats {
+            live_containers: self.driver.cleanup().live(),
+            pool_ready: pool.ready,
+            pool_target: pool.target,
+            pool_hits: pool.hits,
+            pool_misses: pool.misses,
+        }
+    }
+
+    async fn sweep(&self) -> Result<usize, BackendError> {
+        self.driver.sweep().await
+    }
+
+    /// Sweep every `every` as well as at start-up (a long-lived server): sandboxes of
+    /// servers that died meanwhile go too.
+    fn sweep_periodically(&self, every: Duration) {
+        let driver = self.driver.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = driver.sweep().await {
+                    tracing::warn!(error = %e, "periodic sweep of leftover sandboxes failed");
+                }
+            }
+        });
+        if let Some(old) = self.sweeper.lock().expect("sweeper lock").replace(task) {
+            old.abort();
+        }
+    }
+
+    /// Stop the pools, remove their sandboxes, and wait until every sandbox this backend
+    /// made is removed (runs being cancelled drop theirs a moment later), for at most
+    /// [`SHUTDOWN_DEADLINE`]; what is left then goes to the next sweep.
+    async fn shutdown(&self) {
+        if let Some(t) = self.sweeper.lock().expect("sweeper lock").take() {
+            t.abort();
+        }
+        self.pools.shutdown().await;
+        let left = self.driver.cleanup().drain_all(SHUTDOWN_DEADLINE).await;
+        if left > 0 {
+            tracing::warn!(left, "{}", D::LEFT_AT_SHUTDOWN);
+        }
+    }
+
+    async fn lifecycle_ceiling(
+        &self,
+        total: usize,
+        concurrency: usize,
+    ) -> Option<Result<LifecycleFigures, BackendError>> {
+        self.driver.lifecycle_ceiling(total, concurrency).await
+    }
+}

@@ -1,70 +1,20 @@
-//! Pod deletion on every path, and the sweep (by label selector) of what a server that is
-//! gone left behind.
+//! How pods are deleted (for the engine's guards, on every path), and the sweep (by label
+//! selector) of what a server that is gone left behind.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams};
 use kube::Api;
-use tokio::sync::Notify;
 
 use super::spec::{ANNOTATION_OWNER, ANNOTATION_OWNER_POD, LABEL_MANAGED};
 use super::{classify, is_not_found};
+use crate::backend::engine::guard::Remover;
+use crate::backend::labels::{hostname, owner_is_dead};
 use crate::backend::BackendError;
 
-/// Counts the pods this process holds and the deletions still running in the background.
-#[derive(Default)]
-pub(super) struct Cleanup {
-    pending: AtomicUsize,
-    done: Notify,
-    live: AtomicUsize,
-}
-
-impl Cleanup {
-    pub(super) fn live(&self) -> usize {
-        self.live.load(Ordering::SeqCst)
-    }
-
-    /// Wait until no deletion is in flight.
-    pub(super) async fn drain(&self) {
-        loop {
-            let notified = self.done.notified();
-            if self.pending.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-
-    /// Wait until every guarded pod is deleted, for at most `deadline`; how many are left.
-    pub(super) async fn drain_all(&self, deadline: Duration) -> usize {
-        let until = tokio::time::Instant::now() + deadline;
-        loop {
-            let notified = self.done.notified();
-            let left = self.live.load(Ordering::SeqCst);
-            if left == 0 {
-                return 0;
-            }
-            tokio::select! {
-                _ = notified => {}
-                _ = tokio::time::sleep_until(until) => return left,
-            }
-        }
-    }
-}
-
-/// Deletes its pod when dropped, in the background, whatever path dropped it: success,
-/// error, timeout, cancellation or panic. It exists before the create call: a run
-/// cancelled while `create` is in flight still has its pod deleted.
-pub(super) struct PodGuard {
-    api: Api<Pod>,
-    name: String,
-    /// `create` was refused: there is nothing to delete.
-    disarmed: bool,
-    cleanup: Arc<Cleanup>,
-}
+/// Deletes pods for the engine's guards.
+pub(super) struct PodRemover(pub(super) Api<Pod>);
 
 /// Delete at once: no grace period (the runner holds nothing worth a clean stop).
 fn now() -> DeleteParams {
@@ -74,58 +24,20 @@ fn now() -> DeleteParams {
     }
 }
 
-impl PodGuard {
-    pub(super) fn new(api: &Api<Pod>, name: &str, cleanup: &Arc<Cleanup>) -> Self {
-        cleanup.live.fetch_add(1, Ordering::SeqCst);
-        PodGuard {
-            api: api.clone(),
-            name: name.to_string(),
-            disarmed: false,
-            cleanup: cleanup.clone(),
+#[async_trait::async_trait]
+impl Remover for PodRemover {
+    async fn remove(&self, name: &str, _confirmed: bool) {
+        if let Err(e) = delete(&self.0, name).await {
+            tracing::warn!(pod = %name, error = %e, "could not delete a sandbox pod; the next sweep will");
         }
-    }
-
-    pub(super) fn disarm(&mut self) {
-        self.disarmed = true;
-    }
-
-    pub(super) fn name(&self) -> &str {
-        &self.name
     }
 
     /// Delete now (a timeout: the node's CPU belongs to the next run); the guard's own
     /// deletion still follows, and finds it gone.
-    pub(super) async fn kill_now(&self) {
-        if let Err(e) = self.api.delete(&self.name, &now()).await {
-            tracing::debug!(pod = %self.name, error = %e, "delete failed (already gone?)");
+    async fn kill_now(&self, name: &str) {
+        if let Err(e) = self.0.delete(name, &now()).await {
+            tracing::debug!(pod = %name, error = %e, "delete failed (already gone?)");
         }
-    }
-}
-
-impl Drop for PodGuard {
-    fn drop(&mut self) {
-        let cleanup = self.cleanup.clone();
-        if self.disarmed {
-            cleanup.live.fetch_sub(1, Ordering::SeqCst);
-            cleanup.done.notify_waiters();
-            return;
-        }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            // No runtime left (process exit): the next sweep, or the owner reference.
-            cleanup.live.fetch_sub(1, Ordering::SeqCst);
-            return;
-        };
-        let api = self.api.clone();
-        let name = std::mem::take(&mut self.name);
-        cleanup.pending.fetch_add(1, Ordering::SeqCst);
-        handle.spawn(async move {
-            if let Err(e) = delete(&api, &name).await {
-                tracing::warn!(pod = %name, error = %e, "could not delete a sandbox pod; the next sweep will");
-            }
-            cleanup.live.fetch_sub(1, Ordering::SeqCst);
-            cleanup.pending.fetch_sub(1, Ordering::SeqCst);
-            cleanup.done.notify_waiters();
-        });
     }
 }
 
@@ -171,20 +83,9 @@ async fn owner_gone(
             };
         }
     }
-    let Some(owner) = annotations.get(ANNOTATION_OWNER) else {
-        return false;
-    };
-    let mut parts = owner.splitn(3, '/');
-    let (Some(h), Some(pid)) = (parts.next(), parts.next()) else {
-        return false;
-    };
-    if h != host {
-        return false;
-    }
-    let Ok(pid) = pid.parse::<u32>() else {
-        return false;
-    };
-    crate::backend::docker::owner_label(pid).as_deref() != Some(owner.as_str())
+    annotations
+        .get(ANNOTATION_OWNER)
+        .is_some_and(|owner| owner_is_dead(owner, host))
 }
 
 /// Delete the pods of ours (label `managed=true` in the namespace) whose owner is gone.
@@ -193,8 +94,7 @@ pub(super) async fn sweep(client: &kube::Client, api: &Api<Pod>) -> Result<usize
         .list(&ListParams::default().labels(&format!("{LABEL_MANAGED}=true")))
         .await
         .map_err(|e| classify("listing pods", e))?;
-    let me = crate::backend::docker::owner_label(std::process::id()).unwrap_or_default();
-    let host = me.split('/').next().unwrap_or_default().to_string();
+    let host = hostname();
     let mut removed = 0;
     for p in list.items {
         let Some(name) = p.metadata.name.clone() else {

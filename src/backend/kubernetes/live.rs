@@ -10,10 +10,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{AttachParams, AttachedProcess, PostParams};
 use tokio_util::io::ReaderStream;
 
-use super::guard::PodGuard;
 use super::spec::{self, Lifetime};
-use super::{classify, Inner};
+use super::{classify, KubeDriver};
+use crate::backend::engine::guard::Guard;
 use crate::backend::engine::live::{Chunk, Input, ReadError};
+use crate::backend::engine::Live;
 use crate::backend::BackendError;
 use crate::job::{Limits, RunEnv};
 
@@ -24,10 +25,7 @@ pub(super) use crate::backend::engine::live::START_DEADLINE;
 /// The attach pipes' buffers: the runner's frames are up to 64 KiB of output each.
 const PIPE: usize = 64 << 10;
 
-/// A running pod whose runner waits for (or has been given) its job.
-pub(super) type Live = crate::backend::engine::live::Live<PodGuard>;
-
-impl Inner {
+impl KubeDriver {
     /// Create a pod of the given shape for `tenant`, wait until its container runs, and
     /// attach to it. The guard exists before the create call.
     pub(super) async fn launch(
@@ -40,7 +38,7 @@ impl Inner {
     ) -> Result<Live, BackendError> {
         let pod = spec::pod(&self.config, &self.owner, limits, env, tenant, id, lifetime)?;
         let name = pod.metadata.name.clone().expect("pods are named");
-        let mut guard = PodGuard::new(&self.pods, &name, &self.cleanup);
+        let mut guard = Guard::new(self.remover.clone(), &name, &self.cleanup);
         if let Err(e) = self.pods.create(&PostParams::default(), &pod).await {
             if let kube::Error::Api(s) = &e {
                 if s.code != 409 {
@@ -138,7 +136,7 @@ impl Inner {
 /// The conversation over a pod's attach. The attach comes after the runner started, so
 /// its `R` may have gone by: the runner is taken as ready (its stdin is a pipe, and the job
 /// waits there until it reads it).
-fn live(guard: PodGuard, mut attached: AttachedProcess) -> Live {
+fn live(guard: Guard, mut attached: AttachedProcess) -> Live {
     let input: Input = Box::pin(attached.stdin().expect("stdin asked for"));
     let out = ReaderStream::with_capacity(attached.stdout().expect("stdout asked for"), PIPE)
         .map(|r| r.map(Chunk::Out));

@@ -12,35 +12,36 @@
 //! background on every path by a guard. A runner that vanished is judged by the pod's
 //! status (`OOMKilled`, `DeadlineExceeded`).
 //!
-//! One file per concern: [`spec`] (the pod), `live` (create, attach, the conversation),
-//! `session` (a pod per session), `pool` (warm pods), `guard` (deletion, sweeps by label).
+//! The conversation, sessions, the guard, stats, sweeps and shutdown are the [`Engine`]'s;
+//! this is its `Driver` for Kubernetes, one file per concern: [`spec`] (the pod), `live`
+//! (create, attach, the verdict from the pod status), `pool` (warm pods), `guard`
+//! (deletion, sweeps by label).
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client};
-use tokio::task::JoinHandle;
 
-use self::guard::Cleanup;
-use self::live::{Live, Verdict};
-use self::pool::Pool;
-pub use self::pool::PoolStats;
-use self::session::KubeSession;
+use self::guard::PodRemover;
+use self::live::Verdict;
 pub use self::spec::OwnerPod;
-use self::spec::{Lifetime, LABEL_MANAGED, LABEL_OWNER};
-use super::protocol;
-use super::{emit, Backend, BackendError, BackendInfo, BackendStats, Events, Session};
-use crate::backend::collect::Ended;
-use crate::job::{JobSpec, Limits, Outcome, RunEnv, RunEvent};
+use self::spec::{LABEL_MANAGED, LABEL_OWNER};
+use super::collect::Collected;
+use super::engine::guard::{Cleanup, Guard};
+use super::engine::{Driver, Engine, Freeze, Live, Pool, Shape};
+pub use super::pool::PoolStats;
+use super::pool::{PoolHandle, Pools};
+use super::protocol::Report;
+use super::{BackendError, BackendInfo, LifecycleFigures};
+use crate::job::{JobSpec, Limits, Outcome, RunEnv};
 
 mod guard;
 mod live;
 mod pool;
-mod session;
 pub mod spec;
 
 /// Settings of the Kubernetes backend.
@@ -99,25 +100,20 @@ impl KubeConfig {
 }
 
 pub use crate::backend::pool::POOL_IDLE;
-const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(30);
-use crate::backend::pool::{PoolHandle, Pools};
 
-/// What the request path and the pool's refill task share.
-pub(super) struct Inner {
+/// What only the Kubernetes backend knows: the API, the namespace's pods, the settings,
+/// the owner. The request path and the pools' refill tasks share it.
+pub struct KubeDriver {
     client: Client,
     pods: Api<Pod>,
     config: KubeConfig,
     cleanup: Arc<Cleanup>,
+    remover: Arc<PodRemover>,
     owner: String,
 }
 
-/// The Kubernetes backend.
-pub struct KubeBackend {
-    inner: Arc<Inner>,
-    /// Warm pools: one shared, or one per tenant (see [`crate::backend::pool::Pools`]).
-    pools: Pools<Live>,
-    sweeper: std::sync::Mutex<Option<JoinHandle<()>>>,
-}
+/// The Kubernetes backend: the [`Engine`] over Kubernetes.
+pub type KubeBackend = Engine<KubeDriver>;
 
 /// A client from `kubeconfig` (or the usual places: in-cluster, `KUBECONFIG`,
 /// `~/.kube/config`), and the namespace it defaults to.
@@ -154,62 +150,46 @@ impl KubeBackend {
         pods.list(&ListParams::default().limit(1))
             .await
             .map_err(|e| classify("listing pods", e))?;
-        let inner = Arc::new(Inner {
+        let driver = Arc::new(KubeDriver {
             client,
+            remover: Arc::new(PodRemover(pods.clone())),
             pods,
-            owner: crate::backend::docker::owner_label(std::process::id())
-                .unwrap_or_else(|| "unknown".into()),
+            owner: super::labels::own_id(),
             cleanup: Arc::default(),
             config,
         });
-        let c = &inner.config;
-        let starter = inner.clone();
-        let start = move |pool: Pool| {
-            let inner = starter.clone();
-            PoolHandle::start(pool, move |p| pool::refill(inner.clone(), p))
-        };
+        let c = &driver.config;
+        let (size, per_tenant) = (c.pool_size, c.pool_per_tenant);
         let shared = (c.pool_limits.clone(), c.pool_env.clone());
-        let pools = Pools::new(c.pool_size, c.pool_per_tenant, shared, Box::new(start));
-        Ok(KubeBackend {
-            inner,
-            pools,
-            sweeper: std::sync::Mutex::default(),
-        })
+        Ok(Engine::new(driver, size, per_tenant, shared))
     }
 
     /// The namespace sandbox pods go to.
     pub fn namespace(&self) -> &str {
-        &self.inner.config.namespace
+        &self.driver().config.namespace
     }
 
     /// The label selector of the pods this process made (tests, operators).
     pub fn own_pods_selector(&self) -> String {
         format!(
             "{LABEL_MANAGED}=true,{LABEL_OWNER}={}",
-            spec::owner_label(&self.inner.owner)
+            spec::owner_label(&self.driver().owner)
         )
-    }
-
-    /// Pool figures, all pools together; `None` when the pool is off.
-    pub fn pool_stats(&self) -> Option<PoolStats> {
-        self.pools.stats()
-    }
-
-    /// A waiting pod for `job`, if its pool has one of its shape (the Docker backend's
-    /// rules, per-tenant pools included).
-    fn take_warm(&self, job: &JobSpec) -> Option<Live> {
-        self.pools
-            .take(&job.tenant, &job.limits, &job.env, job.keep_warm)
-    }
-
-    async fn cold(&self, job: &JobSpec, lifetime: Lifetime) -> Result<Live, BackendError> {
-        self.inner
-            .launch(&job.limits, &job.env, &job.tenant, &job.id, lifetime)
-            .await
     }
 }
 
-impl Inner {
+#[async_trait]
+impl Driver for KubeDriver {
+    const PRELOADS: bool = false;
+    /// Code mode is not wired on Kubernetes yet.
+    const TOOLS: bool = false;
+    const LEFT_AT_SHUTDOWN: &'static str =
+        "pods still held at shutdown; the next sweep (or their owner reference) removes them";
+
+    fn cleanup(&self) -> &Arc<Cleanup> {
+        &self.cleanup
+    }
+
     /// The interpreter line of the job header: the one the pod's placement chose.
     fn python(&self, env: &RunEnv) -> Result<String, BackendError> {
         Ok(spec::place(&self.config, env)?
@@ -217,104 +197,55 @@ impl Inner {
             .unwrap_or_else(|| self.config.python.clone()))
     }
 
-    /// Turn how a conversation ended into the user's outcome; a runner that vanished is
-    /// judged by the pod's status.
-    async fn outcome_of(
-        &self,
-        ended: Ended,
-        guard: &guard::PodGuard,
-    ) -> Result<Outcome, BackendError> {
-        Ok(match ended {
-            Ended::Report(report, out) => out.into_outcome(&report),
-            Ended::TimedOut(out) => {
-                guard.kill_now().await;
-                out.into_killed(true)
-            }
-            Ended::Vanished(out) => match live::verdict(&self.pods, guard.name()).await {
-                Verdict::OomKilled => out.into_killed(false),
-                Verdict::Deadline => out.into_killed(true),
-                Verdict::Exited(code) => {
-                    let how = match code {
-                        Some(c) if c > 128 => format!("killed by signal {}", c - 128),
-                        Some(c) => format!("exit status {c}"),
-                        None => "the pod is gone".to_string(),
-                    };
-                    return Err(BackendError::Runner(format!(
-                        "the sandbox pod stopped before its runner reported ({how}): it was \
-                         deleted or evicted, its node went away, or the runner crashed; the \
-                         code's own outcome is unknown, run it again"
-                    )));
-                }
-            },
-        })
+    async fn launch(&self, shape: Shape<'_>) -> Result<Live, BackendError> {
+        self.launch(
+            shape.limits,
+            shape.env,
+            shape.tenant,
+            shape.id,
+            shape.lifetime,
+        )
+        .await
     }
-}
 
-#[async_trait]
-impl Backend for KubeBackend {
-    async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, BackendError> {
-        let started = Instant::now();
-        let python = self.inner.python(&job.env)?;
-        let input = protocol::encode_job(&job, &python)
-            .map_err(|e| BackendError::Rejected(e.to_string()))?;
-        let warm = self.take_warm(&job);
-        let pooled = warm.is_some();
-        let mut live = match warm {
-            Some(live) => live,
-            None => self.cold(&job, Lifetime::Run(job.limits.timeout)).await?,
-        };
-        tracing::debug!(job_id = %job.id, tenant = %job.tenant, pod = %live.guard.name(), pooled, ms = started.elapsed().as_millis() as u64, "sandbox pod attached");
-        emit(
-            &events,
-            RunEvent::Created {
-                container: live.guard.name().to_string(),
-            },
-        );
-        let mut ended = live
-            .execute(&input, true, &job.limits, &events, &None)
-            .await?;
-        if let Ended::Vanished(out) = &ended {
-            if pooled && out.is_empty() {
-                tracing::warn!(job_id = %job.id, pod = %live.guard.name(), "warm pod was gone at dispatch; running the job in a fresh pod");
-                live = self.cold(&job, Lifetime::Run(job.limits.timeout)).await?;
-                ended = live
-                    .execute(&input, true, &job.limits, &events, &None)
-                    .await?;
+    fn start_pool(self: &Arc<Self>, pool: Pool) -> PoolHandle<Live> {
+        let driver = self.clone();
+        PoolHandle::start(pool, move |p| pool::refill(driver.clone(), p))
+    }
+
+    /// A runner that vanished is judged by the pod's status.
+    async fn vanished(&self, guard: &Guard, out: Collected) -> Result<Outcome, BackendError> {
+        match live::verdict(&self.pods, guard.id()).await {
+            Verdict::OomKilled => Ok(out.into_killed(false)),
+            Verdict::Deadline => Ok(out.into_killed(true)),
+            Verdict::Exited(code) => {
+                let how = match code {
+                    Some(c) if c > 128 => format!("killed by signal {}", c - 128),
+                    Some(c) => format!("exit status {c}"),
+                    None => "the pod is gone".to_string(),
+                };
+                Err(BackendError::Runner(format!(
+                    "the sandbox pod stopped before its runner reported ({how}): it was \
+                     deleted or evicted, its node went away, or the runner crashed; the \
+                     code's own outcome is unknown, run it again"
+                )))
             }
         }
-        let mut outcome = self.inner.outcome_of(ended, &live.guard).await?;
-        outcome.duration_ms = started.elapsed().as_millis() as u64;
-        Ok(outcome)
     }
 
-    async fn open_session(&self, job: JobSpec) -> Result<Box<dyn Session>, BackendError> {
-        let python = self.inner.python(&job.env)?;
-        let input = protocol::encode_session(&job, &python)
-            .map_err(|e| BackendError::Rejected(e.to_string()))?;
-        let mut live = match self.take_warm(&job) {
-            Some(live) => live,
-            None => self.cold(&job, Lifetime::Long).await?,
-        };
-        live.send(&input).await?;
-        tracing::debug!(job_id = %job.id, tenant = %job.tenant, pod = %live.guard.name(), "session opened");
-        Ok(Box::new(KubeSession::new(
-            self.inner.clone(),
-            live,
-            job.limits,
-        )))
-    }
+    /// Warm pods preload nothing: nothing to learn.
+    fn observe(&self, _: &Pools<Live>, _: &JobSpec, _: bool, _: &Report) {}
 
     async fn info(&self) -> Result<BackendInfo, BackendError> {
-        self.inner
-            .pods
+        self.pods
             .list(&ListParams::default().limit(1))
             .await
             .map_err(|e| classify("listing pods", e))?;
-        let version = match self.inner.client.apiserver_version().await {
+        let version = match self.client.apiserver_version().await {
             Ok(v) => format!("Kubernetes {}", v.git_version),
             Err(_) => "Kubernetes (version not given)".to_string(),
         };
-        let c = &self.inner.config;
+        let c = &self.config;
         Ok(BackendInfo {
             kind: "kubernetes",
             version,
@@ -337,53 +268,26 @@ impl Backend for KubeBackend {
         })
     }
 
-    async fn drain(&self) {
-        self.inner.cleanup.drain().await
-    }
-
-    async fn prewarm(&self, tenant: &str, env: &RunEnv) {
-        self.pools.prewarm(tenant, env);
-    }
-
-    fn stats(&self) -> BackendStats {
-        let pool = self.pool_stats().unwrap_or_default();
-        BackendStats {
-            live_containers: self.inner.cleanup.live(),
-            pool_ready: pool.ready,
-            pool_target: pool.target,
-            pool_hits: pool.hits,
-            pool_misses: pool.misses,
-        }
-    }
-
     async fn sweep(&self) -> Result<usize, BackendError> {
-        guard::sweep(&self.inner.client, &self.inner.pods).await
+        guard::sweep(&self.client, &self.pods).await
     }
 
-    fn sweep_periodically(&self, every: Duration) {
-        let inner = self.inner.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                if let Err(e) = guard::sweep(&inner.client, &inner.pods).await {
-                    tracing::warn!(error = %e, "periodic sweep of sandbox pods failed");
-                }
-            }
-        });
-        if let Some(old) = self.sweeper.lock().expect("sweeper lock").replace(task) {
-            old.abort();
-        }
+    /// No measure of the cluster alone: the benchmark skips the profile.
+    async fn lifecycle_ceiling(
+        self: &Arc<Self>,
+        _total: usize,
+        _concurrency: usize,
+    ) -> Option<Result<LifecycleFigures, BackendError>> {
+        None
     }
 
-    async fn shutdown(&self) {
-        if let Some(t) = self.sweeper.lock().expect("sweeper lock").take() {
-            t.abort();
-        }
-        self.pools.shutdown().await;
-        let left = self.inner.cleanup.drain_all(SHUTDOWN_DEADLINE).await;
-        if left > 0 {
-            tracing::warn!(left, "pods still held at shutdown; the next sweep (or their owner reference) removes them");
-        }
+    /// A session's pod is not held still between cells.
+    async fn freeze(&self, _: &Guard) -> Freeze {
+        Freeze::Running
+    }
+
+    async fn thaw(&self, _: &Guard) -> Result<(), BackendError> {
+        Ok(())
     }
 }
 

@@ -3,17 +3,12 @@
 
 use std::sync::Arc;
 
-use super::live::Live;
 use super::spec::Lifetime;
-use super::Inner;
-
-pub use crate::backend::pool::PoolStats;
-
-/// A pool of waiting pods.
-pub(super) type Pool = crate::backend::pool::Pool<Live>;
+use super::KubeDriver;
+use crate::backend::engine::Pool;
 
 /// One refill worker of `pool` (see [`crate::backend::pool::refill`]).
-pub(super) async fn refill(inner: Arc<Inner>, pool: Arc<Pool>) {
+pub(super) async fn refill(inner: Arc<KubeDriver>, pool: Arc<Pool>) {
     crate::backend::pool::refill(pool, |pool| {
         let inner = inner.clone();
         async move {

@@ -1,0 +1,75 @@
+//! What marks a sandbox as ours, the same on every backend: its labels, and the id of the
+//! process that made it (`host/pid/start-time`), by which a sweep tells a dead owner from a
+//! live one.
+
+/// Label on everything this project creates: the sweep and tests find sandboxes by it.
+pub const LABEL_MANAGED: &str = "io.mcp-code-executor.managed";
+/// Label with the job id (for a pool sandbox: its own id until a job is dispatched).
+pub const LABEL_JOB: &str = "io.mcp-code-executor.job";
+/// Label with the tenant id (`pool` for a waiting pool sandbox).
+pub const LABEL_TENANT: &str = "io.mcp-code-executor.tenant";
+/// Label naming the process that made the sandbox (`host/pid/start-time`; on Kubernetes a
+/// hash of it), so that the sweep removes only what a dead process left behind.
+pub const LABEL_OWNER: &str = "io.mcp-code-executor.owner";
+
+/// This host's name, as owner ids carry it.
+pub(crate) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// `host/pid/start-time` of process `pid` of this host (the start time tells a reused
+/// pid apart); `None` when there is no such process.
+pub fn owner_id(pid: u32) -> Option<String> {
+    Some(format!(
+        "{}/{}/{}",
+        hostname(),
+        pid,
+        process_start_time(pid)?
+    ))
+}
+
+/// The owner id of this process (`unknown` where `/proc` does not say).
+pub(crate) fn own_id() -> String {
+    owner_id(std::process::id()).unwrap_or_else(|| "unknown".into())
+}
+
+fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22, counted after the parenthesised command name (which may hold spaces).
+    let after = &stat[stat.rfind(')')? + 2..];
+    after.split(' ').nth(19)?.parse().ok()
+}
+
+/// Is the process named by `owner` (an owner id) gone? Only an owner on `host` can be
+/// judged; anything else (another host, garbage) is taken as alive.
+pub(crate) fn owner_is_dead(owner: &str, host: &str) -> bool {
+    let mut parts = owner.splitn(3, '/');
+    let (Some(h), Some(pid), Some(_)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    if h != host {
+        return false;
+    }
+    let Ok(pid) = pid.parse::<u32>() else {
+        return false;
+    };
+    owner_id(pid).as_deref() != Some(owner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_of_this_process_is_alive_and_a_made_up_one_is_dead() {
+        let host = hostname();
+        let me = owner_id(std::process::id()).unwrap();
+        assert!(!owner_is_dead(&me, &host));
+        let pid = std::process::id();
+        assert!(owner_is_dead(&format!("{host}/{pid}/1"), &host));
+        assert!(!owner_is_dead(&format!("elsewhere/{pid}/1"), &host));
+        assert!(!owner_is_dead("garbage", &host));
+    }
+}
