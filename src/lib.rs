@@ -14,19 +14,29 @@
 //!   [`config::ServeConfig`], resolved once from flags, variables and `.env`. Nothing else
 //!   reads the process environment.
 //! - [`backend`]: the seam. The [`backend::Backend`] and [`backend::Session`] traits (run,
-//!   sessions and putting files into them, prewarm, stats, sweep, shutdown, info), the
-//!   runner protocol ([`backend::protocol`]), tar packing ([`backend::archive`]) and the
-//!   gathering of what a runner sends (output caps, the return bound, names fit to show,
-//!   the rules of a session: `backend::collect`) and the warm pools (refill workers, one
-//!   shared pool or one per tenant: `backend::pool`) every backend shares, preloading's runner report and learner
-//!   ([`backend::preload`]), the neutral description of the sandbox image
-//!   ([`backend::image`]), and a fake for fast tests (`backend::fake`). [`backend::docker`] is the Docker backend and
-//!   the only place the Docker client crate is used: the container spec, launch, sessions, the warm pool (with
-//!   the CPU weight of its preloading containers), the removal guard and sweep, the image build. `backend::kubernetes` (the `kubernetes` cargo
-//!   feature, on by default) is the Kubernetes backend, the only place kube-rs is used: a
-//!   hardened pod per run or session, attached over `pods/attach`, warm pods, the verdict
-//!   from the pod status, deletion on every path and the sweep by label. The runner itself,
-//!   PID 1 of every sandbox, is the Python package `images/sandbox/mcp_runner/`.
+//!   sessions and putting files into them, prewarm, stats, sweep, shutdown, info; no
+//!   default methods: a wrapper implements `Wrap` and overrides only what it changes), the
+//!   runner protocol ([`backend::protocol`], with code mode's tool frames), tar packing
+//!   ([`backend::archive`]), the gathering of what a runner sends (`backend::collect`), the
+//!   warm pools (`backend::pool`), preloading's report and learner ([`backend::preload`]),
+//!   the neutral description of the sandbox image ([`backend::image`]), the labels every
+//!   sandbox carries ([`backend::labels`]) and a fake for fast tests ([`backend::fake`]).
+//!   [`backend::engine`] is what every backend does the same way, written once over a
+//!   small `Driver` trait: warm take, cold launch and its retry, the one frame loop with a
+//!   runner (and its hook for frames it does not handle), sessions, the removal guard,
+//!   stats, sweeps and shutdown. The two drivers keep only what differs:
+//!   [`backend::docker`] (the container spec, launch and attach, the verdict, listing for
+//!   the sweep, the image build; the only place the Docker client crate is used) and
+//!   `backend::kubernetes` (the `kubernetes` cargo feature, on by default: a hardened pod
+//!   per run or session attached over `pods/attach`, the verdict from the pod status;
+//!   the only place kube-rs is used). The runner itself, PID 1 of every sandbox, is the
+//!   Python package `images/sandbox/mcp_runner/`; the `tools` package code mode's stubs
+//!   come from is `images/sandbox/tools/`.
+//! - [`codemode`]: code mode. The operator's upstream MCP servers (`--tools FILE`), one
+//!   rmcp client per tenant and upstream, the catalog the sandbox's stubs are made from,
+//!   and the policy every call from sandboxed code passes (allow list, consent for
+//!   destructive tools, arguments against the schema, calls per run, in flight, timeout,
+//!   result size).
 //! - [`env`](mod@env): which Python environment (venv, uv venv, conda, the managed
 //!   default) and installs into it in sandboxed installer jobs; the backend decides how an
 //!   environment reaches the sandbox.
