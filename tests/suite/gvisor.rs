@@ -11,8 +11,14 @@ use mcp_code_executor::backend::image;
 use mcp_code_executor::backend::{Backend, BackendError};
 use mcp_code_executor::ops::doctor;
 
+/// The doctor's jobs are the local tenant's, and each test removes what this process left of
+/// that tenant's at its end: one test of this file at a time, so that one's clean-up never
+/// removes the other's sandboxes (all tests share one process).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test]
 async fn the_doctor_passes_every_check_under_gvisor() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let _clean = common::remove_on_drop(mcp_code_executor::job::LOCAL_TENANT);
     common::sandbox().await; // the image is there
     let config = DockerConfig {
@@ -69,6 +75,7 @@ async fn an_unregistered_runtime_is_refused_with_what_to_run() {
 /// seconds apart, and the test fails if the host never lets it tell.
 #[tokio::test]
 async fn the_gvisor_cpu_check_passes_under_the_quota_and_fails_without_it() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let _clean = common::remove_on_drop(mcp_code_executor::job::LOCAL_TENANT);
     common::sandbox().await;
     let config = DockerConfig {

@@ -349,7 +349,7 @@ async fn protocol_errors_for_unknown_tools_and_malformed_arguments() {
 
 #[tokio::test]
 async fn environment_tools_answer_for_the_default_environment() {
-    let s = server("t-mcp-env").await;
+    let s = server("t-mcp-http-env").await;
     let client = s.client().await;
     let r = call(&client, "get_environment_config", json!({})).await;
     assert!(!is_error(&r), "{}", text(&r));
