@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use mcp_code_executor::backend::docker::{DockerBackend, DockerConfig};
 use mcp_code_executor::backend::image;
-use mcp_code_executor::backend::Backend;
+use mcp_code_executor::backend::{Backend, PoolConfig};
 use mcp_code_executor::ops::bench::{self, latency_row, load, BenchOptions, Stats};
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::RunningService;
@@ -112,7 +112,10 @@ async fn main() {
         connect: std::sync::Arc::new(|pool_size| {
             Box::pin(async move {
                 let config = DockerConfig {
-                    pool_size,
+                    pool: PoolConfig {
+                        size: pool_size,
+                        ..PoolConfig::default()
+                    },
                     ..DockerConfig::new(image::default_image())
                 };
                 let b = DockerBackend::connect(config)

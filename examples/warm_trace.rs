@@ -3,7 +3,7 @@ use std::time::{Duration, Instant};
 
 use mcp_code_executor::backend::docker::{DockerBackend, DockerConfig};
 use mcp_code_executor::backend::image;
-use mcp_code_executor::backend::Backend;
+use mcp_code_executor::backend::{Backend, PoolConfig};
 use mcp_code_executor::job::{JobSpec, Limits};
 
 #[tokio::main]
@@ -13,7 +13,10 @@ async fn main() {
         .with_writer(std::io::stderr)
         .init();
     let s = DockerBackend::connect(DockerConfig {
-        pool_size: 2,
+        pool: PoolConfig {
+            size: 2,
+            ..PoolConfig::default()
+        },
         ..DockerConfig::new(image::default_image())
     })
     .await

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mcp_code_executor::backend::docker::{DockerBackend, DockerConfig, PoolStats, LABEL_OWNER};
-use mcp_code_executor::backend::Backend;
+use mcp_code_executor::backend::{Backend, PoolConfig};
 use mcp_code_executor::job::{JobSpec, Limits, RunEvent};
 
 /// The pool tests share the `pool` tenant label: run them one at a time.
@@ -17,8 +17,11 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 async fn pooled(size: usize) -> DockerBackend {
     common::sandbox().await; // the image is there
     let config = DockerConfig {
-        pool_size: size,
-        pool_limits: Limits::default(),
+        pool: PoolConfig {
+            size,
+            limits: Limits::default(),
+            ..PoolConfig::default()
+        },
         ..common::config()
     };
     DockerBackend::connect(config).await.expect("docker")

@@ -9,9 +9,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use mcp_code_executor::backend::docker::{DockerBackend, DockerConfig};
-use mcp_code_executor::backend::image;
 use mcp_code_executor::backend::preload::PreloadConfig;
 use mcp_code_executor::backend::Backend;
+use mcp_code_executor::backend::{image, PoolConfig};
 use mcp_code_executor::job::{JobSpec, Limits, Outcome, RunEnv};
 
 const PANDAS: &str = "import pandas as pd\n\
@@ -44,8 +44,11 @@ fn modules(v: &[&str]) -> Vec<String> {
 async fn backend(preload: PreloadConfig, size: usize) -> DockerBackend {
     common::sandbox().await; // the image is there
     let config = DockerConfig {
-        pool_size: size,
-        pool_per_tenant: true,
+        pool: PoolConfig {
+            size,
+            per_tenant: true,
+            ..PoolConfig::default()
+        },
         preload,
         ..DockerConfig::new(image::default_image())
     };

@@ -17,6 +17,7 @@ pub mod image;
 pub mod kubernetes;
 pub mod labels;
 pub(crate) mod pool;
+pub use pool::PoolConfig;
 pub mod preload;
 pub mod protocol;
 mod sources;

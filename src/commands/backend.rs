@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::backend::docker::{DockerBackend, DockerConfig};
-use crate::backend::Backend;
+use crate::backend::{Backend, PoolConfig};
 use crate::config::serve::BackendKind;
 use crate::config::BackendConfig;
 use crate::job::Limits;
@@ -45,15 +45,19 @@ pub async fn connect_with_pool(
     per_tenant: bool,
     report: &mut (dyn FnMut(&image::BuildEvent) + Send),
 ) -> Result<Arc<dyn Backend>, String> {
+    let pool = PoolConfig {
+        size: cfg.pool_size,
+        limits: pool_limits,
+        per_tenant,
+        ..PoolConfig::default()
+    };
     match cfg.kind {
         BackendKind::Docker => {
             let image = cfg.image.clone().unwrap_or_else(image::default_image);
             let config = DockerConfig {
                 runtime: cfg.runtime.clone(),
                 docker_host: cfg.docker_host.clone(),
-                pool_size: cfg.pool_size,
-                pool_limits,
-                pool_per_tenant: per_tenant,
+                pool,
                 preload: cfg.preload.clone(),
                 ..DockerConfig::new(image.clone())
             };
@@ -70,27 +74,21 @@ pub async fn connect_with_pool(
             }
             Ok(Arc::new(sandbox))
         }
-        BackendKind::Kubernetes => kubernetes(cfg, pool_limits, per_tenant).await,
+        BackendKind::Kubernetes => kubernetes(cfg, pool).await,
     }
 }
 
 /// The Kubernetes backend: the image is not built here (the nodes pull it from a
 /// registry; see docs/kubernetes.md), what servers that are gone left is swept.
 #[cfg(feature = "kubernetes")]
-async fn kubernetes(
-    cfg: &BackendConfig,
-    pool_limits: Limits,
-    per_tenant: bool,
-) -> Result<Arc<dyn Backend>, String> {
+async fn kubernetes(cfg: &BackendConfig, pool: PoolConfig) -> Result<Arc<dyn Backend>, String> {
     use crate::backend::kubernetes::{KubeBackend, KubeConfig, OwnerPod};
     let k = &cfg.kubernetes;
     let config = KubeConfig {
         kubeconfig: k.kubeconfig.clone(),
         namespace: k.namespace.clone().unwrap_or_default(),
         runtime_class: cfg.runtime.clone(),
-        pool_size: cfg.pool_size,
-        pool_limits,
-        pool_per_tenant: per_tenant,
+        pool,
         env_volume: k.env_volume.clone(),
         data_dir: k.data_dir.clone(),
         owner_pod: k.own_pod.clone().map(|(namespace, name, uid)| OwnerPod {
@@ -110,11 +108,7 @@ async fn kubernetes(
 }
 
 #[cfg(not(feature = "kubernetes"))]
-async fn kubernetes(
-    _cfg: &BackendConfig,
-    _pool_limits: Limits,
-    _per_tenant: bool,
-) -> Result<Arc<dyn Backend>, String> {
+async fn kubernetes(_cfg: &BackendConfig, _pool: PoolConfig) -> Result<Arc<dyn Backend>, String> {
     Err(
         "this binary was built without the `kubernetes` feature: rebuild it with \
          `cargo build --features kubernetes` (on by default)"

@@ -21,7 +21,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::Api;
 use mcp_code_executor::backend::image;
 use mcp_code_executor::backend::kubernetes::{spec, KubeBackend, KubeConfig, OwnerPod};
-use mcp_code_executor::backend::{Backend, BackendError};
+use mcp_code_executor::backend::{Backend, BackendError, PoolConfig};
 use mcp_code_executor::job::{JobSpec, Limits, RunEvent};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -212,7 +212,10 @@ async fn the_deadline_comes_from_the_pod_status() {
 async fn warm_pods_serve_runs_and_are_refilled() {
     let k = standin().await;
     let b = connect(KubeConfig {
-        pool_size: 1,
+        pool: PoolConfig {
+            size: 1,
+            ..PoolConfig::default()
+        },
         ..config(&k)
     })
     .await;
@@ -674,7 +677,10 @@ async fn measure_figures_for_the_readme() {
         docker_cold.push(t.elapsed());
     }
     let pooled = connect(KubeConfig {
-        pool_size: 1,
+        pool: PoolConfig {
+            size: 1,
+            ..PoolConfig::default()
+        },
         ..config(&k)
     })
     .await;

@@ -35,8 +35,8 @@ use super::engine::{Driver, Engine, Freeze, Live, Pool, Shape};
 pub use super::labels::{LABEL_JOB, LABEL_MANAGED, LABEL_OWNER, LABEL_TENANT};
 use super::pool::{PoolHandle, Pools};
 use super::protocol::Report;
-use super::{BackendError, BackendInfo, LifecycleFigures};
-use crate::job::{JobSpec, Limits, Outcome, RunEnv};
+use super::{BackendError, BackendInfo, LifecycleFigures, PoolConfig};
+use crate::job::{JobSpec, Outcome, RunEnv};
 
 mod guard;
 pub mod image;
@@ -64,21 +64,11 @@ pub struct DockerConfig {
     pub runtime: Option<String>,
     /// The interpreter inside the sandbox that runs the code.
     pub python: String,
-    /// Containers kept started and waiting for a job (0 turns the warm pool off).
-    pub pool_size: usize,
-    /// The limits pool containers are made with; jobs with other memory/CPU/pids/tmpfs
-    /// limits take the cold path.
-    pub pool_limits: Limits,
-    /// The environment the shared pool's containers are made with at start ([`Backend::prewarm`]
-    /// changes it).
-    pub pool_env: RunEnv,
+    /// The warm pool (none by default).
+    pub pool: PoolConfig,
     /// The daemon's address (`unix://…`, `tcp://…`); `None`: `DOCKER_HOST`, else the local
     /// socket.
     pub docker_host: Option<String>,
-    /// One pool per tenant (multi-tenant servers): no shared pool is made at start; a
-    /// tenant's pool is made, with its limits and environment, at its first run and
-    /// removed after [`POOL_IDLE`] without a run. Its containers carry the tenant's label.
-    pub pool_per_tenant: bool,
     /// What pool sandboxes import before their job, and what is learned (see
     /// [`crate::backend::preload`]); off by default.
     pub preload: crate::backend::preload::PreloadConfig,
@@ -93,11 +83,8 @@ impl DockerConfig {
             image: image.into(),
             runtime: None,
             python: crate::backend::image::PYTHON.into(),
-            pool_size: 0,
-            pool_limits: Limits::default(),
-            pool_env: RunEnv::default(),
+            pool: PoolConfig::default(),
             docker_host: None,
-            pool_per_tenant: false,
             preload: Default::default(),
         }
     }
@@ -161,10 +148,8 @@ impl DockerBackend {
             preloads: pool::Preloads::new(&config.preload),
             config,
         });
-        let c = &driver.config;
-        let (size, per_tenant) = (c.pool_size, c.pool_per_tenant);
-        let shared = (c.pool_limits.clone(), c.pool_env.clone());
-        Ok(Engine::new(driver, size, per_tenant, shared))
+        let pool = driver.config.pool.clone();
+        Ok(Engine::new(driver, &pool))
     }
 }
 

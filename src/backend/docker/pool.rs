@@ -157,7 +157,7 @@ impl DockerDriver {
         report: &Report,
     ) {
         let config = &self.config.preload;
-        if self.config.pool_size == 0 || !config.enabled() {
+        if self.config.pool.size == 0 || !config.enabled() {
             return;
         }
         let key = pools.key(&job.tenant).to_string();

@@ -121,14 +121,11 @@ pub struct Engine<D: Driver> {
 }
 
 impl<D: Driver> Engine<D> {
-    /// The engine over `driver`, with pools of `size` (0: none), per tenant or one shared
-    /// pool of `shared` (limits, environment), started at once.
-    pub(crate) fn new(
-        driver: Arc<D>,
-        size: usize,
-        per_tenant: bool,
-        shared: (Limits, RunEnv),
-    ) -> Self {
+    /// The engine over `driver`, with the pools `pool` describes (per tenant, or one shared
+    /// pool started at once).
+    pub(crate) fn new(driver: Arc<D>, pool: &super::PoolConfig) -> Self {
+        let (size, per_tenant) = (pool.size, pool.per_tenant);
+        let shared = (pool.limits.clone(), pool.env.clone());
         let starter = driver.clone();
         let start = move |pool: Pool| starter.start_pool(pool);
         Engine {

@@ -36,8 +36,8 @@ use super::engine::{Driver, Engine, Freeze, Live, Pool, Shape};
 pub use super::pool::PoolStats;
 use super::pool::{PoolHandle, Pools};
 use super::protocol::Report;
-use super::{BackendError, BackendInfo, LifecycleFigures};
-use crate::job::{JobSpec, Limits, Outcome, RunEnv};
+use super::{BackendError, BackendInfo, LifecycleFigures, PoolConfig};
+use crate::job::{JobSpec, Outcome, RunEnv};
 
 mod guard;
 mod live;
@@ -60,12 +60,8 @@ pub struct KubeConfig {
     pub namespace: String,
     /// `runtimeClassName` of sandbox pods (e.g. `gvisor`); `None`: the cluster's default.
     pub runtime_class: Option<String>,
-    /// Pods kept running and attached, waiting for a job (0: no warm pool).
-    pub pool_size: usize,
-    pub pool_limits: Limits,
-    pub pool_env: RunEnv,
-    /// One pool per tenant, made at its first run (see the Docker backend).
-    pub pool_per_tenant: bool,
+    /// Pods kept running and attached, waiting for a job (none by default).
+    pub pool: PoolConfig,
     /// The PVC that holds the server's data directory (environments, installs); `None`:
     /// sandboxes have the image's Python only and installs are refused.
     pub env_volume: Option<String>,
@@ -87,10 +83,7 @@ impl KubeConfig {
             kubeconfig: None,
             namespace: String::new(),
             runtime_class: None,
-            pool_size: 0,
-            pool_limits: Limits::default(),
-            pool_env: RunEnv::default(),
-            pool_per_tenant: false,
+            pool: PoolConfig::default(),
             env_volume: None,
             data_dir: None,
             owner_pod: None,
@@ -158,10 +151,8 @@ impl KubeBackend {
             cleanup: Arc::default(),
             config,
         });
-        let c = &driver.config;
-        let (size, per_tenant) = (c.pool_size, c.pool_per_tenant);
-        let shared = (c.pool_limits.clone(), c.pool_env.clone());
-        Ok(Engine::new(driver, size, per_tenant, shared))
+        let pool = driver.config.pool.clone();
+        Ok(Engine::new(driver, &pool))
     }
 
     /// The namespace sandbox pods go to.

@@ -25,6 +25,23 @@ mod refill;
 mod tests;
 
 pub use pools::POOL_IDLE;
+
+/// The warm pool a backend keeps: both drivers take the same settings.
+#[derive(Debug, Clone, Default)]
+pub struct PoolConfig {
+    /// Sandboxes kept started and waiting for a job (0 turns the warm pool off).
+    pub size: usize,
+    /// The limits pool sandboxes are made with; jobs with other memory/CPU/pids/tmpfs
+    /// limits take the cold path.
+    pub limits: Limits,
+    /// The environment the shared pool's sandboxes are made with at start
+    /// (`Backend::prewarm` changes it).
+    pub env: RunEnv,
+    /// One pool per tenant (multi-tenant servers): no shared pool is made at start; a
+    /// tenant's pool is made, with its limits and environment, at its first run and
+    /// removed after [`POOL_IDLE`] without a run. Its sandboxes carry the tenant's label.
+    pub per_tenant: bool,
+}
 pub(crate) use pools::{PoolHandle, Pools};
 pub(crate) use refill::{refill, refill_kinds};
 
