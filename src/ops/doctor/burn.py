@@ -19,7 +19,7 @@ BURN_PROCS = 12
 # Forking Python under gVisor takes tens of milliseconds each: the loops start together
 # once all are made, and only the window after that is measured.
 BURN_SETTLE = 0.8
-BURN_WALL = 1.0
+BURN_WALL = 2.0
 BURN_STEP = 0.001
 
 
