@@ -175,7 +175,7 @@ pub(super) fn evaluate(v: &serde_json::Value, l: &Limits, iso: &Isolation) -> Ve
     });
 
     let cpu = &v["cpu"];
-    if gvisor && cpu["source"].is_null() {
+    if cpu_hidden(v, iso) {
         checks.extend(gvisor_limits(v, l));
         return checks;
     }
@@ -199,6 +199,11 @@ pub(super) fn evaluate(v: &serde_json::Value, l: &Limits, iso: &Isolation) -> Ve
     });
     checks.push(swap_check(&v["memory"], l.memory_bytes));
     checks
+}
+
+/// Whether the CPU quota must be measured by the burn: gVisor shows no cgroup file of it.
+pub(super) fn cpu_hidden(v: &serde_json::Value, iso: &Isolation) -> bool {
+    iso.gvisor() && v["cpu"]["source"].is_null()
 }
 
 /// The memory and CPU checks under gVisor, which shows no cgroup files inside: the host's

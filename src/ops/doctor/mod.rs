@@ -225,7 +225,7 @@ pub async fn diagnose(backend: &dyn Backend) -> Report {
         Ok(o) if o.success() => {
             let mut v: serde_json::Value =
                 serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
-            if isolation != Isolation::HostKernel && v["cpu"]["source"].is_null() {
+            if evaluate::cpu_hidden(&v, &isolation) {
                 // Alone, after the others: their load would only lower what it measures.
                 v["burn"] = burn(backend, limits.cpus).await;
             }
