@@ -157,7 +157,7 @@ impl CodeExecutor {
             .with_ttl_ms(ttl)
             .with_poll_interval_ms(super::tasks::POLL_INTERVAL.as_millis() as u64)
             .with_status_message(format!("{} is running", request.name));
-        let task = tasks.spawn(options, move |tc| {
+        let mut task = tasks.spawn(options, move |tc| {
             // A task may run for 30 minutes: its runs take the slots long runs may hold.
             Box::pin(crate::app::executor::as_long_run(async move {
                 let ct = ctx.ct.clone();
@@ -187,6 +187,7 @@ impl CodeExecutor {
                 done.map_err(TaskExit::Error)
             }))
         });
+        task.task_id = super::tasks::external_id(&task.task_id);
         Ok(task)
     }
 }
@@ -269,7 +270,9 @@ impl ServerHandler for CodeExecutor {
         request: rmcp::model::GetTaskParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
-        let task = self.tasks(&ctx).get_task(&request.task_id)?;
+        let internal = super::tasks::internal_id(&request.task_id);
+        let mut task = self.tasks(&ctx).get_task(internal)?;
+        task.task.task_id = super::tasks::external_id(&task.task.task_id);
         Ok(rmcp::model::GetTaskResult::new(task))
     }
 
@@ -279,7 +282,8 @@ impl ServerHandler for CodeExecutor {
         request: rmcp::model::CancelTaskParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.tasks(&ctx).cancel_task(&request.task_id)
+        self.tasks(&ctx)
+            .cancel_task(super::tasks::internal_id(&request.task_id))
     }
 
     /// The tools ask no input mid-task: answers are accepted and ignored, as the spec
@@ -289,7 +293,8 @@ impl ServerHandler for CodeExecutor {
         request: rmcp::model::UpdateTaskParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.tasks(&ctx).update_task(&request.task_id, Vec::new())
+        self.tasks(&ctx)
+            .update_task(super::tasks::internal_id(&request.task_id), Vec::new())
     }
 
     fn get_info(&self) -> ServerConfig {

@@ -63,6 +63,8 @@ pub struct HttpOptions {
     pub metrics: bool,
     /// Caps on connections, streams, sessions and unread results (see [`Bounds`]).
     pub bounds: Bounds,
+    /// This replica among its peers: forwarding to handles' owners, draining.
+    pub cluster: Arc<crate::cluster::Cluster>,
 }
 
 impl Default for HttpOptions {
@@ -76,6 +78,7 @@ impl Default for HttpOptions {
             max_body_bytes: crate::mcp::defaults::MAX_BODY_BYTES,
             metrics: true,
             bounds: Bounds::default(),
+            cluster: Arc::default(),
         }
     }
 }
@@ -127,11 +130,19 @@ pub fn hosted(service: Arc<Service>, auth: Option<Authenticator>, opts: &HttpOpt
         Arc::new(opts.clone()),
         check_host,
     ));
+    let routed = crate::cluster::route::RouteState {
+        cluster: opts.cluster.clone(),
+        max_body_bytes: opts.max_body_bytes,
+    };
     Router::new()
         .route("/healthz", get(healthz))
         .merge(guarded)
         .fallback(dispatch)
         .with_state(front)
+        .layer(middleware::from_fn_with_state(
+            routed,
+            crate::cluster::route::route,
+        ))
 }
 
 /// What the top-level routes share.
@@ -281,18 +292,29 @@ async fn healthz() -> &'static str {
 /// waiting (when there is a pool). 503 with the same JSON otherwise.
 async fn readyz(State(front): State<Arc<Front>>) -> Response {
     let r = front.service.readiness().await;
-    let status = if r.ready {
+    let mut ready = r.ready;
+    let mut body = serde_json::to_value(&r).unwrap_or_default();
+    if front.opts.cluster.draining() {
+        // SIGTERM came: the balancer must stop sending new calls here first.
+        ready = false;
+        body["ready"] = false.into();
+        body["draining"] = true.into();
+        body["problem"] = "shutting down: runs in progress finish, new calls go to other replicas".into();
+    }
+    body["replica"] = crate::cluster::ids::replica().into();
+    let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, axum::Json(r)).into_response()
+    (status, axum::Json(body)).into_response()
 }
 
 /// Prometheus text format.
 async fn metrics(State(front): State<Arc<Front>>, request: Request) -> Response {
     let mut text = front.service.metrics_text();
     text.push_str(&front.book.metrics_text());
+    text.push_str(&front.opts.cluster.metrics_text());
     if front.auth.is_some() {
         text.push_str(&front.refusals.metrics_text());
     }
