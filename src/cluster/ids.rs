@@ -49,9 +49,38 @@ pub fn unwrap_mine(handle: &str) -> &str {
     }
 }
 
+/// The replica that stored code file `path` (its name `STEM_REPLICA_RANDOM.py`, as
+/// [`crate::storage::CodeStorage::create`] makes it), when its name says.
+pub fn file_owner(path: &str) -> Option<&str> {
+    let name = path.rsplit('/').next()?.strip_suffix(".py")?;
+    let mut parts = name.rsplitn(3, '_');
+    let random = parts.next()?;
+    let rid = parts.next()?;
+    let stem = parts.next()?;
+    let hex8 = |s: &str| s.len() == LEN && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (hex8(random) && hex8(rid) && !stem.is_empty()).then_some(rid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_file_names_its_replica() {
+        assert_eq!(
+            file_owner("/d/code/t/my_flow_0123abcd_89abcdef.py"),
+            Some("0123abcd")
+        );
+        assert_eq!(file_owner("flow_0123abcd_89abcdef.py"), Some("0123abcd"));
+        for other in [
+            "flow_89abcdef.py",
+            "/x/_0123abcd_89abcdef.py",
+            "a_0123abcd_89abcdef.txt",
+            "",
+        ] {
+            assert_eq!(file_owner(other), None, "{other}");
+        }
+    }
 
     #[test]
     fn a_minted_handle_names_this_replica_and_unwraps() {
@@ -61,7 +90,14 @@ mod tests {
         assert_eq!(unwrap_mine(&h), "0b9e-uuid_with_underscores");
         assert_eq!(owner("s_0123abcd_ff"), Some("0123abcd"));
         assert!(!is_mine("s_0123abcx_ff") || replica() == "0123abcx");
-        for other in ["s_ff", "s__x", "ab_0123abcd_x", "s_0123abcd_", "", "uuid-like-1234"] {
+        for other in [
+            "s_ff",
+            "s__x",
+            "ab_0123abcd_x",
+            "s_0123abcd_",
+            "",
+            "uuid-like-1234",
+        ] {
             assert_eq!(owner(other), None, "{other}");
             assert!(is_mine(other));
             assert_eq!(unwrap_mine(other), other);

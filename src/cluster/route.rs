@@ -8,8 +8,8 @@
 //! request on a handle of this replica, or on none, is served here; otherwise it is sent
 //! whole to its owner and the owner's answer streamed back as it comes.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -41,6 +41,9 @@ pub enum Handle {
     Task(String),
     /// A resource URI (of a session's workspace).
     Resource(String),
+    /// A stored code file's `file_path`: served by the replica that stored it while it
+    /// lives (its storage may be its own), else here (a shared storage has it too).
+    File(String),
 }
 
 /// The few fields of a JSON-RPC request that may name a handle.
@@ -68,6 +71,8 @@ struct Params<'a> {
 struct Arguments<'a> {
     #[serde(default, borrow)]
     session_id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    file_path: Option<std::borrow::Cow<'a, str>>,
 }
 
 /// What the body of a request without a protocol session names: the handle, the JSON-RPC
@@ -78,10 +83,11 @@ pub fn inspect(body: &[u8]) -> (Option<Handle>, Value, String) {
     let method = m.method.as_deref().unwrap_or_default().to_string();
     let p = m.params.unwrap_or_default();
     let handle = match method.as_str() {
-        "tools/call" => p
-            .arguments
-            .and_then(|a| a.session_id)
-            .map(|s| Handle::Session(s.into_owned())),
+        "tools/call" => p.arguments.and_then(|a| match (a.session_id, a.file_path) {
+            (Some(s), _) => Some(Handle::Session(s.into_owned())),
+            (None, Some(f)) => Some(Handle::File(f.into_owned())),
+            (None, None) => None,
+        }),
         m if m.starts_with("tasks/") => p.task_id.map(|t| Handle::Task(t.into_owned())),
         "resources/read" => p.uri.map(|u| Handle::Resource(u.into_owned())),
         _ => None,
@@ -98,6 +104,7 @@ impl Handle {
             }
             Handle::Resource(u) => crate::mcp::resources::parse(u)
                 .and_then(|p| ids::owner(&p.handle).map(str::to_string)),
+            Handle::File(f) => ids::file_owner(f).map(str::to_string),
         }
     }
 }
@@ -149,7 +156,10 @@ pub async fn route(State(st): State<RouteState>, mut request: Request, next: Nex
         _ => {
             return (
                 StatusCode::PAYLOAD_TOO_LARGE,
-                format!("request body larger than {} bytes, or too slow\n", st.max_body_bytes),
+                format!(
+                    "request body larger than {} bytes, or too slow\n",
+                    st.max_body_bytes
+                ),
             )
                 .into_response()
         }
@@ -163,18 +173,22 @@ pub async fn route(State(st): State<RouteState>, mut request: Request, next: Nex
     match owner {
         Some(o) if o != ids::replica() => {
             let handle = handle.unwrap_or(Handle::Protocol(String::new()));
-            to_owner(c, &o, &handle, rpc, parts, body).await
-        }
-        Some(_) => local(Request::from_parts(parts, Body::from(body)), next).await,
-        None if c.draining() && takes_new_work(&parts) => {
-            match c.peers().another().await {
-                Some(peer) => match forward(c, &peer, &parts, body).await {
-                    Ok(r) => r,
-                    Err(e) => bad_gateway(&rpc.0, &e),
-                },
-                None => draining_refusal(&rpc.0),
+            match to_owner(c, &o, &handle, rpc, parts, body).await {
+                Ok(answer) => answer,
+                // A stored file outlives its replica where the storage is shared.
+                Err((parts, body)) => {
+                    local(Request::from_parts(parts, Body::from(body)), next).await
+                }
             }
         }
+        Some(_) => local(Request::from_parts(parts, Body::from(body)), next).await,
+        None if c.draining() && takes_new_work(&parts) => match c.peers().another().await {
+            Some(peer) => match forward(c, &peer, &parts, body).await {
+                Ok(r) => r,
+                Err(e) => bad_gateway(&rpc.0, &e),
+            },
+            None => draining_refusal(&rpc.0),
+        },
         None => local(Request::from_parts(parts, Body::from(body)), next).await,
     }
 }
@@ -189,7 +203,11 @@ fn takes_new_work(parts: &axum::http::request::Parts) -> bool {
 /// Serve here: a protocol-session id this replica wrapped is unwrapped on the way in, and a
 /// new one (as rmcp mints it) wrapped with this replica's id on the way out.
 async fn local(mut request: Request, next: Next) -> Response {
-    if let Some(v) = request.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()) {
+    if let Some(v) = request
+        .headers()
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+    {
         let inner = ids::unwrap_mine(v).to_string();
         if let Ok(v) = HeaderValue::from_str(&inner) {
             request.headers_mut().insert(SESSION_HEADER, v);
@@ -208,7 +226,8 @@ async fn local(mut request: Request, next: Next) -> Response {
     response
 }
 
-/// Forward to replica `owner`, or answer that it is gone.
+/// Forward to replica `owner`, or answer that it is gone; for a stored file whose replica
+/// is gone, the request back, to be served here.
 async fn to_owner(
     c: &Cluster,
     owner: &str,
@@ -216,22 +235,25 @@ async fn to_owner(
     rpc: (Value, String),
     parts: axum::http::request::Parts,
     body: Bytes,
-) -> Response {
+) -> Result<Response, (axum::http::request::Parts, Bytes)> {
     let mut peer = c.peers().find(owner).await;
     for attempt in 0..2 {
         let Some(p) = peer else { break };
         match forward(c, &p, &parts, body.clone()).await {
-            Ok(r) => return r,
+            Ok(r) => return Ok(r),
             Err(Failure::Connect(e)) if attempt == 0 => {
                 tracing::info!(replica = owner, error = %e, "a replica stopped answering");
                 peer = c.peers().lost(owner).await;
             }
-            Err(e) => return bad_gateway(&rpc.0, &e),
+            Err(e) => return Ok(bad_gateway(&rpc.0, &e)),
         }
+    }
+    if let Handle::File(_) = handle {
+        return Err((parts, body));
     }
     c.gone.fetch_add(1, Ordering::Relaxed);
     tracing::info!(replica = owner, handle = ?handle, "call on a handle of a replica that is gone");
-    gone(owner, handle, &rpc.0, &rpc.1)
+    Ok(gone(owner, handle, &rpc.0, &rpc.1))
 }
 
 /// Why a forward failed.
@@ -311,12 +333,17 @@ fn bad_gateway(id: &Value, e: &Failure) -> Response {
     let message = format!(
         "the server replica that owns this call stopped while answering ({e}); what it held is lost. Start again (a new session)."
     );
-    (StatusCode::BAD_GATEWAY, axum::Json(rpc_error(id, -32000, &message))).into_response()
+    (
+        StatusCode::BAD_GATEWAY,
+        axum::Json(rpc_error(id, -32000, &message)),
+    )
+        .into_response()
 }
 
 /// 503: this replica is shutting down and no peer takes the call.
 fn draining_refusal(id: &Value) -> Response {
-    let message = "this server replica is shutting down and takes no new calls: retry in a few seconds";
+    let message =
+        "this server replica is shutting down and takes no new calls: retry in a few seconds";
     (
         StatusCode::SERVICE_UNAVAILABLE,
         [(header::RETRY_AFTER, "2")],
@@ -328,7 +355,8 @@ fn draining_refusal(id: &Value) -> Response {
 /// What a call on a handle of replica `owner`, which is gone, gets: what was lost, what
 /// survives, what to do.
 pub fn gone(owner: &str, handle: &Handle, id: &Value, method: &str) -> Response {
-    const KEPT: &str = "Kept: code stored with initialize_code_file, append_to_code_file or execute_code \
+    const KEPT: &str =
+        "Kept: code stored with initialize_code_file, append_to_code_file or execute_code \
         (its file_path still works with execute_code_file and read_code_file).";
     match handle {
         Handle::Session(h) if method == "tools/call" => {
@@ -337,7 +365,10 @@ pub fn gone(owner: &str, handle: &Handle, id: &Value, method: &str) -> Response 
                  Lost: the session's variables and imports, and the files of its workspace. {KEPT} \
                  Call again without session_id to start a new session."
             );
+            // `resultType`: what 2026-07-28 asks of every result (only sessionless requests,
+            // i.e. that revision's, name their session in the body).
             axum::Json(json!({"jsonrpc": "2.0", "id": id, "result": {
+                "resultType": "complete",
                 "content": [{"type": "text", "text": text}], "isError": true}}))
             .into_response()
         }
@@ -355,12 +386,16 @@ pub fn gone(owner: &str, handle: &Handle, id: &Value, method: &str) -> Response 
             );
             axum::Json(rpc_error(id, -32002, &message)).into_response()
         }
-        Handle::Session(_) | Handle::Protocol(_) => {
+        Handle::Session(_) | Handle::Protocol(_) | Handle::File(_) => {
             let message = format!(
                 "session not found: the server replica that held this MCP session (`{owner}`) stopped or restarted. \
                  Lost: its execute_python variables and workspace files. {KEPT} Start a new session (initialize)."
             );
-            (StatusCode::NOT_FOUND, axum::Json(rpc_error(id, -32001, &message))).into_response()
+            (
+                StatusCode::NOT_FOUND,
+                axum::Json(rpc_error(id, -32001, &message)),
+            )
+                .into_response()
         }
     }
 }
@@ -379,10 +414,15 @@ mod tests {
         let b = br#"{"jsonrpc":"2.0","id":"a","method":"tasks/cancel","params":{"taskId":"t_0123abcd_9"}}"#;
         assert_eq!(inspect(b).0, Some(Handle::Task("t_0123abcd_9".into())));
         let u = crate::mcp::resources::uri("s_0123abcd_ff", "out.txt", None);
-        let b = json!({"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri": u}}).to_string();
+        let b = json!({"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri": u}})
+            .to_string();
         let (h, _, _) = inspect(b.as_bytes());
         assert_eq!(h.unwrap().owner().as_deref(), Some("0123abcd"));
-        for b in [&b"not json"[..], br#"{"method":"tools/call","params":{"arguments":{"code":"1"}}}"#, br#"[1,2]"#] {
+        for b in [
+            &b"not json"[..],
+            br#"{"method":"tools/call","params":{"arguments":{"code":"1"}}}"#,
+            br#"[1,2]"#,
+        ] {
             assert_eq!(inspect(b).0, None);
         }
     }

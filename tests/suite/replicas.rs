@@ -138,7 +138,10 @@ impl Cluster {
         sdk_python();
         common::sandbox().await;
         let (dirs, dir) = common::TempDirs::one(&format!("replicas-{name}"));
-        let tenant = format!("t-repl-{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+        let tenant = format!(
+            "t-repl-{name}-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..6]
+        );
         let ports = [free_port(), free_port()];
         let peers = ports
             .iter()
@@ -166,7 +169,10 @@ impl Cluster {
                     let ok = resp.status().is_success();
                     let body: Value = resp.json().await.unwrap_or_default();
                     if ok {
-                        r.id = body["replica"].as_str().expect("readyz names the replica").into();
+                        r.id = body["replica"]
+                            .as_str()
+                            .expect("readyz names the replica")
+                            .into();
                         break;
                     }
                 }
@@ -184,9 +190,24 @@ impl Cluster {
     }
 }
 
-fn spawn_replica(port: u16, peers: &str, tenant: &str, dir: &std::path::Path, i: usize, extra: &[&str]) -> Replica {
+fn spawn_replica(
+    port: u16,
+    peers: &str,
+    tenant: &str,
+    dir: &std::path::Path,
+    i: usize,
+    extra: &[&str],
+) -> Replica {
     let mut child = tokio::process::Command::new(BIN)
-        .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--pool-size", "1"])
+        .args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--pool-size",
+            "1",
+        ])
         .args(["--peers", peers, "--cluster-secret", "test-secret-123"])
         .args(extra)
         .env("CODE_STORAGE_DIR", dir.join("code"))
@@ -266,7 +287,10 @@ http {{
     );
     let path = format!("{d}/nginx.conf");
     std::fs::write(&path, conf).unwrap();
-    let test = Command::new(NGINX).args(["-t", "-c", &path]).output().unwrap();
+    let test = Command::new(NGINX)
+        .args(["-t", "-c", &path])
+        .output()
+        .unwrap();
     assert!(test.status.success(), "nginx -t: {test:?}");
     tokio::process::Command::new(NGINX)
         .args(["-c", &path])
@@ -278,7 +302,12 @@ http {{
 
 /// The replica's `/metrics` value of `name` (0 when absent).
 async fn metric(r: &Replica, name: &str) -> f64 {
-    let text = reqwest::get(r.url("/metrics")).await.unwrap().text().await.unwrap();
+    let text = reqwest::get(r.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{name} ")))
         .and_then(|v| v.trim().parse().ok())
@@ -299,6 +328,19 @@ async fn sdk_flows_twenty_times_through_a_balancer_without_affinity() {
         let n = metric(r, "mcp_executor_forwarded_total").await;
         assert!(n > 0.0, "replica {} forwarded nothing:\n{}", r.id, r.log());
     }
+    // The replicas' own endpoint and header are not for clients: a wrong secret is refused,
+    // and without one the internal path does not exist.
+    let http = reqwest::Client::new();
+    let r = http
+        .post(c.lb("/mcp"))
+        .header("X-Mcp-Executor-Forwarded", "guessed")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let r = http.get(c.lb("/internal/replica")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
     // The forwarding overhead: the same call on its owner and through the other replica.
     let out = script(vec![
         "overhead".into(),
@@ -308,7 +350,10 @@ async fn sdk_flows_twenty_times_through_a_balancer_without_affinity() {
     ])
     .await;
     let p50: Value = serde_json::from_str(out.trim()).expect("p50s as JSON");
-    let (owner, fwd) = (p50["owner"].as_f64().unwrap(), p50["forwarded"].as_f64().unwrap());
+    let (owner, fwd) = (
+        p50["owner"].as_f64().unwrap(),
+        p50["forwarded"].as_f64().unwrap(),
+    );
     eprintln!(
         "forwarding overhead, read_file on a session, p50 of 100 each: on the owner {owner:.2} ms, \
          forwarded {fwd:.2} ms, overhead {:.2} ms",
@@ -326,19 +371,36 @@ async fn a_killed_replica_costs_only_its_own_handles_and_the_survivor_sweeps_it(
     let (sid, path, tid) = (&lines[0], &lines[1], &lines[2]);
     assert!(sid.starts_with(&format!("s_{dead_id}_")), "{sid}");
     let lb = c.lb("/mcp");
-    let call = || script(vec!["call".into(), lb.clone(), sid.clone(), path.clone(), tid.clone()]);
+    let call = || {
+        script(vec![
+            "call".into(),
+            lb.clone(),
+            sid.clone(),
+            path.clone(),
+            tid.clone(),
+        ])
+    };
     // Two servers, one daemon: the other replica sweeps every 2 s; after a few sweeps the
     // live replica's sandboxes (its session, its running task, its pool) are all there.
     let before = common::containers_left_by(dead_pid, true);
-    assert!(before.len() >= 2, "the replica's session and task containers: {before:?}");
+    assert!(
+        before.len() >= 2,
+        "the replica's session and task containers: {before:?}"
+    );
     tokio::time::sleep(Duration::from_secs(6)).await;
     let after = common::containers_left_by(dead_pid, true);
     for id in &before {
-        assert!(after.contains(id), "a live replica's container {id} was removed by the other's sweep");
+        assert!(
+            after.contains(id),
+            "a live replica's container {id} was removed by the other's sweep"
+        );
     }
     let alive: Value = serde_json::from_str(call().await.trim()).unwrap();
     assert_eq!(alive["session"]["is_error"], false, "{alive}");
-    assert!(alive["session"]["text"].as_str().unwrap().contains("42"), "{alive}");
+    assert!(
+        alive["session"]["text"].as_str().unwrap().contains("42"),
+        "{alive}"
+    );
     assert_eq!(alive["task"]["status"], "working", "{alive}");
 
     c.replicas[0].signal(libc::SIGKILL);
@@ -346,15 +408,35 @@ async fn a_killed_replica_costs_only_its_own_handles_and_the_survivor_sweeps_it(
     let gone: Value = serde_json::from_str(call().await.trim()).unwrap();
     let text = gone["session"]["text"].as_str().unwrap();
     assert_eq!(gone["session"]["is_error"], true, "{gone}");
-    for words in ["is gone", &dead_id, "variables", "Kept", "without session_id"] {
+    for words in [
+        "is gone",
+        &dead_id,
+        "variables",
+        "Kept",
+        "without session_id",
+    ] {
         assert!(text.contains(words), "{words:?} not in {text}");
     }
     assert_eq!(gone["stored"]["is_error"], false, "{gone}");
-    assert!(gone["stored"]["text"].as_str().unwrap().contains("stored survives"), "{gone}");
+    assert!(
+        gone["stored"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("stored survives"),
+        "{gone}"
+    );
     assert_eq!(gone["new"]["is_error"], false, "{gone}");
-    assert!(gone["new"]["text"].as_str().unwrap().contains('2'), "{gone}");
-    let task_error = gone["task"]["error"]["message"].as_str().unwrap_or_default();
-    assert!(task_error.contains("is gone") && task_error.contains(&dead_id), "{gone}");
+    assert!(
+        gone["new"]["text"].as_str().unwrap().contains('2'),
+        "{gone}"
+    );
+    let task_error = gone["task"]["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        task_error.contains("is gone") && task_error.contains(&dead_id),
+        "{gone}"
+    );
     // The survivor's next sweeps remove everything the dead replica left.
     let t0 = Instant::now();
     loop {
@@ -376,12 +458,12 @@ async fn a_killed_replica_costs_only_its_own_handles_and_the_survivor_sweeps_it(
 /// One `execute_code` at 2026-07-28 over raw HTTP: the status and the JSON-RPC message.
 async fn raw_call(url: String, code: &str, timeout: u64) -> (u16, Value) {
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": "execute_code", "arguments": {"code": code, "timeout": timeout},
-        "_meta": {
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientInfo": {"name": "replicas", "version": "0"},
-            "io.modelcontextprotocol/clientCapabilities": {},
-        }}});
+    "name": "execute_code", "arguments": {"code": code, "timeout": timeout},
+    "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "replicas", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }}});
     let resp = reqwest::Client::new()
         .post(url)
         .header("Content-Type", "application/json")
@@ -408,7 +490,12 @@ async fn raw_call(url: String, code: &str, timeout: u64) -> (u16, Value) {
 fn text_of(msg: &Value) -> String {
     msg["result"]["content"]
         .as_array()
-        .map(|a| a.iter().filter_map(|c| c["text"].as_str()).collect::<Vec<_>>().join("\n"))
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
         .unwrap_or_else(|| msg.to_string())
 }
 
@@ -428,7 +515,10 @@ async fn sigterm_drops_readiness_first_and_answers_every_run() {
     // Both runs started (their containers are the replica's, beside its pool sandbox).
     let t0 = Instant::now();
     while common::containers_left_by(c.replicas[0].pid, false).len() < 3 {
-        assert!(t0.elapsed() < Duration::from_secs(60), "the runs did not start");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the runs did not start"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -442,7 +532,10 @@ async fn sigterm_drops_readiness_first_and_answers_every_run() {
             assert_eq!(body["draining"], true, "{body}");
             break;
         }
-        assert!(t_term.elapsed() < Duration::from_secs(1), "/readyz still 200 after SIGTERM");
+        assert!(
+            t_term.elapsed() < Duration::from_secs(1),
+            "/readyz still 200 after SIGTERM"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // A new call through the balancer still works (on the draining replica it is sent on).
@@ -452,15 +545,26 @@ async fn sigterm_drops_readiness_first_and_answers_every_run() {
         assert!(text_of(&msg).contains("42"), "{msg}");
     }
     let (status, msg) = short.await.unwrap();
-    assert_eq!((status, msg["result"]["isError"].clone()), (200, json!(false)), "{msg}");
+    assert_eq!(
+        (status, msg["result"]["isError"].clone()),
+        (200, json!(false)),
+        "{msg}"
+    );
     assert!(text_of(&msg).contains("finished in the grace"), "{msg}");
     let (status, msg) = long.await.unwrap();
     assert_eq!(status, 200, "{msg}");
     assert_eq!(msg["result"]["isError"], true, "{msg}");
     assert!(text_of(&msg).contains("shutting down"), "{msg}");
     let waited = t_term.elapsed();
-    assert!(waited >= Duration::from_secs(7), "the long run was stopped before the grace: {waited:?}");
+    assert!(
+        waited >= Duration::from_secs(7),
+        "the long run was stopped before the grace: {waited:?}"
+    );
     let exit = tokio::time::timeout(Duration::from_secs(30), c.replicas[0].child.wait()).await;
-    assert!(exit.is_ok(), "the replica did not exit:\n{}", c.replicas[0].log());
+    assert!(
+        exit.is_ok(),
+        "the replica did not exit:\n{}",
+        c.replicas[0].log()
+    );
     common::assert_nothing_left_by(c.replicas[0].pid);
 }

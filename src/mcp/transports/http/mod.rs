@@ -299,7 +299,8 @@ async fn readyz(State(front): State<Arc<Front>>) -> Response {
         ready = false;
         body["ready"] = false.into();
         body["draining"] = true.into();
-        body["problem"] = "shutting down: runs in progress finish, new calls go to other replicas".into();
+        body["problem"] =
+            "shutting down: runs in progress finish, new calls go to other replicas".into();
     }
     body["replica"] = crate::cluster::ids::replica().into();
     let status = if ready {
