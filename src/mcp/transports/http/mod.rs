@@ -98,7 +98,7 @@ pub fn hosted(service: Arc<Service>, auth: Option<Authenticator>, opts: &HttpOpt
         auth.is_some() || tenants.len() == 1,
         "several tenants need authentication to tell them apart"
     );
-    let shutdown = service.shutdown_token();
+    let shutdown = answered_then_closed(&service);
     let book = SessionBook::new(
         opts.bounds.max_sessions,
         opts.bounds.max_sessions_per_tenant,
@@ -144,6 +144,37 @@ pub fn hosted(service: Arc<Service>, auth: Option<Authenticator>, opts: &HttpOpt
             crate::cluster::route::route,
         ))
 }
+
+/// The token that ends the MCP transports: cancelled once the service's shutdown is asked
+/// for and the runs it stopped have had their answers sent (at most [`ANSWER_GRACE`]), so
+/// that a run stopped by the shutdown ends with its error as an answer, not a dropped
+/// response.
+fn answered_then_closed(service: &Arc<Service>) -> CancellationToken {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return service.shutdown_token();
+    };
+    let closed = CancellationToken::new();
+    let token = closed.clone();
+    let service = service.clone();
+    runtime.spawn(async move {
+        service.shutdown_token().cancelled().await;
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < ANSWER_GRACE {
+            let (running, waiting, _) = service.in_flight();
+            if running + waiting == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        // The answers of the last runs are being written.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        token.cancel();
+    });
+    closed
+}
+
+/// How long runs stopped by the shutdown get to be answered before the transports close.
+pub const ANSWER_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// What the top-level routes share.
 struct Front {
