@@ -129,7 +129,8 @@ pub fn new_handle() -> String {
 /// The answer for a handle this tenant does not know, whatever the reason (never made,
 /// expired, another tenant's): always the same words.
 pub fn not_found(handle: &str) -> AppError {
-    let shown: String = handle.chars().take(40).collect();
+    // A whole handle (`s_REPLICA_HEX` is 43 characters); longer input is cut.
+    let shown: String = handle.chars().take(48).collect();
     AppError::Failed(format!(
         "session `{shown}` not found: it may have expired after a period without calls, or the server restarted. \
          Call again without session_id to start a new session (variables and workspace files of the old one are gone)."
