@@ -73,7 +73,11 @@ impl Cluster {
             secret: config.secret.clone(),
             peers: Peers::new(config.peers.clone(), config.secret.clone()),
             draining: AtomicBool::new(false),
-            drain_grace: config.drain_grace,
+            drain_grace: config.drain_grace.unwrap_or(if config.peers.is_empty() {
+                Duration::ZERO
+            } else {
+                crate::config::serve::DRAIN_GRACE
+            }),
             forwarded: AtomicU64::new(0),
             gone: AtomicU64::new(0),
         }

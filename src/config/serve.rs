@@ -95,13 +95,15 @@ pub struct ClusterConfig {
     pub peers: Vec<String>,
     /// `--cluster-secret`: what replicas show each other on forwarded requests.
     pub secret: Option<String>,
-    /// `--drain-grace`: after SIGTERM, how long runs in progress may take to finish.
-    pub drain_grace: Duration,
+    /// `--drain-grace`: after SIGTERM, how long runs in progress may take to finish
+    /// (`None`: [`DRAIN_GRACE`] with peers, none for a server alone, which stops at once).
+    pub drain_grace: Option<Duration>,
     /// `--sweep-every`: how often leftovers of dead servers are swept.
     pub sweep_every: Duration,
 }
 
-/// After SIGTERM, how long runs in progress get to finish (within the shutdown's 25 s).
+/// After SIGTERM, how long the runs in progress of a replica with peers get to finish
+/// (within the shutdown's 25 s).
 pub const DRAIN_GRACE: Duration = Duration::from_secs(12);
 /// How often `serve` sweeps what dead servers left on the backend.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(600);
@@ -111,7 +113,7 @@ impl Default for ClusterConfig {
         ClusterConfig {
             peers: Vec::new(),
             secret: None,
-            drain_grace: DRAIN_GRACE,
+            drain_grace: None,
             sweep_every: SWEEP_EVERY,
         }
     }

@@ -158,7 +158,7 @@ env_vars! {
     /// needed with `--peers`); a client request that carries a wrong one is refused.
     MCP_EXECUTOR_CLUSTER_SECRET;
     /// Seconds runs in progress get to finish after SIGTERM, readiness already 503
-    /// (`--drain-grace`, default 12); then they end with an error saying so.
+    /// (`--drain-grace`, default 12 with `--peers`, else 0); then they end with an error saying so.
     MCP_EXECUTOR_DRAIN_GRACE;
     /// Seconds between sweeps of what dead servers left on the backend (`--sweep-every`,
     /// default 600).

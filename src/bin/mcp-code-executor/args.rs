@@ -187,8 +187,9 @@ pub struct ServeCmd {
     #[arg(long, env = vars::MCP_EXECUTOR_CLUSTER_SECRET, hide_env_values = true)]
     pub cluster_secret: Option<String>,
     /// After SIGTERM: seconds runs in progress get to finish (readiness says 503 at once).
-    #[arg(long, env = vars::MCP_EXECUTOR_DRAIN_GRACE, default_value_t = Secs(config::serve::DRAIN_GRACE))]
-    pub drain_grace: Secs,
+    /// Default: 12 with --peers, 0 for a server alone.
+    #[arg(long, env = vars::MCP_EXECUTOR_DRAIN_GRACE)]
+    pub drain_grace: Option<Secs>,
     /// Seconds between sweeps of sandboxes that dead servers left behind.
     #[arg(long, env = vars::MCP_EXECUTOR_SWEEP_EVERY, default_value_t = Secs(config::serve::SWEEP_EVERY))]
     pub sweep_every: Secs,
@@ -243,7 +244,7 @@ impl ServeCmd {
                         .filter(|p| !p.is_empty())
                         .collect(),
                     secret: self.cluster_secret.clone().filter(|s| !s.is_empty()),
-                    drain_grace: self.drain_grace.0,
+                    drain_grace: self.drain_grace.as_ref().map(|s| s.0),
                     sweep_every: self.sweep_every.0,
                 },
             },
