@@ -172,10 +172,11 @@ impl KubeBackend {
 
 #[async_trait]
 impl Driver for KubeDriver {
-    /// No preloading; code mode is not wired on Kubernetes yet.
+    /// No preloading; code mode's requests travel over `pods/attach` as over Docker's attach.
     const PROFILE: Profile = Profile::held_at_shutdown(
         "pods still held at shutdown; the next sweep (or their owner reference) removes them",
-    );
+    )
+    .with_tools();
 
     /// The interpreter line of the job header: the one the pod's placement chose.
     fn python(&self, env: &RunEnv) -> Result<String, BackendError> {
