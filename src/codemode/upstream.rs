@@ -1,0 +1,171 @@
+//! The upstream clients: one official rmcp client per tenant and upstream server, started
+//! at the first request of that tenant's code, started again when it died, closed on
+//! shutdown.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rmcp::model::Tool;
+use rmcp::service::{Peer, RunningService};
+use rmcp::{RoleClient, ServiceExt};
+
+use super::{config, names, Config};
+
+/// How long an upstream may take to start and list its tools.
+const START_LIMIT: Duration = Duration::from_secs(60);
+
+/// The upstream clients of every tenant.
+pub struct Manager {
+    pub(super) config: Config,
+    /// `PATH` and `HOME` of this server: a stdio upstream gets them and its own `env`, and
+    /// no other variable of ours.
+    path: Option<std::ffi::OsString>,
+    home: Option<std::path::PathBuf>,
+    upstreams: Mutex<HashMap<(String, String), Arc<Upstream>>>,
+    closed: AtomicBool,
+}
+
+pub(super) struct Upstream {
+    pub(super) server: config::Server,
+    pub(super) tenant: String,
+    conn: tokio::sync::Mutex<Option<Conn>>,
+}
+
+struct Conn {
+    service: RunningService<RoleClient, ()>,
+    tools: Arc<Vec<Tool>>,
+}
+
+impl Manager {
+    pub fn new(
+        config: Config,
+        path: Option<std::ffi::OsString>,
+        home: Option<std::path::PathBuf>,
+    ) -> Arc<Manager> {
+        Arc::new(Manager {
+            config,
+            path,
+            home,
+            upstreams: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// One line per server, for logs and tool descriptions.
+    pub fn summary(&self) -> Vec<String> {
+        self.config
+            .servers
+            .iter()
+            .map(|s| {
+                let how = if s.command.is_some() { "stdio" } else { "http" };
+                format!("{} ({how})", names::module(&s.name))
+            })
+            .collect()
+    }
+
+    pub(super) fn upstream(&self, tenant: &str, server: &str) -> Option<Arc<Upstream>> {
+        let conf = self
+            .config
+            .servers
+            .iter()
+            .find(|s| s.name == server && s.serves(tenant))?;
+        let mut map = self.upstreams.lock().unwrap();
+        Some(
+            map.entry((tenant.to_string(), server.to_string()))
+                .or_insert_with(|| {
+                    Arc::new(Upstream {
+                        server: conf.clone(),
+                        tenant: tenant.to_string(),
+                        conn: tokio::sync::Mutex::new(None),
+                    })
+                })
+                .clone(),
+        )
+    }
+
+    pub(super) async fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        let all: Vec<Arc<Upstream>> = self.upstreams.lock().unwrap().values().cloned().collect();
+        for u in all {
+            if let Some(c) = u.conn.lock().await.take() {
+                let _ = tokio::time::timeout(Duration::from_secs(5), c.service.cancel()).await;
+            }
+        }
+    }
+
+    pub(super) async fn connect(
+        &self,
+        u: &Upstream,
+    ) -> Result<(Peer<RoleClient>, Arc<Vec<Tool>>), String> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err("the server is shutting down".into());
+        }
+        let mut conn = u.conn.lock().await;
+        if let Some(c) = conn.as_ref() {
+            if !c.service.is_closed() && !c.service.is_transport_closed() {
+                return Ok((c.service.peer().clone(), c.tools.clone()));
+            }
+            tracing::warn!(tenant = %u.tenant, server = %u.server.name, "code mode: the upstream server has gone; starting it again");
+            *conn = None;
+        }
+        let started = Instant::now();
+        let service = tokio::time::timeout(START_LIMIT, self.start(&u.server))
+            .await
+            .map_err(|_| format!("it did not start within {}s", START_LIMIT.as_secs()))??;
+        let tools = tokio::time::timeout(START_LIMIT, service.list_all_tools())
+            .await
+            .map_err(|_| "it did not list its tools in time".to_string())?
+            .map_err(|e| format!("listing its tools failed: {e}"))?;
+        tracing::info!(tenant = %u.tenant, server = %u.server.name, tools = tools.len(), ms = started.elapsed().as_millis() as u64, "code mode: upstream server started");
+        let c = Conn {
+            service,
+            tools: Arc::new(tools),
+        };
+        let out = (c.service.peer().clone(), c.tools.clone());
+        *conn = Some(c);
+        Ok(out)
+    }
+
+    async fn start(&self, s: &config::Server) -> Result<RunningService<RoleClient, ()>, String> {
+        if let Some(program) = &s.command {
+            let mut cmd = tokio::process::Command::new(program);
+            cmd.args(&s.args).env_clear();
+            if let Some(p) = &self.path {
+                cmd.env("PATH", p);
+            }
+            if let Some(h) = &self.home {
+                cmd.env("HOME", h);
+            }
+            cmd.envs(&s.env);
+            if let Some(d) = &s.cwd {
+                cmd.current_dir(d);
+            }
+            let (transport, _stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .map_err(|e| format!("could not start `{program}`: {e}"))?;
+            ().serve(transport)
+                .await
+                .map_err(|e| format!("its MCP handshake failed: {e}"))
+        } else {
+            use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+            let url = s.url.clone().unwrap_or_default();
+            let mut headers = HashMap::new();
+            for (k, v) in &s.headers {
+                let name = axum::http::HeaderName::try_from(k.as_str())
+                    .map_err(|e| format!("header `{k}`: {e}"))?;
+                let value = axum::http::HeaderValue::try_from(v.as_str())
+                    .map_err(|e| format!("header `{k}`: {e}"))?;
+                headers.insert(name, value);
+            }
+            let transport = rmcp::transport::StreamableHttpClientTransport::from_config(
+                StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers),
+            );
+            ().serve(transport)
+                .await
+                .map_err(|e| format!("its MCP handshake failed: {e}"))
+        }
+    }
+}
