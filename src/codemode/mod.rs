@@ -53,6 +53,50 @@ pub fn tools_for(tenant: &str) -> Option<Tools> {
     })))
 }
 
+/// Servers listed in a tool description, at most: there may be many.
+const LISTED: usize = 30;
+
+/// What the `execute_code` / `execute_python` descriptions add for `tenant`: one line per
+/// server it sees (not every tool: there may be hundreds), or `None` without any.
+pub fn description_for(tenant: &str) -> Option<String> {
+    let m = INSTALLED.get()?;
+    let lines = m.lines_for(tenant);
+    if lines.is_empty() {
+        return None;
+    }
+    let mut text = String::from(
+        "\n\nCode mode: the code can call the tools of these MCP servers as Python functions \
+         (`from tools import NAME`; `tools.help()` and `tools.search(\"words\")` list their tools; \
+         errors raise tools.ToolError):",
+    );
+    for l in lines.iter().take(LISTED) {
+        text.push_str("\n- ");
+        text.push_str(l);
+    }
+    if lines.len() > LISTED {
+        text.push_str(&format!(
+            "\n- … and {} more (tools.servers())",
+            lines.len() - LISTED
+        ));
+    }
+    Some(text)
+}
+
+/// Append [`description_for`]`(tenant)` to the descriptions of `execute_code` and
+/// `execute_python` in `tools`; `true` when there was something to append.
+pub fn describe(tools: &mut [rmcp::model::Tool], tenant: &str) -> bool {
+    let Some(extra) = description_for(tenant) else {
+        return false;
+    };
+    for t in tools.iter_mut() {
+        if t.name == "execute_code" || t.name == "execute_python" {
+            let d = t.description.as_deref().unwrap_or_default();
+            t.description = Some(format!("{d}{extra}").into());
+        }
+    }
+    true
+}
+
 /// Close every upstream client (shutdown).
 pub async fn shutdown() {
     if let Some(m) = INSTALLED.get() {

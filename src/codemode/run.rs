@@ -38,6 +38,7 @@ struct Cancelled<'a> {
     tenant: &'a str,
     server: &'a str,
     tool: &'a str,
+    started: Instant,
     armed: bool,
 }
 
@@ -45,7 +46,26 @@ impl Drop for Cancelled<'_> {
     fn drop(&mut self) {
         if self.armed {
             tracing::info!(tenant = %self.tenant, server = %self.server, tool = %self.tool, "code mode: tool call cancelled (the run ended)");
+            // Only a call that reached the upstream can be in flight when its run ends:
+            // its server and tool are known ones (no label of the code's making).
+            crate::app::metrics::tool_calls().call(
+                self.tenant,
+                self.server,
+                self.tool,
+                "cancelled",
+                self.started.elapsed().as_secs_f64(),
+            );
         }
+    }
+}
+
+/// Metric labels: the server and tool a call named when they exist for the tenant, else
+/// a fixed placeholder (a forged request must not mint label values).
+fn labels<'a>(known: (bool, bool), server: &'a str, tool: &'a str) -> (&'a str, &'a str) {
+    match known {
+        (true, true) => (server, tool),
+        (true, false) => (server, "(other)"),
+        _ => ("(other)", "(other)"),
     }
 }
 
@@ -154,9 +174,13 @@ impl Run {
             tenant: &self.tenant,
             server,
             tool,
+            started,
             armed: true,
         };
-        let result = self.checked_call(server, tool, req, request_bytes).await;
+        let mut known = (false, false);
+        let result = self
+            .checked_call(server, tool, req, request_bytes, &mut known)
+            .await;
         guard.armed = false;
         let (outcome, result_bytes) = match &result {
             Ok((_, n)) => ("ok", *n),
@@ -169,6 +193,14 @@ impl Run {
             calls = self.calls.load(Ordering::SeqCst), budget = limits.calls_per_run,
             "code mode: tool call"
         );
+        let (s, t) = labels(known, server, tool);
+        crate::app::metrics::tool_calls().call(
+            &self.tenant,
+            s,
+            t,
+            outcome,
+            started.elapsed().as_secs_f64(),
+        );
         result.map(|(v, _)| v)
     }
 
@@ -178,6 +210,7 @@ impl Run {
         tool: &str,
         req: &Value,
         request_bytes: usize,
+        known: &mut (bool, bool),
     ) -> Result<(Value, usize), Raise> {
         let m = &self.manager;
         let limits = &m.config.limits;
@@ -186,6 +219,7 @@ impl Run {
                 "no tool server `{server}` is available here"
             )));
         };
+        known.0 = true;
         let conf = &u.server;
         if !conf.allows(tool) {
             return Err(denied(format!(
@@ -204,6 +238,7 @@ impl Run {
                 "tool server `{server}` has no tool `{tool}`"
             )));
         };
+        known.1 = true;
         let destructive = t
             .annotations
             .as_ref()

@@ -31,6 +31,8 @@ pub(super) struct Upstream {
     pub(super) server: config::Server,
     pub(super) tenant: String,
     conn: tokio::sync::Mutex<Option<Conn>>,
+    /// What the upstream said of itself at its handshake (title or name, and tool count).
+    about: Mutex<Option<String>>,
 }
 
 struct Conn {
@@ -53,7 +55,7 @@ impl Manager {
         })
     }
 
-    /// One line per server, for logs and tool descriptions.
+    /// One line per server, for the start-up log.
     pub fn summary(&self) -> Vec<String> {
         self.config
             .servers
@@ -61,6 +63,35 @@ impl Manager {
             .map(|s| {
                 let how = if s.command.is_some() { "stdio" } else { "http" };
                 format!("{} ({how})", names::module(&s.name))
+            })
+            .collect()
+    }
+
+    /// One line per server `tenant` sees: `module: what it is`, from the operator's
+    /// `description`, else what the upstream said of itself if it has started (its title,
+    /// its name), else the kind of server.
+    pub(super) fn lines_for(&self, tenant: &str) -> Vec<String> {
+        let map = self.upstreams.lock().unwrap();
+        self.config
+            .servers
+            .iter()
+            .filter(|s| s.serves(tenant))
+            .map(|s| {
+                let about = s.description.clone().or_else(|| {
+                    let u = map.get(&(tenant.to_string(), s.name.clone()))?;
+                    u.about.lock().unwrap().clone()
+                });
+                let about = about.unwrap_or_else(|| {
+                    if s.command.is_some() {
+                        "an MCP server (stdio)"
+                    } else {
+                        "an MCP server (Streamable HTTP)"
+                    }
+                    .to_string()
+                });
+                let about: String = about.split_whitespace().collect::<Vec<_>>().join(" ");
+                let about: String = about.chars().take(200).collect();
+                format!("{}: {about}", names::module(&s.name))
             })
             .collect()
     }
@@ -79,6 +110,7 @@ impl Manager {
                         server: conf.clone(),
                         tenant: tenant.to_string(),
                         conn: tokio::sync::Mutex::new(None),
+                        about: Mutex::new(None),
                     })
                 })
                 .clone(),
@@ -119,6 +151,11 @@ impl Manager {
             .map_err(|_| "it did not list its tools in time".to_string())?
             .map_err(|e| format!("listing its tools failed: {e}"))?;
         tracing::info!(tenant = %u.tenant, server = %u.server.name, tools = tools.len(), ms = started.elapsed().as_millis() as u64, "code mode: upstream server started");
+        let info = service.peer_info();
+        if let Some(i) = info.as_ref().and_then(|x| x.server_info.as_ref()) {
+            let name = i.title.clone().unwrap_or_else(|| i.name.clone());
+            *u.about.lock().unwrap() = Some(format!("{name} ({} tools)", tools.len()));
+        }
         let c = Conn {
             service,
             tools: Arc::new(tools),
