@@ -508,6 +508,24 @@ print(slow.get_sum(a=2, b=2))
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // Metrics: calls by tenant, upstream, tool and outcome; a latency histogram.
+    let text = reqwest::get(s.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let t = &s.tenant;
+    for line in [
+        format!("mcp_executor_tool_calls_total{{tenant=\"{t}\",upstream=\"slow\",tool=\"trigger-long-running-operation\",outcome=\"ToolTimeout\"}} 1"),
+        format!("mcp_executor_tool_calls_total{{tenant=\"{t}\",upstream=\"slow\",tool=\"get-sum\",outcome=\"ok\"}} 1"),
+        format!("mcp_executor_tool_calls_total{{tenant=\"{t}\",upstream=\"everything\",tool=\"trigger-long-running-operation\",outcome=\"cancelled\"}} 1"),
+        format!("mcp_executor_tool_call_duration_seconds_count{{tenant=\"{t}\",upstream=\"slow\"}} 2"),
+        format!("mcp_executor_tool_call_duration_seconds_bucket{{tenant=\"{t}\",upstream=\"slow\",le=\"1\"}} 1"),
+    ] {
+        assert!(text.contains(&line), "missing `{line}` in:\n{text}");
+    }
     drop(client);
 }
 
@@ -573,13 +591,25 @@ except tools.ToolError as x:
 print(json.dumps({"servers": sorted(tools.servers()), "everything": e}))
 "#;
     let ca = client_with_token(&s, &ta).await;
+    let cb = client_with_token(&s, &tb).await;
+    // The execute_code / execute_python descriptions list each tenant's own servers, one
+    // line each (not their tools).
+    for (c, mine, other) in [(&ca, "everything", "memory"), (&cb, "memory", "everything")] {
+        let tools = c.peer().list_all_tools().await.unwrap();
+        for name in ["execute_code", "execute_python"] {
+            let t = tools.iter().find(|t| t.name == name).unwrap();
+            let d = t.description.as_deref().unwrap();
+            assert!(d.contains(&format!("\n- {mine}: ")), "{name}: {d}");
+            assert!(!d.contains(&format!("- {other}: ")), "{name}: {d}");
+            assert!(!d.contains("get-sum") && !d.contains("get_sum"), "{d}");
+        }
+    }
     let (out, err, _) = run(ca.peer(), code).await;
     let v = last_json(&out, &err);
     assert_eq!(
         v,
         json!({"servers": ["everything"], "everything": "called"})
     );
-    let cb = client_with_token(&s, &tb).await;
     let (out, err, _) = run(cb.peer(), code).await;
     let v = last_json(&out, &err);
     assert_eq!(
@@ -707,4 +737,119 @@ print(json.dumps({"ms": ms, "total": (time.perf_counter() - t) * 1000}))
     );
     assert!(pp < 100.0, "a proxied call took {pp} ms at p50");
     drop(client);
+}
+
+/// The Python with the official MCP SDK: `MCP_PY_SDK_PYTHON`, else `target/py-sdk`.
+fn sdk_python() -> PathBuf {
+    let p = std::env::var_os("MCP_PY_SDK_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/py-sdk/bin/python"));
+    let ok = std::process::Command::new(&p)
+        .args(["-c", "import mcp"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "the official MCP Python SDK is needed at {}: run scripts/test.sh, or \
+         `python3 -m venv target/py-sdk && target/py-sdk/bin/pip install mcp==2.3.0`",
+        p.display()
+    );
+    p
+}
+
+/// everything + filesystem, the configuration of the SDK and gVisor tests.
+fn everything_and_filesystem(root: &Path) -> String {
+    format!(
+        r#"
+[[servers]]
+name = "everything"
+command = "node"
+args = ["{everything}"]
+
+[[servers]]
+name = "filesystem"
+command = "node"
+args = ["{fs}", "{root}"]
+"#,
+        everything = node_server("everything"),
+        fs = node_server("filesystem"),
+        root = root.display(),
+    )
+}
+
+/// `tests/sdk/codemode.py` against `s`: the official Python SDK in its default
+/// (2026-07-28) and legacy modes.
+async fn sdk_client(s: &Server, missing: &Path) -> String {
+    let out = tokio::process::Command::new(sdk_python())
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/sdk/codemode.py"
+        ))
+        .arg(s.url("/mcp"))
+        .arg(missing)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(300), out)
+        .await
+        .expect("the SDK client ends within 5 minutes")
+        .expect("python starts");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "the SDK client failed: {stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.log_tail(30)
+    );
+    stdout
+}
+
+#[tokio::test]
+async fn the_official_python_sdk_in_default_and_legacy_modes() {
+    let dir = TempDir::new("sdk");
+    let root = dir.0.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let s = start(
+        "codemode-sdk",
+        &everything_and_filesystem(&root),
+        &dir.0,
+        &[],
+    )
+    .await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let out = sdk_client(&s, &root.join("missing.txt")).await;
+    assert!(out.contains("ok: auto 2026-07-28"), "{out}");
+    assert!(out.contains("ok: legacy 2025-11-25"), "{out}");
+}
+
+#[tokio::test]
+async fn under_gvisor_through_the_official_python_sdk() {
+    // gVisor runs take turns with the other gVisor tests (their CPU-quota checks).
+    let _one = crate::gvisor::ONE_AT_A_TIME.lock().await;
+    let dir = TempDir::new("gv");
+    let root = dir.0.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let s = start(
+        "codemode-gv",
+        &everything_and_filesystem(&root),
+        &dir.0,
+        &["--runtime", "runsc"],
+    )
+    .await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    // The sandboxes really are gVisor's (its kernel says 4.4.0).
+    let client = s.client().await;
+    let (out, err, _) = run(
+        client.peer(),
+        "import os\nfrom tools import everything\nprint(os.uname().release)\nprint(everything.get_sum(a=1, b=2))",
+    )
+    .await;
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["4.4.0", "The sum of 1 and 2 is 3."],
+        "stderr {err}"
+    );
+    drop(client);
+    let out = sdk_client(&s, &root.join("missing.txt")).await;
+    assert!(out.contains("ok: auto 2026-07-28"), "{out}");
 }
