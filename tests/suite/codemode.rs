@@ -853,3 +853,153 @@ async fn under_gvisor_through_the_official_python_sdk() {
     let out = sdk_client(&s, &root.join("missing.txt")).await;
     assert!(out.contains("ok: auto 2026-07-28"), "{out}");
 }
+
+/// `run --tools FILE` (the CI runner): the files' code calls the upstream servers too, one
+/// file alone (no pool) and two at once (from a warm pool); every sandbox removed.
+#[tokio::test]
+async fn the_run_command_takes_a_tools_file() {
+    let dir = TempDir::new("run");
+    let root = dir.0.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(dir.0.join("tools.toml"), everything_and_filesystem(&root)).unwrap();
+    std::fs::write(
+        dir.0.join("a.py"),
+        "from tools import everything\nprint(everything.get_sum(a=1, b=2))\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.0.join("b.py"),
+        "import tools\nfrom tools import everything\nprint(everything.echo(message='from b'))\ntry:\n    tools.call('filesystem', 'write_file', path='/x', content='x')\nexcept tools.ToolDenied as e:\n    print('ToolDenied')\n",
+    )
+    .unwrap();
+    let bin = env!("CARGO_BIN_EXE_mcp-code-executor");
+    let tools = dir.0.join("tools.toml");
+    for files in [vec!["a.py"], vec!["a.py", "b.py"]] {
+        let mut cmd = tokio::process::Command::new(bin);
+        cmd.arg("run")
+            .arg("--json")
+            .arg("--tools")
+            .arg(&tools)
+            .args(files.iter().map(|f| dir.0.join(f)))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let child = cmd.spawn().expect("the binary starts");
+        let pid = child.id().unwrap();
+        // Should the test fail while it runs: its sandboxes go with it.
+        struct Left(u32);
+        impl Drop for Left {
+            fn drop(&mut self) {
+                common::remove_containers(&common::containers_left_by(self.0, true));
+            }
+        }
+        let _left = Left(pid);
+        let out = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
+            .await
+            .expect("run ends within 4 minutes")
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+        let reports: Vec<Value> = stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        assert_eq!(reports.len(), files.len(), "{stdout}");
+        for r in &reports {
+            let f = r["file"].as_str().unwrap();
+            let want = if f.ends_with("a.py") {
+                "The sum of 1 and 2 is 3.\n"
+            } else {
+                "Echo: from b\nToolDenied\n"
+            };
+            assert_eq!(r["stdout"], want, "{r}\n{stderr}");
+        }
+        common::assert_nothing_left_by(pid);
+    }
+}
+
+/// A JSON-RPC request at protocol 2026-07-28 over raw HTTP, with the tasks extension
+/// declared (the official SDKs have no client side for tasks): its `result` or `error`.
+async fn task_rpc(url: &str, method: &str, mut params: Value) -> Value {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw-tasks", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+    });
+    let name = params
+        .get("name")
+        .or_else(|| params.get("taskId"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let text = reqwest::Client::new()
+        .post(url)
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", method)
+        .header("Mcp-Name", name)
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("the server answers")
+        .text()
+        .await
+        .unwrap();
+    let msg: Value = serde_json::from_str(&text).unwrap_or_else(|_| {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|v| v.get("id").is_some())
+            .unwrap_or_else(|| panic!("no response to {method}: {text}"))
+    });
+    match msg.get("error") {
+        Some(e) => json!({ "error": e }),
+        None => msg["result"].clone(),
+    }
+}
+
+/// A task-augmented execute_code (the tasks extension) calls the upstream servers as a
+/// plain call does.
+#[tokio::test]
+async fn code_mode_inside_a_task() {
+    let dir = TempDir::new("task");
+    let root = dir.0.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let s = start(
+        "codemode-task",
+        &everything_and_filesystem(&root),
+        &dir.0,
+        &[],
+    )
+    .await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let url = s.url("/mcp");
+    let code = "from tools import everything\nprint(everything.get_sum(a=20, b=22))";
+    let created = task_rpc(
+        &url,
+        "tools/call",
+        json!({"name": "execute_code", "arguments": {"code": code}}),
+    )
+    .await;
+    assert_eq!(created["resultType"], "task", "{created}");
+    let id = created["taskId"].as_str().expect("taskId").to_string();
+    let t0 = Instant::now();
+    let done = loop {
+        let t = task_rpc(&url, "tasks/get", json!({ "taskId": id })).await;
+        let status = t["status"].as_str().unwrap_or_else(|| panic!("{t}"));
+        if status != "working" {
+            break t;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "{t}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        done["result"]["structuredContent"]["stdout"], "The sum of 20 and 22 is 42.\n",
+        "{done}"
+    );
+}
