@@ -21,6 +21,7 @@
 //! Logs record the tenant, server, tool, the sizes of arguments and results and the
 //! outcome, never their values.
 
+mod caller;
 pub mod config;
 pub mod names;
 mod run;
@@ -30,6 +31,7 @@ mod upstream;
 use std::sync::{Arc, OnceLock};
 
 use crate::job::{ToolHost, ToolRun, Tools};
+pub use caller::{with_caller, Caller};
 pub use config::Config;
 pub use upstream::Manager;
 
@@ -50,6 +52,7 @@ pub fn tools_for(tenant: &str) -> Option<Tools> {
     Some(Tools(Arc::new(TenantTools {
         manager: m.clone(),
         tenant: tenant.to_string(),
+        caller: caller::current(),
     })))
 }
 
@@ -107,10 +110,19 @@ pub async fn shutdown() {
 struct TenantTools {
     manager: Arc<Manager>,
     tenant: String,
+    /// The client of the call that made the job (a session's: the call that opened it).
+    caller: Option<Arc<dyn Caller>>,
 }
 
 impl ToolHost for TenantTools {
+    /// A run's (or a cell's) calls; their client is the call being served now (a cell's
+    /// own call), else the one that made the job.
     fn start(&self) -> Arc<dyn ToolRun> {
-        Arc::new(run::Run::new(self.manager.clone(), self.tenant.clone()))
+        let caller = caller::current().or_else(|| self.caller.clone());
+        Arc::new(run::Run::new(
+            self.manager.clone(),
+            self.tenant.clone(),
+            caller,
+        ))
     }
 }

@@ -3,12 +3,12 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rmcp::model::{CallToolRequestParams, Tool};
 use serde_json::{json, Value};
 
-use super::{names, schema, Manager};
+use super::{names, schema, Caller, Manager};
 use crate::backend::protocol::encode_tool_answer;
 use crate::job::ToolRun;
 
@@ -18,16 +18,23 @@ pub(super) struct Run {
     tenant: String,
     calls: AtomicU32,
     in_flight: tokio::sync::Semaphore,
+    /// Our client: upstream progress goes to it, and it may consent to destructive tools.
+    caller: Option<Arc<dyn Caller>>,
 }
 
 impl Run {
-    pub(super) fn new(manager: Arc<Manager>, tenant: String) -> Run {
+    pub(super) fn new(
+        manager: Arc<Manager>,
+        tenant: String,
+        caller: Option<Arc<dyn Caller>>,
+    ) -> Run {
         let in_flight = tokio::sync::Semaphore::new(manager.config.limits.in_flight as usize);
         Run {
             manager,
             tenant,
             calls: AtomicU32::new(0),
             in_flight,
+            caller,
         }
     }
 }
@@ -108,6 +115,29 @@ impl ToolRun for Run {
 }
 
 impl Run {
+    /// A destructive tool the operator has not allowed: our client's user may approve it
+    /// through MCP elicitation, when the client declared that it can be asked.
+    async fn consent(&self, server: &str, tool: &str, limit: Duration) -> Result<(), Raise> {
+        let refused =
+            |why: &str| denied(format!("tool `{tool}` of `{server}` is destructive: {why}"));
+        let Some(caller) = &self.caller else {
+            return Err(refused(
+                "the operator has not allowed it (allow_destructive) and no client is there to ask",
+            ));
+        };
+        let question = format!(
+            "Code running in the sandbox asks to call `{tool}` of the tool server `{server}`, which may change or delete data. Allow this call?"
+        );
+        match caller.consent(question, limit).await {
+            Some(true) => {
+                tracing::info!(tenant = %self.tenant, server = %server, tool = %tool, "code mode: destructive call approved by the client's user");
+                Ok(())
+            }
+            Some(false) => Err(refused("the user declined it")),
+            None => Err(refused("the operator has not allowed it (allow_destructive) and the client cannot be asked (no elicitation)")),
+        }
+    }
+
     async fn catalog(&self) -> Value {
         let mut servers = vec![];
         for s in &self.manager.config.servers {
@@ -245,11 +275,6 @@ impl Run {
             .and_then(|a| a.destructive_hint)
             .unwrap_or(false)
             || conf.destructive.iter().any(|d| d == tool);
-        if destructive && !conf.consented(tool) {
-            return Err(denied(format!(
-                "tool `{tool}` of `{server}` is destructive and the operator has not allowed it (allow_destructive)"
-            )));
-        }
         let args = req.get("arguments").cloned().unwrap_or_else(|| json!({}));
         let Value::Object(args) = args else {
             return Err(denied("the arguments must be an object".into()));
@@ -265,6 +290,10 @@ impl Run {
             &Value::Object(args.clone()),
         ) {
             return Err(denied(format!("`{server}.{tool}`: {why}")));
+        }
+        if destructive && !conf.consented(tool) {
+            self.consent(server, tool, conf.call_timeout(limits))
+                .await?;
         }
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         if n > limits.calls_per_run {
@@ -284,7 +313,13 @@ impl Run {
             .map_err(|_| Raise("ToolError", "closed".into(), None))?;
         let timeout = conf.call_timeout(limits);
         let params = CallToolRequestParams::new(tool.to_string()).with_arguments(args);
-        let result = match tokio::time::timeout(timeout, peer.call_tool(params)).await {
+        // The upstream's progress goes to our client as progress of its call.
+        let progress = self
+            .caller
+            .as_ref()
+            .map(|c| (format!("{server}.{tool}"), c.clone()));
+        let result = match tokio::time::timeout(timeout, u.call_tool(&peer, params, progress)).await
+        {
             Err(_) => {
                 return Err(Raise(
                     "ToolTimeout",
@@ -343,7 +378,7 @@ mod tests {
 
     fn run_of(conf: &str, tenant: &str) -> Arc<dyn ToolRun> {
         let m = Manager::new(Config::parse(conf).unwrap(), None, None);
-        Arc::new(Run::new(m, tenant.into()))
+        Arc::new(Run::new(m, tenant.into(), None))
     }
 
     async fn ask(run: &Arc<dyn ToolRun>, req: Value) -> Value {

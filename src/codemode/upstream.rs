@@ -7,11 +7,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rmcp::model::Tool;
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest,
+    ProgressNotificationParam, ProgressToken, ServerResult, Tool,
+};
+use rmcp::service::NotificationContext;
+use rmcp::service::PeerRequestOptions;
 use rmcp::service::{Peer, RunningService};
 use rmcp::{RoleClient, ServiceExt};
 
-use super::{config, names, Config};
+use super::{config, names, Caller, Config};
 
 /// How long an upstream may take to start and list its tools.
 const START_LIMIT: Duration = Duration::from_secs(60);
@@ -33,10 +38,12 @@ pub(super) struct Upstream {
     conn: tokio::sync::Mutex<Option<Conn>>,
     /// What the upstream said of itself at its handshake (title or name, and tool count).
     about: Mutex<Option<String>>,
+    /// Calls in flight whose progress our client wants, by progress token.
+    listeners: Listeners,
 }
 
 struct Conn {
-    service: RunningService<RoleClient, ()>,
+    service: RunningService<RoleClient, Handler>,
     tools: Arc<Vec<Tool>>,
 }
 
@@ -111,6 +118,7 @@ impl Manager {
                         tenant: tenant.to_string(),
                         conn: tokio::sync::Mutex::new(None),
                         about: Mutex::new(None),
+                        listeners: Listeners::default(),
                     })
                 })
                 .clone(),
@@ -143,9 +151,17 @@ impl Manager {
             *conn = None;
         }
         let started = Instant::now();
-        let service = tokio::time::timeout(START_LIMIT, self.start(&u.server))
-            .await
-            .map_err(|_| format!("it did not start within {}s", START_LIMIT.as_secs()))??;
+        let service = tokio::time::timeout(
+            START_LIMIT,
+            self.start(
+                &u.server,
+                Handler {
+                    listeners: u.listeners.clone(),
+                },
+            ),
+        )
+        .await
+        .map_err(|_| format!("it did not start within {}s", START_LIMIT.as_secs()))??;
         let tools = tokio::time::timeout(START_LIMIT, service.list_all_tools())
             .await
             .map_err(|_| "it did not list its tools in time".to_string())?
@@ -165,7 +181,11 @@ impl Manager {
         Ok(out)
     }
 
-    async fn start(&self, s: &config::Server) -> Result<RunningService<RoleClient, ()>, String> {
+    async fn start(
+        &self,
+        s: &config::Server,
+        handler: Handler,
+    ) -> Result<RunningService<RoleClient, Handler>, String> {
         if let Some(program) = &s.command {
             let mut cmd = tokio::process::Command::new(program);
             cmd.args(&s.args).env_clear();
@@ -183,7 +203,8 @@ impl Manager {
                 .stderr(std::process::Stdio::null())
                 .spawn()
                 .map_err(|e| format!("could not start `{program}`: {e}"))?;
-            ().serve(transport)
+            handler
+                .serve(transport)
                 .await
                 .map_err(|e| format!("its MCP handshake failed: {e}"))
         } else {
@@ -200,9 +221,129 @@ impl Manager {
             let transport = rmcp::transport::StreamableHttpClientTransport::from_config(
                 StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers),
             );
-            ().serve(transport)
+            handler
+                .serve(transport)
                 .await
                 .map_err(|e| format!("its MCP handshake failed: {e}"))
         }
+    }
+}
+
+/// Progress listeners of one upstream client: progress token → (the call, our client).
+type Listeners = Arc<Mutex<HashMap<String, (String, Arc<dyn Caller>)>>>;
+
+fn token_key(t: &ProgressToken) -> String {
+    serde_json::to_string(t).unwrap_or_default()
+}
+
+impl Upstream {
+    /// `tools/call` on `peer` (this upstream's client). With `progress` (`server.tool` and
+    /// our client), the upstream's progress of this call goes to our client while it
+    /// runs (rmcp gives every request its own progress token: the one we listen for).
+    /// Dropping the future (the run ended) sends `notifications/cancelled` upstream.
+    pub(super) async fn call_tool(
+        &self,
+        peer: &Peer<RoleClient>,
+        params: CallToolRequestParams,
+        progress: Option<(String, Arc<dyn Caller>)>,
+    ) -> Result<CallToolResult, rmcp::ServiceError> {
+        let handle = peer
+            .send_request_with_option(
+                ClientRequest::CallToolRequest(CallToolRequest::new(params)),
+                PeerRequestOptions::no_options(),
+            )
+            .await?;
+        let _listening = progress.map(|(what, caller)| {
+            let key = token_key(&handle.progress_token);
+            self.listeners
+                .lock()
+                .unwrap()
+                .insert(key.clone(), (what, caller));
+            Listening {
+                listeners: self.listeners.clone(),
+                key,
+            }
+        });
+        let mut abandoned = Abandoned {
+            peer: peer.clone(),
+            id: Some(handle.id.clone()),
+        };
+        let result = handle.await_response().await;
+        abandoned.id = None;
+        match result? {
+            ServerResult::CallToolResult(r) => Ok(r),
+            _ => Err(rmcp::ServiceError::UnexpectedResponse),
+        }
+    }
+}
+
+/// Sends `notifications/cancelled` for a request whose caller went away before its answer.
+struct Abandoned {
+    peer: Peer<RoleClient>,
+    id: Option<rmcp::model::RequestId>,
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else {
+            return;
+        };
+        let Ok(param) = serde_json::from_value(serde_json::json!({
+            "requestId": id,
+            "reason": "the sandboxed run that made this call ended",
+        })) else {
+            return;
+        };
+        let peer = self.peer.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { peer.notify_cancelled(param).await });
+        }
+    }
+}
+
+/// Stops forwarding a call's progress when dropped (the call ended or was dropped).
+pub(super) struct Listening {
+    listeners: Listeners,
+    key: String,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        self.listeners.lock().unwrap().remove(&self.key);
+    }
+}
+
+/// The client side of one upstream connection: progress of a call goes to the client
+/// of the run that made it.
+#[derive(Clone)]
+pub(super) struct Handler {
+    listeners: Listeners,
+}
+
+impl rmcp::ClientHandler for Handler {
+    async fn on_progress(
+        &self,
+        p: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let Some((what, caller)) = self
+            .listeners
+            .lock()
+            .unwrap()
+            .get(&token_key(&p.progress_token))
+            .cloned()
+        else {
+            return;
+        };
+        let amount = match p.total {
+            Some(t) => format!("{}/{t}", p.progress),
+            None => format!("{}", p.progress),
+        };
+        let message = match p.message {
+            Some(m) => format!("{what}: {m} ({amount})"),
+            None => format!("{what}: {amount}"),
+        };
+        // Not on the upstream client's own loop: our client may be slow to take it.
+        tokio::spawn(async move { caller.progress(message).await });
     }
 }

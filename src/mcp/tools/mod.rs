@@ -7,6 +7,7 @@
 //! - [`session`]: `execute_python`, `reset_session`.
 //! - [`workspace`]: `write_file`, `read_file`, `list_files`.
 
+mod caller;
 pub mod code;
 pub mod env;
 pub mod session;
