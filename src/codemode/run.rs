@@ -208,8 +208,16 @@ impl Run {
             armed: true,
         };
         let mut known = (false, false);
+        let mut upstream_us = 0;
         let result = self
-            .checked_call(server, tool, req, request_bytes, &mut known)
+            .checked_call(
+                server,
+                tool,
+                req,
+                request_bytes,
+                &mut known,
+                &mut upstream_us,
+            )
             .await;
         guard.armed = false;
         let (outcome, result_bytes) = match &result {
@@ -220,6 +228,7 @@ impl Run {
             tenant = %self.tenant, server = %server, tool = %tool,
             argument_bytes = request_bytes, result_bytes, outcome,
             ms = started.elapsed().as_millis() as u64,
+            us = started.elapsed().as_micros() as u64, upstream_us,
             calls = self.calls.load(Ordering::SeqCst), budget = limits.calls_per_run,
             "code mode: tool call"
         );
@@ -241,6 +250,7 @@ impl Run {
         req: &Value,
         request_bytes: usize,
         known: &mut (bool, bool),
+        upstream_us: &mut u64,
     ) -> Result<(Value, usize), Raise> {
         let m = &self.manager;
         let limits = &m.config.limits;
@@ -318,8 +328,10 @@ impl Run {
             .caller
             .as_ref()
             .map(|c| (format!("{server}.{tool}"), c.clone()));
-        let result = match tokio::time::timeout(timeout, u.call_tool(&peer, params, progress)).await
-        {
+        let upstream_started = Instant::now();
+        let result = tokio::time::timeout(timeout, u.call_tool(&peer, params, progress)).await;
+        *upstream_us = upstream_started.elapsed().as_micros() as u64;
+        let result = match result {
             Err(_) => {
                 return Err(Raise(
                     "ToolTimeout",
