@@ -45,20 +45,36 @@ struct Cancelled<'a> {
     tenant: &'a str,
     server: &'a str,
     tool: &'a str,
+    known: &'a Known,
     started: Instant,
     armed: bool,
+}
+
+/// What a call turned out to name: a server of the tenant's, a tool that server has.
+#[derive(Default)]
+struct Known {
+    server: std::sync::atomic::AtomicBool,
+    tool: std::sync::atomic::AtomicBool,
+}
+
+impl Known {
+    fn get(&self) -> (bool, bool) {
+        (
+            self.server.load(Ordering::SeqCst),
+            self.tool.load(Ordering::SeqCst),
+        )
+    }
 }
 
 impl Drop for Cancelled<'_> {
     fn drop(&mut self) {
         if self.armed {
             tracing::info!(tenant = %self.tenant, server = %self.server, tool = %self.tool, "code mode: tool call cancelled (the run ended)");
-            // Only a call that reached the upstream can be in flight when its run ends:
-            // its server and tool are known ones (no label of the code's making).
+            let (s, t) = labels(self.known.get(), self.server, self.tool);
             crate::app::metrics::tool_calls().call(
                 self.tenant,
-                self.server,
-                self.tool,
+                s,
+                t,
                 "cancelled",
                 self.started.elapsed().as_secs_f64(),
             );
@@ -200,24 +216,18 @@ impl Run {
         let tool = req.get("tool").and_then(Value::as_str).unwrap_or("");
         let started = Instant::now();
         let limits = &self.manager.config.limits;
+        let known = Known::default();
         let mut guard = Cancelled {
             tenant: &self.tenant,
             server,
             tool,
+            known: &known,
             started,
             armed: true,
         };
-        let mut known = (false, false);
         let mut upstream_us = 0;
         let result = self
-            .checked_call(
-                server,
-                tool,
-                req,
-                request_bytes,
-                &mut known,
-                &mut upstream_us,
-            )
+            .checked_call(server, tool, req, request_bytes, &known, &mut upstream_us)
             .await;
         guard.armed = false;
         let (outcome, result_bytes) = match &result {
@@ -232,7 +242,7 @@ impl Run {
             calls = self.calls.load(Ordering::SeqCst), budget = limits.calls_per_run,
             "code mode: tool call"
         );
-        let (s, t) = labels(known, server, tool);
+        let (s, t) = labels(known.get(), server, tool);
         crate::app::metrics::tool_calls().call(
             &self.tenant,
             s,
@@ -249,7 +259,7 @@ impl Run {
         tool: &str,
         req: &Value,
         request_bytes: usize,
-        known: &mut (bool, bool),
+        known: &Known,
         upstream_us: &mut u64,
     ) -> Result<(Value, usize), Raise> {
         let m = &self.manager;
@@ -259,7 +269,7 @@ impl Run {
                 "no tool server `{server}` is available here"
             )));
         };
-        known.0 = true;
+        known.server.store(true, Ordering::SeqCst);
         let conf = &u.server;
         if !conf.allows(tool) {
             return Err(denied(format!(
@@ -278,7 +288,7 @@ impl Run {
                 "tool server `{server}` has no tool `{tool}`"
             )));
         };
-        known.1 = true;
+        known.tool.store(true, Ordering::SeqCst);
         let destructive = t
             .annotations
             .as_ref()
