@@ -425,6 +425,10 @@ pub struct RunCmd {
     /// are reported as skipped.
     #[arg(long)]
     pub fail_fast: bool,
+    /// Code mode's tools file (TOML, see docs/code-mode.md): MCP servers whose tools the
+    /// files call as Python functions (`from tools import NAME`), started by this command.
+    #[arg(long, env = vars::MCP_EXECUTOR_TOOLS)]
+    pub tools: Option<PathBuf>,
     /// How results are printed: `text` (output, then a status line), `json` (one JSON
     /// outcome per file on stdout) or `github` (output in collapsible groups, failures as
     /// GitHub Actions `::error` annotations at the traceback's line).

@@ -7,6 +7,7 @@
 //! - [`session`]: `execute_python`, `reset_session`.
 //! - [`workspace`]: `write_file`, `read_file`, `list_files`.
 
+mod caller;
 pub mod code;
 pub mod env;
 pub mod session;
@@ -299,6 +300,33 @@ impl ServerHandler for CodeExecutor {
 
     fn get_info(&self) -> ServerConfig {
         Self::server_info()
+    }
+
+    /// The router's tools, as rmcp's `tool_handler` lists them, except that `execute_code`
+    /// and `execute_python` also name the code-mode servers of this tenant (one line each):
+    /// such a list is the tenant's own, not for shared caches.
+    async fn list_tools(
+        &self,
+        _request: Option<rmcp::model::PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListToolsResult, ErrorData> {
+        let mut tools = self.tool_router.list_all();
+        let own = crate::codemode::describe(&mut tools, self.executor().tenant());
+        let hints = context
+            .protocol_version()
+            .is_some_and(|v| v >= rmcp::model::ProtocolVersion::V_2026_07_28);
+        let scope = match own {
+            true => rmcp::model::CacheScope::Private,
+            false => rmcp::model::CacheScope::Public,
+        };
+        Ok(rmcp::model::ListToolsResult {
+            result_type: Some(rmcp::model::ResultType::COMPLETE),
+            tools,
+            meta: None,
+            next_cursor: None,
+            ttl_ms: hints.then_some(0),
+            cache_scope: hints.then_some(scope),
+        })
     }
 
     /// The files of the session's workspace (the connection's own; none for a request
