@@ -84,6 +84,16 @@
 //! turns it into the library's types), sets up logging to stderr and calls one function of
 //! [`commands`].
 
+/// `eprintln!` that never panics. A server's stderr may be a pipe whose reader is gone (a
+/// supervisor that died, `serve 2>&1 | head`): `eprintln!` panics there, and a panic in the
+/// signal watcher or the shutdown path left a server that SIGTERM could not stop.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod app;
 pub mod backend;
 pub mod cli;

@@ -59,7 +59,7 @@ impl Abandon {
             }
             None => "start-up not finished".to_string(),
         };
-        eprintln!("mcp-code-executor: {why}; abandoning what is left ({left})");
+        say!("mcp-code-executor: {why}; abandoning what is left ({left})");
         tracing::error!(left = %left, "shutdown abandoned: {why}");
         match self.backend {
             BackendKind::Docker => {
@@ -69,14 +69,12 @@ impl Abandon {
                 )
                 .await;
                 match removed {
-                    Ok(Ok(n)) => eprintln!("mcp-code-executor: removed {n} containers of this process"),
-                    Ok(Err(e)) => eprintln!("mcp-code-executor: could not remove this process's containers ({e}); the next start-up sweep removes them"),
-                    Err(_) => eprintln!("mcp-code-executor: the Docker daemon did not answer within 10 s; the next start-up sweep removes this process's containers"),
+                    Ok(Ok(n)) => say!("mcp-code-executor: removed {n} containers of this process"),
+                    Ok(Err(e)) => say!("mcp-code-executor: could not remove this process's containers ({e}); the next start-up sweep removes them"),
+                    Err(_) => say!("mcp-code-executor: the Docker daemon did not answer within 10 s; the next start-up sweep removes this process's containers"),
                 }
             }
-            _ => eprintln!(
-                "mcp-code-executor: the pods of this process go to the next start-up sweep"
-            ),
+            _ => say!("mcp-code-executor: the pods of this process go to the next start-up sweep"),
         }
         std::process::exit(1)
     }
@@ -97,13 +95,13 @@ fn watch_signals(shutdown: CancellationToken, abandon: Abandon) {
             {
                 Ok(rt) => rt,
                 Err(e) => {
-                    eprintln!("mcp-code-executor: no runtime for the signal watcher: {e}");
+                    say!("mcp-code-executor: no runtime for the signal watcher: {e}");
                     return;
                 }
             };
             rt.block_on(async move {
                 wait_for_signal().await;
-                eprintln!("mcp-code-executor: shutting down; stopping runs");
+                say!("mcp-code-executor: shutting down; stopping runs");
                 shutdown.cancel();
                 let why = tokio::select! {
                     _ = tokio::time::sleep(SHUTDOWN_LIMIT) => format!(
@@ -114,7 +112,7 @@ fn watch_signals(shutdown: CancellationToken, abandon: Abandon) {
             })
         });
     if let Err(e) = spawned {
-        eprintln!("mcp-code-executor: cannot watch for signals: {e}");
+        say!("mcp-code-executor: cannot watch for signals: {e}");
     }
 }
 

@@ -100,7 +100,7 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
     let (tenants, mut rules) = match &cfg.tenants_file {
         Some(path) => {
             let (t, r) = tenancy::load_all(path)?;
-            eprintln!(
+            say!(
                 "mcp-code-executor: {} tenants from {} ({}); every MCP request needs a bearer token",
                 t.len(),
                 path.display(),
@@ -114,7 +114,7 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
         // Code mode (#26): upstream clients start at the first call of each tenant's code.
         let conf = crate::codemode::Config::load(path).map_err(anyhow::Error::msg)?;
         let m = crate::codemode::Manager::new(conf, cfg.host.path.clone(), cfg.host.home.clone());
-        eprintln!(
+        say!(
             "mcp-code-executor: code mode: {} tool servers from {}: {}",
             m.summary().len(),
             path.display(),
@@ -123,7 +123,7 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
         crate::codemode::install(m);
     }
     let code_root = crate::storage::CodeStorage::open(&cfg.code_storage_dir)?;
-    eprintln!(
+    say!(
         "mcp-code-executor: code storage {}{}",
         code_root.dir().display(),
         if tenants.is_some() { "/<tenant>" } else { "" }
@@ -137,7 +137,7 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
     let started = tokio::select! {
         r = start::start(&config, tenants.as_deref(), &startup, shutdown.clone()) => r,
         _ = shutdown.cancelled() => {
-            eprintln!("mcp-code-executor: stopped during start-up");
+            say!("mcp-code-executor: stopped during start-up");
             return Ok(());
         }
     };
@@ -155,7 +155,7 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
         Front::Stdio { pending, task } => {
             pending.ready(mcp::CodeExecutor::connect(&service.tenants()[0]));
             startup.set(Phase::Serving);
-            eprintln!("mcp-code-executor: serving MCP over stdio");
+            say!("mcp-code-executor: serving MCP over stdio");
             tell_when_pool_ready(&service, shutdown.clone());
             task.await
         }
@@ -170,7 +170,7 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
             }
             starting.ready(http::hosted(service.clone(), auth, &config.http));
             startup.set(Phase::Serving);
-            eprintln!("mcp-code-executor: serving Streamable HTTP at http://{addr}/mcp and legacy SSE at http://{addr}/sse; health at /healthz and /readyz{}",
+            say!("mcp-code-executor: serving Streamable HTTP at http://{addr}/mcp and legacy SSE at http://{addr}/sse; health at /healthz and /readyz{}",
                 if cfg.http.metrics { ", metrics at /metrics" } else { "" });
             tell_when_pool_ready(&service, shutdown.clone());
             task.await
@@ -200,7 +200,7 @@ fn drain_on(config: &Config, shutdown: CancellationToken) -> CancellationToken {
         let service = serving.borrow().clone();
         if let Some(service) = service {
             let (running, waiting, _) = service.in_flight();
-            eprintln!(
+            say!(
                 "mcp-code-executor: draining: /readyz says 503, new calls go to other replicas; \
                  {} runs in progress and {waiting} waiting get {} s to finish",
                 running,
@@ -213,7 +213,7 @@ fn drain_on(config: &Config, shutdown: CancellationToken) -> CancellationToken {
                 })
                 .await;
             if !finished {
-                eprintln!("mcp-code-executor: the drain grace is over: stopping the runs still in progress");
+                say!("mcp-code-executor: the drain grace is over: stopping the runs still in progress");
             }
         }
         stopped.cancel();
@@ -274,12 +274,12 @@ async fn front(
             .with_context(|| format!("cannot listen on {}:{}", http.host, http.port))?,
     };
     let addr = listener.local_addr()?;
-    eprintln!(
+    say!(
         "mcp-code-executor: listening on http://{addr}: /healthz answers now, /readyz says \
          how start-up goes, MCP requests are answered once it is done"
     );
     if !hosted && !addr.ip().is_loopback() {
-        eprintln!(
+        say!(
             "WARNING: listening on {addr}, beyond loopback, with ONE local tenant and NO authentication: \
              anyone who can reach this port can run code. Give a tenants file (--tenants) to require tokens."
         );
@@ -309,9 +309,10 @@ fn tell_when_pool_ready(service: &Arc<app::Service>, shutdown: CancellationToken
         loop {
             let stats = backend.stats();
             if stats.pool_ready > 0 {
-                eprintln!(
+                say!(
                     "mcp-code-executor: ready: the warm pool has {} of {} sandboxes waiting",
-                    stats.pool_ready, stats.pool_target
+                    stats.pool_ready,
+                    stats.pool_target
                 );
                 return;
             }

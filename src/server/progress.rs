@@ -55,7 +55,7 @@ impl BuildReport {
             eprint!("\r\x1b[2K");
             self.bar_drawn = false;
         }
-        eprintln!("mcp-code-executor: {indent}{e}");
+        say!("mcp-code-executor: {indent}{e}");
     }
 
     fn bar(&mut self, index: usize, total: usize, name: &str) {

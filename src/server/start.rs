@@ -26,7 +26,7 @@ pub(super) async fn oauth(
     let c = &http.oauth;
     if c.issuers.is_empty() {
         if !rules.is_empty() {
-            eprintln!("mcp-code-executor: warning: the tenants file has [[oauth_rules]] but no --oauth-issuer is given: OAuth sign-in is off");
+            say!("mcp-code-executor: warning: the tenants file has [[oauth_rules]] but no --oauth-issuer is given: OAuth sign-in is off");
         }
         return Ok(None);
     }
@@ -38,13 +38,13 @@ pub(super) async fn oauth(
     let o = tenancy::oauth::OAuth::new(settings, rules).map_err(|e| anyhow::anyhow!(e))?;
     for (issuer, r) in o.check_issuers().await {
         match r {
-            Ok(n) => eprintln!("mcp-code-executor: OAuth issuer {issuer}: {n} signing keys"),
-            Err(e) => eprintln!(
+            Ok(n) => say!("mcp-code-executor: OAuth issuer {issuer}: {n} signing keys"),
+            Err(e) => say!(
                 "mcp-code-executor: warning: OAuth issuer {issuer}: its metadata or keys cannot be fetched ({e}); its tokens are refused until it answers"
             ),
         }
     }
-    eprintln!(
+    say!(
         "mcp-code-executor: OAuth sign-in for resource {}/mcp; metadata at {}/.well-known/oauth-protected-resource/mcp",
         o.settings.base(),
         o.settings.base()
@@ -176,15 +176,15 @@ async fn self_test(
     startup.set(Phase::SelfTest);
     let report = doctor::diagnose(&**sandbox).await;
     if report.ok() {
-        eprintln!(
+        say!(
             "mcp-code-executor: isolation self-test passed ({} checks)",
             report.checks.len()
         );
     } else {
         eprint!("{}", report.table());
         if cfg.allow_unsafe {
-            eprintln!("WARNING: the isolation self-test FAILED and --allow-unsafe was given.");
-            eprintln!("WARNING: untrusted code may reach the host or the network. Do not expose this server.");
+            say!("WARNING: the isolation self-test FAILED and --allow-unsafe was given.");
+            say!("WARNING: untrusted code may reach the host or the network. Do not expose this server.");
         } else {
             sandbox.shutdown().await;
             anyhow::bail!(
@@ -216,7 +216,7 @@ async fn environments(
         state = state.restrict_to(roots);
     }
     let report = state.report().await;
-    eprintln!(
+    say!(
         "mcp-code-executor: tenant {tenant}: environment {} at {} (Python {})",
         report.kind,
         report.path.display(),

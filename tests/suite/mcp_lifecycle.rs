@@ -136,6 +136,56 @@ async fn sigterm_stops_runs_removes_containers_and_exits_zero() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A server whose stderr reader went away (a supervisor that died, `serve 2>&1 | head`)
+/// still stops at SIGTERM: writing to a closed stderr must not take the shutdown with it
+/// (`eprintln!` panics on EPIPE, and its panic ended the signal watcher, so the process ran on).
+#[tokio::test]
+async fn sigterm_stops_a_server_whose_stderr_reader_is_gone() {
+    let dir = std::env::temp_dir().join(format!(
+        "mcp-test-sigterm-epipe-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let _dir_guard = crate::common::TempDirs(vec![dir.clone()]);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
+        .args(["serve", "--port", "0", "--pool-size", "0"])
+        .env("CODE_STORAGE_DIR", &dir)
+        .env("MCP_EXECUTOR_TENANT", "t-mcp-sigterm-epipe")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = tokio::time::timeout(Duration::from_secs(120), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.split("Streamable HTTP at ").nth(1) {
+                return rest.split_whitespace().next().unwrap().to_string();
+            }
+        }
+        panic!("the server exited before listening");
+    })
+    .await
+    .expect("the server listens in time");
+    let ready = url.replace("/mcp", "/readyz");
+    let t = std::time::Instant::now();
+    while reqwest::get(&ready).await.map(|r| r.status().as_u16()).ok() != Some(200) {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{ready} never said 200"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(lines); // the reader of its stderr is gone
+    let pid = child.id().unwrap() as i32;
+    // SAFETY: kill(2) on the pid of a child this test spawned and still holds.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::time::timeout(Duration::from_secs(40), child.wait())
+        .await
+        .expect("the server exits within 40 s of SIGTERM with its stderr reader gone")
+        .unwrap();
+    assert!(status.code().is_some(), "exit status {status:?}");
+}
+
 #[tokio::test]
 async fn serve_refuses_to_start_when_the_self_test_fails() {
     // an image that does not exist (and may not be built) fails the start-up self-test
