@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::backend::docker::{DockerBackend, DockerConfig};
-use crate::backend::{Backend, PoolConfig};
+use crate::backend::{Backend, PoolConfig, RunGate};
 use crate::config::serve::BackendKind;
 use crate::config::BackendConfig;
 use crate::job::Limits;
@@ -45,6 +45,20 @@ pub async fn connect_with_pool(
     per_tenant: bool,
     report: &mut (dyn FnMut(&image::BuildEvent) + Send),
 ) -> Result<Arc<dyn Backend>, String> {
+    Ok(connect_planned(cfg, pool_limits, per_tenant, None, report)
+        .await?
+        .0)
+}
+
+/// [`connect_with_pool`]; with `runs`, the shared pool serves that many runs of a one-shot
+/// process (see [`connect_for_runs`]).
+async fn connect_planned(
+    cfg: &BackendConfig,
+    pool_limits: Limits,
+    per_tenant: bool,
+    runs: Option<usize>,
+    report: &mut (dyn FnMut(&image::BuildEvent) + Send),
+) -> Result<(Arc<dyn Backend>, Option<RunGate>), String> {
     let pool = PoolConfig {
         size: cfg.pool_size,
         limits: pool_limits,
@@ -72,10 +86,25 @@ pub async fn connect_with_pool(
             if let Err(e) = sandbox.sweep().await {
                 tracing::warn!(error = %e, "sweep of leftover containers failed");
             }
-            Ok(Arc::new(sandbox))
+            let gate = runs.and_then(|n| sandbox.pools().expect_runs(n));
+            Ok((Arc::new(sandbox), gate))
         }
-        BackendKind::Kubernetes => kubernetes(cfg, pool).await,
+        BackendKind::Kubernetes => Ok((kubernetes(cfg, pool).await?, None)),
     }
+}
+
+/// The backend for a one-shot `run` of `runs` files, with a warm pool of `cfg.pool_size`
+/// sandboxes of `pool_limits` that makes them all at once and never more than the files
+/// still to come, and the gate each file passes before it takes one (it waits for a
+/// sandbox being made instead of starting another beside it). The gate is `None` without
+/// a pool, or on Kubernetes (whose pool serves the files as a server's would).
+pub async fn connect_for_runs(
+    cfg: &BackendConfig,
+    pool_limits: Limits,
+    runs: usize,
+    report: &mut (dyn FnMut(&image::BuildEvent) + Send),
+) -> Result<(Arc<dyn Backend>, Option<RunGate>), String> {
+    connect_planned(cfg, pool_limits, false, Some(runs), report).await
 }
 
 /// The Kubernetes backend: the image is not built here (the nodes pull it from a

@@ -102,6 +102,7 @@ pub async fn run(cmd: RunRequest) -> Exit {
         r = backend::connect(&cmd.backend) => r,
         _ = stop.cancelled() => return interrupted().unwrap_or(run::exit::INTERRUPTED),
     };
+    // The pool serves exactly the files: see `backend::connect_for_runs`.
     let sandbox = match plain {
         Ok(s) if files.len() > 1 => {
             drop(s);
@@ -110,11 +111,12 @@ pub async fn run(cmd: RunRequest) -> Exit {
                 build_missing: false,
                 ..cmd.backend.clone()
             };
-            backend::connect_with_pool(&cfg, limits.clone(), false, &mut backend::print_build).await
+            let (n, print) = (files.len(), &mut backend::print_build);
+            backend::connect_for_runs(&cfg, limits.clone(), n, print).await
         }
-        other => other,
+        other => other.map(|s| (s, None)),
     };
-    let sandbox = match sandbox {
+    let (sandbox, gate) = match sandbox {
         Ok(s) => s,
         Err(e) => {
             eprintln!("mcp-code-executor: {e}");
@@ -144,6 +146,7 @@ pub async fn run(cmd: RunRequest) -> Exit {
         junit: cmd.junit,
         jobs,
         fail_fast: cmd.fail_fast,
+        gate,
     };
     let code = run::run_files(executor, files, opts, stop).await;
     // Pools stopped, every sandbox removed (bounded; what is left goes to the next sweep).

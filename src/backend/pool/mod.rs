@@ -21,10 +21,12 @@ use crate::job::{Limits, RunEnv};
 
 mod pools;
 mod refill;
+mod runs;
 #[cfg(test)]
 mod tests;
 
 pub use pools::POOL_IDLE;
+pub use runs::RunGate;
 
 /// The warm pool a backend keeps: both drivers take the same settings.
 #[derive(Debug, Clone, Default)]
@@ -153,6 +155,14 @@ struct State<L> {
     /// The modules its sandboxes may preload (configured, then learned; what was found
     /// missing or too big is left out). Empty where nothing is preloaded.
     candidates: Vec<String>,
+    /// Plain sandboxes made at once, at most ([`MAKING_PER_KIND`]; a one-shot `run`: its
+    /// pool size, see [`Pool::expect_runs`]).
+    plain_at_once: usize,
+    /// A one-shot process's runs still to come, when it said how many (see
+    /// [`Pool::expect_runs`]): the pool never holds more than that.
+    runs: Option<runs::Runs>,
+    /// The last sandbox the refill workers tried to make failed.
+    failing: bool,
 }
 
 /// One pool: sandboxes of one shape, for one tenant label, of the kinds its calls need
@@ -168,6 +178,8 @@ pub(crate) struct Pool<L> {
     size: usize,
     state: Mutex<State<L>>,
     wake: Notify,
+    /// A sandbox was made, or failed to be, or the pool closed (what [`RunGate`] waits on).
+    made_note: Notify,
     closed: AtomicBool,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -188,8 +200,12 @@ impl<L: Waiting> Pool<L> {
                 plan: preload::plan(size, &[], &[]),
                 demand: VecDeque::new(),
                 candidates: Vec::new(),
+                plain_at_once: MAKING_PER_KIND,
+                runs: None,
+                failing: false,
             }),
             wake: Notify::new(),
+            made_note: Notify::new(),
             closed: AtomicBool::new(false),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -311,6 +327,7 @@ impl<L: Waiting> Pool<L> {
         env: &RunEnv,
         imports: Option<&[String]>,
     ) -> Option<L> {
+        self.run_taken();
         if self.is_closed() || Shape::of(limits, env) != self.shape {
             self.misses.fetch_add(1, Ordering::Relaxed);
             return None;
@@ -368,6 +385,7 @@ impl<L: Waiting> Pool<L> {
         };
         drop(drained);
         self.wake.notify_waiters();
+        self.made_note.notify_waiters();
     }
 
     /// Drop waiting sandboxes that died or aged, then claim a slot for one more of a kind
@@ -396,6 +414,11 @@ impl<L: Waiting> Pool<L> {
             st.ready.iter().filter(|(r, _)| r == k).count()
                 + st.making.iter().filter(|m| *m == k).count()
         };
+        if !Self::runs_allow_one_more(&st) {
+            drop(st);
+            drop(dead);
+            return None;
+        }
         let preloading = st.making.iter().filter(|m| !m.is_empty()).count();
         let plain = st.making.len() - preloading;
         let lacking = st
@@ -404,7 +427,7 @@ impl<L: Waiting> Pool<L> {
             .filter(|(k, t)| {
                 count(&st, k) < *t
                     && if k.is_empty() {
-                        plain < MAKING_PER_KIND
+                        plain < st.plain_at_once
                     } else {
                         preloading < MAKING_PER_KIND
                     }
@@ -455,6 +478,13 @@ impl<L: Waiting> Pool<L> {
         let mut st = self.state();
         if let Some(i) = st.making.iter().position(|m| m == kind) {
             st.making.remove(i);
+        }
+        st.failing = live.is_none();
+        if live.is_some() {
+            self.made_note.notify_one();
+        } else {
+            // Every run waiting at the gate goes its own way (cold, with the real error).
+            self.made_note.notify_waiters();
         }
         match live {
             // Checked under the lock that `close` takes: nothing is pushed after it.
