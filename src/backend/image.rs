@@ -36,6 +36,7 @@ pub const RUNNER_FILES: &[(&str, &str)] = &[
     runner_file!("mcp_runner/job.py"),
     runner_file!("mcp_runner/limits.py"),
     runner_file!("mcp_runner/main.py"),
+    runner_file!("mcp_runner/output.py"),
     runner_file!("mcp_runner/preload.py"),
     runner_file!("mcp_runner/run.py"),
     runner_file!("mcp_runner/session.py"),
@@ -283,6 +284,27 @@ mod tests {
             }
         }
     }
+    /// A module left out of [`RUNNER_FILES`] is missing from the image, and every runner
+    /// would die at its import.
+    #[test]
+    fn every_runner_module_is_embedded() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("images/sandbox");
+        for dir in ["mcp_runner", "tools"] {
+            for entry in std::fs::read_dir(root.join(dir)).expect("the runner's sources") {
+                let name = entry.expect("an entry").file_name();
+                let name = name.to_string_lossy();
+                if !name.ends_with(".py") {
+                    continue;
+                }
+                let path = format!("{dir}/{name}");
+                assert!(
+                    RUNNER_FILES.iter().any(|(p, _)| *p == path),
+                    "{path} is not in RUNNER_FILES"
+                );
+            }
+        }
+    }
+
     #[test]
     fn control_sequences_are_stripped() {
         assert_eq!(strip_control("\u{1b}[91mE: boom\u{1b}[0m"), "E: boom");

@@ -10,16 +10,18 @@ Python 3 (the runner's modules use the standard library only):
 import io
 import json
 import os
+import signal
 import struct
 import sys
 import tarfile
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "images", "sandbox"))
 
-from mcp_runner import frames, limits, workspace  # noqa: E402
+from mcp_runner import figures, frames, limits, output, workspace  # noqa: E402
 
 
 def tar_of(*entries):
@@ -239,6 +241,89 @@ class BudgetTest(unittest.TestCase):
             b.note("same")
         b.note("other")
         self.assertEqual(b.notes, ["same", "other"])
+
+
+class OutputTest(unittest.TestCase):
+    def test_output_is_sent_up_to_one_byte_past_the_cap_and_counted_whole(self):
+        out = output.Output(5)
+        with CapturedFrames() as c:
+            out.forward(b"O", 0, b"abc")
+            out.forward(b"O", 0, b"defgh")
+            out.forward(b"O", 0, b"ijk")
+            out.forward(b"E", 1, b"err")
+        self.assertEqual(parse_frames(c.raw), [(b"O", b"abc"), (b"O", b"def"), (b"E", b"err")])
+        self.assertEqual(out.fields(), {"stdout_bytes": 11, "stderr_bytes": 3})
+
+    def test_pump_says_when_a_pipe_ends_and_drain_never_waits(self):
+        r, w = os.pipe()
+        out = output.Output(100)
+        try:
+            os.write(w, b"one")
+            with CapturedFrames() as c:
+                self.assertTrue(out.pump(r, b"O", 0))
+                os.write(w, b"two")
+                out.drain(r, b"O", 0)  # the writer is still open: returns all the same
+                os.close(w)
+                w = None
+                self.assertFalse(out.pump(r, b"O", 0))
+            self.assertEqual(parse_frames(c.raw), [(b"O", b"one"), (b"O", b"two")])
+            self.assertTrue(os.get_blocking(r))
+        finally:
+            os.close(r)
+            if w is not None:
+                os.close(w)
+
+    def test_reap_takes_every_exited_child_and_gives_the_codes_status(self):
+        self.assertIsNone(output.reap(os.getpid()))  # no child at all
+        code = os.fork()
+        if code == 0:
+            os._exit(3)
+        other = os.fork()
+        if other == 0:
+            os._exit(0)
+        status = None
+        for _ in range(200):  # both have exited within moments
+            got = output.reap(code)
+            status = got if got is not None else status
+            try:
+                os.waitpid(other, os.WNOHANG)
+            except ChildProcessError:
+                if status is not None:
+                    break
+            time.sleep(0.01)
+        self.assertEqual(output.exit_fields(status), {"exit_code": 3, "signal": None})
+        with self.assertRaises(ChildProcessError):
+            os.waitpid(-1, os.WNOHANG)  # nothing left unreaped
+
+    def test_exit_fields_name_the_signal_of_a_killed_code(self):
+        pid = os.fork()
+        if pid == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(output.exit_fields(status), {"exit_code": None, "signal": 9})
+
+    def test_returns_that_fail_are_a_note_and_the_report_has_every_field(self):
+        class Job:
+            files_before = None
+            workdir = "/nonexistent"
+
+        def broken(budget):
+            raise OSError("figures dir gone")
+
+        saved, figures.send_artifacts = figures.send_artifacts, broken
+        try:
+            budget = limits.Budget()
+            returned = output.send_returns(Job(), budget)
+        finally:
+            figures.send_artifacts = saved
+        self.assertEqual(returned, {"artifacts_dropped": 0, "files_dropped": 0})
+        out = output.Output(10)
+        report = output.report(out, budget, returned, exit_code=0, signal=None)
+        self.assertEqual(report["notes"], ["figures or files could not be returned: OSError('figures dir gone')"])
+        self.assertEqual(
+            sorted(report),
+            ["artifacts_dropped", "exit_code", "files_dropped", "notes", "signal", "stderr_bytes", "stdout_bytes"],
+        )
 
 
 if __name__ == "__main__":

@@ -294,6 +294,57 @@ async fn a_session_is_a_pod() {
     assert_no_pods_left(&k, &b).await;
 }
 
+/// Code mode's requests reach the job's tools from a pod (over `pods/attach`, as on
+/// Docker), in a run and in a session's cells; answers come back to the code.
+#[tokio::test(flavor = "multi_thread")]
+async fn code_mode_requests_reach_the_jobs_tools_from_a_pod() {
+    use mcp_code_executor::job::{ToolHost, ToolRun, Tools};
+    /// Answers every call with its tool and arguments, as a structured result.
+    struct Echo;
+    struct EchoRun;
+    impl ToolHost for Echo {
+        fn start(&self) -> std::sync::Arc<dyn ToolRun> {
+            std::sync::Arc::new(EchoRun)
+        }
+    }
+    #[async_trait::async_trait]
+    impl ToolRun for EchoRun {
+        async fn answer(&self, request: Vec<u8>) -> Vec<u8> {
+            let req: serde_json::Value = serde_json::from_slice(&request).unwrap();
+            let body = serde_json::json!({
+                "kind": "tool",
+                "id": req["id"],
+                "structured": {"tool": req["tool"], "arguments": req["arguments"]},
+            });
+            let json = serde_json::to_vec(&body).unwrap();
+            let mut msg = (json.len() as u32).to_be_bytes().to_vec();
+            msg.extend(json);
+            msg
+        }
+    }
+    let k = standin().await;
+    let b = connect(config(&k)).await;
+    let code = "import tools\nr = tools.call('up', 'echo', a=1)\nprint(r['tool'], r['arguments'])";
+    let mut j = job(code, "t-kube-tools");
+    j.tools = Some(Tools(std::sync::Arc::new(Echo)));
+    let o = b.run(j, None).await.unwrap();
+    assert_eq!(o.stdout_text(), "echo {'a': 1}\n", "{o:?}");
+
+    let mut j = job("", "t-kube-tools");
+    j.tools = Some(Tools(std::sync::Arc::new(Echo)));
+    let mut s = b.open_session(j).await.unwrap();
+    let t = Duration::from_secs(20);
+    let o = s.exec("import tools", t, None).await.unwrap();
+    assert!(o.success(), "{o:?}");
+    let o = s
+        .exec("print(tools.call('up', 'again', b=2)['tool'])", t, None)
+        .await
+        .unwrap();
+    assert_eq!(o.stdout_text(), "again\n", "{o:?}");
+    drop(s);
+    assert_no_pods_left(&k, &b).await;
+}
+
 /// Dropping a run's future (a cancelled call) deletes its pod.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cancelled_run_deletes_its_pod() {

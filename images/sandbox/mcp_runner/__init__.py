@@ -54,8 +54,12 @@ The modules, one concern each:
   figures    returning the figures the code saved, the matplotlib font cache
   stubs      the code the child interpreter runs (a file, or a session's cells)
   child      starting and discarding that interpreter
-  run        a one-shot run: pump the output, reap, the backstop deadline, the report
+  output     the code's output under its cap, reaping, figures and files returned, the
+             report's fields: shared by a run and a session's cells
+  run        a one-shot run: its select loop, the backstop deadline
   session    a session: cells and files, one message after another, until stdin closes
+  preload    a waiting interpreter's preloaded modules, and the import scan of a run's code
+  toolrelay  code mode: the code's tool requests out as `T` frames, the answers back in
 
 Written for the image's Python 3 and the standard library only, started with -I -S
 through `../runner.py`; the stubs run in the user's interpreter and are kept to Python

@@ -1,6 +1,8 @@
 """The job: what the header the server sends first asks for (see `protocol.rs`'s
 `JobHeader`), and what the runner learns while setting it up."""
 
+import os
+
 from mcp_runner import frames
 
 
@@ -27,6 +29,13 @@ class Job:
         self.wake_r = None
         # What the preload of the code's interpreter did (`preload.State`), for the report.
         self.preload = None
+
+    def woken(self):
+        """Empty the wake pipe: a child exited, and the select loop reaps and looks again."""
+        try:
+            os.read(self.wake_r, 512)
+        except OSError:
+            pass
 
 
 def read_job(stdin, default_python):

@@ -18,8 +18,8 @@ import selectors
 import signal
 import struct
 
-from mcp_runner import cgroup, figures, frames, limits, toolrelay
-from mcp_runner.workspace import Refused, note_written, send_files, unpack, why
+from mcp_runner import cgroup, frames, limits, output, toolrelay
+from mcp_runner.workspace import Refused, note_written, unpack, why
 
 
 def serve(child, job):
@@ -102,32 +102,6 @@ def accept_status(line, nonce):
     return status
 
 
-def drain(fd, kind, idx, counts, limit):
-    """Forward what `fd` holds now (non-blocking), under the output cap."""
-    os.set_blocking(fd, False)
-    try:
-        while True:
-            try:
-                data = os.read(fd, limits.CHUNK)
-            except (BlockingIOError, OSError):
-                break
-            if not data:
-                break
-            forward(kind, idx, data, counts, limit)
-    finally:
-        os.set_blocking(fd, True)
-
-
-def forward(kind, idx, data, counts, limit):
-    """Send `data` as output frames, up to one byte past the cap: a server that sees more
-    than the cap knows the stream was cut, even if the sandbox is killed before its
-    report (the server keeps the cap, not the extra byte)."""
-    room = limit + 1 - counts[idx]
-    counts[idx] += len(data)
-    if room > 0:
-        frames.frame(kind, data[:room])
-
-
 def run_cell(stdin, sel, child, job, cell, relay):
     """Run one cell and report; True when the interpreter is gone (the session ended).
 
@@ -136,10 +110,9 @@ def run_cell(stdin, sel, child, job, cell, relay):
     interpreter exits. Anything else on that channel (garbage, a line the code forged with
     no or an old nonce) is ignored, so a cell cannot end itself early by writing there
     and the cells that follow are never shifted."""
-    limit = int(cell.get("output_limit", job.output_limit))
+    out = output.Output(int(cell.get("output_limit", job.output_limit)))
     code = str(cell.get("code", "")).encode("utf-8", "replace")
     budget = limits.Budget(cell.get("return_limit", getattr(job, "return_limit", None)))
-    counts = [0, 0]
     cpu0, oom0 = cgroup.cpu_ns(), cgroup.oom_kills() or 0
     nonce = os.urandom(16).hex()
     msg = nonce.encode() + struct.pack(">I", len(code)) + code
@@ -176,10 +149,7 @@ def run_cell(stdin, sel, child, job, cell, relay):
                     sel.unregister(key.fd)
                 continue
             if key.data is None:
-                try:
-                    os.read(job.wake_r, 512)
-                except OSError:
-                    pass
+                job.woken()
             elif key.data == "status":
                 try:
                     chunk = os.read(child.st_r, 65536)
@@ -202,51 +172,30 @@ def run_cell(stdin, sel, child, job, cell, relay):
                     except ChildProcessError:
                         exited = exited if exited is not None else (9 & 0x7F)
             else:
-                kind, idx = key.data
-                try:
-                    data = os.read(key.fd, limits.CHUNK)
-                except OSError:
-                    data = b""
-                if data:
-                    forward(kind, idx, data, counts, limit)
-        try:
-            wpid, wstatus = os.waitpid(-1, os.WNOHANG)
-            while wpid:
-                if wpid == child.pid:
-                    exited = wstatus
-                wpid, wstatus = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            pass
+                out.pump(key.fd, *key.data)
+        reaped = output.reap(child.pid)
+        if reaped is not None:
+            exited = reaped
     if watching:
         sel.unregister(stdin.fileno())
     # What the cell printed before its status is already in the pipes: take it.
-    drain(child.out_r, b"O", 0, counts, limit)
-    drain(child.err_r, b"E", 1, counts, limit)
-    dropped = files_dropped = 0
-    try:
-        dropped = figures.send_artifacts(budget)
-        if job.files_before is not None:
-            job.files_before, files_dropped = send_files(job.workdir, job.files_before, budget)
-        figures.clear()
-    except Exception as e:  # the cell's own outcome is reported whatever happened here
-        budget.note("figures or files could not be returned: %r" % (e,))
+    out.drain(child.out_r, b"O", 0)
+    out.drain(child.err_r, b"E", 1)
+    returned = output.send_returns(job, budget, clear=True)
     cpu1 = cgroup.cpu_ns()
-    report = {
-        "exit_code": 0 if (status or {}).get("ok") else 1,
-        "signal": None,
-        "cpu_ms": (cpu1 - cpu0) // 1000000 if cpu0 is not None and cpu1 is not None else None,
-        "peak_memory_bytes": cgroup.peak_memory(),
-        "oom_kills": max(0, (cgroup.oom_kills() or 0) - oom0),
-        "stdout_bytes": counts[0],
-        "stderr_bytes": counts[1],
-        "artifacts_dropped": dropped,
-        "files_dropped": files_dropped,
-        "notes": budget.all_notes(),
-    }
+    report = output.report(
+        out,
+        budget,
+        returned,
+        exit_code=0 if (status or {}).get("ok") else 1,
+        signal=None,
+        cpu_ms=(cpu1 - cpu0) // 1000000 if cpu0 is not None and cpu1 is not None else None,
+        peak_memory_bytes=cgroup.peak_memory(),
+        oom_kills=max(0, (cgroup.oom_kills() or 0) - oom0),
+    )
     if exited is not None:
         # The interpreter is gone (exit(), sys.exit(), a crash): so is the session.
-        report["exit_code"] = os.WEXITSTATUS(exited) if os.WIFEXITED(exited) else None
-        report["signal"] = os.WTERMSIG(exited) if os.WIFSIGNALED(exited) else None
+        report.update(output.exit_fields(exited))
         report["ended"] = True
     frames.report(report)
     return exited is not None

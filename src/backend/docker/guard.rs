@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bollard::errors::Error as BollardError;
-use bollard::models::ContainerSummaryStateEnum;
+use bollard::models::{ContainerSummary, ContainerSummaryStateEnum};
 use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder};
 use bollard::Docker;
 
@@ -80,15 +80,10 @@ async fn remove_unconfirmed(docker: &Docker, name: &str) {
 /// its own within moments of their end.
 pub(super) const STALE_AFTER: Duration = Duration::from_secs(3600);
 
-/// Remove containers of ours whose owning process on this host is gone (a crash, a
-/// `kill -9`), and containers of any owner that ended (or never started) over
-/// [`STALE_AFTER`] ago: those of a server that ran elsewhere or in a container that was
-/// recreated under another host name. Their runners stop them by themselves (a backstop
-/// deadline, a limit on waiting for a job). Running containers of live processes, and of
-/// other hosts, are left alone.
-pub(super) async fn sweep(docker: &Docker) -> Result<usize, BackendError> {
-    let filters = HashMap::from([("label".to_string(), vec![format!("{LABEL_MANAGED}=true")])]);
-    let list = docker
+/// Every container, running or not, that carries `label` (`key=value`).
+async fn labelled(docker: &Docker, label: String) -> Result<Vec<ContainerSummary>, BackendError> {
+    let filters = HashMap::from([("label".to_string(), vec![label])]);
+    docker
         .list_containers(Some(
             ListContainersOptionsBuilder::default()
                 .all(true)
@@ -96,7 +91,17 @@ pub(super) async fn sweep(docker: &Docker) -> Result<usize, BackendError> {
                 .build(),
         ))
         .await
-        .map_err(|e| classify("listing containers", e))?;
+        .map_err(|e| classify("listing containers", e))
+}
+
+/// Remove containers of ours whose owning process on this host is gone (a crash, a
+/// `kill -9`), and containers of any owner that ended (or never started) over
+/// [`STALE_AFTER`] ago: those of a server that ran elsewhere or in a container that was
+/// recreated under another host name. Their runners stop them by themselves (a backstop
+/// deadline, a limit on waiting for a job). Running containers of live processes, and of
+/// other hosts, are left alone.
+pub(super) async fn sweep(docker: &Docker) -> Result<usize, BackendError> {
+    let list = labelled(docker, format!("{LABEL_MANAGED}=true")).await?;
     let host = hostname();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -137,16 +142,7 @@ pub(super) async fn sweep(docker: &Docker) -> Result<usize, BackendError> {
 /// Remove every container labelled as made by `owner` (this process, at a shutdown that
 /// can wait no longer for its runs): their count.
 pub(super) async fn remove_owned(docker: &Docker, owner: &str) -> Result<usize, BackendError> {
-    let filters = HashMap::from([("label".to_string(), vec![format!("{LABEL_OWNER}={owner}")])]);
-    let list = docker
-        .list_containers(Some(
-            ListContainersOptionsBuilder::default()
-                .all(true)
-                .filters(&filters)
-                .build(),
-        ))
-        .await
-        .map_err(|e| classify("listing containers", e))?;
+    let list = labelled(docker, format!("{LABEL_OWNER}={owner}")).await?;
     let mut removed = 0;
     for id in list.into_iter().filter_map(|c| c.id) {
         if remove_now(docker, &id).await.is_ok() {

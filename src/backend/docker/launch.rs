@@ -6,7 +6,6 @@ use bollard::errors::Error as BollardError;
 use bollard::query_parameters::{AttachContainerOptionsBuilder, CreateContainerOptionsBuilder};
 
 use super::{classify, spec, DockerDriver};
-use crate::backend::engine::guard::Guard;
 use crate::backend::engine::Live;
 use crate::backend::BackendError;
 use crate::job::{Limits, RunEnv, Source};
@@ -36,7 +35,7 @@ impl DockerDriver {
         }
         self.check_volumes(env).await?;
         let name = format!("mcpx-{id}");
-        let mut guard = Guard::new(self.remover.clone(), &name, &self.cleanup);
+        let mut guard = self.guards.guard(&name);
         let created = self
             .docker
             .create_container(

@@ -30,8 +30,8 @@ use self::guard::DockerRemover;
 pub use self::pool::{KindStats, PoolStats};
 pub use self::spec::{docker_run_flags, is_gvisor, GVISOR_RUNTIME};
 use super::collect::Collected;
-use super::engine::guard::{Cleanup, Guard};
-use super::engine::{Driver, Engine, Freeze, Live, Pool, Shape};
+use super::engine::guard::{Guard, Guards};
+use super::engine::{Driver, Engine, Freeze, Live, Pool, Profile, Shape};
 pub use super::labels::{LABEL_JOB, LABEL_MANAGED, LABEL_OWNER, LABEL_TENANT};
 use super::pool::{PoolHandle, Pools};
 use super::protocol::Report;
@@ -95,8 +95,8 @@ impl DockerConfig {
 pub struct DockerDriver {
     docker: Docker,
     config: DockerConfig,
-    cleanup: Arc<Cleanup>,
-    remover: Arc<DockerRemover>,
+    /// Guards for its sandboxes, made before each create.
+    guards: Guards,
     owner: String,
     /// Preloading refills at once over all pools, and what was learned (see `pool`).
     preloads: pool::Preloads,
@@ -140,29 +140,27 @@ impl DockerBackend {
         if let Some(runtime) = &config.runtime {
             check_runtime(&docker, runtime).await?;
         }
+        let guards = Guards::new(DockerRemover(docker.clone()));
+        let cleanup = guards.count();
         let driver = Arc::new(DockerDriver {
-            remover: Arc::new(DockerRemover(docker.clone())),
             docker,
             owner: super::labels::own_id(),
-            cleanup: Arc::default(),
+            guards,
             preloads: pool::Preloads::new(&config.preload),
             config,
         });
         let pool = driver.config.pool.clone();
-        Ok(Engine::new(driver, &pool))
+        Ok(Engine::new(driver, cleanup, &pool))
     }
 }
 
 #[async_trait]
 impl Driver for DockerDriver {
-    const PRELOADS: bool = true;
-    const TOOLS: bool = true;
-    const LEFT_AT_SHUTDOWN: &'static str =
-        "containers still held at shutdown; the next start-up sweep removes them";
-
-    fn cleanup(&self) -> &Arc<Cleanup> {
-        &self.cleanup
-    }
+    const PROFILE: Profile = Profile::held_at_shutdown(
+        "containers still held at shutdown; the next start-up sweep removes them",
+    )
+    .preloading()
+    .with_tools();
 
     fn python(&self, env: &RunEnv) -> Result<String, BackendError> {
         Ok(spec::python(&self.config, env).to_string())

@@ -20,6 +20,33 @@ pub(crate) trait Remover: Send + Sync + 'static {
     async fn kill_now(&self, id: &str);
 }
 
+/// Where a driver's guards come from: how it removes a sandbox, and the count the engine
+/// waits on at shutdown (one per backend, shared by the driver and the engine).
+pub(crate) struct Guards {
+    remover: Arc<dyn Remover>,
+    count: Arc<Cleanup>,
+}
+
+impl Guards {
+    /// Guards whose sandboxes `remover` removes, counted afresh.
+    pub(crate) fn new(remover: impl Remover) -> Self {
+        Guards {
+            remover: Arc::new(remover),
+            count: Arc::default(),
+        }
+    }
+
+    /// A guard for the sandbox about to be created under `name`.
+    pub(crate) fn guard(&self, name: &str) -> Guard {
+        Guard::new(self.remover.clone(), name, &self.count)
+    }
+
+    /// The count of what these guards hold (the engine's, for drain and shutdown).
+    pub(crate) fn count(&self) -> Arc<Cleanup> {
+        self.count.clone()
+    }
+}
+
 /// Counts the sandboxes this process holds and the removals still running in the
 /// background.
 #[derive(Default)]

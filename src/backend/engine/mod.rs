@@ -37,8 +37,8 @@ pub(crate) type Live = live::Live<Guard>;
 pub(crate) type Pool = crate::backend::pool::Pool<Live>;
 
 /// How long [`Backend::shutdown`] waits for the sandboxes still held by runs being
-/// cancelled.
-const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(30);
+/// cancelled: what the server's bounded shutdown leaves the backend.
+const SHUTDOWN_DEADLINE: Duration = crate::config::defaults::DRAIN_DEADLINE;
 
 /// What a sandbox is made for, and so how long it may live at most (on Kubernetes its
 /// `activeDeadlineSeconds`, a backstop the kubelet enforces even when the server is gone).
@@ -69,20 +69,48 @@ pub(crate) enum Freeze {
     Failed,
 }
 
+/// What a driver can do beyond the least every driver does, and what it calls its sandboxes
+/// at shutdown: `Profile::held_at_shutdown("…")`, then `.preloading()`, `.with_tools()`.
+pub(crate) struct Profile {
+    /// Are warm sandboxes chosen by the imports of a run's code (a preloading pool)?
+    preloads: bool,
+    /// Do runs and sessions reach the job's tools (code mode, #26)? Without, a session's
+    /// tool requests are answered that no tools are there, and a run's are not taken.
+    tools: bool,
+    /// What shutdown says when sandboxes are still held past its deadline.
+    left_at_shutdown: &'static str,
+}
+
+impl Profile {
+    /// A driver that neither preloads nor reaches tools; `left` is what shutdown says.
+    pub(crate) const fn held_at_shutdown(left: &'static str) -> Self {
+        Profile {
+            preloads: false,
+            tools: false,
+            left_at_shutdown: left,
+        }
+    }
+
+    /// Its pools preload, and runs take the kind their imports need.
+    pub(crate) const fn preloading(mut self) -> Self {
+        self.preloads = true;
+        self
+    }
+
+    /// Its runs and sessions reach the job's tools.
+    pub(crate) const fn with_tools(mut self) -> Self {
+        self.tools = true;
+        self
+    }
+}
+
 /// What differs between backends. Every method is required: a driver says what it does
 /// for each.
 #[async_trait]
 pub(crate) trait Driver: Send + Sync + Sized + 'static {
-    /// Are warm sandboxes chosen by the imports of a run's code (a preloading pool)?
-    const PRELOADS: bool;
-    /// Do runs and sessions reach the job's tools (code mode, #26)? Without, a session's
-    /// tool requests are answered that no tools are there, and a run's are not taken.
-    const TOOLS: bool;
-    /// What shutdown says when sandboxes are still held past its deadline.
-    const LEFT_AT_SHUTDOWN: &'static str;
+    /// What it can do (see [`Profile`]).
+    const PROFILE: Profile;
 
-    /// The guards' count of what this driver holds.
-    fn cleanup(&self) -> &Arc<Cleanup>;
     /// The interpreter line of the job header of a job with `env`.
     fn python(&self, env: &RunEnv) -> Result<String, BackendError>;
     /// Make a sandbox of `shape`, guarded from before its creation (the cold path).
@@ -118,12 +146,15 @@ pub struct Engine<D: Driver> {
     pools: Pools<Live>,
     /// The periodic sweep of a long-lived server, stopped at shutdown.
     sweeper: std::sync::Mutex<Option<JoinHandle<()>>>,
+    /// What the driver's guards hold (drain and shutdown wait on it).
+    cleanup: Arc<Cleanup>,
 }
 
 impl<D: Driver> Engine<D> {
-    /// The engine over `driver`, with the pools `pool` describes (per tenant, or one shared
-    /// pool started at once).
-    pub(crate) fn new(driver: Arc<D>, pool: &super::PoolConfig) -> Self {
+    /// The engine over `driver`, whose guards hold what `cleanup` counts (see
+    /// [`Guards::count`]), with the pools `pool` describes (per tenant, or one shared pool
+    /// started at once).
+    pub(crate) fn new(driver: Arc<D>, cleanup: Arc<Cleanup>, pool: &super::PoolConfig) -> Self {
         let (size, per_tenant) = (pool.size, pool.per_tenant);
         let shared = (pool.limits.clone(), pool.env.clone());
         let starter = driver.clone();
@@ -132,6 +163,7 @@ impl<D: Driver> Engine<D> {
             pools: Pools::new(size, per_tenant, shared, Box::new(start)),
             driver,
             sweeper: std::sync::Mutex::default(),
+            cleanup,
         }
     }
 
@@ -155,7 +187,7 @@ impl<D: Driver> Engine<D> {
     /// preloaded.
     fn take_warm(&self, job: &JobSpec, run: bool) -> Option<Live> {
         let (tenant, limits, env) = (&job.tenant, &job.limits, &job.env);
-        if !(run && D::PRELOADS) {
+        if !(run && D::PROFILE.preloads) {
             return self.pools.take(tenant, limits, env, job.keep_warm);
         }
         let imports = job
@@ -243,7 +275,11 @@ impl<D: Driver> Engine<D> {
         live.wait_ready().await?;
         live.send(&input).await?;
         tracing::debug!(job_id = %job.id, tenant = %job.tenant, sandbox = %live.guard.id(), "session opened");
-        let tools = if D::TOOLS { job.tools.clone() } else { None };
+        let tools = if D::PROFILE.tools {
+            job.tools.clone()
+        } else {
+            None
+        };
         Ok(Box::new(session::EngineSession::new(
             self.driver.clone(),
             live,
@@ -275,7 +311,7 @@ pub(crate) async fn outcome_of<D: Driver>(
 impl<D: Driver> Backend for Engine<D> {
     async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, BackendError> {
         // Code mode (#26): the code's tool requests go to the job's tools.
-        let hook = match D::TOOLS {
+        let hook = match D::PROFILE.tools {
             true => protocol::tool_hook(&job.tools, false),
             false => None,
         };
@@ -287,7 +323,7 @@ impl<D: Driver> Backend for Engine<D> {
     }
 
     async fn drain(&self) {
-        self.driver.cleanup().drain().await
+        self.cleanup.drain().await
     }
 
     async fn open_session(&self, job: JobSpec) -> Result<Box<dyn Session>, BackendError> {
@@ -301,7 +337,7 @@ impl<D: Driver> Backend for Engine<D> {
     fn stats(&self) -> BackendStats {
         let pool = self.pool_stats().unwrap_or_default();
         BackendStats {
-            live_containers: self.driver.cleanup().live(),
+            live_containers: self.cleanup.live(),
             pool_ready: pool.ready,
             pool_target: pool.target,
             pool_hits: pool.hits,
@@ -338,9 +374,9 @@ impl<D: Driver> Backend for Engine<D> {
             t.abort();
         }
         self.pools.shutdown().await;
-        let left = self.driver.cleanup().drain_all(SHUTDOWN_DEADLINE).await;
+        let left = self.cleanup.drain_all(SHUTDOWN_DEADLINE).await;
         if left > 0 {
-            tracing::warn!(left, "{}", D::LEFT_AT_SHUTDOWN);
+            tracing::warn!(left, "{}", D::PROFILE.left_at_shutdown);
         }
     }
 

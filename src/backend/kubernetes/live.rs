@@ -38,7 +38,7 @@ impl KubeDriver {
     ) -> Result<Live, BackendError> {
         let pod = spec::pod(&self.config, &self.owner, limits, env, tenant, id, lifetime)?;
         let name = pod.metadata.name.clone().expect("pods are named");
-        let mut guard = Guard::new(self.remover.clone(), &name, &self.cleanup);
+        let mut guard = self.guards.guard(&name);
         if let Err(e) = self.pods.create(&PostParams::default(), &pod).await {
             if let kube::Error::Api(s) = &e {
                 if s.code != 409 {

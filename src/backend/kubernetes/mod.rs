@@ -31,8 +31,8 @@ use self::live::Verdict;
 pub use self::spec::OwnerPod;
 use self::spec::{LABEL_MANAGED, LABEL_OWNER};
 use super::collect::Collected;
-use super::engine::guard::{Cleanup, Guard};
-use super::engine::{Driver, Engine, Freeze, Live, Pool, Shape};
+use super::engine::guard::{Guard, Guards};
+use super::engine::{Driver, Engine, Freeze, Live, Pool, Profile, Shape};
 pub use super::pool::PoolStats;
 use super::pool::{PoolHandle, Pools};
 use super::protocol::Report;
@@ -100,8 +100,8 @@ pub struct KubeDriver {
     client: Client,
     pods: Api<Pod>,
     config: KubeConfig,
-    cleanup: Arc<Cleanup>,
-    remover: Arc<PodRemover>,
+    /// Guards for its sandboxes, made before each create.
+    guards: Guards,
     owner: String,
 }
 
@@ -143,16 +143,17 @@ impl KubeBackend {
         pods.list(&ListParams::default().limit(1))
             .await
             .map_err(|e| classify("listing pods", e))?;
+        let guards = Guards::new(PodRemover(pods.clone()));
+        let cleanup = guards.count();
         let driver = Arc::new(KubeDriver {
             client,
-            remover: Arc::new(PodRemover(pods.clone())),
             pods,
             owner: super::labels::own_id(),
-            cleanup: Arc::default(),
+            guards,
             config,
         });
         let pool = driver.config.pool.clone();
-        Ok(Engine::new(driver, &pool))
+        Ok(Engine::new(driver, cleanup, &pool))
     }
 
     /// The namespace sandbox pods go to.
@@ -171,15 +172,11 @@ impl KubeBackend {
 
 #[async_trait]
 impl Driver for KubeDriver {
-    const PRELOADS: bool = false;
-    /// Code mode is not wired on Kubernetes yet.
-    const TOOLS: bool = false;
-    const LEFT_AT_SHUTDOWN: &'static str =
-        "pods still held at shutdown; the next sweep (or their owner reference) removes them";
-
-    fn cleanup(&self) -> &Arc<Cleanup> {
-        &self.cleanup
-    }
+    /// No preloading; code mode's requests travel over `pods/attach` as over Docker's attach.
+    const PROFILE: Profile = Profile::held_at_shutdown(
+        "pods still held at shutdown; the next sweep (or their owner reference) removes them",
+    )
+    .with_tools();
 
     /// The interpreter line of the job header: the one the pod's placement chose.
     fn python(&self, env: &RunEnv) -> Result<String, BackendError> {
