@@ -89,15 +89,14 @@ async fn connect_planned(
             let gate = runs.and_then(|n| sandbox.pools().expect_runs(n));
             Ok((Arc::new(sandbox), gate))
         }
-        BackendKind::Kubernetes => Ok((kubernetes(cfg, pool).await?, None)),
+        BackendKind::Kubernetes => kubernetes(cfg, pool, runs).await,
     }
 }
 
 /// The backend for a one-shot `run` of `runs` files, with a warm pool of `cfg.pool_size`
 /// sandboxes of `pool_limits` that makes them all at once and never more than the files
 /// still to come, and the gate each file passes before it takes one (it waits for a
-/// sandbox being made instead of starting another beside it). The gate is `None` without
-/// a pool, or on Kubernetes (whose pool serves the files as a server's would).
+/// sandbox being made instead of starting another beside it); `None` without a pool.
 pub async fn connect_for_runs(
     cfg: &BackendConfig,
     pool_limits: Limits,
@@ -110,7 +109,11 @@ pub async fn connect_for_runs(
 /// The Kubernetes backend: the image is not built here (the nodes pull it from a
 /// registry; see docs/kubernetes.md), what servers that are gone left is swept.
 #[cfg(feature = "kubernetes")]
-async fn kubernetes(cfg: &BackendConfig, pool: PoolConfig) -> Result<Arc<dyn Backend>, String> {
+async fn kubernetes(
+    cfg: &BackendConfig,
+    pool: PoolConfig,
+    runs: Option<usize>,
+) -> Result<(Arc<dyn Backend>, Option<RunGate>), String> {
     use crate::backend::kubernetes::{KubeBackend, KubeConfig, OwnerPod};
     let k = &cfg.kubernetes;
     let config = KubeConfig {
@@ -133,11 +136,16 @@ async fn kubernetes(cfg: &BackendConfig, pool: PoolConfig) -> Result<Arc<dyn Bac
     if let Err(e) = sandbox.sweep().await {
         tracing::warn!(error = %e, "sweep of leftover pods failed");
     }
-    Ok(Arc::new(sandbox))
+    let gate = runs.and_then(|n| sandbox.pools().expect_runs(n));
+    Ok((Arc::new(sandbox), gate))
 }
 
 #[cfg(not(feature = "kubernetes"))]
-async fn kubernetes(_cfg: &BackendConfig, _pool: PoolConfig) -> Result<Arc<dyn Backend>, String> {
+async fn kubernetes(
+    _cfg: &BackendConfig,
+    _pool: PoolConfig,
+    _runs: Option<usize>,
+) -> Result<(Arc<dyn Backend>, Option<RunGate>), String> {
     Err(
         "this binary was built without the `kubernetes` feature: rebuild it with \
          `cargo build --features kubernetes` (on by default)"
