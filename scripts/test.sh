@@ -7,6 +7,12 @@ cd "$(dirname "$0")/.."
 
 # --gvisor: runsc installed and registered, for the second pass below (the gVisor tier).
 scripts/setup-docker.sh --gvisor
+# nginx (Debian's package): the load balancer without affinity in front of two replicas
+# (tests/suite/replicas.rs). Missing and not installable: stop here, loudly.
+if ! [ -x /usr/sbin/nginx ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null \
+    || { echo "test.sh: nginx is missing and could not be installed (apt-get install nginx): tests/suite/replicas.rs needs it" >&2; exit 1; }
+fi
 # uv (from PyPI) makes the uv venv of the environment tests.
 if ! python3 -m uv --version >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check uv 2>/dev/null \

@@ -209,7 +209,96 @@ impl Metrics {
                 escape(tenant)
             );
         }
+        tool_calls().render(&mut out);
         out
+    }
+}
+
+/// Upper bounds (seconds) of code mode's tool-call latency histogram.
+pub const TOOL_LATENCY_BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
+];
+
+/// Code mode's calls from sandboxed code to upstream MCP servers (#26): by tenant,
+/// upstream, tool and outcome, and their latency by tenant and upstream. Process-wide
+/// (code mode's upstream clients are the process's: `crate::codemode`), rendered with
+/// every [`Metrics::render`].
+#[derive(Debug, Default)]
+pub struct ToolCalls {
+    c: Mutex<ToolCounters>,
+}
+
+#[derive(Debug, Default)]
+struct ToolCounters {
+    calls: BTreeMap<(String, String, String, &'static str), u64>,
+    latency: BTreeMap<(String, String), ([u64; TOOL_LATENCY_BUCKETS.len()], u64, f64)>,
+}
+
+/// The process's [`ToolCalls`].
+pub fn tool_calls() -> &'static ToolCalls {
+    static CALLS: std::sync::OnceLock<ToolCalls> = std::sync::OnceLock::new();
+    CALLS.get_or_init(ToolCalls::default)
+}
+
+impl ToolCalls {
+    /// A call of `tenant`'s code to `tool` of `upstream` ended with `outcome` (`ok`,
+    /// `ToolError`, `ToolDenied`, `ToolTimeout`, `BudgetExceeded`, `cancelled`) after `secs`.
+    pub fn call(&self, tenant: &str, upstream: &str, tool: &str, outcome: &'static str, secs: f64) {
+        let mut c = self.c.lock().unwrap_or_else(|e| e.into_inner());
+        *c.calls
+            .entry((tenant.into(), upstream.into(), tool.into(), outcome))
+            .or_default() += 1;
+        let h = c
+            .latency
+            .entry((tenant.into(), upstream.into()))
+            .or_insert(([0; TOOL_LATENCY_BUCKETS.len()], 0, 0.0));
+        for (b, le) in h.0.iter_mut().zip(TOOL_LATENCY_BUCKETS) {
+            if secs <= le {
+                *b += 1;
+            }
+        }
+        h.1 += 1;
+        h.2 += secs;
+    }
+
+    fn render(&self, out: &mut String) {
+        let c = self.c.lock().unwrap_or_else(|e| e.into_inner());
+        let name = "mcp_executor_tool_calls_total";
+        family(
+            out,
+            name,
+            "counter",
+            "Code mode: calls from sandboxed code to upstream MCP servers, by tenant, upstream, tool and outcome (ok, ToolError, ToolDenied, ToolTimeout, BudgetExceeded, cancelled).",
+        );
+        for ((tenant, upstream, tool, outcome), n) in &c.calls {
+            let _ = writeln!(
+                out,
+                "{name}{{tenant=\"{}\",upstream=\"{}\",tool=\"{}\",outcome=\"{outcome}\"}} {n}",
+                escape(tenant),
+                escape(upstream),
+                escape(tool)
+            );
+        }
+        let name = "mcp_executor_tool_call_duration_seconds";
+        family(
+            out,
+            name,
+            "histogram",
+            "Code mode: wall time of calls to upstream MCP servers as this server saw them (policy checks, the upstream's answer), by tenant and upstream.",
+        );
+        for ((tenant, upstream), (buckets, count, sum)) in &c.latency {
+            let l = format!(
+                "tenant=\"{}\",upstream=\"{}\"",
+                escape(tenant),
+                escape(upstream)
+            );
+            for (le, n) in TOOL_LATENCY_BUCKETS.iter().zip(buckets) {
+                let _ = writeln!(out, "{name}_bucket{{{l},le=\"{le}\"}} {n}");
+            }
+            let _ = writeln!(out, "{name}_bucket{{{l},le=\"+Inf\"}} {count}");
+            let _ = writeln!(out, "{name}_sum{{{l}}} {sum}");
+            let _ = writeln!(out, "{name}_count{{{l}}} {count}");
+        }
     }
 }
 
@@ -282,5 +371,27 @@ mod tests {
             assert!(text.contains(line), "missing `{line}` in:\n{text}");
         }
         assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    #[test]
+    fn renders_code_mode_tool_calls() {
+        let t = ToolCalls::default();
+        t.call("alice", "everything", "get-sum", "ok", 0.003);
+        t.call("alice", "everything", "get-sum", "ok", 0.02);
+        t.call("alice", "everything", "echo", "ToolDenied", 0.0001);
+        let mut text = String::new();
+        t.render(&mut text);
+        for line in [
+            "# TYPE mcp_executor_tool_calls_total counter",
+            "mcp_executor_tool_calls_total{tenant=\"alice\",upstream=\"everything\",tool=\"get-sum\",outcome=\"ok\"} 2",
+            "mcp_executor_tool_calls_total{tenant=\"alice\",upstream=\"everything\",tool=\"echo\",outcome=\"ToolDenied\"} 1",
+            "# TYPE mcp_executor_tool_call_duration_seconds histogram",
+            "mcp_executor_tool_call_duration_seconds_bucket{tenant=\"alice\",upstream=\"everything\",le=\"0.001\"} 1",
+            "mcp_executor_tool_call_duration_seconds_bucket{tenant=\"alice\",upstream=\"everything\",le=\"0.005\"} 2",
+            "mcp_executor_tool_call_duration_seconds_bucket{tenant=\"alice\",upstream=\"everything\",le=\"+Inf\"} 3",
+            "mcp_executor_tool_call_duration_seconds_count{tenant=\"alice\",upstream=\"everything\"} 3",
+        ] {
+            assert!(text.contains(line), "missing `{line}` in:\n{text}");
+        }
     }
 }

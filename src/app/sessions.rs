@@ -113,7 +113,9 @@ impl SessionRef {
     }
 }
 
-/// A new handle: 128 bits from two random (v4) UUIDs, as 32 hex digits after `s_`.
+/// A new handle: 128 bits from two random (v4) UUIDs, as 32 hex digits after `s_` and this
+/// replica's id (`s_REPLICA_HEX`, [`crate::cluster::ids`]: a call on it that lands on
+/// another replica is forwarded here).
 pub fn new_handle() -> String {
     use sha2::Digest as _;
     let mut h = sha2::Sha256::new();
@@ -121,13 +123,14 @@ pub fn new_handle() -> String {
     h.update(uuid::Uuid::new_v4().as_bytes());
     let d = h.finalize();
     let hex: String = d[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!("s_{hex}")
+    crate::cluster::ids::mint('s', &hex)
 }
 
 /// The answer for a handle this tenant does not know, whatever the reason (never made,
 /// expired, another tenant's): always the same words.
 pub fn not_found(handle: &str) -> AppError {
-    let shown: String = handle.chars().take(40).collect();
+    // A whole handle (`s_REPLICA_HEX` is 43 characters); longer input is cut.
+    let shown: String = handle.chars().take(48).collect();
     AppError::Failed(format!(
         "session `{shown}` not found: it may have expired after a period without calls, or the server restarted. \
          Call again without session_id to start a new session (variables and workspace files of the old one are gone)."

@@ -403,7 +403,7 @@ async fn handles_name_sessions_across_connections_within_a_tenant_only() {
     let s1 = first.session(stateless(None)).unwrap().unwrap();
     assert!(s1.created);
     let h = s1.handle().to_string();
-    assert!(h.starts_with("s_") && h.len() == 34, "{h}");
+    assert!(h.starts_with("s_") && h.len() == 43, "{h}");
     first
         .cell(&s1, "x = 41", t.clone(), None, &never)
         .await

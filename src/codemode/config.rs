@@ -50,6 +50,11 @@ impl Limits {
 pub struct Server {
     /// Its name in the sandbox: `from tools import NAME` (made a Python identifier).
     pub name: String,
+    /// One line about it, for the `execute_code` / `execute_python` descriptions (what the
+    /// model reads before it writes code); absent: the upstream's own title or name, once
+    /// it has started.
+    #[serde(default)]
+    pub description: Option<String>,
     /// A stdio server: the program to start (found on the server's `PATH`).
     #[serde(default)]
     pub command: Option<String>,

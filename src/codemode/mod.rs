@@ -5,9 +5,9 @@
 //! - [`config`]: the tools file (`--tools FILE`): upstream servers (a stdio command or a
 //!   Streamable HTTP URL with headers), their allow lists, destructive consent, the tenants
 //!   that see them, and the limits of a run.
-//! - [`Manager`]: one official rmcp client per tenant and upstream, started at the first
+//! - [`Manager`] (`upstream`): one official rmcp client per tenant and upstream, started at the first
 //!   request of that tenant's code, started again when it died, closed on shutdown.
-//! - A run's requests ([`crate::job::ToolRun`]): the runner relays each request of the
+//! - A run's requests (`run`, [`crate::job::ToolRun`]): the runner relays each request of the
 //!   code as a `T` frame (see `images/sandbox/mcp_runner/toolrelay.py`); this module
 //!   checks it (the server and tool exist for the tenant and are allowed, consent for a
 //!   destructive tool, the arguments against the tool's `inputSchema` ([`schema`]), the
@@ -21,48 +21,19 @@
 //! Logs record the tenant, server, tool, the sizes of arguments and results and the
 //! outcome, never their values.
 
+mod caller;
 pub mod config;
 pub mod names;
+mod run;
 pub mod schema;
+mod upstream;
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, OnceLock};
 
-use rmcp::model::{CallToolRequestParams, Tool};
-use rmcp::service::{Peer, RunningService};
-use rmcp::{RoleClient, ServiceExt};
-use serde_json::{json, Value};
-
-use crate::backend::protocol::encode_tool_answer;
 use crate::job::{ToolHost, ToolRun, Tools};
+pub use caller::{with_caller, Caller};
 pub use config::Config;
-
-/// How long an upstream may take to start and list its tools.
-const START_LIMIT: Duration = Duration::from_secs(60);
-
-/// The upstream clients of every tenant.
-pub struct Manager {
-    config: Config,
-    /// `PATH` and `HOME` of this server: a stdio upstream gets them and its own `env`, and
-    /// no other variable of ours.
-    path: Option<std::ffi::OsString>,
-    home: Option<std::path::PathBuf>,
-    upstreams: Mutex<HashMap<(String, String), Arc<Upstream>>>,
-    closed: AtomicBool,
-}
-
-struct Upstream {
-    server: config::Server,
-    tenant: String,
-    conn: tokio::sync::Mutex<Option<Conn>>,
-}
-
-struct Conn {
-    service: RunningService<RoleClient, ()>,
-    tools: Arc<Vec<Tool>>,
-}
+pub use upstream::Manager;
 
 static INSTALLED: OnceLock<Arc<Manager>> = OnceLock::new();
 
@@ -81,7 +52,52 @@ pub fn tools_for(tenant: &str) -> Option<Tools> {
     Some(Tools(Arc::new(TenantTools {
         manager: m.clone(),
         tenant: tenant.to_string(),
+        caller: caller::current(),
     })))
+}
+
+/// Servers listed in a tool description, at most: there may be many.
+const LISTED: usize = 30;
+
+/// What the `execute_code` / `execute_python` descriptions add for `tenant`: one line per
+/// server it sees (not every tool: there may be hundreds), or `None` without any.
+pub fn description_for(tenant: &str) -> Option<String> {
+    let m = INSTALLED.get()?;
+    let lines = m.lines_for(tenant);
+    if lines.is_empty() {
+        return None;
+    }
+    let mut text = String::from(
+        "\n\nCode mode: the code can call the tools of these MCP servers as Python functions \
+         (`from tools import NAME`; `tools.help()` and `tools.search(\"words\")` list their tools; \
+         errors raise tools.ToolError):",
+    );
+    for l in lines.iter().take(LISTED) {
+        text.push_str("\n- ");
+        text.push_str(l);
+    }
+    if lines.len() > LISTED {
+        text.push_str(&format!(
+            "\n- … and {} more (tools.servers())",
+            lines.len() - LISTED
+        ));
+    }
+    Some(text)
+}
+
+/// Append [`description_for`]`(tenant)` to the descriptions of `execute_code` and
+/// `execute_python` in `tools`; `true` when there was something to append.
+pub fn describe(tools: &mut [rmcp::model::Tool], tenant: &str) -> bool {
+    let Some(extra) = description_for(tenant) else {
+        return false;
+    };
+    for t in tools.iter_mut() {
+        if t.name == "execute_code" || t.name == "execute_python" {
+            let d = t.description.as_deref().unwrap_or_default();
+            t.description = Some(format!("{d}{extra}").into());
+        }
+    }
+    true
 }
 
 /// Close every upstream client (shutdown).
@@ -91,497 +107,22 @@ pub async fn shutdown() {
     }
 }
 
-impl Manager {
-    pub fn new(
-        config: Config,
-        path: Option<std::ffi::OsString>,
-        home: Option<std::path::PathBuf>,
-    ) -> Arc<Manager> {
-        Arc::new(Manager {
-            config,
-            path,
-            home,
-            upstreams: Mutex::new(HashMap::new()),
-            closed: AtomicBool::new(false),
-        })
-    }
-
-    /// One line per server, for logs and tool descriptions.
-    pub fn summary(&self) -> Vec<String> {
-        self.config
-            .servers
-            .iter()
-            .map(|s| {
-                let how = if s.command.is_some() { "stdio" } else { "http" };
-                format!("{} ({how})", names::module(&s.name))
-            })
-            .collect()
-    }
-
-    fn upstream(&self, tenant: &str, server: &str) -> Option<Arc<Upstream>> {
-        let conf = self
-            .config
-            .servers
-            .iter()
-            .find(|s| s.name == server && s.serves(tenant))?;
-        let mut map = self.upstreams.lock().unwrap();
-        Some(
-            map.entry((tenant.to_string(), server.to_string()))
-                .or_insert_with(|| {
-                    Arc::new(Upstream {
-                        server: conf.clone(),
-                        tenant: tenant.to_string(),
-                        conn: tokio::sync::Mutex::new(None),
-                    })
-                })
-                .clone(),
-        )
-    }
-
-    async fn close(&self) {
-        self.closed.store(true, Ordering::SeqCst);
-        let all: Vec<Arc<Upstream>> = self.upstreams.lock().unwrap().values().cloned().collect();
-        for u in all {
-            if let Some(c) = u.conn.lock().await.take() {
-                let _ = tokio::time::timeout(Duration::from_secs(5), c.service.cancel()).await;
-            }
-        }
-    }
-
-    async fn connect(&self, u: &Upstream) -> Result<(Peer<RoleClient>, Arc<Vec<Tool>>), String> {
-        if self.closed.load(Ordering::SeqCst) {
-            return Err("the server is shutting down".into());
-        }
-        let mut conn = u.conn.lock().await;
-        if let Some(c) = conn.as_ref() {
-            if !c.service.is_closed() && !c.service.is_transport_closed() {
-                return Ok((c.service.peer().clone(), c.tools.clone()));
-            }
-            tracing::warn!(tenant = %u.tenant, server = %u.server.name, "code mode: the upstream server has gone; starting it again");
-            *conn = None;
-        }
-        let started = Instant::now();
-        let service = tokio::time::timeout(START_LIMIT, self.start(&u.server))
-            .await
-            .map_err(|_| format!("it did not start within {}s", START_LIMIT.as_secs()))??;
-        let tools = tokio::time::timeout(START_LIMIT, service.list_all_tools())
-            .await
-            .map_err(|_| "it did not list its tools in time".to_string())?
-            .map_err(|e| format!("listing its tools failed: {e}"))?;
-        tracing::info!(tenant = %u.tenant, server = %u.server.name, tools = tools.len(), ms = started.elapsed().as_millis() as u64, "code mode: upstream server started");
-        let c = Conn {
-            service,
-            tools: Arc::new(tools),
-        };
-        let out = (c.service.peer().clone(), c.tools.clone());
-        *conn = Some(c);
-        Ok(out)
-    }
-
-    async fn start(&self, s: &config::Server) -> Result<RunningService<RoleClient, ()>, String> {
-        if let Some(program) = &s.command {
-            let mut cmd = tokio::process::Command::new(program);
-            cmd.args(&s.args).env_clear();
-            if let Some(p) = &self.path {
-                cmd.env("PATH", p);
-            }
-            if let Some(h) = &self.home {
-                cmd.env("HOME", h);
-            }
-            cmd.envs(&s.env);
-            if let Some(d) = &s.cwd {
-                cmd.current_dir(d);
-            }
-            let (transport, _stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .map_err(|e| format!("could not start `{program}`: {e}"))?;
-            ().serve(transport)
-                .await
-                .map_err(|e| format!("its MCP handshake failed: {e}"))
-        } else {
-            use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-            let url = s.url.clone().unwrap_or_default();
-            let mut headers = HashMap::new();
-            for (k, v) in &s.headers {
-                let name = axum::http::HeaderName::try_from(k.as_str())
-                    .map_err(|e| format!("header `{k}`: {e}"))?;
-                let value = axum::http::HeaderValue::try_from(v.as_str())
-                    .map_err(|e| format!("header `{k}`: {e}"))?;
-                headers.insert(name, value);
-            }
-            let transport = rmcp::transport::StreamableHttpClientTransport::from_config(
-                StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers),
-            );
-            ().serve(transport)
-                .await
-                .map_err(|e| format!("its MCP handshake failed: {e}"))
-        }
-    }
-}
-
 struct TenantTools {
     manager: Arc<Manager>,
     tenant: String,
+    /// The client of the call that made the job (a session's: the call that opened it).
+    caller: Option<Arc<dyn Caller>>,
 }
 
 impl ToolHost for TenantTools {
+    /// A run's (or a cell's) calls; their client is the call being served now (a cell's
+    /// own call), else the one that made the job.
     fn start(&self) -> Arc<dyn ToolRun> {
-        let limits = &self.manager.config.limits;
-        Arc::new(Run {
-            manager: self.manager.clone(),
-            tenant: self.tenant.clone(),
-            calls: AtomicU32::new(0),
-            in_flight: tokio::sync::Semaphore::new(limits.in_flight as usize),
-        })
-    }
-}
-
-/// One run's (or one cell's) calls.
-struct Run {
-    manager: Arc<Manager>,
-    tenant: String,
-    calls: AtomicU32,
-    in_flight: tokio::sync::Semaphore,
-}
-
-/// Logs a call whose future was dropped before it ended: the run ended, timed out or was
-/// cancelled, and the rmcp request went with it (`notifications/cancelled` upstream).
-struct Cancelled<'a> {
-    tenant: &'a str,
-    server: &'a str,
-    tool: &'a str,
-    armed: bool,
-}
-
-impl Drop for Cancelled<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            tracing::info!(tenant = %self.tenant, server = %self.server, tool = %self.tool, "code mode: tool call cancelled (the run ended)");
-        }
-    }
-}
-
-/// An answer the code raises: `ToolError`, `ToolDenied`, `ToolTimeout`, `BudgetExceeded`.
-struct Raise(&'static str, String, Option<Value>);
-
-fn denied(msg: String) -> Raise {
-    Raise("ToolDenied", msg, None)
-}
-
-#[async_trait::async_trait]
-impl ToolRun for Run {
-    async fn answer(&self, request: Vec<u8>) -> Vec<u8> {
-        let req: Value = serde_json::from_slice(&request).unwrap_or(Value::Null);
-        let id = req.get("id").cloned().unwrap_or(Value::Null);
-        let body = match req.get("op").and_then(Value::as_str) {
-            Some("catalog") => Ok(self.catalog().await),
-            Some("call") => self.call(&req, request.len()).await,
-            _ => Err(Raise(
-                "ToolError",
-                "a malformed request (no known `op`)".into(),
-                None,
-            )),
-        };
-        let mut answer = match body {
-            Ok(Value::Object(m)) => Value::Object(m),
-            Ok(other) => json!({ "value": other }),
-            Err(Raise(kind, message, content)) => {
-                let mut e = json!({ "type": kind, "message": message });
-                if let Some(c) = content {
-                    e["content"] = c;
-                }
-                json!({ "error": e })
-            }
-        };
-        answer["kind"] = json!("tool");
-        answer["id"] = id;
-        encode_tool_answer(&answer)
-    }
-}
-
-impl Run {
-    async fn catalog(&self) -> Value {
-        let mut servers = vec![];
-        for s in &self.manager.config.servers {
-            if !s.serves(&self.tenant) {
-                continue;
-            }
-            let module = names::module(&s.name);
-            let Some(u) = self.manager.upstream(&self.tenant, &s.name) else {
-                continue;
-            };
-            let tools = match self.manager.connect(&u).await {
-                Ok((_, tools)) => tools,
-                Err(e) => {
-                    tracing::warn!(tenant = %self.tenant, server = %s.name, error = %e, "code mode: upstream server unavailable");
-                    servers.push(json!({
-                        "name": s.name, "module": module, "tools": [],
-                        "description": format!("unavailable: {e}"),
-                    }));
-                    continue;
-                }
-            };
-            let allowed: Vec<&Tool> = tools.iter().filter(|t| s.allows(&t.name)).collect();
-            let fnames =
-                names::unique(&allowed.iter().map(|t| t.name.as_ref()).collect::<Vec<_>>());
-            let entries: Vec<Value> = allowed
-                .iter()
-                .zip(fnames)
-                .map(|(t, f)| {
-                    let props: Vec<&String> = t
-                        .input_schema
-                        .get("properties")
-                        .and_then(Value::as_object)
-                        .map(|p| p.keys().collect())
-                        .unwrap_or_default();
-                    let pnames =
-                        names::unique(&props.iter().map(|p| p.as_str()).collect::<Vec<_>>());
-                    let params: Vec<Value> = props
-                        .iter()
-                        .zip(pnames)
-                        .map(|(p, n)| json!({ "name": n, "property": p }))
-                        .collect();
-                    json!({
-                        "name": t.name,
-                        "function": f,
-                        "description": t.description,
-                        "inputSchema": t.input_schema,
-                        "outputSchema": t.output_schema,
-                        "annotations": t.annotations,
-                        "params": params,
-                    })
-                })
-                .collect();
-            servers.push(json!({ "name": s.name, "module": module, "tools": entries }));
-        }
-        json!({ "servers": servers })
-    }
-
-    async fn call(&self, req: &Value, request_bytes: usize) -> Result<Value, Raise> {
-        let server = req.get("server").and_then(Value::as_str).unwrap_or("");
-        let tool = req.get("tool").and_then(Value::as_str).unwrap_or("");
-        let started = Instant::now();
-        let limits = &self.manager.config.limits;
-        let mut guard = Cancelled {
-            tenant: &self.tenant,
-            server,
-            tool,
-            armed: true,
-        };
-        let result = self.checked_call(server, tool, req, request_bytes).await;
-        guard.armed = false;
-        let (outcome, result_bytes) = match &result {
-            Ok((_, n)) => ("ok", *n),
-            Err(Raise(kind, _, _)) => (*kind, 0),
-        };
-        tracing::info!(
-            tenant = %self.tenant, server = %server, tool = %tool,
-            argument_bytes = request_bytes, result_bytes, outcome,
-            ms = started.elapsed().as_millis() as u64,
-            calls = self.calls.load(Ordering::SeqCst), budget = limits.calls_per_run,
-            "code mode: tool call"
-        );
-        result.map(|(v, _)| v)
-    }
-
-    async fn checked_call(
-        &self,
-        server: &str,
-        tool: &str,
-        req: &Value,
-        request_bytes: usize,
-    ) -> Result<(Value, usize), Raise> {
-        let m = &self.manager;
-        let limits = &m.config.limits;
-        let Some(u) = m.upstream(&self.tenant, server) else {
-            return Err(denied(format!(
-                "no tool server `{server}` is available here"
-            )));
-        };
-        let conf = &u.server;
-        if !conf.allows(tool) {
-            return Err(denied(format!(
-                "tool `{tool}` of `{server}` is not allowed here"
-            )));
-        }
-        let (peer, tools) = m.connect(&u).await.map_err(|e| {
-            Raise(
-                "ToolError",
-                format!("tool server `{server}` is unavailable: {e}"),
-                None,
-            )
-        })?;
-        let Some(t) = tools.iter().find(|t| t.name == tool) else {
-            return Err(denied(format!(
-                "tool server `{server}` has no tool `{tool}`"
-            )));
-        };
-        let destructive = t
-            .annotations
-            .as_ref()
-            .and_then(|a| a.destructive_hint)
-            .unwrap_or(false)
-            || conf.destructive.iter().any(|d| d == tool);
-        if destructive && !conf.consented(tool) {
-            return Err(denied(format!(
-                "tool `{tool}` of `{server}` is destructive and the operator has not allowed it (allow_destructive)"
-            )));
-        }
-        let args = req.get("arguments").cloned().unwrap_or_else(|| json!({}));
-        let Value::Object(args) = args else {
-            return Err(denied("the arguments must be an object".into()));
-        };
-        if request_bytes as u64 > limits.argument_bytes {
-            return Err(denied(format!(
-                "the arguments are over {} bytes",
-                limits.argument_bytes
-            )));
-        }
-        if let Some(why) = schema::check(
-            &Value::Object((*t.input_schema).clone()),
-            &Value::Object(args.clone()),
-        ) {
-            return Err(denied(format!("`{server}.{tool}`: {why}")));
-        }
-        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-        if n > limits.calls_per_run {
-            return Err(Raise(
-                "BudgetExceeded",
-                format!(
-                    "this run has made its {} tool calls (calls_per_run)",
-                    limits.calls_per_run
-                ),
-                None,
-            ));
-        }
-        let _slot = self
-            .in_flight
-            .acquire()
-            .await
-            .map_err(|_| Raise("ToolError", "closed".into(), None))?;
-        let timeout = conf.call_timeout(limits);
-        let params = CallToolRequestParams::new(tool.to_string()).with_arguments(args);
-        let result = match tokio::time::timeout(timeout, peer.call_tool(params)).await {
-            Err(_) => {
-                return Err(Raise(
-                    "ToolTimeout",
-                    format!(
-                        "`{server}.{tool}` did not answer within {:.1}s; the call was cancelled",
-                        timeout.as_secs_f64()
-                    ),
-                    None,
-                ))
-            }
-            Ok(Err(e)) => {
-                return Err(Raise(
-                    "ToolError",
-                    format!("`{server}.{tool}` failed: {e}"),
-                    None,
-                ))
-            }
-            Ok(Ok(r)) => r,
-        };
-        let content = serde_json::to_value(&result.content).unwrap_or(Value::Null);
-        let mut body = json!({ "content": content });
-        if let Some(s) = &result.structured_content {
-            body["structured"] = s.clone();
-        }
-        let size = serde_json::to_vec(&body).map(|v| v.len()).unwrap_or(0);
-        let cap = conf.result_bytes.unwrap_or(limits.result_bytes);
-        if size as u64 > cap {
-            return Err(Raise(
-                "ToolError",
-                format!("the result of `{server}.{tool}` is {size} bytes, over the {cap} bytes a call may return"),
-                None,
-            ));
-        }
-        if result.is_error == Some(true) {
-            let text: String = result
-                .content
-                .iter()
-                .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-                .collect::<Vec<_>>()
-                .join("\n");
-            let msg = if text.is_empty() {
-                format!("`{server}.{tool}` reported an error")
-            } else {
-                text
-            };
-            return Err(Raise("ToolError", msg, Some(content)));
-        }
-        Ok((body, size))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn run_of(conf: &str, tenant: &str) -> Arc<dyn ToolRun> {
-        let m = Manager::new(Config::parse(conf).unwrap(), None, None);
-        TenantTools {
-            manager: m,
-            tenant: tenant.into(),
-        }
-        .start()
-    }
-
-    async fn ask(run: &Arc<dyn ToolRun>, req: Value) -> Value {
-        let bytes = run.answer(serde_json::to_vec(&req).unwrap()).await;
-        let n = u32::from_be_bytes(bytes[..4].try_into().unwrap()) as usize;
-        assert_eq!(n + 4, bytes.len());
-        serde_json::from_slice(&bytes[4..]).unwrap()
-    }
-
-    #[tokio::test]
-    async fn requests_outside_the_policy_are_refused_before_any_upstream_starts() {
-        // The command does not exist: any attempt to start it would answer ToolError, not
-        // ToolDenied.
-        let conf = "[[servers]]\nname = \"fs\"\ncommand = \"/nonexistent/x\"\nallow = [\"read\"]\ntenants = [\"a\"]\n";
-        let run = run_of(conf, "a");
-        let a = ask(
-            &run,
-            json!({"id": 7, "op": "call", "server": "fs", "tool": "write", "arguments": {}}),
-        )
-        .await;
-        assert_eq!(a["kind"], "tool");
-        assert_eq!(a["id"], 7);
-        assert_eq!(a["error"]["type"], "ToolDenied", "{a}");
-        let a = ask(
-            &run,
-            json!({"id": 8, "op": "call", "server": "other", "tool": "read"}),
-        )
-        .await;
-        assert_eq!(a["error"]["type"], "ToolDenied", "{a}");
-        let a = ask(&run, json!({"id": 9, "op": "nope"})).await;
-        assert_eq!(a["error"]["type"], "ToolError", "{a}");
-        let a = ask(
-            &run,
-            json!({"id": 10, "op": "call", "server": "fs", "tool": "read"}),
-        )
-        .await;
-        assert_eq!(a["error"]["type"], "ToolError", "{a}");
-        assert!(
-            a["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("unavailable"),
-            "{a}"
-        );
-        // Another tenant does not see the server at all.
-        let b = run_of(conf, "b");
-        let a = ask(
-            &b,
-            json!({"id": 1, "op": "call", "server": "fs", "tool": "read"}),
-        )
-        .await;
-        assert_eq!(a["error"]["type"], "ToolDenied", "{a}");
-        let a = ask(&b, json!({"id": 2, "op": "catalog"})).await;
-        assert_eq!(a["servers"], json!([]));
-        // Garbage is answered, not fatal.
-        let bytes = b.answer(b"\xff not json".to_vec()).await;
-        let v: Value = serde_json::from_slice(&bytes[4..]).unwrap();
-        assert_eq!(v["error"]["type"], "ToolError");
+        let caller = caller::current().or_else(|| self.caller.clone());
+        Arc::new(run::Run::new(
+            self.manager.clone(),
+            self.tenant.clone(),
+            caller,
+        ))
     }
 }

@@ -23,6 +23,30 @@ pub struct RunRequest {
     pub format: Format,
     pub junit: Option<PathBuf>,
     pub backend: BackendConfig,
+    /// Code mode's tools file (`--tools`): the upstream MCP servers the files may call.
+    pub tools: Option<PathBuf>,
+}
+
+/// The backend of `run` with code mode: every run gets the tools of its tenant (the one
+/// local tenant), as the server's runs do.
+struct WithTools(std::sync::Arc<dyn crate::backend::Backend>);
+
+#[async_trait::async_trait]
+impl crate::backend::Wrap for WithTools {
+    fn inner(&self) -> &dyn crate::backend::Backend {
+        &*self.0
+    }
+
+    async fn run(
+        &self,
+        mut job: crate::job::JobSpec,
+        events: crate::backend::Events,
+    ) -> Result<crate::job::Outcome, crate::backend::BackendError> {
+        if job.tools.is_none() {
+            job.tools = crate::codemode::tools_for(&job.tenant);
+        }
+        self.0.run(job, events).await
+    }
 }
 
 /// `run`: read the files, connect (with a warm pool that makes one sandbox per file, up to
@@ -55,6 +79,20 @@ pub async fn run(cmd: RunRequest) -> Exit {
     if let Err(e) = files::read_all(&mut files).await {
         eprintln!("mcp-code-executor: {e}");
         return run::exit::USAGE;
+    }
+    // Code mode: its file is read before anything runs; its upstream servers start at the
+    // first call of a file's code.
+    if let Some(path) = &cmd.tools {
+        match crate::codemode::Config::load(path) {
+            Ok(conf) => {
+                let host = config::HostEnv::from_process();
+                crate::codemode::install(crate::codemode::Manager::new(conf, host.path, host.home));
+            }
+            Err(e) => {
+                eprintln!("mcp-code-executor: {e}");
+                return run::exit::USAGE;
+            }
+        }
     }
     let jobs = cmd
         .jobs
@@ -119,6 +157,10 @@ pub async fn run(cmd: RunRequest) -> Exit {
         other => other.map(|s| (s, None)),
     };
     let (sandbox, gate) = match sandbox {
+        Ok((s, gate)) if cmd.tools.is_some() => (
+            std::sync::Arc::new(WithTools(s)) as std::sync::Arc<dyn crate::backend::Backend>,
+            gate,
+        ),
         Ok(s) => s,
         Err(e) => {
             eprintln!("mcp-code-executor: {e}");
@@ -153,6 +195,7 @@ pub async fn run(cmd: RunRequest) -> Exit {
     let code = run::run_files(executor, files, opts, stop).await;
     // Pools stopped, every sandbox removed (bounded; what is left goes to the next sweep).
     sandbox.shutdown().await;
+    crate::codemode::shutdown().await;
     watcher.abort();
     interrupted().unwrap_or(code)
 }

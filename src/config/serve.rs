@@ -83,6 +83,40 @@ pub struct HttpConfig {
     pub bounds: HttpBounds,
     /// Sign-in with OAuth (docs/hosting.md "Sign-in with OAuth").
     pub oauth: OAuthConfig,
+    /// More than one replica: peers, their shared secret, draining (docs/hosting.md "Scale").
+    pub cluster: ClusterConfig,
+}
+
+/// More than one replica behind a balancer without affinity (`crate::cluster`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// `--peers`: every replica's internal address (`http://HOST:PORT`, or
+    /// `dns+http://NAME:PORT` for every address a name resolves to); empty: one replica.
+    pub peers: Vec<String>,
+    /// `--cluster-secret`: what replicas show each other on forwarded requests.
+    pub secret: Option<String>,
+    /// `--drain-grace`: after SIGTERM, how long runs in progress may take to finish
+    /// (`None`: [`DRAIN_GRACE`] with peers, none for a server alone, which stops at once).
+    pub drain_grace: Option<Duration>,
+    /// `--sweep-every`: how often leftovers of dead servers are swept.
+    pub sweep_every: Duration,
+}
+
+/// After SIGTERM, how long the runs in progress of a replica with peers get to finish
+/// (within the shutdown's 25 s).
+pub const DRAIN_GRACE: Duration = Duration::from_secs(12);
+/// How often `serve` sweeps what dead servers left on the backend.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(600);
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            peers: Vec::new(),
+            secret: None,
+            drain_grace: None,
+            sweep_every: SWEEP_EVERY,
+        }
+    }
 }
 
 /// OAuth sign-in: off unless issuers are given.
@@ -252,6 +286,7 @@ mod tests {
                 metrics: true,
                 bounds: HttpBounds::default(),
                 oauth: OAuthConfig::default(),
+                cluster: ClusterConfig::default(),
             },
             limits: Limits::default(),
             max_timeout: Duration::from_secs(300),

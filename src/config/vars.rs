@@ -151,6 +151,18 @@ env_vars! {
     MCP_EXECUTOR_OAUTH_ISSUERS;
     /// The scope an OAuth access token must carry (`--oauth-scope`, default `mcp`).
     MCP_EXECUTOR_OAUTH_SCOPE;
+    /// Comma-separated internal addresses of every replica (`--peers`): `http://HOST:PORT`,
+    /// or `dns+http://NAME:PORT` for every address NAME resolves to; unset: one replica.
+    MCP_EXECUTOR_PEERS;
+    /// The secret replicas show each other on forwarded requests (`--cluster-secret`;
+    /// needed with `--peers`); a client request that carries a wrong one is refused.
+    MCP_EXECUTOR_CLUSTER_SECRET;
+    /// Seconds runs in progress get to finish after SIGTERM, readiness already 503
+    /// (`--drain-grace`, default 12 with `--peers`, else 0); then they end with an error saying so.
+    MCP_EXECUTOR_DRAIN_GRACE;
+    /// Seconds between sweeps of what dead servers left on the backend (`--sweep-every`,
+    /// default 600).
+    MCP_EXECUTOR_SWEEP_EVERY;
     /// HTTP connections serving MCP at once (`--max-connections`, default 512); beyond them
     /// a reserve of `MCP_EXECUTOR_HEALTH_CONNECTIONS` answers only health and metrics.
     MCP_EXECUTOR_MAX_CONNECTIONS;

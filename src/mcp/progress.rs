@@ -52,6 +52,28 @@ impl OutputThrottle {
 /// Forwards a call's events as progress notifications until the call ends.
 pub struct Progress {
     task: JoinHandle<()>,
+    line: ProgressLine,
+}
+
+/// Sends the progress notifications of one token. Clones share the count, so the values
+/// keep increasing whoever sends (the run's narration, code mode's upstream progress).
+#[derive(Clone)]
+pub struct ProgressLine {
+    peer: Peer<RoleServer>,
+    token: ProgressToken,
+    step: std::sync::Arc<tokio::sync::Mutex<f64>>,
+}
+
+impl ProgressLine {
+    pub async fn say(&self, message: String) {
+        // Held while sending: notifications leave in the order of their values.
+        let mut step = self.step.lock().await;
+        *step += 1.0;
+        let param = ProgressNotificationParam::new(self.token.clone(), *step).with_message(message);
+        if let Err(e) = self.peer.notify_progress(param).await {
+            tracing::debug!(error = %e, "progress notification not delivered");
+        }
+    }
 }
 
 impl Progress {
@@ -70,8 +92,18 @@ impl Progress {
             return (None, None);
         };
         let (tx, rx) = unbounded_channel();
-        let task = tokio::spawn(forward(ctx.peer.clone(), token, rx, narration));
-        (Some(Progress { task }), Some(tx))
+        let line = ProgressLine {
+            peer: ctx.peer.clone(),
+            token,
+            step: Default::default(),
+        };
+        let task = tokio::spawn(forward(line.clone(), rx, narration));
+        (Some(Progress { task, line }), Some(tx))
+    }
+
+    /// Where more notifications of this call go (with values after the ones sent so far).
+    pub fn line(&self) -> ProgressLine {
+        self.line.clone()
     }
 
     /// Wait (briefly) until the last notification went out, so that it precedes the result.
@@ -81,21 +113,13 @@ impl Progress {
 }
 
 async fn forward<E>(
-    peer: Peer<RoleServer>,
-    token: ProgressToken,
+    line: ProgressLine,
     mut rx: UnboundedReceiver<E>,
     mut narration: impl Narration<E>,
 ) {
-    let mut step = 0.0;
-    let mut send = |message: String| {
-        step += 1.0;
-        let param = ProgressNotificationParam::new(token.clone(), step).with_message(message);
-        let peer = peer.clone();
-        async move {
-            if let Err(e) = peer.notify_progress(param).await {
-                tracing::debug!(error = %e, "progress notification not delivered");
-            }
-        }
+    let send = |message: String| {
+        let line = line.clone();
+        async move { line.say(message).await }
     };
     let mut said = false;
     if let Some(m) = narration.first() {

@@ -46,6 +46,18 @@ pub fn ttl(timeout: Duration) -> Duration {
     (timeout + Duration::from_secs(5 * 60)).max(RESULT_TTL)
 }
 
+/// The task id clients see: rmcp's id with this replica's mark ([`crate::cluster::ids`]),
+/// so that a call landing on another replica finds the one that runs the task.
+pub fn external_id(id: &str) -> String {
+    crate::cluster::ids::mint('t', id)
+}
+
+/// rmcp's id of a task id a client sends (one of another replica, or of no replica, stays
+/// as it is and is unknown here).
+pub fn internal_id(id: &str) -> &str {
+    crate::cluster::ids::unwrap_mine(id)
+}
+
 type Registry = Mutex<HashMap<(usize, Option<String>), (Weak<Executor>, TaskManager)>>;
 
 fn registry() -> &'static Registry {

@@ -91,6 +91,12 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
     let listener = config.listener.take();
     let config = config;
     let cfg = &config.serve;
+    if !cfg.http.cluster.peers.is_empty() && cfg.http.cluster.secret.is_none() {
+        anyhow::bail!("--peers needs --cluster-secret (MCP_EXECUTOR_CLUSTER_SECRET): replicas show it to each other on forwarded requests");
+    }
+    // `shutdown` starts the drain; `stop` (after it) stops serving, runs and sessions.
+    let stop = drain_on(&config, shutdown);
+    let shutdown = stop;
     let (tenants, mut rules) = match &cfg.tenants_file {
         Some(path) => {
             let (t, r) = tenancy::load_all(path)?;
@@ -173,8 +179,46 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
     // Runs stopped, sessions closed (bounded), then the backend's pools and sandboxes.
     service.shutdown().await;
     crate::codemode::shutdown().await;
+    shutdown.cancel();
     served.context("the transport task")?.context("serving")?;
     Ok(())
+}
+
+/// The token that stops serving: cancelled once `shutdown` is and the drain is over. The
+/// drain ([`crate::cluster::Cluster::drain`]): readiness says 503 at once, new calls go to
+/// other replicas, runs in progress get `--drain-grace` to finish.
+fn drain_on(config: &Config, shutdown: CancellationToken) -> CancellationToken {
+    let stop = CancellationToken::new();
+    let cluster = config.http.cluster.clone();
+    let serving = config.serving.subscribe();
+    let stopped = stop.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = stopped.cancelled() => return,
+        }
+        let service = serving.borrow().clone();
+        if let Some(service) = service {
+            let (running, waiting, _) = service.in_flight();
+            eprintln!(
+                "mcp-code-executor: draining: /readyz says 503, new calls go to other replicas; \
+                 {} runs in progress and {waiting} waiting get {} s to finish",
+                running,
+                cluster.drain_grace().as_secs()
+            );
+            let finished = cluster
+                .drain(|| {
+                    let (r, w, _) = service.in_flight();
+                    r + w
+                })
+                .await;
+            if !finished {
+                eprintln!("mcp-code-executor: the drain grace is over: stopping the runs still in progress");
+            }
+        }
+        stopped.cancel();
+    });
+    stop
 }
 
 /// How long the front keeps answering after a failed start-up, so that calls waiting for

@@ -53,6 +53,7 @@ impl From<&HttpConfig> for HttpOptions {
             allowed_origins: http.allowed_origins.clone(),
             metrics: http.metrics,
             bounds: http.bounds.clone(),
+            cluster: std::sync::Arc::new(crate::cluster::Cluster::new(&http.cluster)),
             ..HttpOptions::default()
         }
     }
@@ -89,6 +90,7 @@ impl ServeConfig {
                 metrics: true,
                 bounds: config::HttpBounds::default(),
                 oauth: config::serve::OAuthConfig::default(),
+                cluster: config::serve::ClusterConfig::default(),
             },
             max_timeout: app::MAX_TIMEOUT,
             max_concurrent: app::MAX_CONCURRENT,

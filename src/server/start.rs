@@ -69,7 +69,7 @@ pub(super) async fn start(
         self_test(cfg, &sandbox, startup).await?;
     }
     startup.set(Phase::Environment);
-    sandbox.sweep_periodically(SWEEP_EVERY);
+    sandbox.sweep_periodically(cfg.http.cluster.sweep_every);
     // One executor per tenant: its own code storage, workspaces, sessions and environment;
     // run slots and metrics shared, slots handed out fairly between tenants.
     let mut service = app::Service::new(
@@ -136,9 +136,6 @@ pub(super) async fn start(
     }
     Ok(Arc::new(service))
 }
-
-/// How often what dead servers left is swept while serving.
-const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The backend the configuration names, its image built first if missing (the build's
 /// progress told as the start-up phase), with a warm pool (one per tenant with a tenants

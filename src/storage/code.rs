@@ -120,7 +120,9 @@ impl CodeStorage {
         paths::resolve(&self.canonical, &self.root, file_path)
     }
 
-    /// Store `content` in a new file named from `filename` (sanitised) plus a unique suffix.
+    /// Store `content` in a new file named from `filename` (sanitised) plus this replica's
+    /// id and a unique suffix (`STEM_REPLICA_RANDOM.py`: with several replicas that do not
+    /// share this directory, a call on the file is forwarded to the one that has it).
     pub async fn create(
         &self,
         filename: Option<&str>,
@@ -132,7 +134,8 @@ impl CodeStorage {
         let stem = sanitize_stem(filename);
         loop {
             let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
-            let path = self.canonical.join(format!("{stem}_{suffix}.py"));
+            let replica = crate::cluster::ids::replica();
+            let path = self.canonical.join(format!("{stem}_{replica}_{suffix}.py"));
             let opened = tokio::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)

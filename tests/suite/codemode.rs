@@ -508,6 +508,24 @@ print(slow.get_sum(a=2, b=2))
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // Metrics: calls by tenant, upstream, tool and outcome; a latency histogram.
+    let text = reqwest::get(s.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let t = &s.tenant;
+    for line in [
+        format!("mcp_executor_tool_calls_total{{tenant=\"{t}\",upstream=\"slow\",tool=\"trigger-long-running-operation\",outcome=\"ToolTimeout\"}} 1"),
+        format!("mcp_executor_tool_calls_total{{tenant=\"{t}\",upstream=\"slow\",tool=\"get-sum\",outcome=\"ok\"}} 1"),
+        format!("mcp_executor_tool_calls_total{{tenant=\"{t}\",upstream=\"everything\",tool=\"trigger-long-running-operation\",outcome=\"cancelled\"}} 1"),
+        format!("mcp_executor_tool_call_duration_seconds_count{{tenant=\"{t}\",upstream=\"slow\"}} 2"),
+        format!("mcp_executor_tool_call_duration_seconds_bucket{{tenant=\"{t}\",upstream=\"slow\",le=\"1\"}} 1"),
+    ] {
+        assert!(text.contains(&line), "missing `{line}` in:\n{text}");
+    }
     drop(client);
 }
 
@@ -573,13 +591,25 @@ except tools.ToolError as x:
 print(json.dumps({"servers": sorted(tools.servers()), "everything": e}))
 "#;
     let ca = client_with_token(&s, &ta).await;
+    let cb = client_with_token(&s, &tb).await;
+    // The execute_code / execute_python descriptions list each tenant's own servers, one
+    // line each (not their tools).
+    for (c, mine, other) in [(&ca, "everything", "memory"), (&cb, "memory", "everything")] {
+        let tools = c.peer().list_all_tools().await.unwrap();
+        for name in ["execute_code", "execute_python"] {
+            let t = tools.iter().find(|t| t.name == name).unwrap();
+            let d = t.description.as_deref().unwrap();
+            assert!(d.contains(&format!("\n- {mine}: ")), "{name}: {d}");
+            assert!(!d.contains(&format!("- {other}: ")), "{name}: {d}");
+            assert!(!d.contains("get-sum") && !d.contains("get_sum"), "{d}");
+        }
+    }
     let (out, err, _) = run(ca.peer(), code).await;
     let v = last_json(&out, &err);
     assert_eq!(
         v,
         json!({"servers": ["everything"], "everything": "called"})
     );
-    let cb = client_with_token(&s, &tb).await;
     let (out, err, _) = run(cb.peer(), code).await;
     let v = last_json(&out, &err);
     assert_eq!(
@@ -613,6 +643,13 @@ print(json.dumps({"servers": sorted(tools.servers()), "call": e, "import": imp})
     assert_eq!(v["servers"], json!([]), "{v}");
     assert_eq!(v["import"], "ImportError", "{v}");
     assert!(v["call"].as_str().unwrap().contains("not available"), "{v}");
+    // And the descriptions name no tool server.
+    let tools = client.peer().list_all_tools().await.unwrap();
+    let d = tools.iter().find(|t| t.name == "execute_code").unwrap();
+    assert!(
+        !d.description.as_deref().unwrap().contains("Code mode:"),
+        "{d:?}"
+    );
     drop(client);
 }
 
@@ -621,15 +658,41 @@ fn p50(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// The figure of the issue's bench row: a call proxied from the sandbox (runner, this
-/// server, the rmcp client, the upstream) against the same call made straight to the
-/// upstream with the rmcp client; and one execute_code making 100 calls, against 100 MCP
-/// round trips from a client. Prints the figures; checks only loose bounds.
+/// Mean of `mcp_executor_tool_call_duration_seconds` for `upstream` of `tenant` now:
+/// (sum, count).
+async fn call_seconds(s: &Server, upstream: &str) -> (f64, f64) {
+    let text = reqwest::get(s.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let l = format!("{{tenant=\"{}\",upstream=\"{upstream}\"}} ", s.tenant);
+    let get = |name: &str| {
+        text.lines()
+            .find_map(|x| {
+                x.strip_prefix(&format!(
+                    "mcp_executor_tool_call_duration_seconds_{name}{l}"
+                ))
+            })
+            .map_or(0.0, |v| v.parse().unwrap())
+    };
+    (get("sum"), get("count"))
+}
+
+/// The figures of the issue's bench row, printed (`--nocapture`), with loose bounds only:
+/// - a call proxied from the sandbox (runner, this server, the rmcp client, the upstream)
+///   against the same call made straight to the upstream with the rmcp client, p50 of 100,
+///   and where the difference goes: the round trip of a request the server refuses at once
+///   (sandbox, runner, Docker's attach, the frame loop and back, no upstream) and the time
+///   this server spends on a call (its metrics: policy, the rmcp client, the upstream);
+/// - one execute_code making 100 calls against 100 MCP round trips from the client to the
+///   upstream: wall time and the bytes that reached the client.
 #[tokio::test]
 async fn proxied_call_overhead() {
     let dir = TempDir::new("b");
     let conf = format!(
-        "[limits]\ncalls_per_run = 200\n[[servers]]\nname = \"everything\"\ncommand = \"node\"\nargs = [\"{}\"]\n",
+        "[limits]\ncalls_per_run = 300\n[[servers]]\nname = \"everything\"\ncommand = \"node\"\nargs = [\"{}\"]\n",
         node_server("everything")
     );
     let s = start("codemode-b", &conf, &dir.0, &[]).await;
@@ -637,7 +700,8 @@ async fn proxied_call_overhead() {
     let client = s.client().await;
     let peer = client.peer().clone();
 
-    // Direct: the rmcp client to the upstream, 100 calls.
+    // Direct: the rmcp client to the upstream, 100 calls (as an agent without code mode
+    // calls a tool 100 times: every result reaches the client).
     let mut cmd = tokio::process::Command::new("node");
     cmd.arg(node_server("everything"));
     let (t, _) = rmcp::transport::TokioChildProcess::builder(cmd)
@@ -646,65 +710,657 @@ async fn proxied_call_overhead() {
         .unwrap();
     let direct = ().serve(t).await.unwrap();
     let mut d = vec![];
+    let mut direct_bytes = 0;
+    let t_direct = Instant::now();
     for i in 0..100 {
         let t0 = Instant::now();
         let mut args = serde_json::Map::new();
         args.insert("a".into(), json!(i));
         args.insert("b".into(), json!(1));
-        direct
+        let r = direct
             .call_tool(CallToolRequestParams::new("get-sum").with_arguments(args))
             .await
             .unwrap();
         d.push(t0.elapsed().as_secs_f64() * 1000.0);
+        direct_bytes += serde_json::to_vec(&r).unwrap().len();
     }
+    let direct_wall = t_direct.elapsed().as_secs_f64() * 1000.0;
     let _ = direct.cancel().await;
 
-    // Proxied: 100 calls from one execute_code, each timed in the sandbox.
+    // The upstream starts on the first call: before anything is measured.
+    let (out, err, _) = run(
+        &peer,
+        "from tools import everything\nprint(everything.get_sum(a=0, b=0))",
+    )
+    .await;
+    assert!(out.contains("The sum of 0 and 0 is 0."), "{err}");
+    let (sum0, n0) = call_seconds(&s, "everything").await;
+
+    // Proxied: 100 calls from one execute_code, each timed in the sandbox; then 100
+    // requests the server refuses at once (no such server): the relay's round trip.
     let code = r#"
-import json, time
+import json, time, tools
 from tools import everything
-everything.get_sum(a=0, b=0)  # the upstream starts on the first call
-ms = []
+ms, relay = [], []
 t = time.perf_counter()
 for i in range(100):
     t0 = time.perf_counter()
     everything.get_sum(a=i, b=1)
     ms.append((time.perf_counter() - t0) * 1000)
-print(json.dumps({"ms": ms, "total": (time.perf_counter() - t) * 1000}))
+total = (time.perf_counter() - t) * 1000
+for i in range(100):
+    t0 = time.perf_counter()
+    try:
+        tools.call("nope", "x")
+    except tools.ToolDenied:
+        pass
+    relay.append((time.perf_counter() - t0) * 1000)
+print(json.dumps({"ms": ms, "relay": relay, "total": total}))
 "#;
-    let (out, err, _) = run(&peer, code).await;
-    let v = last_json(&out, &err);
-    let proxied: Vec<f64> = v["ms"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
+    let t_code = Instant::now();
+    let r = call(&peer, "execute_code", json!({"code": code, "timeout": 120})).await;
+    let code_wall = t_code.elapsed().as_secs_f64() * 1000.0;
+    let code_bytes = serde_json::to_vec(&r).unwrap().len();
+    let st = r.structured_content.clone().unwrap();
+    let v = last_json(
+        st["stdout"].as_str().unwrap(),
+        st["stderr"].as_str().unwrap_or_default(),
+    );
+    let floats = |k: &str| -> Vec<f64> {
+        v[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    };
+    let (sum1, n1) = call_seconds(&s, "everything").await;
+    assert_eq!(n1 - n0, 100.0, "100 calls counted");
+    let server_ms = (sum1 - sum0) / (n1 - n0) * 1000.0;
+    // This server's log of the timed calls: its whole time and the upstream's part.
+    let log = s.stderr();
+    let field = |line: &str, k: &str| -> Option<f64> {
+        let rest = line.split(&format!(" {k}=")).nth(1)?;
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    };
+    let calls: Vec<(f64, f64)> = log
+        .lines()
+        .filter(|l| l.contains("code mode: tool call") && l.contains("tool=get-sum"))
+        .filter_map(|l| Some((field(l, "us")? / 1000.0, field(l, "upstream_us")? / 1000.0)))
         .collect();
+    let calls = &calls[calls.len().saturating_sub(100)..];
+    let here = p50(calls.iter().map(|c| c.0).collect());
+    let up = p50(calls.iter().map(|c| c.1).collect());
+    let proxied = floats("ms");
+    let mut sorted = proxied.clone();
+    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    eprintln!(
+        "code mode bench: proxied in the sandbox p90 {:.2} ms, max {:.2} ms, mean {:.2} ms; this server's time per call p50 {here:.2} ms, of which the upstream call (rmcp client and upstream) p50 {up:.2} ms",
+        sorted[89],
+        sorted[99],
+        proxied.iter().sum::<f64>() / 100.0
+    );
 
-    // 100 MCP round trips from the client: execute_code of a tiny program, as an agent
-    // without code mode would call a tool 100 times (here: 20, scaled).
-    let t0 = Instant::now();
-    let mut bytes = 0usize;
-    for i in 0..20 {
-        let r = call(
-            &peer,
-            "execute_code",
-            json!({"code": format!("print({i} + 1)")}),
-        )
-        .await;
-        bytes += serde_json::to_vec(&r).unwrap().len();
-    }
-    let per_round_trip = t0.elapsed().as_secs_f64() * 1000.0 / 20.0;
-    let (dp, pp) = (p50(d), p50(proxied));
+    // One execute_code that makes 100 calls and prints only the answer, as code mode is
+    // meant to be used: wall time and bytes to the client.
+    let code = "from tools import everything\nprint(sum(int(everything.get_sum(a=i, b=1).split()[-1].rstrip('.')) for i in range(100)))";
+    let t_answer = Instant::now();
+    let r = call(&peer, "execute_code", json!({"code": code})).await;
+    let answer_wall = t_answer.elapsed().as_secs_f64() * 1000.0;
+    let answer_bytes = serde_json::to_vec(&r).unwrap().len();
+    assert_eq!(
+        r.structured_content.as_ref().unwrap()["stdout"],
+        "5050\n",
+        "{r:?}"
+    );
+    eprintln!(
+        "code mode bench: 100 calls in one execute_code printing only the answer: {answer_wall:.0} ms from the client, {answer_bytes} bytes to the client"
+    );
+    let (dp, pp, rp) = (p50(d), p50(floats("ms")), p50(floats("relay")));
     eprintln!(
         "code mode bench: get-sum p50 direct {dp:.2} ms, proxied from the sandbox {pp:.2} ms (overhead {:.2} ms); \
-         100 calls in one execute_code {:.0} ms in the sandbox, {} bytes of result to the client; \
-         one execute_code round trip from the client {per_round_trip:.1} ms ({} bytes each)",
+         of which: relay round trip of a refused request p50 {rp:.2} ms, this server's time per call (mean, metrics) {server_ms:.2} ms; \
+         100 calls in one execute_code: {:.0} ms in the sandbox, {code_wall:.0} ms from the client, {code_bytes} bytes to the client; \
+         100 MCP round trips from the client to the upstream: {direct_wall:.0} ms, {direct_bytes} bytes to the client",
         pp - dp,
         v["total"].as_f64().unwrap(),
-        out.len(),
-        bytes / 20
     );
     assert!(pp < 100.0, "a proxied call took {pp} ms at p50");
     drop(client);
+}
+
+/// The Python with the official MCP SDK: `MCP_PY_SDK_PYTHON`, else `target/py-sdk`.
+fn sdk_python() -> PathBuf {
+    let p = std::env::var_os("MCP_PY_SDK_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/py-sdk/bin/python"));
+    let ok = std::process::Command::new(&p)
+        .args(["-c", "import mcp"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "the official MCP Python SDK is needed at {}: run scripts/test.sh, or \
+         `python3 -m venv target/py-sdk && target/py-sdk/bin/pip install mcp==2.3.0`",
+        p.display()
+    );
+    p
+}
+
+/// everything + filesystem, the configuration of the SDK and gVisor tests.
+fn everything_and_filesystem(root: &Path) -> String {
+    format!(
+        r#"
+[[servers]]
+name = "everything"
+command = "node"
+args = ["{everything}"]
+
+[[servers]]
+name = "filesystem"
+command = "node"
+args = ["{fs}", "{root}"]
+"#,
+        everything = node_server("everything"),
+        fs = node_server("filesystem"),
+        root = root.display(),
+    )
+}
+
+/// `tests/sdk/codemode.py` against `s`: the official Python SDK in its default
+/// (2026-07-28) and legacy modes.
+async fn sdk_client(s: &Server, missing: &Path) -> String {
+    let out = tokio::process::Command::new(sdk_python())
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/sdk/codemode.py"
+        ))
+        .arg(s.url("/mcp"))
+        .arg(missing)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(300), out)
+        .await
+        .expect("the SDK client ends within 5 minutes")
+        .expect("python starts");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "the SDK client failed: {stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.log_tail(30)
+    );
+    stdout
+}
+
+#[tokio::test]
+async fn the_official_python_sdk_in_default_and_legacy_modes() {
+    let dir = TempDir::new("sdk");
+    let root = dir.0.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let s = start(
+        "codemode-sdk",
+        &everything_and_filesystem(&root),
+        &dir.0,
+        &[],
+    )
+    .await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let out = sdk_client(&s, &root.join("missing.txt")).await;
+    assert!(out.contains("ok: auto 2026-07-28"), "{out}");
+    assert!(out.contains("ok: legacy 2025-11-25"), "{out}");
+}
+
+#[tokio::test]
+async fn under_gvisor_through_the_official_python_sdk() {
+    // gVisor runs take turns with the other gVisor tests (their CPU-quota checks).
+    let _one = crate::gvisor::ONE_AT_A_TIME.lock().await;
+    let dir = TempDir::new("gv");
+    let root = dir.0.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let s = start(
+        "codemode-gv",
+        &everything_and_filesystem(&root),
+        &dir.0,
+        &["--runtime", "runsc"],
+    )
+    .await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    // The sandboxes really are gVisor's (its kernel says 4.4.0).
+    let client = s.client().await;
+    let (out, err, _) = run(
+        client.peer(),
+        "import os\nfrom tools import everything\nprint(os.uname().release)\nprint(everything.get_sum(a=1, b=2))",
+    )
+    .await;
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["4.4.0", "The sum of 1 and 2 is 3."],
+        "stderr {err}"
+    );
+    drop(client);
+    let out = sdk_client(&s, &root.join("missing.txt")).await;
+    assert!(out.contains("ok: auto 2026-07-28"), "{out}");
+}
+
+/// `run --tools FILE` (the CI runner): the files' code calls the upstream servers too, one
+/// file alone (no pool) and two at once (from a warm pool); every sandbox removed.
+#[tokio::test]
+async fn the_run_command_takes_a_tools_file() {
+    let dir = TempDir::new("run");
+    let root = dir.0.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(dir.0.join("tools.toml"), everything_and_filesystem(&root)).unwrap();
+    std::fs::write(
+        dir.0.join("a.py"),
+        "from tools import everything\nprint(everything.get_sum(a=1, b=2))\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.0.join("b.py"),
+        "import tools\nfrom tools import everything\nprint(everything.echo(message='from b'))\ntry:\n    tools.call('filesystem', 'write_file', path='/x', content='x')\nexcept tools.ToolDenied as e:\n    print('ToolDenied')\n",
+    )
+    .unwrap();
+    let bin = env!("CARGO_BIN_EXE_mcp-code-executor");
+    let tools = dir.0.join("tools.toml");
+    for files in [vec!["a.py"], vec!["a.py", "b.py"]] {
+        let mut cmd = tokio::process::Command::new(bin);
+        cmd.arg("run")
+            .arg("--json")
+            .arg("--tools")
+            .arg(&tools)
+            .args(files.iter().map(|f| dir.0.join(f)))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let child = cmd.spawn().expect("the binary starts");
+        let pid = child.id().unwrap();
+        // Should the test fail while it runs: its sandboxes go with it.
+        struct Left(u32);
+        impl Drop for Left {
+            fn drop(&mut self) {
+                common::remove_containers(&common::containers_left_by(self.0, true));
+            }
+        }
+        let _left = Left(pid);
+        let out = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
+            .await
+            .expect("run ends within 4 minutes")
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+        let reports: Vec<Value> = stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        assert_eq!(reports.len(), files.len(), "{stdout}");
+        for r in &reports {
+            let f = r["file"].as_str().unwrap();
+            let want = if f.ends_with("a.py") {
+                "The sum of 1 and 2 is 3.\n"
+            } else {
+                "Echo: from b\nToolDenied\n"
+            };
+            assert_eq!(r["stdout"], want, "{r}\n{stderr}");
+        }
+        common::assert_nothing_left_by(pid);
+    }
+}
+
+/// A JSON-RPC request at protocol 2026-07-28 over raw HTTP, with the tasks extension
+/// declared (the official SDKs have no client side for tasks): its `result` or `error`.
+async fn task_rpc(url: &str, method: &str, mut params: Value) -> Value {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw-tasks", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+    });
+    let name = params
+        .get("name")
+        .or_else(|| params.get("taskId"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let text = reqwest::Client::new()
+        .post(url)
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", method)
+        .header("Mcp-Name", name)
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("the server answers")
+        .text()
+        .await
+        .unwrap();
+    let msg: Value = serde_json::from_str(&text).unwrap_or_else(|_| {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|v| v.get("id").is_some())
+            .unwrap_or_else(|| panic!("no response to {method}: {text}"))
+    });
+    match msg.get("error") {
+        Some(e) => json!({ "error": e }),
+        None => msg["result"].clone(),
+    }
+}
+
+/// A task-augmented execute_code (the tasks extension) calls the upstream servers as a
+/// plain call does.
+#[tokio::test]
+async fn code_mode_inside_a_task() {
+    let dir = TempDir::new("task");
+    let root = dir.0.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let s = start(
+        "codemode-task",
+        &everything_and_filesystem(&root),
+        &dir.0,
+        &[],
+    )
+    .await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let url = s.url("/mcp");
+    let code = "from tools import everything\nprint(everything.get_sum(a=20, b=22))";
+    let created = task_rpc(
+        &url,
+        "tools/call",
+        json!({"name": "execute_code", "arguments": {"code": code}}),
+    )
+    .await;
+    assert_eq!(created["resultType"], "task", "{created}");
+    let id = created["taskId"].as_str().expect("taskId").to_string();
+    let t0 = Instant::now();
+    let done = loop {
+        let t = task_rpc(&url, "tasks/get", json!({ "taskId": id })).await;
+        let status = t["status"].as_str().unwrap_or_else(|| panic!("{t}"));
+        if status != "working" {
+            break t;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "{t}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        done["result"]["structuredContent"]["stdout"], "The sum of 20 and 22 is 42.\n",
+        "{done}"
+    );
+}
+
+/// server-everything serving Streamable HTTP on a free loopback port; killed on drop.
+struct HttpEverything {
+    _child: tokio::process::Child,
+    port: u16,
+}
+
+async fn http_everything() -> HttpEverything {
+    use tokio::io::AsyncBufReadExt;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = tokio::process::Command::new("node")
+        .arg(node_server("everything"))
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node starts");
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(l)) = lines.next_line().await {
+            if l.contains("listening on port") {
+                return;
+            }
+        }
+        panic!("server-everything (streamableHttp) ended before it listened");
+    })
+    .await
+    .expect("server-everything listens within 30 s");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    HttpEverything {
+        _child: child,
+        port,
+    }
+}
+
+/// Our test client: records the progress notifications it gets; with `consent`, declares
+/// form elicitation (at 2025-11-25, where a server may ask) and answers it so.
+#[derive(Clone, Default)]
+struct Recorder {
+    progress: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    consent: Option<bool>,
+    asked: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl rmcp::ClientHandler for Recorder {
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        let Some(_) = self.consent else {
+            return rmcp::model::ClientConfig::default();
+        };
+        let caps: rmcp::model::ClientCapabilities =
+            serde_json::from_value(json!({"elicitation": {"form": {}}})).unwrap();
+        rmcp::model::ClientConfig::new(caps, rmcp::model::Implementation::new("recorder", "0"))
+            .with_protocol_version(rmcp::model::ProtocolVersion::V_2025_11_25)
+    }
+
+    async fn on_progress(
+        &self,
+        p: rmcp::model::ProgressNotificationParam,
+        _: rmcp::service::NotificationContext<RoleClient>,
+    ) {
+        let line = format!("{} {}", p.progress, p.message.unwrap_or_default());
+        self.progress.lock().unwrap().push(line);
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: rmcp::model::ElicitRequestParams,
+        _: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
+        if let rmcp::model::ElicitRequestParams::FormElicitationParams { message, .. } = request {
+            self.asked.lock().unwrap().push(message);
+        }
+        Ok(match self.consent {
+            Some(true) => rmcp::model::ElicitResult::new(rmcp::model::ElicitationAction::Accept)
+                .with_content(json!({"approve": true})),
+            _ => rmcp::model::ElicitResult::new(rmcp::model::ElicitationAction::Decline),
+        })
+    }
+}
+
+async fn recorder_client(s: &Server, r: &Recorder) -> RunningService<RoleClient, Recorder> {
+    let t = StreamableHttpClientTransport::from_uri(s.url("/mcp"));
+    r.clone().serve(t).await.expect("connects")
+}
+
+/// The items of the issue tested together on one server: a Streamable HTTP upstream;
+/// calls in flight bounded per run; an upstream's progress reaching our client as progress
+/// of its execute_code; and a run killed at its timeout whose in-flight call is cancelled
+/// upstream (the upstream itself records the cancellation).
+#[tokio::test]
+async fn http_upstream_in_flight_limit_progress_and_cancellation_upstream() {
+    let dir = TempDir::new("h");
+    let http = http_everything().await;
+    let cancel_log = dir.0.join("cancel.log");
+    let conf = format!(
+        r#"
+[limits]
+in_flight = 2
+
+[[servers]]
+name = "remote"
+url = "http://127.0.0.1:{port}/mcp"
+description = "server-everything over Streamable HTTP"
+
+[[servers]]
+name = "check"
+command = "{python}"
+args = ["{script}", "{log}"]
+"#,
+        port = http.port,
+        python = sdk_python().display(),
+        script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/upstream_cancel.py"),
+        log = cancel_log.display(),
+    );
+    let s = start("codemode-h", &conf, &dir.0, &[]).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let rec = Recorder::default();
+    let client = recorder_client(&s, &rec).await;
+    let peer = client.peer().clone();
+
+    // A Streamable HTTP upstream, and the operator's one-line description.
+    let (out, err, _) = run(
+        &peer,
+        "from tools import remote\nprint(remote.get_sum(a=1, b=2))",
+    )
+    .await;
+    assert_eq!(out.trim(), "The sum of 1 and 2 is 3.", "{err}");
+    let tools = peer.list_all_tools().await.unwrap();
+    let d = tools.iter().find(|t| t.name == "execute_code").unwrap();
+    assert!(
+        d.description
+            .as_deref()
+            .unwrap()
+            .contains("\n- remote: server-everything over Streamable HTTP"),
+        "{:?}",
+        d.description
+    );
+
+    // Six 1-second calls gathered, at most two in flight: three waves, about 3 s (with
+    // no bound, about 1 s).
+    let code = r#"
+import asyncio, json, time
+from tools import remote
+async def six():
+    return await asyncio.gather(*[remote.trigger_long_running_operation.aio(duration=1, steps=1) for _ in range(6)])
+t = time.perf_counter()
+r = asyncio.run(six())
+print(json.dumps({"n": len(r), "s": time.perf_counter() - t}))
+"#;
+    let (out, err, _) = run(&peer, code).await;
+    let v = last_json(&out, &err);
+    assert_eq!(v["n"], 6, "{v}");
+    let secs = v["s"].as_f64().unwrap();
+    assert!(
+        (2.8..6.0).contains(&secs),
+        "6 calls of 1 s, 2 at once: {secs} s"
+    );
+
+    // Progress of the upstream call reaches our client as progress of execute_code (rmcp's
+    // client asks for progress on every request).
+    rec.progress.lock().unwrap().clear();
+    let mut args = serde_json::Map::new();
+    args.insert(
+        "code".into(),
+        json!("from tools import remote\nprint(remote.trigger_long_running_operation(duration=2, steps=4))"),
+    );
+    let params = CallToolRequestParams::new("execute_code").with_arguments(args);
+    let r = peer.call_tool(params).await.unwrap();
+    let out = r.structured_content.unwrap()["stdout"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(out.contains("Long running operation completed"), "{out}");
+    let got = rec.progress.lock().unwrap().clone();
+    let upstream: Vec<&String> = got
+        .iter()
+        .filter(|l| l.contains("remote.trigger-long-running-operation"))
+        .collect();
+    assert!(upstream.len() >= 3, "upstream progress: {got:?}");
+    assert!(
+        got.iter()
+            .any(|l| l.contains("remote.trigger-long-running-operation: 4/4")),
+        "{got:?}"
+    );
+    let values: Vec<f64> = got
+        .iter()
+        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(
+        values.windows(2).all(|w| w[0] < w[1]),
+        "progress values must increase: {got:?}"
+    );
+
+    // The run's timeout kills it while a call is in flight: the upstream sees the call
+    // cancelled (notifications/cancelled), well before the call would have ended.
+    let (out, err, rep) = run_with(
+        &peer,
+        "from tools import check\ncheck.wait(seconds=60)\nprint('returned')",
+        5,
+    )
+    .await;
+    assert_eq!(rep["timed_out"], true, "{rep} {err}");
+    assert!(!out.contains("returned"));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let log = std::fs::read_to_string(&cancel_log).unwrap_or_default();
+        if log.contains("cancelled") {
+            assert_eq!(log, "started\ncancelled\n");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the upstream saw no cancellation: {log:?}\n{}",
+            s.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(client);
+}
+
+/// A destructive tool the operator has not allowed: our client's user is asked through
+/// MCP elicitation when the client declared it; approved, the call goes through;
+/// declined, ToolDenied. (Without the capability: ToolDenied without asking, tested in
+/// everything_and_filesystem_through_execute_code.)
+#[tokio::test]
+async fn destructive_tools_ask_the_clients_user() {
+    let dir = TempDir::new("c");
+    let root = dir.0.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let s = start("codemode-c", &everything_and_filesystem(&root), &dir.0, &[]).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    for approve in [true, false] {
+        let rec = Recorder {
+            consent: Some(approve),
+            ..Recorder::default()
+        };
+        let client = recorder_client(&s, &rec).await;
+        let target = root.join(format!("consent-{approve}.txt"));
+        let code = format!(
+            "import tools\nfrom tools import filesystem\ntry:\n    filesystem.write_file(path={:?}, content='approved')\n    print('written')\nexcept tools.ToolDenied as e:\n    print('ToolDenied', e)",
+            target.display().to_string()
+        );
+        let (out, err, _) = run(client.peer(), &code).await;
+        let asked = rec.asked.lock().unwrap().clone();
+        assert_eq!(asked.len(), 1, "{asked:?} {out} {err}");
+        assert!(
+            asked[0].contains("write_file") && asked[0].contains("filesystem"),
+            "{asked:?}"
+        );
+        if approve {
+            assert_eq!(out.trim(), "written", "{err}");
+            assert_eq!(std::fs::read_to_string(&target).unwrap(), "approved");
+        } else {
+            assert!(
+                out.starts_with("ToolDenied") && out.contains("declined"),
+                "{out} {err}"
+            );
+            assert!(!target.exists());
+        }
+        drop(client);
+    }
 }

@@ -14,7 +14,7 @@ use mcp_code_executor::ops::doctor;
 /// The doctor's jobs are the local tenant's, and each test removes what this process left of
 /// that tenant's at its end: one test of this file at a time, so that one's clean-up never
 /// removes the other's sandboxes (all tests share one process).
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test]
 async fn the_doctor_passes_every_check_under_gvisor() {

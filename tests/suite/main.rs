@@ -46,6 +46,7 @@ mod mcp_stdio;
 mod mcp_tasks;
 mod oauth;
 mod python_sdk;
+mod replicas;
 mod session;
 mod session_files;
 mod tenants;

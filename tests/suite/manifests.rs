@@ -112,11 +112,31 @@ fn base_renders_and_validates_against_the_schemas() {
         "Secret",
         "Deployment",
         "Service",
+        "PodDisruptionBudget",
     ]
     .into_iter()
     .map(String::from)
     .collect();
     assert_eq!(kinds(&objs), expected);
+    // More than one replica (docs/hosting.md "Scale"): two, one kept up in a disruption,
+    // peers found through a headless Service that lists draining replicas too.
+    let server = find(&objs, "Deployment", "mcp-code-executor");
+    assert_eq!(server["spec"]["replicas"], 2);
+    assert_eq!(
+        server["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"],
+        0
+    );
+    let pdb = find(&objs, "PodDisruptionBudget", "mcp-code-executor");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    let peers = find(&objs, "Service", "mcp-code-executor-peers");
+    assert_eq!(peers["spec"]["clusterIP"], "None");
+    assert_eq!(peers["spec"]["publishNotReadyAddresses"], true);
+    let env = server["spec"]["template"]["spec"]["containers"][0]["env"].to_string();
+    assert!(
+        env.contains("MCP_EXECUTOR_PEERS") && env.contains("dns+http://mcp-code-executor-peers."),
+        "{env}"
+    );
+    assert!(env.contains("MCP_EXECUTOR_CLUSTER_SECRET"), "{env}");
 }
 
 #[test]

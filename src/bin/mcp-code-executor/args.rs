@@ -178,6 +178,21 @@ pub struct ServeCmd {
     /// The scope an OAuth access token must carry.
     #[arg(long, env = vars::MCP_EXECUTOR_OAUTH_SCOPE, default_value = config::defaults::OAUTH_SCOPE)]
     pub oauth_scope: String,
+    /// Every replica's internal address, comma-separated (`http://HOST:PORT`, or
+    /// `dns+http://NAME:PORT` for all addresses of a name): calls on another replica's
+    /// handles are forwarded to it (docs/hosting.md "Scale").
+    #[arg(long, env = vars::MCP_EXECUTOR_PEERS, value_delimiter = ',')]
+    pub peers: Vec<String>,
+    /// The secret replicas show each other on forwarded requests (needed with --peers).
+    #[arg(long, env = vars::MCP_EXECUTOR_CLUSTER_SECRET, hide_env_values = true)]
+    pub cluster_secret: Option<String>,
+    /// After SIGTERM: seconds runs in progress get to finish (readiness says 503 at once).
+    /// Default: 12 with --peers, 0 for a server alone.
+    #[arg(long, env = vars::MCP_EXECUTOR_DRAIN_GRACE)]
+    pub drain_grace: Option<Secs>,
+    /// Seconds between sweeps of sandboxes that dead servers left behind.
+    #[arg(long, env = vars::MCP_EXECUTOR_SWEEP_EVERY, default_value_t = Secs(config::serve::SWEEP_EVERY))]
+    pub sweep_every: Secs,
     #[command(flatten)]
     pub bounds: BoundsOpts,
     /// Serve even when the isolation self-test fails. Dangerous: untrusted code may then
@@ -220,6 +235,17 @@ impl ServeCmd {
                         .filter(|i| !i.is_empty())
                         .collect(),
                     scope: self.oauth_scope.clone(),
+                },
+                cluster: config::serve::ClusterConfig {
+                    peers: self
+                        .peers
+                        .iter()
+                        .map(|p| p.trim().to_string())
+                        .filter(|p| !p.is_empty())
+                        .collect(),
+                    secret: self.cluster_secret.clone().filter(|s| !s.is_empty()),
+                    drain_grace: self.drain_grace.as_ref().map(|s| s.0),
+                    sweep_every: self.sweep_every.0,
                 },
             },
             limits: Limits {
@@ -399,6 +425,10 @@ pub struct RunCmd {
     /// are reported as skipped.
     #[arg(long)]
     pub fail_fast: bool,
+    /// Code mode's tools file (TOML, see docs/code-mode.md): MCP servers whose tools the
+    /// files call as Python functions (`from tools import NAME`), started by this command.
+    #[arg(long, env = vars::MCP_EXECUTOR_TOOLS)]
+    pub tools: Option<PathBuf>,
     /// How results are printed: `text` (output, then a status line), `json` (one JSON
     /// outcome per file on stdout) or `github` (output in collapsible groups, failures as
     /// GitHub Actions `::error` annotations at the traceback's line).

@@ -38,6 +38,7 @@ impl From<RunCmd> for RunRequest {
             junit: cmd.junit,
             backend: BackendConfig::from(&cmd.sandbox),
             files: cmd.files,
+            tools: cmd.tools,
         }
     }
 }

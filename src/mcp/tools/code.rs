@@ -63,15 +63,19 @@ impl CodeExecutor {
             as_task: as_task(&ctx),
         };
         let (progress, events) = Progress::start(&ctx);
-        let result = self
-            .conn
-            .execute_code(run, events, &ctx.ct, |outcome, timeout, path| {
-                let report =
-                    RunReport::new(outcome, timeout.as_secs_f64(), path.display().to_string());
-                let keep = report.to_keep();
-                (report, keep)
-            })
-            .await;
+        // Code mode's upstream calls report to this call's client (progress, consent).
+        let caller = super::caller::caller(&ctx, progress.as_ref());
+        let result = crate::codemode::with_caller(
+            caller,
+            self.conn
+                .execute_code(run, events, &ctx.ct, |outcome, timeout, path| {
+                    let report =
+                        RunReport::new(outcome, timeout.as_secs_f64(), path.display().to_string());
+                    let keep = report.to_keep();
+                    (report, keep)
+                }),
+        )
+        .await;
         if let Some(p) = progress {
             p.finish().await;
         }

@@ -7,6 +7,7 @@
 //! - [`session`]: `execute_python`, `reset_session`.
 //! - [`workspace`]: `write_file`, `read_file`, `list_files`.
 
+mod caller;
 pub mod code;
 pub mod env;
 pub mod session;
@@ -157,7 +158,7 @@ impl CodeExecutor {
             .with_ttl_ms(ttl)
             .with_poll_interval_ms(super::tasks::POLL_INTERVAL.as_millis() as u64)
             .with_status_message(format!("{} is running", request.name));
-        let task = tasks.spawn(options, move |tc| {
+        let mut task = tasks.spawn(options, move |tc| {
             // A task may run for 30 minutes: its runs take the slots long runs may hold.
             Box::pin(crate::app::executor::as_long_run(async move {
                 let ct = ctx.ct.clone();
@@ -187,6 +188,7 @@ impl CodeExecutor {
                 done.map_err(TaskExit::Error)
             }))
         });
+        task.task_id = super::tasks::external_id(&task.task_id);
         Ok(task)
     }
 }
@@ -269,7 +271,9 @@ impl ServerHandler for CodeExecutor {
         request: rmcp::model::GetTaskParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
-        let task = self.tasks(&ctx).get_task(&request.task_id)?;
+        let internal = super::tasks::internal_id(&request.task_id);
+        let mut task = self.tasks(&ctx).get_task(internal)?;
+        task.task.task_id = super::tasks::external_id(&task.task.task_id);
         Ok(rmcp::model::GetTaskResult::new(task))
     }
 
@@ -279,7 +283,8 @@ impl ServerHandler for CodeExecutor {
         request: rmcp::model::CancelTaskParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.tasks(&ctx).cancel_task(&request.task_id)
+        self.tasks(&ctx)
+            .cancel_task(super::tasks::internal_id(&request.task_id))
     }
 
     /// The tools ask no input mid-task: answers are accepted and ignored, as the spec
@@ -289,11 +294,39 @@ impl ServerHandler for CodeExecutor {
         request: rmcp::model::UpdateTaskParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.tasks(&ctx).update_task(&request.task_id, Vec::new())
+        self.tasks(&ctx)
+            .update_task(super::tasks::internal_id(&request.task_id), Vec::new())
     }
 
     fn get_info(&self) -> ServerConfig {
         Self::server_info()
+    }
+
+    /// The router's tools, as rmcp's `tool_handler` lists them, except that `execute_code`
+    /// and `execute_python` also name the code-mode servers of this tenant (one line each):
+    /// such a list is the tenant's own, not for shared caches.
+    async fn list_tools(
+        &self,
+        _request: Option<rmcp::model::PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListToolsResult, ErrorData> {
+        let mut tools = self.tool_router.list_all();
+        let own = crate::codemode::describe(&mut tools, self.executor().tenant());
+        let hints = context
+            .protocol_version()
+            .is_some_and(|v| v >= rmcp::model::ProtocolVersion::V_2026_07_28);
+        let scope = match own {
+            true => rmcp::model::CacheScope::Private,
+            false => rmcp::model::CacheScope::Public,
+        };
+        Ok(rmcp::model::ListToolsResult {
+            result_type: Some(rmcp::model::ResultType::COMPLETE),
+            tools,
+            meta: None,
+            next_cursor: None,
+            ttl_ms: hints.then_some(0),
+            cache_scope: hints.then_some(scope),
+        })
     }
 
     /// The files of the session's workspace (the connection's own; none for a request

@@ -82,10 +82,13 @@ impl CodeExecutor {
         };
         let shutdown = self.executor().shutdown_token();
         let (progress, events) = Progress::start(&ctx);
-        let result = self
-            .conn
-            .cell(&session, &a.code, timeout, events, &ctx.ct)
-            .await;
+        // Code mode's upstream calls report to this call's client (progress, consent).
+        let caller = super::caller::caller(&ctx, progress.as_ref());
+        let result = crate::codemode::with_caller(
+            caller,
+            self.conn.cell(&session, &a.code, timeout, events, &ctx.ct),
+        )
+        .await;
         match progress {
             // At shutdown the client may be gone: do not hold the shutdown up for it.
             Some(p) if !shutdown.is_cancelled() => p.finish().await,

@@ -81,7 +81,8 @@ pub async fn open(
     State(state): State<Arc<SseState>>,
     request: axum::extract::Request,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let id = uuid::Uuid::new_v4().simple().to_string();
+    // Named with this replica's id: a POST /messages that lands elsewhere is forwarded here.
+    let id = crate::cluster::ids::mint('m', &uuid::Uuid::new_v4().simple().to_string());
     let conn = request.extensions().get::<Arc<Conn>>().cloned();
     let principal = request.extensions().get::<Principal>().cloned();
     let owner = principal.as_ref().and_then(Principal::owner);

@@ -63,6 +63,8 @@ pub struct HttpOptions {
     pub metrics: bool,
     /// Caps on connections, streams, sessions and unread results (see [`Bounds`]).
     pub bounds: Bounds,
+    /// This replica among its peers: forwarding to handles' owners, draining.
+    pub cluster: Arc<crate::cluster::Cluster>,
 }
 
 impl Default for HttpOptions {
@@ -76,6 +78,7 @@ impl Default for HttpOptions {
             max_body_bytes: crate::mcp::defaults::MAX_BODY_BYTES,
             metrics: true,
             bounds: Bounds::default(),
+            cluster: Arc::default(),
         }
     }
 }
@@ -95,7 +98,7 @@ pub fn hosted(service: Arc<Service>, auth: Option<Authenticator>, opts: &HttpOpt
         auth.is_some() || tenants.len() == 1,
         "several tenants need authentication to tell them apart"
     );
-    let shutdown = service.shutdown_token();
+    let shutdown = answered_then_closed(&service);
     let book = SessionBook::new(
         opts.bounds.max_sessions,
         opts.bounds.max_sessions_per_tenant,
@@ -127,12 +130,51 @@ pub fn hosted(service: Arc<Service>, auth: Option<Authenticator>, opts: &HttpOpt
         Arc::new(opts.clone()),
         check_host,
     ));
+    let routed = crate::cluster::route::RouteState {
+        cluster: opts.cluster.clone(),
+        max_body_bytes: opts.max_body_bytes,
+    };
     Router::new()
         .route("/healthz", get(healthz))
         .merge(guarded)
         .fallback(dispatch)
         .with_state(front)
+        .layer(middleware::from_fn_with_state(
+            routed,
+            crate::cluster::route::route,
+        ))
 }
+
+/// The token that ends the MCP transports: cancelled once the service's shutdown is asked
+/// for and the runs it stopped have had their answers sent (at most [`ANSWER_GRACE`]), so
+/// that a run stopped by the shutdown ends with its error as an answer, not a dropped
+/// response.
+fn answered_then_closed(service: &Arc<Service>) -> CancellationToken {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return service.shutdown_token();
+    };
+    let closed = CancellationToken::new();
+    let token = closed.clone();
+    let service = service.clone();
+    runtime.spawn(async move {
+        service.shutdown_token().cancelled().await;
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < ANSWER_GRACE {
+            let (running, waiting, _) = service.in_flight();
+            if running + waiting == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        // The answers of the last runs are being written.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        token.cancel();
+    });
+    closed
+}
+
+/// How long runs stopped by the shutdown get to be answered before the transports close.
+pub const ANSWER_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// What the top-level routes share.
 struct Front {
@@ -281,18 +323,30 @@ async fn healthz() -> &'static str {
 /// waiting (when there is a pool). 503 with the same JSON otherwise.
 async fn readyz(State(front): State<Arc<Front>>) -> Response {
     let r = front.service.readiness().await;
-    let status = if r.ready {
+    let mut ready = r.ready;
+    let mut body = serde_json::to_value(&r).unwrap_or_default();
+    if front.opts.cluster.draining() {
+        // SIGTERM came: the balancer must stop sending new calls here first.
+        ready = false;
+        body["ready"] = false.into();
+        body["draining"] = true.into();
+        body["problem"] =
+            "shutting down: runs in progress finish, new calls go to other replicas".into();
+    }
+    body["replica"] = crate::cluster::ids::replica().into();
+    let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, axum::Json(r)).into_response()
+    (status, axum::Json(body)).into_response()
 }
 
 /// Prometheus text format.
 async fn metrics(State(front): State<Arc<Front>>, request: Request) -> Response {
     let mut text = front.service.metrics_text();
     text.push_str(&front.book.metrics_text());
+    text.push_str(&front.opts.cluster.metrics_text());
     if front.auth.is_some() {
         text.push_str(&front.refusals.metrics_text());
     }
