@@ -27,7 +27,9 @@ done
 wall() {
   local start end
   start=$(date +%s.%N)
-  if ! "$bin" run "$@" >/dev/null 2>"$dir/stderr"; then
+  "$bin" run "$@" >/dev/null 2>"$dir/stderr" &
+  echo "$!" >"$dir/pid"
+  if ! wait "$!"; then
     cat "$dir/stderr" >&2
     echo "bench-run-jobs: run $* failed" >&2
     exit 1
@@ -81,13 +83,58 @@ if command -v docker >/dev/null; then
   export HARD="${hard[*]}"
   hrun_x() { local -a h; read -ra h <<<"$HARD"; docker run --rm -i "${h[@]}" "$image" python3 - <"$1" >/dev/null; }
   export -f hrun_x
-  runs=() loops=()
-  for r in $(seq "$rounds"); do
-    runs+=("$(wall --jobs 4 "$dir/print")")
+  # Where the time goes, from the daemon's own event log of each side's containers:
+  # containers made, and medians of create->start, start->die, die->destroy (ms).
+  phases() {
+    python3 - "$1" "${2:-}" <<'PY'
+import json, statistics, sys
+seen = {}
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    attrs = e.get("Actor", {}).get("Attributes", {})
+    owner = attrs.get("io.mcp-code-executor.owner", "")
+    if sys.argv[2] and owner.split("/")[1:2] != [sys.argv[2]]:
+        continue  # not made by the `run` measured
+    if not sys.argv[2] and "io.mcp-code-executor.bench-run-jobs" not in attrs:
+        continue
+    seen.setdefault(e["id"], {}).setdefault(e["Action"].split(":")[0], e["timeNano"] / 1e9)
+def med(a, b):
+    x = [v[b] - v[a] for v in seen.values() if a in v and b in v]
+    return "%.0f" % (statistics.median(x) * 1000) if x else "-"
+kills = sum(1 for v in seen.values() if "kill" in v)
+print("%d containers (%d killed); ms create->start %s, start->die %s, die->destroy %s"
+      % (len(seen), kills, med("create", "start"), med("start", "die"), med("die", "destroy")))
+PY
+  }
+  # The daemon's events of one side, while "$@" runs: printed as phases.
+  # (`run`'s own containers: those whose owner label names its pid; the loop's: its label.)
+  traced() {
+    local ev=$dir/events side=$1
+    shift
+    rm -f "$dir/pid"
+    docker events --format '{{json .}}' --filter type=container >"$ev" &
+    local pid=$!
+    "$@"
+    sleep 1
+    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true
+    local who=
+    [ "$side" = run ] && who=$(cat "$dir/pid")
+    if [ -s "$ev" ]; then printf '  %s: ' "$side" >&2; phases "$ev" "$who" >&2; fi
+  }
+  # Wall seconds of the hand-written loop.
+  loop_wall() {
+    local start
     start=$(date +%s.%N)
     ls "$dir"/print/*.py | xargs -P 4 -I{} bash -c 'hrun_x {}'
-    loops+=("$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')")
-    echo "round $r: run --jobs 4 ${runs[-1]} s, xargs -P4 docker run --rm -i ${loops[-1]} s" >&2
+    awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'
+  }
+  runs=() loops=()
+  for r in $(seq "$rounds"); do
+    traced run wall --jobs 4 "$dir/print" >"$dir/wall"
+    runs+=("$(cat "$dir/wall")")
+    traced xargs loop_wall >"$dir/wall"
+    loops+=("$(cat "$dir/wall")")
+    echo "round $r: run --jobs 4 ${runs[-1]} s, xargs -P4 docker run --rm -i ${loops[-1]} s (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
   done
   med() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
   a=$(med "${runs[@]}") b=$(med "${loops[@]}")

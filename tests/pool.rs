@@ -115,6 +115,38 @@ async fn pool_containers_serve_one_run_each_and_are_refilled() {
     );
 }
 
+/// Issue 29: a pool that runs dry (runs come faster than it refills) keeps more waiting,
+/// so that the next runs find one instead of starting cold.
+#[tokio::test]
+async fn a_pool_found_dry_refills_deeper_and_serves_the_next_burst_warm() {
+    let _g = SERIAL.lock().await;
+    let s = pooled(1).await;
+    wait_ready(&s, 1).await;
+    // Three runs at once on a pool of one: one warm, two start cold.
+    let (a, b, c) = tokio::join!(
+        run_seen(&s, "print(0)"),
+        run_seen(&s, "print(1)"),
+        run_seen(&s, "print(2)")
+    );
+    assert_eq!([a.0, b.0, c.0], ["0\n", "1\n", "2\n"]);
+    let st = s.pool_stats().unwrap();
+    let (hits, misses) = (st.hits, st.misses);
+    assert_eq!((hits, misses), (1, 2), "{st:?}");
+    assert_eq!(st.target, 2, "one more kept after the pool ran dry: {st:?}");
+    wait_ready(&s, 2).await;
+    // The next two at once are both served warm.
+    let (a, b) = tokio::join!(run_seen(&s, "print(3)"), run_seen(&s, "print(4)"));
+    assert_eq!([a.0, b.0], ["3\n", "4\n"]);
+    let st = s.pool_stats().unwrap();
+    s.shutdown().await;
+    assert_eq!((st.hits, st.misses), (hits + 2, misses), "{st:?}");
+    assert!(
+        pool_containers().is_empty(),
+        "left: {:?}",
+        pool_containers()
+    );
+}
+
 #[tokio::test]
 async fn a_dead_pool_container_is_replaced_not_used() {
     let _g = SERIAL.lock().await;

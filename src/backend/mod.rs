@@ -18,6 +18,7 @@ pub mod kubernetes;
 pub mod labels;
 pub(crate) mod pool;
 pub use pool::PoolConfig;
+pub use pool::RunGate;
 pub mod preload;
 pub mod protocol;
 mod sources;

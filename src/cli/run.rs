@@ -16,6 +16,7 @@ use super::files::SourceFile;
 use super::junit::{self, Case, CaseResult};
 use super::output::{err_line, FileReport, Format, Printer, Summary, Tail, SKIPPED_WHY};
 use crate::app::{AppError, Executor};
+use crate::backend::RunGate;
 use crate::job::{InputFile, JobSpec, Limits, Outcome};
 
 /// Exit codes of `run`, documented in the README.
@@ -48,6 +49,9 @@ pub struct RunOptions {
     pub jobs: usize,
     /// Start no new file after the first failure.
     pub fail_fast: bool,
+    /// What each file passes before it takes a sandbox: the pool made for the run's files
+    /// (see [`crate::commands::backend::connect_for_runs`]); `None`: it takes what waits.
+    pub gate: Option<RunGate>,
 }
 
 /// The exit code for one outcome.
@@ -139,7 +143,14 @@ pub async fn run_files(
             let code = std::mem::take(&mut f.code);
             let job = job_for(f, code, &opts.limits);
             let live = printer.live().then_some(opts.format);
-            let task = tasks.spawn(run_one(executor.clone(), job, live, stop.child_token()));
+            let gate = opts.gate.clone();
+            let task = tasks.spawn(run_one(
+                executor.clone(),
+                job,
+                live,
+                gate,
+                stop.child_token(),
+            ));
             index_of.insert(task.id(), next);
             next += 1;
         }
@@ -229,8 +240,16 @@ async fn run_one(
     executor: Arc<Executor>,
     job: JobSpec,
     live: Option<Format>,
+    gate: Option<RunGate>,
     cancel: CancellationToken,
 ) -> (Result<Outcome, AppError>, Tail) {
+    if let Some(gate) = gate {
+        // A sandbox being made for this file, rather than a cold one made beside it.
+        tokio::select! {
+            _ = gate.pass() => {}
+            _ = cancel.cancelled() => {}
+        }
+    }
     let Some(format) = live else {
         return (
             executor.run(job, None, None, &cancel).await,
@@ -358,6 +377,7 @@ mod tests {
             junit,
             jobs,
             fail_fast,
+            gate: None,
         };
         run_files(executor, files(codes), opts, CancellationToken::new()).await
     }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::backend::docker::{DockerBackend, DockerConfig};
-use crate::backend::{Backend, PoolConfig};
+use crate::backend::{Backend, PoolConfig, RunGate};
 use crate::config::serve::BackendKind;
 use crate::config::BackendConfig;
 use crate::job::Limits;
@@ -45,6 +45,20 @@ pub async fn connect_with_pool(
     per_tenant: bool,
     report: &mut (dyn FnMut(&image::BuildEvent) + Send),
 ) -> Result<Arc<dyn Backend>, String> {
+    Ok(connect_planned(cfg, pool_limits, per_tenant, None, report)
+        .await?
+        .0)
+}
+
+/// [`connect_with_pool`]; with `runs`, the shared pool serves that many runs of a one-shot
+/// process (see [`connect_for_runs`]).
+async fn connect_planned(
+    cfg: &BackendConfig,
+    pool_limits: Limits,
+    per_tenant: bool,
+    runs: Option<usize>,
+    report: &mut (dyn FnMut(&image::BuildEvent) + Send),
+) -> Result<(Arc<dyn Backend>, Option<RunGate>), String> {
     let pool = PoolConfig {
         size: cfg.pool_size,
         limits: pool_limits,
@@ -72,16 +86,34 @@ pub async fn connect_with_pool(
             if let Err(e) = sandbox.sweep().await {
                 tracing::warn!(error = %e, "sweep of leftover containers failed");
             }
-            Ok(Arc::new(sandbox))
+            let gate = runs.and_then(|n| sandbox.pools().expect_runs(n));
+            Ok((Arc::new(sandbox), gate))
         }
-        BackendKind::Kubernetes => kubernetes(cfg, pool).await,
+        BackendKind::Kubernetes => kubernetes(cfg, pool, runs).await,
     }
+}
+
+/// The backend for a one-shot `run` of `runs` files, with a warm pool of `cfg.pool_size`
+/// sandboxes of `pool_limits` that makes them all at once and never more than the files
+/// still to come, and the gate each file passes before it takes one (it waits for a
+/// sandbox being made instead of starting another beside it); `None` without a pool.
+pub async fn connect_for_runs(
+    cfg: &BackendConfig,
+    pool_limits: Limits,
+    runs: usize,
+    report: &mut (dyn FnMut(&image::BuildEvent) + Send),
+) -> Result<(Arc<dyn Backend>, Option<RunGate>), String> {
+    connect_planned(cfg, pool_limits, false, Some(runs), report).await
 }
 
 /// The Kubernetes backend: the image is not built here (the nodes pull it from a
 /// registry; see docs/kubernetes.md), what servers that are gone left is swept.
 #[cfg(feature = "kubernetes")]
-async fn kubernetes(cfg: &BackendConfig, pool: PoolConfig) -> Result<Arc<dyn Backend>, String> {
+async fn kubernetes(
+    cfg: &BackendConfig,
+    pool: PoolConfig,
+    runs: Option<usize>,
+) -> Result<(Arc<dyn Backend>, Option<RunGate>), String> {
     use crate::backend::kubernetes::{KubeBackend, KubeConfig, OwnerPod};
     let k = &cfg.kubernetes;
     let config = KubeConfig {
@@ -104,11 +136,16 @@ async fn kubernetes(cfg: &BackendConfig, pool: PoolConfig) -> Result<Arc<dyn Bac
     if let Err(e) = sandbox.sweep().await {
         tracing::warn!(error = %e, "sweep of leftover pods failed");
     }
-    Ok(Arc::new(sandbox))
+    let gate = runs.and_then(|n| sandbox.pools().expect_runs(n));
+    Ok((Arc::new(sandbox), gate))
 }
 
 #[cfg(not(feature = "kubernetes"))]
-async fn kubernetes(_cfg: &BackendConfig, _pool: PoolConfig) -> Result<Arc<dyn Backend>, String> {
+async fn kubernetes(
+    _cfg: &BackendConfig,
+    _pool: PoolConfig,
+    _runs: Option<usize>,
+) -> Result<(Arc<dyn Backend>, Option<RunGate>), String> {
     Err(
         "this binary was built without the `kubernetes` feature: rebuild it with \
          `cargo build --features kubernetes` (on by default)"

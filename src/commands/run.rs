@@ -49,8 +49,8 @@ impl crate::backend::Wrap for WithTools {
     }
 }
 
-/// `run`: read the files, connect (with a warm pool sized to `--jobs` when several files
-/// run), run them through the application core, and remove every sandbox before exiting,
+/// `run`: read the files, connect (with a warm pool that makes one sandbox per file, up to
+/// twice `--jobs` ahead, when several files run), run them through the application core, and remove every sandbox before exiting,
 /// whether the run ended, failed, or was interrupted (SIGINT, SIGTERM).
 pub async fn run(cmd: RunRequest) -> Exit {
     use std::sync::atomic::{AtomicI32, Ordering};
@@ -140,22 +140,27 @@ pub async fn run(cmd: RunRequest) -> Exit {
         r = backend::connect(&cmd.backend) => r,
         _ = stop.cancelled() => return interrupted().unwrap_or(run::exit::INTERRUPTED),
     };
+    // The pool serves exactly the files (see `backend::connect_for_runs`), made up to twice
+    // `jobs` ahead: on two cores, Docker made 40 sandboxes 12-15% faster 8 at a time than
+    // 4 (its create and start wait on more than the CPU); `jobs` files still run at once.
     let sandbox = match plain {
         Ok(s) if files.len() > 1 => {
             drop(s);
             let cfg = BackendConfig {
-                pool_size: jobs,
+                pool_size: (2 * jobs).min(files.len()),
                 build_missing: false,
                 ..cmd.backend.clone()
             };
-            backend::connect_with_pool(&cfg, limits.clone(), false, &mut backend::print_build).await
+            let (n, print) = (files.len(), &mut backend::print_build);
+            backend::connect_for_runs(&cfg, limits.clone(), n, print).await
         }
-        other => other,
+        other => other.map(|s| (s, None)),
     };
-    let sandbox = match sandbox {
-        Ok(s) if cmd.tools.is_some() => {
-            std::sync::Arc::new(WithTools(s)) as std::sync::Arc<dyn crate::backend::Backend>
-        }
+    let (sandbox, gate) = match sandbox {
+        Ok((s, gate)) if cmd.tools.is_some() => (
+            std::sync::Arc::new(WithTools(s)) as std::sync::Arc<dyn crate::backend::Backend>,
+            gate,
+        ),
         Ok(s) => s,
         Err(e) => {
             eprintln!("mcp-code-executor: {e}");
@@ -185,6 +190,7 @@ pub async fn run(cmd: RunRequest) -> Exit {
         junit: cmd.junit,
         jobs,
         fail_fast: cmd.fail_fast,
+        gate,
     };
     let code = run::run_files(executor, files, opts, stop).await;
     // Pools stopped, every sandbox removed (bounded; what is left goes to the next sweep).

@@ -483,6 +483,83 @@ fn sigterm_and_sigint_remove_every_sandbox_of_a_parallel_run() {
     }
 }
 
+/// Containers created by process `pid` between the unix times `since` and `until`, as the
+/// daemon's event log tells (they are removed by then: `docker ps` no longer shows them).
+fn containers_created_by(pid: u32, since: f64, until: f64) -> usize {
+    let out = Command::new("docker")
+        .args([
+            "events",
+            "--filter",
+            "type=container",
+            "--filter",
+            "event=create",
+        ])
+        .arg("--since")
+        .arg(format!("{since:.3}"))
+        .arg("--until")
+        .arg(format!("{until:.3}"))
+        .args([
+            "--format",
+            "{{index .Actor.Attributes \"io.mcp-code-executor.owner\"}}",
+        ])
+        .output()
+        .expect("the docker CLI runs");
+    assert!(out.status.success(), "docker events: {out:?}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let mine = format!("{}/{pid}/", host.trim());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|owner| owner.starts_with(&mine))
+        .count()
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// Issue 29: `run --jobs 4` makes one sandbox per file and no more (a pool that refilled
+/// past the last file made sandboxes only to remove them), every file takes a sandbox made
+/// ahead for it (none starts cold beside the pool's), and none is left.
+#[test]
+fn a_parallel_run_makes_one_sandbox_per_file_all_made_ahead_and_leaves_none() {
+    let files: Vec<(String, String)> = (1..=12)
+        .map(|i| (format!("p/f{i:02}.py"), format!("print({i})\n")))
+        .collect();
+    let refs: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(p, b)| (p.as_str(), b.as_str()))
+        .collect();
+    let tree = Tree::new(&refs);
+    let since = unix_now() - 1.0;
+    let mut cmd = Command::new(BIN);
+    cmd.args(["run", "--jobs", "4", "--format", "json", "p"])
+        .env("RUST_LOG", "mcp_code_executor::backend::engine=debug")
+        .current_dir(&tree.0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = Running::spawn(&mut cmd);
+    let pid = child.pid();
+    let out = child.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 12, "{lines:?}");
+    assert_nothing_left_by(pid);
+    let created = containers_created_by(pid, since, unix_now() + 1.0);
+    assert_eq!(created, 12, "one sandbox per file, none made for nothing");
+    let warm = stderr.matches("pooled=true").count();
+    let cold = stderr.matches("pooled=false").count();
+    assert_eq!(
+        (warm, cold),
+        (12, 0),
+        "every file took a sandbox made ahead: {stderr}"
+    );
+}
+
 #[test]
 fn usage_errors_for_what_names_no_python_file() {
     let tree = Tree::new(&[("empty/notes.txt", "x"), ("one.py", "print(1)\n")]);

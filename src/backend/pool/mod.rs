@@ -19,12 +19,15 @@ use tokio::sync::Notify;
 use crate::backend::preload;
 use crate::job::{Limits, RunEnv};
 
+mod depth;
 mod pools;
 mod refill;
+mod runs;
 #[cfg(test)]
 mod tests;
 
 pub use pools::POOL_IDLE;
+pub use runs::RunGate;
 
 /// The warm pool a backend keeps: both drivers take the same settings.
 #[derive(Debug, Clone, Default)]
@@ -153,6 +156,18 @@ struct State<L> {
     /// The modules its sandboxes may preload (configured, then learned; what was found
     /// missing or too big is left out). Empty where nothing is preloaded.
     candidates: Vec<String>,
+    /// Plain sandboxes made at once, at most ([`MAKING_PER_KIND`]; a one-shot `run`: its
+    /// pool size, see [`Pool::expect_runs`]).
+    plain_at_once: usize,
+    /// A one-shot process's runs still to come, when it said how many (see
+    /// [`Pool::expect_runs`]): the pool never holds more than that.
+    runs: Option<runs::Runs>,
+    /// The last sandbox the refill workers tried to make failed.
+    failing: bool,
+    /// Plain sandboxes kept beyond the plan's, after runs found the pool dry (see
+    /// `depth`), and the runs served since the last such miss.
+    deeper: usize,
+    served_since_dry: usize,
 }
 
 /// One pool: sandboxes of one shape, for one tenant label, of the kinds its calls need
@@ -168,6 +183,8 @@ pub(crate) struct Pool<L> {
     size: usize,
     state: Mutex<State<L>>,
     wake: Notify,
+    /// A sandbox was made, or failed to be, or the pool closed (what [`RunGate`] waits on).
+    made_note: Notify,
     closed: AtomicBool,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -188,8 +205,14 @@ impl<L: Waiting> Pool<L> {
                 plan: preload::plan(size, &[], &[]),
                 demand: VecDeque::new(),
                 candidates: Vec::new(),
+                plain_at_once: MAKING_PER_KIND,
+                runs: None,
+                failing: false,
+                deeper: 0,
+                served_since_dry: 0,
             }),
             wake: Notify::new(),
+            made_note: Notify::new(),
             closed: AtomicBool::new(false),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -226,6 +249,7 @@ impl<L: Waiting> Pool<L> {
             .map(|i| preload::need_of(i, &st.candidates))
             .collect();
         st.plan = preload::plan(self.size, &needs, &st.candidates);
+        Self::deepen_plan(st);
     }
 
     /// One call with `imports` came to this pool (its shape): the plan follows.
@@ -311,6 +335,7 @@ impl<L: Waiting> Pool<L> {
         env: &RunEnv,
         imports: Option<&[String]>,
     ) -> Option<L> {
+        self.run_taken();
         if self.is_closed() || Shape::of(limits, env) != self.shape {
             self.misses.fetch_add(1, Ordering::Relaxed);
             return None;
@@ -335,6 +360,7 @@ impl<L: Waiting> Pool<L> {
             self.discarded.fetch_add(1, Ordering::Relaxed);
             dropped.push(live);
         };
+        self.after_take(&mut st, found.is_some());
         drop(st);
         drop(dropped);
         self.wake.notify_one();
@@ -368,6 +394,7 @@ impl<L: Waiting> Pool<L> {
         };
         drop(drained);
         self.wake.notify_waiters();
+        self.made_note.notify_waiters();
     }
 
     /// Drop waiting sandboxes that died or aged, then claim a slot for one more of a kind
@@ -396,6 +423,11 @@ impl<L: Waiting> Pool<L> {
             st.ready.iter().filter(|(r, _)| r == k).count()
                 + st.making.iter().filter(|m| *m == k).count()
         };
+        if !Self::runs_allow_one_more(&st) {
+            drop(st);
+            drop(dead);
+            return None;
+        }
         let preloading = st.making.iter().filter(|m| !m.is_empty()).count();
         let plain = st.making.len() - preloading;
         let lacking = st
@@ -404,7 +436,7 @@ impl<L: Waiting> Pool<L> {
             .filter(|(k, t)| {
                 count(&st, k) < *t
                     && if k.is_empty() {
-                        plain < MAKING_PER_KIND
+                        plain < st.plain_at_once
                     } else {
                         preloading < MAKING_PER_KIND
                     }
@@ -455,6 +487,13 @@ impl<L: Waiting> Pool<L> {
         let mut st = self.state();
         if let Some(i) = st.making.iter().position(|m| m == kind) {
             st.making.remove(i);
+        }
+        st.failing = live.is_none();
+        if live.is_some() {
+            self.made_note.notify_one();
+        } else {
+            // Every run waiting at the gate goes its own way (cold, with the real error).
+            self.made_note.notify_waiters();
         }
         match live {
             // Checked under the lock that `close` takes: nothing is pushed after it.

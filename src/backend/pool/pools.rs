@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{KindStats, Pool, PoolStats, Waiting, REFILL_WORKERS};
+use super::{KindStats, Pool, PoolStats, RunGate, Waiting, REFILL_WORKERS};
 use crate::job::{Limits, RunEnv};
 
 /// The key of the one pool every tenant takes from (without per-tenant pools).
@@ -20,14 +20,15 @@ pub(crate) struct PoolHandle<L> {
 }
 
 impl<L: Waiting> PoolHandle<L> {
-    /// Run `pool` with [`REFILL_WORKERS`] workers, each `worker(pool)`.
+    /// Run `pool` with [`REFILL_WORKERS`] workers (or as many as it holds, for a one-shot
+    /// `run` that makes them all at once: see [`Pool::expect_runs`]), each `worker(pool)`.
     pub(crate) fn start<W, Fut>(pool: Pool<L>, worker: W) -> Self
     where
         W: Fn(Arc<Pool<L>>) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let pool = Arc::new(pool);
-        let workers = (0..REFILL_WORKERS)
+        let workers = (0..REFILL_WORKERS.max(pool.size))
             .map(|_| tokio::spawn(worker(pool.clone())))
             .collect();
         PoolHandle { pool, workers }
@@ -194,6 +195,16 @@ impl<L: Waiting> Pools<L> {
             }
         }
         None
+    }
+
+    /// A one-shot process will run `runs` jobs on the shared pool (see
+    /// [`Pool::expect_runs`]): the gate its runs pass before they take a sandbox; `None`
+    /// without a shared pool.
+    pub(crate) fn expect_runs(&self, runs: usize) -> Option<RunGate> {
+        let pools = self.map();
+        let (h, _) = pools.get(SHARED_POOL)?;
+        h.pool.expect_runs(runs);
+        Some(RunGate::new(h.pool.clone()))
     }
 
     /// The kinds of the pool of `tenant` (see [`Pool::mix`]); `None` without such a pool.

@@ -1,4 +1,5 @@
 use super::*;
+use std::sync::Arc;
 
 /// A sandbox that is alive until told otherwise, and says which one it is.
 struct Fake(u32, bool);
@@ -163,4 +164,119 @@ fn a_dead_sandbox_is_never_given_and_nothing_preloads_without_candidates() {
     assert!(take(&p, "print(1)").is_some_and(|got| got.0 != 99));
     assert!(take(&p, "print(1)").is_none());
     assert_eq!(p.stats().discarded, 1);
+}
+
+#[test]
+fn a_pool_told_its_runs_makes_them_all_at_once_and_never_more_than_are_left() {
+    let p: Pool<Fake> = Pool::new(Limits::default(), RunEnv::default(), 4, "t");
+    // Before: two plain ones at once, as a server's pool.
+    let mut claimed = Vec::new();
+    while let Some(k) = p.claim() {
+        claimed.push(k);
+    }
+    assert_eq!(claimed.len(), MAKING_PER_KIND);
+    p.expect_runs(10);
+    while let Some(k) = p.claim() {
+        claimed.push(k);
+    }
+    assert_eq!(claimed.len(), 4, "as many at once as the pool holds");
+    let mut made = claimed.len();
+    for k in claimed {
+        p.made(&k, Some(Fake(0, true)));
+    }
+    let mut n = 0;
+    for run in 1..=10 {
+        assert!(
+            take(&p, "print(1)").is_some(),
+            "run {run} found one waiting"
+        );
+        let left = 10 - run;
+        made += fill(&p, &mut n).len();
+        let held = p.stats().ready;
+        assert!(held <= left, "{held} held for {left} runs to come");
+        assert_eq!(held, left.min(4));
+    }
+    assert_eq!(made, 10, "one sandbox per run, none for nothing");
+    assert!(p.claim().is_none());
+}
+
+#[tokio::test]
+async fn the_gate_waits_for_a_sandbox_being_made_and_promises_each_once() {
+    let p: Arc<Pool<Fake>> = Arc::new(Pool::new(Limits::default(), RunEnv::default(), 2, "t"));
+    // Without a count of runs the gate never waits.
+    assert!(!p.pass().await);
+    p.expect_runs(3);
+    let a = p.claim().expect("a claim");
+    let b = p.claim().expect("a claim");
+    // Two runs wait for the two being made; each gets its own.
+    let waiting: Vec<_> = (0..2)
+        .map(|_| {
+            let p = p.clone();
+            tokio::spawn(async move { p.pass().await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        waiting.iter().all(|w| !w.is_finished()),
+        "nothing waits yet"
+    );
+    p.made(&a, Some(Fake(1, true)));
+    p.made(&b, Some(Fake(2, true)));
+    for w in waiting {
+        assert!(tokio::time::timeout(Duration::from_secs(5), w)
+            .await
+            .unwrap()
+            .unwrap());
+    }
+    assert!(take(&p, "print(1)").is_some());
+    assert!(take(&p, "print(1)").is_some());
+    // One run to come: the pool makes it; a failed make lets the run go its own way.
+    let c = p.claim().expect("the third");
+    assert!(p.claim().is_none(), "no more than the runs to come");
+    let third = {
+        let p = p.clone();
+        tokio::spawn(async move { p.pass().await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    p.made(&c, None);
+    assert!(!tokio::time::timeout(Duration::from_secs(5), third)
+        .await
+        .unwrap()
+        .unwrap());
+    // All runs taken: nothing more is made and nobody waits.
+    assert!(take(&p, "print(1)").is_none());
+    assert!(p.claim().is_none());
+    assert!(!p.pass().await);
+}
+
+#[test]
+fn a_pool_found_dry_keeps_more_plain_ones_and_gives_them_back_when_it_keeps_up() {
+    let p: Pool<Fake> = Pool::new(Limits::default(), RunEnv::default(), 2, "t");
+    let mut n = 0;
+    assert_eq!(fill(&p, &mut n).len(), 2);
+    assert!(take(&p, "print(1)").is_some());
+    assert!(take(&p, "print(1)").is_some());
+    assert!(take(&p, "print(1)").is_none(), "dry");
+    assert_eq!(p.stats().target, 3, "one more after a dry run");
+    assert_eq!(fill(&p, &mut n).len(), 3);
+    for _ in 0..3 {
+        assert!(take(&p, "print(1)").is_some());
+    }
+    assert!(take(&p, "print(1)").is_none());
+    assert!(take(&p, "print(1)").is_none());
+    assert_eq!(p.stats().target, 4, "at most twice its size");
+    for _ in 0..depth::SHALLOWER_AFTER {
+        fill(&p, &mut n);
+        assert!(take(&p, "print(1)").is_some());
+    }
+    assert_eq!(
+        p.stats().target,
+        3,
+        "one back after runs served without a miss"
+    );
+    // A one-shot run's pool is never deepened.
+    let r: Pool<Fake> = Pool::new(Limits::default(), RunEnv::default(), 2, "t");
+    r.expect_runs(5);
+    assert!(take(&r, "print(1)").is_none());
+    assert_eq!(r.stats().target, 2);
 }
