@@ -1,4 +1,6 @@
 use super::*;
+use mcp_code_executor::config::ServeConfig;
+use mcp_code_executor::mcp;
 
 /// `serve ARGS` as clap parses it, with none of the variables clap reads behind the
 /// flags set (this process's environment is the test's, not the server's; the tests
