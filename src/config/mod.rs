@@ -483,7 +483,7 @@ mod tests {
     /// binary's edge (clap's `env = ...`, `.env`, the log filter).
     const MAY_READ_ENV: &[&str] = &[
         "src/config/",
-        "src/bin/mcp-code-executor/args.rs",
+        "src/bin/mcp-code-executor/args",
         "src/bin/mcp-code-executor/main.rs",
     ];
 
