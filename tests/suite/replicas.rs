@@ -12,6 +12,7 @@
 //!   stored code still runs, new sessions work, and the survivor's sweep removes what the
 //!   dead one left, while before the kill the survivor's sweeps (every 2 s) left the live
 //!   replica's sandboxes alone (two servers, one daemon: the owner label);
+//! - the same flows with both replicas on the Kubernetes backend (the API stand-in);
 //! - SIGTERM during runs: `/readyz` says 503 at once, a run that fits the drain grace
 //!   finishes, one that does not ends with an error saying so, a new call through the
 //!   balancer still works.
@@ -567,4 +568,43 @@ async fn sigterm_drops_readiness_first_and_answers_every_run() {
         c.replicas[0].log()
     );
     common::assert_nothing_left_by(c.replicas[0].pid);
+}
+
+/// The same flows with both replicas on the Kubernetes backend, pointed at the API stand-in
+/// (`tests/kube_standin`, whose pods are containers of the local daemon): handles,
+/// forwarding and the balancer do not depend on the backend. Twenty rounds in each mode
+/// and of tasks, as on Docker.
+#[tokio::test(flavor = "multi_thread")]
+async fn sdk_flows_through_a_balancer_with_two_replicas_on_the_kubernetes_standin() {
+    common::sandbox().await;
+    let k = tokio::task::spawn_blocking(crate::kube_standin::StandIn::start)
+        .await
+        .unwrap();
+    let kubeconfig = k.kubeconfig_path.to_str().unwrap().to_string();
+    // `--allow-unsafe`: a PodSpec has no pids limit (on a cluster it is the kubelet's), and
+    // the stand-in runs containers without one, so the self-test's fork bomb fails there.
+    let c = Cluster::start(
+        "flows-kube",
+        &[
+            "--max-sessions",
+            "48",
+            "--allow-unsafe",
+            "--backend",
+            "kubernetes",
+            "--kubeconfig",
+            &kubeconfig,
+        ],
+    )
+    .await;
+    let out = script(vec!["flows".into(), c.lb("/mcp"), "20".into()]).await;
+    assert!(out.contains("ok: auto 2026-07-28 x20"), "{out}");
+    assert!(out.contains("ok: legacy 2025-11-25 x20"), "{out}");
+    assert!(out.contains("ok: tasks x20"), "{out}");
+    for r in &c.replicas {
+        let n = metric(r, "mcp_executor_forwarded_total").await;
+        assert!(n > 0.0, "replica {} forwarded nothing:\n{}", r.id, r.log());
+    }
+    // The sandboxes were the stand-in's pods (each replica keeps a warm one).
+    assert!(!k.pods().is_empty(), "no pod in the stand-in");
+    drop(c);
 }
