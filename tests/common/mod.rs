@@ -144,6 +144,28 @@ pub async fn assert_clean(s: &DockerBackend, tenant: &str) {
 }
 
 /// Free bytes on the filesystem that holds Docker's data.
+/// The Python with the official MCP SDK (and `httpx2`, which it brings): `MCP_PY_SDK_PYTHON`,
+/// else the venv `scripts/test.sh` makes in `target/py-sdk`. Missing, the test fails and
+/// says how to get it.
+pub fn sdk_python() -> std::path::PathBuf {
+    let p = std::env::var_os("MCP_PY_SDK_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/py-sdk/bin/python")
+        });
+    let ok = Command::new(&p)
+        .args(["-c", "import mcp, httpx2"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "the official MCP Python SDK is needed at {}: run scripts/test.sh, or \
+         `python3 -m venv target/py-sdk && target/py-sdk/bin/pip install mcp==2.3.0`",
+        p.display()
+    );
+    p
+}
+
 pub fn docker_disk_free() -> u64 {
     let out = Command::new("stat")
         .args(["-f", "-c", "%a %S", "/var/lib/docker"])

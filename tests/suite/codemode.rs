@@ -831,24 +831,6 @@ print(json.dumps({"ms": ms, "relay": relay, "total": total}))
     drop(client);
 }
 
-/// The Python with the official MCP SDK: `MCP_PY_SDK_PYTHON`, else `target/py-sdk`.
-fn sdk_python() -> PathBuf {
-    let p = std::env::var_os("MCP_PY_SDK_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/py-sdk/bin/python"));
-    let ok = std::process::Command::new(&p)
-        .args(["-c", "import mcp"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "the official MCP Python SDK is needed at {}: run scripts/test.sh, or \
-         `python3 -m venv target/py-sdk && target/py-sdk/bin/pip install mcp==2.3.0`",
-        p.display()
-    );
-    p
-}
-
 /// everything + filesystem, the configuration of the SDK and gVisor tests.
 fn everything_and_filesystem(root: &Path) -> String {
     format!(
@@ -872,7 +854,7 @@ args = ["{fs}", "{root}"]
 /// `tests/sdk/codemode.py` against `s`: the official Python SDK in its default
 /// (2026-07-28) and legacy modes.
 async fn sdk_client(s: &Server, missing: &Path) -> String {
-    let out = tokio::process::Command::new(sdk_python())
+    let out = tokio::process::Command::new(common::sdk_python())
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/sdk/codemode.py"
@@ -1212,7 +1194,7 @@ command = "{python}"
 args = ["{script}", "{log}"]
 "#,
         port = http.port,
-        python = sdk_python().display(),
+        python = common::sdk_python().display(),
         script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/upstream_cancel.py"),
         log = cancel_log.display(),
     );

@@ -12,7 +12,6 @@ use crate::{contract, kube_standin};
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -535,29 +534,6 @@ async fn installs_need_the_environment_volume() {
     }
 }
 
-/// The Python with the official MCP SDK (as tests/suite/python_sdk.rs finds it).
-fn sdk_python() -> PathBuf {
-    let p = std::env::var_os("MCP_PY_SDK_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/target/py-sdk/bin/python"
-            ))
-        });
-    let ok = Command::new(&p)
-        .args(["-c", "import mcp"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "the official MCP Python SDK is needed at {}: run scripts/test.sh, or \
-         `python3 -m venv target/py-sdk && target/py-sdk/bin/pip install mcp==2.3.0`",
-        p.display()
-    );
-    p
-}
-
 /// One execute_code call through the SDK's ClientSession over streamable HTTP.
 const SDK_CLIENT: &str = r#"
 import asyncio, sys
@@ -579,7 +555,7 @@ asyncio.run(main())
 /// execute_code to the official Python SDK, and removes its pods when it stops.
 #[tokio::test(flavor = "multi_thread")]
 async fn serve_on_kubernetes_answers_the_python_sdk() {
-    let python = sdk_python();
+    let python = common::sdk_python();
     let k = standin().await;
     let dir = std::env::temp_dir().join(format!("mcpx-kube-{}", uuid::Uuid::new_v4().simple()));
     let mut server = tokio::process::Command::new(BIN)

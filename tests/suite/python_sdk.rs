@@ -14,7 +14,6 @@
 use crate::common;
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -23,31 +22,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 const BIN: &str = env!("CARGO_BIN_EXE_mcp-code-executor");
 const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/client.py");
 
-/// The Python with the SDK: `MCP_PY_SDK_PYTHON`, else the venv `scripts/test.sh` makes.
-fn sdk_python() -> PathBuf {
-    let p = std::env::var_os("MCP_PY_SDK_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/target/py-sdk/bin/python"
-            ))
-        });
-    let ok = Command::new(&p)
-        .args(["-c", "import mcp"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "the official MCP Python SDK is needed at {}: run scripts/test.sh, or \
-         `python3 -m venv target/py-sdk && target/py-sdk/bin/pip install mcp==2.3.0`",
-        p.display()
-    );
-    p
-}
-
 fn client(args: &[&str], stdin: &str) -> String {
-    let mut child = Command::new(sdk_python())
+    let mut child = Command::new(common::sdk_python())
         .arg(CLIENT)
         .args(args)
         .stdin(Stdio::piped())

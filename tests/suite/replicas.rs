@@ -32,26 +32,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_mcp-code-executor");
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/replicas.py");
 const NGINX: &str = "/usr/sbin/nginx";
 
-/// The Python with the SDK (as tests/suite/python_sdk.rs finds it).
-fn sdk_python() -> String {
-    let p = std::env::var("MCP_PY_SDK_PYTHON").unwrap_or_else(|_| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/target/py-sdk/bin/python").to_string()
-    });
-    let ok = Command::new(&p)
-        .args(["-c", "import mcp, httpx2"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "the official MCP Python SDK is needed at {p}: run scripts/test.sh, or \
-         `python3 -m venv target/py-sdk && target/py-sdk/bin/pip install mcp==2.3.0`"
-    );
-    p
-}
-
 /// Run `replicas.py ARGS` (blocking, in a thread); its stdout, or a panic with its output.
 async fn script(args: Vec<String>) -> String {
-    let python = sdk_python();
+    let python = common::sdk_python();
     tokio::task::spawn_blocking(move || {
         let out = Command::new(&python)
             .arg(SCRIPT)
@@ -136,7 +119,7 @@ impl Cluster {
             "nginx is needed at {NGINX} (Debian package `nginx`): run scripts/test.sh, or \
              `apt-get update && apt-get install -y nginx`"
         );
-        sdk_python();
+        common::sdk_python();
         common::sandbox().await;
         let (dirs, dir) = common::TempDirs::one(&format!("replicas-{name}"));
         let tenant = format!(
