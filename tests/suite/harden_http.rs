@@ -270,6 +270,41 @@ fn raw_post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &str) 
 }
 
 /// Read until the server closes (bounded by `within`); what came, and whether it closed.
+/// One metric's value, read with a `GET /metrics` on a connection that stays open.
+async fn gauge_over(c: &mut TcpStream, addr: SocketAddr, line_prefix: &str) -> f64 {
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    c.write_all(request.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    let body = loop {
+        let n = c.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the server closed the connection: {got:?}");
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got);
+        let Some((head, body)) = text.split_once("\r\n\r\n") else {
+            continue;
+        };
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().to_string())
+            })
+            .unwrap_or_else(|| panic!("no Content-Length: {head}"))
+            .parse()
+            .unwrap();
+        if body.len() >= length {
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+            break body.to_string();
+        }
+    };
+    body.lines()
+        .find_map(|l| l.strip_prefix(line_prefix)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no metric `{line_prefix}` in /metrics:\n{body}"))
+}
+
 async fn read_to_close(c: &mut TcpStream, within: Duration) -> (Vec<u8>, bool) {
     let mut got = Vec::new();
     let closed = tokio::time::timeout(within, async {
@@ -673,10 +708,24 @@ async fn slow_clients_time_out_and_health_answers_when_saturated() {
         .await
         .unwrap()
         .contains("too many open requests and streams"));
-    // Saturate the MCP connections with slow headers (each lives up to 10 s): 4 streams and
-    // 10 of these are more than 12, the rest wait in the reserve.
-    let mut slow = Vec::new();
-    for _ in 0..10 {
+    // Saturate the MCP connections: the 4 streams, one kept-alive connection that reads the
+    // gauge, and 7 slow headers (each lives up to 10 s) make 12. A connection of the requests
+    // above may still be open on the server's side (the client has closed it, the server has
+    // not yet seen that) and would free its slot a moment later, after the slow ones were
+    // counted: first wait until the gauge counts only the streams and the reader.
+    let mut reader = TcpStream::connect(s.addr).await.unwrap();
+    for round in 0.. {
+        assert!(
+            round < 100,
+            "connections of earlier requests stayed open on the server"
+        );
+        if gauge_over(&mut reader, s.addr, "mcp_http_connections{kind=\"mcp\"}").await == 5.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut slow = vec![reader];
+    for _ in 0..7 {
         let mut c = TcpStream::connect(s.addr).await.unwrap();
         c.write_all(b"GET /mcp HTTP/1.1\r\nHost: loc")
             .await
