@@ -779,9 +779,10 @@ async fn demand_rows(samples: usize) {
     println!(
         "One rmcp client session per client; \"0.3 s\" and \"2 s\" are pauses between a call's \
          answer and the next call, \"b2b\" none. Each single-workload row follows 3 \
-         unmeasured calls of the same code (the pool learns what the calls need); the mix \
+         unmeasured calls of the same code (the pool learns what the calls need); the mix of {} calls \
          (70 % print(1), 20 % pandas, 10 % figures, seeded shuffle) follows them. {samples} \
-         samples per single-workload row.\n"
+         samples per single-workload row.\n",
+        4 * samples
     );
     println!("| runtime | preload | rate | clients | workload | n | p50 ms | p95 ms | calls/s |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
@@ -834,7 +835,7 @@ async fn demand_rows(samples: usize) {
                     }
                     None => {
                         paced(&url, &mix_calls(10), pause).await;
-                        let lat = paced(&url, &mix_calls(2 * samples), pause).await;
+                        let lat = paced(&url, &mix_calls(4 * samples), pause).await;
                         for i in [0, 2, 3] {
                             let name = format!("mix: {}", PRELOAD_CODES[i].0);
                             row(rt, label, "0.3 s", 1, &name, lat[i].clone(), None);
