@@ -27,6 +27,17 @@ pub const BACKSTOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5
 /// only the containers of a server that died ever reach it.
 pub const WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(900);
 
+/// What every sandbox's runner is told in its environment (and takes out of it before the
+/// code starts): how long to wait for its job ([`WAIT_LIMIT`]), and its CPU limit, to which
+/// it sizes the thread pools of numerical libraries (OpenBLAS, OpenMP, MKL, numexpr:
+/// otherwise one thread per host core, whatever the quota).
+pub fn runner_env(limits: &crate::job::Limits) -> [(String, String); 2] {
+    [
+        ("MCPX_WAIT_LIMIT".into(), WAIT_LIMIT.as_secs().to_string()),
+        ("MCPX_CPUS".into(), limits.cpus.to_string()),
+    ]
+}
+
 /// The job description the runner reads before the archive.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
 pub struct JobHeader {

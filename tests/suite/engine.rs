@@ -423,6 +423,25 @@ time.sleep(4)
     assert_eq!(memsw, limit, "no swap on top of the memory");
 }
 
+/// The thread pools of numerical libraries are sized to the CPU limit, not to the host's
+/// cores (OpenBLAS starts one thread per core when numpy is imported): under `cpus` 1 the
+/// interpreter stays one thread; the runner's own variable is gone before the code runs.
+#[tokio::test]
+async fn numerical_thread_pools_are_sized_to_the_cpu_limit() {
+    let _clean = remove_on_drop("t-threads");
+    let s = sandbox().await;
+    let code = "import os, numpy\n\
+print(os.environ.get('OPENBLAS_NUM_THREADS'), os.environ.get('OMP_NUM_THREADS'), \
+os.environ.get('MKL_NUM_THREADS'), 'MCPX_CPUS' in os.environ, len(os.listdir('/proc/self/task')))\n";
+    for (cpus, want) in [(1.0, "1 1 1 False 1"), (1.5, "2 2 2 False ")] {
+        let l = Limits { cpus, ..limits() };
+        let o = run(&s, "t-threads", code, l).await;
+        let out = o.stdout_text();
+        assert!(o.success() && out.starts_with(want), "cpus {cpus}: {o:?}");
+    }
+    assert_clean(&s, "t-threads").await;
+}
+
 #[tokio::test]
 async fn nofile_cpu_and_swap_limits_are_the_configured_ones() {
     let _clean = remove_on_drop("t-limits");

@@ -39,3 +39,22 @@ def cpu_ns():
         usec = read_int("/sys/fs/cgroup/cpu.stat", "usage_usec ")
         v = usec * 1000 if usec is not None else None
     return v
+
+
+def cpu_limit():
+    """The sandbox's CPU quota in cores (1.5 for `--cpus 1.5`), or None where none is set
+    or the cgroup files are not visible (gVisor)."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            return int(quota) / int(period)
+        return None
+    except (OSError, ValueError):
+        pass
+    for d in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"):
+        quota = read_int(d + "/cpu.cfs_quota_us")
+        period = read_int(d + "/cpu.cfs_period_us")
+        if quota is not None and period:
+            return quota / period if quota > 0 else None
+    return None

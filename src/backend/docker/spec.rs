@@ -89,10 +89,7 @@ pub(super) fn create_body(
             env.vars
                 .iter()
                 .map(|(k, v)| format!("{k}={v}"))
-                .chain([format!(
-                    "MCPX_WAIT_LIMIT={}",
-                    protocol::WAIT_LIMIT.as_secs()
-                )])
+                .chain(protocol::runner_env(limits).map(|(k, v)| format!("{k}={v}")))
                 .collect(),
         ),
         user: Some(env.user.clone().unwrap_or_else(|| SANDBOX_USER.to_string())),

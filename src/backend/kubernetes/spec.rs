@@ -393,10 +393,7 @@ pub fn pod(
         .vars
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
-        .chain([(
-            "MCPX_WAIT_LIMIT".to_string(),
-            protocol::WAIT_LIMIT.as_secs().to_string(),
-        )])
+        .chain(protocol::runner_env(limits))
         .map(|(name, value)| EnvVar {
             name,
             value: Some(value),
