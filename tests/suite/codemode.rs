@@ -190,6 +190,7 @@ from tools import everything
 r = everything.get_structured_content(location="Chicago")
 doc = everything.get_structured_content.__doc__
 print(json.dumps({"type": type(r).__name__, "r": r,
+                  "schema": everything.__tools__["get_structured_content"]["outputSchema"],
                   "sig": str(inspect.signature(everything.get_sum)),
                   "doc_has_schema": "temperature" in doc and "Chicago" in doc,
                   "found": tools.search("sum"),
@@ -204,6 +205,13 @@ print(json.dumps({"type": type(r).__name__, "r": r,
         "{v}"
     );
     assert!(r["conditions"].is_string(), "{v}");
+    // The dict matches the tool's outputSchema (checked as arguments are checked).
+    assert!(v["schema"]["properties"]["temperature"].is_object(), "{v}");
+    assert_eq!(
+        mcp_code_executor::codemode::schema::check(&v["schema"], r),
+        None,
+        "{v}"
+    );
     assert_eq!(v["sig"], "(*, a: float, b: float)");
     assert_eq!(v["doc_has_schema"], true, "{v}");
     assert!(v["found"].to_string().contains("everything.get_sum"), "{v}");
@@ -536,22 +544,72 @@ async fn client_with_token(s: &Server, token: &str) -> RunningService<RoleClient
     ().serve(t).await.expect("connects")
 }
 
-#[tokio::test]
-async fn two_tenants_see_only_their_own_servers() {
+/// A tenants file of two tenants with these entries' extra lines (`[[tenants.servers]]`
+/// tables): (the file, a's id, b's id, a's token, b's token).
+fn two_tenants(
+    dir: &Path,
+    tag: &str,
+    a_extra: &str,
+    b_extra: &str,
+) -> (PathBuf, String, String, String, String) {
     use mcp_code_executor::tenancy::token;
-    let dir = TempDir::new("ten");
     let id = &uuid::Uuid::new_v4().simple().to_string()[..8];
-    let (a, b) = (format!("t-cma-{id}"), format!("t-cmb-{id}"));
+    let (a, b) = (format!("t-{tag}a-{id}"), format!("t-{tag}b-{id}"));
     let (ta, tb) = (token::generate(), token::generate());
+    let file = dir.join("tenants.toml");
     std::fs::write(
-        dir.0.join("tenants.toml"),
+        &file,
         format!(
-            "[[tenants]]\nid = \"{a}\"\ntoken_sha256 = \"{}\"\n[[tenants]]\nid = \"{b}\"\ntoken_sha256 = \"{}\"\n",
+            "[[tenants]]\nid = \"{a}\"\ntoken_sha256 = \"{}\"\n{a_extra}\n[[tenants]]\nid = \"{b}\"\ntoken_sha256 = \"{}\"\n{b_extra}\n",
             token::to_hex(&token::hash(&ta)),
             token::to_hex(&token::hash(&tb))
         ),
     )
     .unwrap();
+    (file, a, b, ta, tb)
+}
+
+/// Python that tries `tools.call(server, tool)` for each (server, tool) and prints the
+/// tenant's servers and, per server, `called` or the error's class.
+fn try_calls(calls: &[(&str, &str)]) -> String {
+    let mut code =
+        String::from("import json, tools\nout = {\"servers\": sorted(tools.servers())}\n");
+    for (server, tool) in calls {
+        code.push_str(&format!(
+            "try:\n    tools.call({server:?}, {tool:?}, a=1, b=1)\n    out[{server:?}] = \"called\"\nexcept tools.ToolError as x:\n    out[{server:?}] = type(x).__name__\n"
+        ));
+    }
+    code.push_str("print(json.dumps(out))\n");
+    code
+}
+
+/// The `execute_code` / `execute_python` descriptions list `mine` (one line each, not
+/// their tools) and none of `others`.
+async fn descriptions_list(c: &RunningService<RoleClient, ()>, mine: &[&str], others: &[&str]) {
+    let tools = c.peer().list_all_tools().await.unwrap();
+    for name in ["execute_code", "execute_python"] {
+        let t = tools.iter().find(|t| t.name == name).unwrap();
+        let d = t.description.as_deref().unwrap();
+        for m in mine {
+            assert!(d.contains(&format!("\n- {m}: ")), "{name} lacks {m}: {d}");
+        }
+        for o in others {
+            assert!(!d.contains(&format!("- {o}: ")), "{name} lists {o}: {d}");
+        }
+        assert!(!d.contains("get-sum") && !d.contains("get_sum"), "{d}");
+    }
+}
+
+/// Tools-file servers restricted by `tenants`, and beside them a server of one tenant's
+/// own from the tenants file (`[[tenants.servers]]`).
+#[tokio::test]
+async fn two_tenants_see_only_their_own_servers() {
+    let dir = TempDir::new("ten");
+    let b_own = format!(
+        "[[tenants.servers]]\nname = \"bsum\"\ncommand = \"node\"\nargs = [\"{}\"]\nallow = [\"get-sum\"]\n",
+        node_server("everything")
+    );
+    let (tenants, a, b, ta, tb) = two_tenants(&dir.0, "cm", "", &b_own);
     let conf = format!(
         r#"
 [[servers]]
@@ -571,7 +629,6 @@ tenants = ["{b}"]
         memory = node_server("memory"),
         memfile = dir.0.join("memory.jsonl").display(),
     );
-    let tenants = dir.0.join("tenants.toml");
     let s = start(
         "codemode-ten",
         &conf,
@@ -581,42 +638,177 @@ tenants = ["{b}"]
     .await;
     let _clean_a = common::remove_on_drop(&a);
     let _clean_b = common::remove_on_drop(&b);
-    let code = r#"
-import json, tools
-try:
-    tools.call("everything", "get-sum", a=1, b=1)
-    e = "called"
-except tools.ToolError as x:
-    e = type(x).__name__
-print(json.dumps({"servers": sorted(tools.servers()), "everything": e}))
-"#;
+    let code = try_calls(&[("everything", "get-sum"), ("bsum", "get-sum")]);
     let ca = client_with_token(&s, &ta).await;
     let cb = client_with_token(&s, &tb).await;
-    // The execute_code / execute_python descriptions list each tenant's own servers, one
-    // line each (not their tools).
-    for (c, mine, other) in [(&ca, "everything", "memory"), (&cb, "memory", "everything")] {
-        let tools = c.peer().list_all_tools().await.unwrap();
-        for name in ["execute_code", "execute_python"] {
-            let t = tools.iter().find(|t| t.name == name).unwrap();
-            let d = t.description.as_deref().unwrap();
-            assert!(d.contains(&format!("\n- {mine}: ")), "{name}: {d}");
-            assert!(!d.contains(&format!("- {other}: ")), "{name}: {d}");
-            assert!(!d.contains("get-sum") && !d.contains("get_sum"), "{d}");
-        }
-    }
-    let (out, err, _) = run(ca.peer(), code).await;
+    descriptions_list(&ca, &["everything"], &["memory", "bsum"]).await;
+    descriptions_list(&cb, &["memory", "bsum"], &["everything"]).await;
+    let (out, err, _) = run(ca.peer(), &code).await;
     let v = last_json(&out, &err);
     assert_eq!(
         v,
-        json!({"servers": ["everything"], "everything": "called"})
+        json!({"servers": ["everything"], "everything": "called", "bsum": "ToolDenied"})
     );
-    let (out, err, _) = run(cb.peer(), code).await;
+    let (out, err, _) = run(cb.peer(), &code).await;
     let v = last_json(&out, &err);
     assert_eq!(
         v,
-        json!({"servers": ["memory"], "everything": "ToolDenied"})
+        json!({"servers": ["bsum", "memory"], "everything": "ToolDenied", "bsum": "called"})
     );
     drop((ca, cb));
+}
+
+/// Code mode from the tenants file alone (no `--tools`): each tenant's own upstream, seen by
+/// it only: the descriptions, `from tools import ...`, `tools.servers()`, and a frame the
+/// code forges on the channel for the other tenant's tool, refused before any upstream of
+/// the other's starts for it.
+#[tokio::test]
+async fn servers_of_the_tenants_file_are_their_tenants_alone() {
+    let dir = TempDir::new("tfile");
+    let alpha = format!(
+        "[[tenants.servers]]\nname = \"alpha\"\ndescription = \"a's sums\"\ncommand = \"node\"\nargs = [\"{}\"]\nallow = [\"get-sum\", \"echo\"]\n",
+        node_server("everything")
+    );
+    let beta = format!(
+        "[[tenants.servers]]\nname = \"beta\"\ndescription = \"b's notes\"\ncommand = \"node\"\nargs = [\"{}\"]\nenv = {{ MEMORY_FILE_PATH = \"{}\" }}\n",
+        node_server("memory"),
+        dir.0.join("memory.jsonl").display()
+    );
+    let (tenants, a, b, ta, tb) = two_tenants(&dir.0, "tf", &alpha, &beta);
+    let s = Server::start(
+        "codemode-tfile",
+        &["--tenants", tenants.to_str().unwrap()],
+        &[(
+            "RUST_LOG",
+            "mcp_code_executor=warn,mcp_code_executor::codemode=info",
+        )],
+    )
+    .await;
+    let _clean_a = common::remove_on_drop(&a);
+    let _clean_b = common::remove_on_drop(&b);
+    let log = s.stderr();
+    assert!(
+        log.contains(&format!(
+            "code mode: 2 tool servers: alpha (stdio, tenant {a}), beta (stdio, tenant {b})"
+        )),
+        "{log}"
+    );
+    let ca = client_with_token(&s, &ta).await;
+    let cb = client_with_token(&s, &tb).await;
+    descriptions_list(&ca, &["alpha"], &["beta"]).await;
+    descriptions_list(&cb, &["beta"], &["alpha"]).await;
+    // (tenant's client, its server, a call of it, the other's server, its tool)
+    for (c, own, own_call, other, other_tool) in [
+        (
+            &ca,
+            "alpha",
+            "alpha.get_sum(a=1, b=2)",
+            "beta",
+            "read_graph",
+        ),
+        (&cb, "beta", "beta.read_graph()", "alpha", "get-sum"),
+    ] {
+        let code = format!(
+            r#"
+import json, os, socket, struct
+# Forged before the package opens its channel (whose reader thread would take the answer).
+s = socket.socket(fileno=os.dup(5))
+req = json.dumps({{"id": 4242, "op": "call", "server": "{other}", "tool": "{other_tool}", "arguments": {{"a": 1, "b": 2}} if "{other_tool}" == "get-sum" else {{}}}}).encode()
+s.sendall(struct.pack(">I", len(req)) + req)
+n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+forged = json.loads(s.recv(n, socket.MSG_WAITALL))
+import tools
+try:
+    from tools import {other}
+    imported_other = "imported"
+except ImportError:
+    imported_other = "ImportError"
+from tools import {own}
+r = {own_call}
+try:
+    tools.call("{other}", "{other_tool}")
+    called_other = "called"
+except tools.ToolError as x:
+    called_other = type(x).__name__
+print(json.dumps({{"servers": sorted(tools.servers()), "forged": forged, "import": imported_other,
+                  "call": called_other, "own": r if isinstance(r, str) else type(r).__name__}}))
+"#
+        );
+        let (out, err, _) = run(c.peer(), &code).await;
+        let v = last_json(&out, &err);
+        assert_eq!(v["servers"], json!([own]), "{v}");
+        assert_eq!(v["import"], "ImportError", "{v}");
+        assert_eq!(v["call"], "ToolDenied", "{v}");
+        assert_eq!(v["forged"]["id"], 4242, "{v}");
+        assert_eq!(v["forged"]["error"]["type"], "ToolDenied", "{v}");
+        let m = v["forged"]["error"]["message"].as_str().unwrap();
+        assert!(m.contains(&format!("no tool server `{other}`")), "{v}");
+        if own == "alpha" {
+            assert_eq!(v["own"], "The sum of 1 and 2 is 3.", "{v}\n{err}");
+        } else {
+            assert!(v["own"].is_string(), "{v}\n{err}");
+        }
+    }
+    // One client per tenant and upstream, each started for its own tenant only.
+    let log = s.stderr();
+    let started: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("code mode: upstream server started"))
+        .collect();
+    assert!(
+        started
+            .iter()
+            .any(|l| l.contains(&format!("tenant={a}")) && l.contains("server=alpha")),
+        "{log}"
+    );
+    assert!(
+        started
+            .iter()
+            .any(|l| l.contains(&format!("tenant={b}")) && l.contains("server=beta")),
+        "{log}"
+    );
+    assert_eq!(started.len(), 2, "{started:?}");
+    drop((ca, cb));
+}
+
+/// A tenant's own server with the name of a tools-file server it also sees: `serve`
+/// refuses to start and says which and how to fix it (no Docker needed: it stops first).
+#[tokio::test]
+async fn a_name_clash_between_the_two_files_stops_the_start() {
+    let dir = TempDir::new("clash");
+    let own = "[[tenants.servers]]\nname = \"everything\"\ncommand = \"node\"\nargs = [\"x.js\"]\n";
+    let (tenants, a, _b, _, _) = two_tenants(&dir.0, "cl", own, "");
+    let tools = dir.0.join("tools.toml");
+    std::fs::write(
+        &tools,
+        "[[servers]]\nname = \"everything\"\ncommand = \"node\"\nargs = [\"y.js\"]\n",
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
+        .args(["serve", "--port", "0", "--pool-size", "0", "--tools"])
+        .arg(&tools)
+        .arg("--tenants")
+        .arg(&tenants)
+        .env("CODE_STORAGE_DIR", dir.0.join("code"))
+        .env("MCP_EXECUTOR_DATA_DIR", dir.0.join("data"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("serve stops at once")
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("tenant `{a}`"))
+            && err.contains("`everything`")
+            && err.contains("rename"),
+        "{err}"
+    );
+    assert!(!err.contains("serving"), "{err}");
 }
 
 #[tokio::test]
