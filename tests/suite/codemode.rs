@@ -734,7 +734,7 @@ print(json.dumps({{"servers": sorted(tools.servers()), "forged": forged, "import
                   "call": called_other, "own": r if isinstance(r, str) else type(r).__name__}}))
 "#
         );
-        let (out, err, _) = run(c.peer(), &code).await;
+        let (out, err, rep) = run(c.peer(), &code).await;
         let v = last_json(&out, &err);
         assert_eq!(v["servers"], json!([own]), "{v}");
         assert_eq!(v["import"], "ImportError", "{v}");
@@ -745,6 +745,20 @@ print(json.dumps({{"servers": sorted(tools.servers()), "forged": forged, "import
         assert!(m.contains(&format!("no tool server `{other}`")), "{v}");
         if own == "alpha" {
             assert_eq!(v["own"], "The sum of 1 and 2 is 3.", "{v}\n{err}");
+            // The same stored code again, through execute_code_file.
+            let r = call(
+                c.peer(),
+                "execute_code_file",
+                json!({"file_path": rep["file_path"], "timeout": 60}),
+            )
+            .await;
+            let st = r.structured_content.clone().expect("structured report");
+            let again = last_json(
+                st["stdout"].as_str().unwrap_or_default(),
+                st["stderr"].as_str().unwrap_or_default(),
+            );
+            assert_eq!(again["own"], v["own"], "{again}");
+            assert_eq!(again["forged"]["error"]["type"], "ToolDenied", "{again}");
         } else {
             assert!(v["own"].is_string(), "{v}\n{err}");
         }
