@@ -4,7 +4,7 @@
 Run the server with the request path's trace lines on, call it (any client, e.g. the bench
 or the official SDK), stop it, then:
 
-    RUST_LOG=mcp_code_executor=debug,mcp_code_executor::backend::docker::live=trace \
+    RUST_LOG=mcp_code_executor=debug,mcp_code_executor::backend::engine::live=trace \
         mcp-code-executor serve ... 2> serve.log
     scripts/breakdown.py serve.log
 
@@ -37,7 +37,7 @@ def main(path):
             cur = {"admitted": admitted, "requested": ms(line), "outs": []}
         elif cur is not None and "sandbox started" in line:
             cur["taken"], cur["pooled"] = ms(line), "pooled=true" in line
-        elif cur is not None and "job written" in line:
+        elif cur is not None and "input written" in line and "written" not in cur:
             cur["written"] = ms(line)
         elif cur is not None and "runner output" in line:
             cur["outs"].append(ms(line))

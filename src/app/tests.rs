@@ -16,8 +16,8 @@ fn settings(tenant: &str) -> Settings {
     Settings {
         tenant: tenant.into(),
         sessions: SessionOptions {
-            workspace_root: std::env::temp_dir()
-                .join(format!("mcpx-app-test-{}", crate::job::new_job_id())),
+            workspace_root: crate::env::testing::scratch_root()
+                .join(format!("app-{}", crate::job::new_job_id())),
             ..SessionOptions::default()
         },
         ..Settings::default()

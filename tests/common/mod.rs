@@ -227,6 +227,28 @@ pub fn assert_nothing_left_by(pid: u32) {
     assert!(left.is_empty(), "process {pid} left containers: {left:?}");
 }
 
+static SCRATCH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// A fresh directory `{name}-{random}` under this test process's scratch root
+/// (`mcp-test-scratch-{pid}`), which is removed when the process exits, whether the tests
+/// passed or failed (libtest ends with `exit`, which runs `atexit` handlers). For
+/// directories a test cannot easily hold a [`TempDirs`] guard for.
+pub fn scratch_dir(name: &str) -> std::path::PathBuf {
+    extern "C" fn remove() {
+        if let Some(root) = SCRATCH.get() {
+            let _ = std::fs::remove_dir_all(root);
+        }
+    }
+    let root = SCRATCH.get_or_init(|| {
+        // SAFETY: registers a plain function that takes no locks held elsewhere.
+        unsafe { libc::atexit(remove) };
+        std::env::temp_dir().join(format!("mcp-test-scratch-{}", std::process::id()))
+    });
+    let dir = root.join(format!("{name}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    dir
+}
+
 /// Directories removed when this is dropped: at the end of a test, whether it passed or
 /// panicked (a panic unwinds through the test's locals).
 pub struct TempDirs(pub Vec<std::path::PathBuf>);

@@ -53,8 +53,8 @@ impl Drop for Running {
 }
 
 fn temp_file(name: &str, body: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("mcpx-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| common::scratch_dir("cli"));
     let p = dir.join(name);
     std::fs::write(&p, body).unwrap();
     p

@@ -17,12 +17,7 @@ use mcp_code_executor::env::{self, Context, EnvKind, EnvRequest, Environment};
 use mcp_code_executor::job::JobSpec;
 
 fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "mcpx-envtest-{tag}-{}",
-        mcp_code_executor::job::new_job_id()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch_dir(&format!("envtest-{tag}"))
 }
 
 fn sh(cmd: &mut Command) {

@@ -436,7 +436,8 @@ impl<L: Waiting> Pool<L> {
             .filter(|(k, t)| {
                 count(&st, k) < *t
                     && if k.is_empty() {
-                        plain < st.plain_at_once
+                        // A pool that runs dry also makes more at once (see `depth`).
+                        plain < st.plain_at_once + st.deeper
                     } else {
                         preloading < MAKING_PER_KIND
                     }

@@ -280,3 +280,27 @@ fn a_pool_found_dry_keeps_more_plain_ones_and_gives_them_back_when_it_keeps_up()
     assert!(take(&r, "print(1)").is_none());
     assert_eq!(r.stats().target, 2);
 }
+
+/// Claims made before any sandbox is made: how many the workers would make at once.
+fn claims_at_once(p: &Pool<Fake>) -> Vec<Vec<String>> {
+    std::iter::from_fn(|| p.claim()).take(16).collect()
+}
+
+#[test]
+fn a_pool_found_dry_makes_more_plain_ones_at_once() {
+    // Two plain ones at once while it keeps up: the rest of the machine is the runs'.
+    let p: Pool<Fake> = Pool::new(Limits::default(), RunEnv::default(), 2, "t");
+    assert_eq!(claims_at_once(&p).len(), 2);
+    // Dry twice (under gVisor a make takes about a second): it now keeps four, and makes
+    // all four at once instead of two at a time.
+    assert!(take(&p, "print(1)").is_none());
+    assert!(take(&p, "print(1)").is_none());
+    assert_eq!(p.stats().target, 4);
+    let more = claims_at_once(&p);
+    assert_eq!(
+        more.len(),
+        2,
+        "two more beside the two being made: {more:?}"
+    );
+    assert!(more.iter().all(|k| k.is_empty()), "plain ones: {more:?}");
+}
