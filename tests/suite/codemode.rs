@@ -958,6 +958,96 @@ print(json.dumps({"ms": sorted(ms)[50], "total": total}))
     drop(client);
 }
 
+/// Pids of the `node` processes whose parent is `parent` (the upstreams a server started).
+fn node_children(parent: u32) -> Vec<u32> {
+    let mut out = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...
+        let Some((head, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let mut f = rest.split_whitespace();
+        let (state, ppid) = (f.next(), f.next().and_then(|p| p.parse::<u32>().ok()));
+        if head.ends_with("(node") && ppid == Some(parent) && state != Some("Z") {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Is `pid` alive (there, and not a zombie)?
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// An upstream that died is started again at the next call; after the server's shutdown
+/// no upstream process is left (closed by the server, or ending at its stdin's end).
+#[tokio::test]
+async fn a_dead_upstream_starts_again_and_none_outlives_the_server() {
+    let dir = TempDir::new("dead");
+    let conf = format!(
+        "[[servers]]\nname = \"everything\"\ncommand = \"node\"\nargs = [\"{}\"]\n",
+        node_server("everything")
+    );
+    let mut s = start("codemode-dead", &conf, &dir.0, &[]).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let client = s.client().await;
+    let sum = "from tools import everything\nprint(everything.get_sum(a=1, b=2))";
+    let (out, err, _) = run(client.peer(), sum).await;
+    assert_eq!(out.trim(), "The sum of 1 and 2 is 3.", "{err}");
+    let first = node_children(s.pid());
+    assert_eq!(first.len(), 1, "one upstream process: {first:?}");
+    // SAFETY: killing the upstream process the server started (a test's own grandchild).
+    unsafe {
+        libc::kill(first[0] as i32, libc::SIGKILL);
+    }
+    let t0 = Instant::now();
+    while alive(first[0]) && t0.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!alive(first[0]), "the upstream did not die");
+    // The client notices the end of its stdio transport.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (out, err, _) = run(client.peer(), sum).await;
+    assert_eq!(
+        out.trim(),
+        "The sum of 1 and 2 is 3.",
+        "{err}\n{}",
+        s.stderr()
+    );
+    assert!(
+        s.stderr()
+            .contains("code mode: the upstream server has gone; starting it again"),
+        "{}",
+        s.stderr()
+    );
+    let second = node_children(s.pid());
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_ne!(second, first);
+    drop(client);
+    assert!(
+        s.terminate(Duration::from_secs(60)).await.is_some(),
+        "the server did not stop"
+    );
+    let t0 = Instant::now();
+    while alive(second[0]) && t0.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !alive(second[0]),
+        "the upstream outlived the server's shutdown"
+    );
+}
+
 /// everything + filesystem, the configuration of the SDK and gVisor tests.
 fn everything_and_filesystem(root: &Path) -> String {
     format!(
