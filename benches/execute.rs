@@ -8,7 +8,8 @@
 //! BENCH_ONLY=preload runs only the preloading rows (issue 15); BENCH_PAUSE_MS (500), the
 //! pause between its interleaved calls. BENCH_ONLY=demand runs only the rows of preloading
 //! by demand (issue 29: rates, clients, workloads, the mix, runc and gVisor); BENCH_GVISOR=0
-//! leaves gVisor out of them.
+//! leaves gVisor out of them. BENCH_ONLY=codemode runs only the code-mode row (issue 26,
+//! benches/execute/codemode.rs; last in a full run).
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,9 @@ use rmcp::service::RunningService;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
 use tokio::io::{AsyncBufReadExt, BufReader};
+
+#[path = "execute/codemode.rs"]
+mod codemode;
 
 fn knob(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -95,6 +99,10 @@ async fn main() {
     }
     if std::env::var("BENCH_ONLY").as_deref() == Ok("demand") {
         demand_rows(samples).await;
+        return;
+    }
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("codemode") {
+        codemode::rows().await;
         return;
     }
     println!("# mcp-code-executor benchmark\n");
@@ -201,6 +209,7 @@ async fn main() {
     runtime_rows(samples, runs).await;
     preload_rows(samples, runs).await;
     demand_rows(samples).await;
+    codemode::rows().await;
 }
 
 /// One `execute_code` call of `code` over MCP.

@@ -2,6 +2,10 @@
 //! call, how to reach them (a command over stdio, or a Streamable HTTP URL with its
 //! headers), which of their tools, for which tenants, and within which limits. Read once at
 //! start-up; an error names the file and the entry.
+//!
+//! A tenant of the tenants file may declare servers of its own (`[[tenants.servers]]`, the
+//! same [`Server`] entry less `tenants`): [`Config::add_tenant`] puts them beside the tools
+//! file's, seen by that tenant alone.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -123,6 +127,52 @@ impl Server {
             None => limits.call_timeout(),
         }
     }
+
+    /// What every entry must be, in the tools file or the tenants file: a name, exactly one
+    /// of `command` and `url`, headers only for a `url`.
+    pub fn check(&self) -> Result<(), String> {
+        if self.name.trim().is_empty() {
+            return Err("a server entry has an empty name".into());
+        }
+        match (&self.command, &self.url) {
+            (Some(_), None) | (None, Some(_)) => {}
+            _ => {
+                return Err(format!(
+                "server `{}`: give exactly one of `command` (stdio) and `url` (Streamable HTTP)",
+                self.name
+            ))
+            }
+        }
+        if self.command.is_some() && !self.headers.is_empty() {
+            return Err(format!(
+                "server `{}`: `headers` are for a `url` server",
+                self.name
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Check the servers a tenant of the tenants file declares (`[[tenants.servers]]`): each a
+/// valid entry, none with `tenants` (it is that tenant's), no two with the same Python name.
+pub fn check_tenant_servers(servers: &[Server]) -> Result<(), String> {
+    let mut seen = std::collections::BTreeSet::new();
+    for s in servers {
+        s.check()?;
+        if s.tenants.is_some() {
+            return Err(format!(
+                "server `{}`: `tenants` is for the tools file; a server in the tenants file is its tenant's alone",
+                s.name
+            ));
+        }
+        if !seen.insert(super::names::module(&s.name)) {
+            return Err(format!(
+                "server `{}`: another server of this tenant has the same Python name",
+                s.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The whole file.
@@ -133,6 +183,10 @@ pub struct Config {
     pub limits: Limits,
     #[serde(default)]
     pub servers: Vec<Server>,
+    /// The tenants file's servers (`[[tenants.servers]]`), by tenant: each seen by its
+    /// tenant alone, beside the `servers` that serve it ([`Config::add_tenant`]).
+    #[serde(skip)]
+    pub tenant_servers: BTreeMap<String, Vec<Server>>,
 }
 
 impl Config {
@@ -140,27 +194,10 @@ impl Config {
         let c: Config = toml::from_str(text).map_err(|e| e.to_string())?;
         let mut names = std::collections::BTreeSet::new();
         for s in &c.servers {
-            if s.name.trim().is_empty() {
-                return Err("a [[servers]] entry has an empty name".into());
-            }
+            s.check()?;
             if !names.insert(super::names::module(&s.name)) {
                 return Err(format!(
                     "server `{}`: another server has the same Python name",
-                    s.name
-                ));
-            }
-            match (&s.command, &s.url) {
-                (Some(_), None) | (None, Some(_)) => {}
-                _ => {
-                    return Err(format!(
-                        "server `{}`: give exactly one of `command` (stdio) and `url` (Streamable HTTP)",
-                        s.name
-                    ))
-                }
-            }
-            if s.command.is_some() && !s.headers.is_empty() {
-                return Err(format!(
-                    "server `{}`: `headers` are for a `url` server",
                     s.name
                 ));
             }
@@ -175,6 +212,59 @@ impl Config {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("the tools file {}: {e}", path.display()))?;
         Config::parse(&text).map_err(|e| format!("the tools file {}: {e}", path.display()))
+    }
+
+    /// The servers `tenant` sees: the tools file's that serve it, then its own from the
+    /// tenants file.
+    pub fn servers_for<'a, 't>(
+        &'a self,
+        tenant: &'t str,
+    ) -> impl Iterator<Item = &'a Server> + use<'a, 't> {
+        self.servers
+            .iter()
+            .filter(move |s| s.serves(tenant))
+            .chain(self.tenant_servers.get(tenant).into_iter().flatten())
+    }
+
+    /// Every server with the tenant it is reserved to (`None`: the tools file's).
+    pub fn all_servers(&self) -> impl Iterator<Item = (Option<&str>, &Server)> {
+        self.servers.iter().map(|s| (None, s)).chain(
+            self.tenant_servers
+                .iter()
+                .flat_map(|(t, v)| v.iter().map(move |s| (Some(t.as_str()), s))),
+        )
+    }
+
+    /// The server of `tenant` named `name` (its MCP config name, as a call names it).
+    pub fn server_of(&self, tenant: &str, name: &str) -> Option<&Server> {
+        self.servers_for(tenant).find(|s| s.name == name)
+    }
+
+    /// Add `tenant`'s own servers (from the tenants file, checked by
+    /// [`check_tenant_servers`]). A server with the Python name of one the tenant already
+    /// sees (a tools-file server that serves it, or another of its own) is an error: the
+    /// code could not tell them apart.
+    pub fn add_tenant(&mut self, tenant: &str, servers: &[Server]) -> Result<(), String> {
+        check_tenant_servers(servers).map_err(|e| format!("tenant `{tenant}`: {e}"))?;
+        for s in servers {
+            let module = super::names::module(&s.name);
+            if let Some(o) = self
+                .servers_for(tenant)
+                .find(|o| super::names::module(&o.name) == module)
+            {
+                return Err(format!(
+                    "tenant `{tenant}`: its server `{}` (tenants file) has the Python name `{module}` of the tools file's server `{}`, which this tenant sees too: rename one of them (or leave the tenant out of the tools file server's `tenants`)",
+                    s.name, o.name
+                ));
+            }
+        }
+        if !servers.is_empty() {
+            self.tenant_servers
+                .entry(tenant.to_string())
+                .or_default()
+                .extend_from_slice(servers);
+        }
+        Ok(())
     }
 }
 
@@ -223,6 +313,86 @@ mod tests {
         let c = Config::parse(text).unwrap();
         assert_eq!(c.servers[0].name, "everything");
         assert_eq!(c.servers[0].command.as_deref(), Some("npx"));
+    }
+
+    fn server(name: &str) -> Server {
+        Config::parse(&format!(
+            "[[servers]]\nname = \"{name}\"\ncommand = \"x\"\n"
+        ))
+        .unwrap()
+        .servers
+        .remove(0)
+    }
+
+    #[test]
+    fn a_tenants_servers_are_its_own_beside_the_tools_files() {
+        let mut c = Config::parse(
+            "[[servers]]\nname = \"shared\"\ncommand = \"a\"\n\
+             [[servers]]\nname = \"crm\"\ncommand = \"b\"\ntenants = [\"b\"]\n",
+        )
+        .unwrap();
+        // `a` may call its own server `crm`: the tools file's `crm` is `b`'s, not `a`'s.
+        c.add_tenant("a", &[server("crm"), server("notes")])
+            .unwrap();
+        c.add_tenant("c", &[server("notes")]).unwrap();
+        fn names<'a>(c: &'a Config, t: &str) -> Vec<&'a str> {
+            c.servers_for(t).map(|s| s.name.as_str()).collect()
+        }
+        assert_eq!(names(&c, "a"), ["shared", "crm", "notes"]);
+        assert_eq!(names(&c, "b"), ["shared", "crm"]);
+        assert_eq!(names(&c, "c"), ["shared", "notes"]);
+        assert_eq!(names(&c, "d"), ["shared"]);
+        assert_eq!(
+            c.server_of("a", "crm").unwrap().command.as_deref(),
+            Some("x")
+        );
+        assert_eq!(
+            c.server_of("b", "crm").unwrap().command.as_deref(),
+            Some("b")
+        );
+        assert!(c.server_of("b", "notes").is_none() && c.server_of("d", "crm").is_none());
+        let tagged: Vec<(Option<&str>, &str)> =
+            c.all_servers().map(|(t, s)| (t, s.name.as_str())).collect();
+        assert_eq!(
+            tagged,
+            [
+                (None, "shared"),
+                (None, "crm"),
+                (Some("a"), "crm"),
+                (Some("a"), "notes"),
+                (Some("c"), "notes")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_tenants_server_named_as_a_tools_file_server_it_sees_is_refused() {
+        let mut c = Config::parse(
+            "[[servers]]\nname = \"shared-one\"\ncommand = \"a\"\n\
+             [[servers]]\nname = \"crm\"\ncommand = \"b\"\ntenants = [\"b\"]\n",
+        )
+        .unwrap();
+        // The same name, and a name that is the same in Python.
+        for clash in ["shared-one", "shared_one"] {
+            let e = c.add_tenant("a", &[server(clash)]).unwrap_err();
+            assert!(
+                e.contains("tenant `a`") && e.contains("`shared-one`") && e.contains("rename"),
+                "{e}"
+            );
+        }
+        let e = c.add_tenant("b", &[server("crm")]).unwrap_err();
+        assert!(e.contains("tenant `b`") && e.contains("`crm`"), "{e}");
+        // Nothing was added by the refused calls.
+        assert!(c.tenant_servers.is_empty());
+        // Within one tenant, two with one Python name; and `tenants` has no place there.
+        let e = c
+            .add_tenant("a", &[server("x-y"), server("x_y")])
+            .unwrap_err();
+        assert!(e.contains("same Python name"), "{e}");
+        let mut scoped = server("z");
+        scoped.tenants = Some(vec!["a".into()]);
+        let e = c.add_tenant("a", &[scoped]).unwrap_err();
+        assert!(e.contains("`tenants` is for the tools file"), "{e}");
     }
 
     #[test]

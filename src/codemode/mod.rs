@@ -4,7 +4,8 @@
 //!
 //! - [`config`]: the tools file (`--tools FILE`): upstream servers (a stdio command or a
 //!   Streamable HTTP URL with headers), their allow lists, destructive consent, the tenants
-//!   that see them, and the limits of a run.
+//!   that see them, and the limits of a run; and the tenants file's servers of one tenant
+//!   (`[[tenants.servers]]`, [`configure`]).
 //! - [`Manager`] (`upstream`): one official rmcp client per tenant and upstream, started at the first
 //!   request of that tenant's code, started again when it died, closed on shutdown.
 //! - A run's requests (`run`, [`crate::job::ToolRun`]): the runner relays each request of the
@@ -28,6 +29,7 @@ mod run;
 pub mod schema;
 mod upstream;
 
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use crate::job::{ToolHost, ToolRun, Tools};
@@ -42,13 +44,36 @@ pub fn install(manager: Arc<Manager>) {
     let _ = INSTALLED.set(manager);
 }
 
-/// What the runs of `tenant` may call: `None` without a tools file or when no server is
-/// configured for the tenant.
+/// The code mode of `serve`: the tools file's servers (every tenant's, or those its
+/// `tenants` names) and the tenants file's (`[[tenants.servers]]`, each its tenant's
+/// alone). `None` when neither declares code mode: no tools file, no tenant with servers.
+/// A tenant's server with the Python name of a tools-file server it sees is an error.
+/// Without a tools file the limits are its defaults.
+pub fn configure(
+    tools_file: Option<&Path>,
+    tenants: Option<&[crate::tenancy::Tenant]>,
+    path: Option<std::ffi::OsString>,
+    home: Option<std::path::PathBuf>,
+) -> Result<Option<Arc<Manager>>, String> {
+    let tenants = tenants.unwrap_or_default();
+    let mut config = match tools_file {
+        Some(p) => Config::load(p)?,
+        None if tenants.iter().all(|t| t.limits.servers.is_empty()) => return Ok(None),
+        None => Config::default(),
+    };
+    for t in tenants {
+        config
+            .add_tenant(&t.id, &t.limits.servers)
+            .map_err(|e| format!("code mode: the tenants file: {e}"))?;
+    }
+    Ok(Some(Manager::new(config, path, home)))
+}
+
+/// What the runs of `tenant` may call: `None` without code mode or when no server is
+/// configured for the tenant (in the tools file or as its own in the tenants file).
 pub fn tools_for(tenant: &str) -> Option<Tools> {
     let m = INSTALLED.get()?;
-    if !m.config.servers.iter().any(|s| s.serves(tenant)) {
-        return None;
-    }
+    m.config.servers_for(tenant).next()?;
     Some(Tools(Arc::new(TenantTools {
         manager: m.clone(),
         tenant: tenant.to_string(),

@@ -156,10 +156,7 @@ impl Run {
 
     async fn catalog(&self) -> Value {
         let mut servers = vec![];
-        for s in &self.manager.config.servers {
-            if !s.serves(&self.tenant) {
-                continue;
-            }
+        for s in self.manager.config.servers_for(&self.tenant) {
             let module = names::module(&s.name);
             let Some(u) = self.manager.upstream(&self.tenant, &s.name) else {
                 continue;

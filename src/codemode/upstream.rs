@@ -62,14 +62,16 @@ impl Manager {
         })
     }
 
-    /// One line per server, for the start-up log.
+    /// One line per server, for the start-up log; a tenants-file server names its tenant.
     pub fn summary(&self) -> Vec<String> {
         self.config
-            .servers
-            .iter()
-            .map(|s| {
+            .all_servers()
+            .map(|(tenant, s)| {
                 let how = if s.command.is_some() { "stdio" } else { "http" };
-                format!("{} ({how})", names::module(&s.name))
+                match tenant {
+                    None => format!("{} ({how})", names::module(&s.name)),
+                    Some(t) => format!("{} ({how}, tenant {t})", names::module(&s.name)),
+                }
             })
             .collect()
     }
@@ -80,9 +82,7 @@ impl Manager {
     pub(super) fn lines_for(&self, tenant: &str) -> Vec<String> {
         let map = self.upstreams.lock().unwrap();
         self.config
-            .servers
-            .iter()
-            .filter(|s| s.serves(tenant))
+            .servers_for(tenant)
             .map(|s| {
                 let about = s.description.clone().or_else(|| {
                     let u = map.get(&(tenant.to_string(), s.name.clone()))?;
@@ -104,11 +104,7 @@ impl Manager {
     }
 
     pub(super) fn upstream(&self, tenant: &str, server: &str) -> Option<Arc<Upstream>> {
-        let conf = self
-            .config
-            .servers
-            .iter()
-            .find(|s| s.name == server && s.serves(tenant))?;
+        let conf = self.config.server_of(tenant, server)?;
         let mut map = self.upstreams.lock().unwrap();
         Some(
             map.entry((tenant.to_string(), server.to_string()))

@@ -110,14 +110,18 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
         }
         None => (None, Vec::new()),
     };
-    if let Some(path) = &cfg.tools_file {
-        // Code mode (#26): upstream clients start at the first call of each tenant's code.
-        let conf = crate::codemode::Config::load(path).map_err(anyhow::Error::msg)?;
-        let m = crate::codemode::Manager::new(conf, cfg.host.path.clone(), cfg.host.home.clone());
+    // Code mode (#26): the tools file's servers and the tenants file's ([[tenants.servers]]);
+    // upstream clients start at the first call of each tenant's code.
+    let code_mode = crate::codemode::configure(
+        cfg.tools_file.as_deref(),
+        tenants.as_deref(),
+        cfg.host.path.clone(),
+        cfg.host.home.clone(),
+    );
+    if let Some(m) = code_mode.map_err(anyhow::Error::msg)? {
         say!(
-            "mcp-code-executor: code mode: {} tool servers from {}: {}",
+            "mcp-code-executor: code mode: {} tool servers: {}",
             m.summary().len(),
-            path.display(),
             m.summary().join(", ")
         );
         crate::codemode::install(m);

@@ -66,6 +66,9 @@ pub struct TenantLimits {
     /// Modules this tenant's waiting sandboxes preload instead of the server's list
     /// (`None`: the server's; see docs/mcp.md "Preloading").
     pub preload: Option<Vec<String>>,
+    /// Code mode: upstream MCP servers only this tenant's code sees, beside the tools
+    /// file's (`[[tenants.servers]]`; docs/code-mode.md).
+    pub servers: Vec<crate::codemode::config::Server>,
 }
 
 impl TenantLimits {
@@ -151,6 +154,8 @@ struct Entry {
     #[serde(default)]
     env_paths: Vec<PathBuf>,
     preload: Option<Vec<String>>,
+    #[serde(default)]
+    servers: Vec<crate::codemode::config::Server>,
 }
 
 fn yes() -> bool {
@@ -348,7 +353,9 @@ fn parse_tenants(entries: Vec<Entry>) -> Result<Vec<Tenant>, String> {
             install_network: e.install_network,
             env_paths: e.env_paths,
             preload: e.preload,
+            servers: e.servers,
         };
+        crate::codemode::config::check_tenant_servers(&limits.servers).map_err(|d| at(&d))?;
         if let Some(bad) = limits
             .preload
             .iter()
@@ -392,6 +399,59 @@ mod tests {
         assert_eq!(parse(&entry("[]")).unwrap()[0].limits.preload, Some(vec![]));
         let e = parse(&entry(r#"["os; rm"]"#)).unwrap_err();
         assert!(e.contains("preload"), "{e}");
+    }
+
+    #[test]
+    fn a_tenant_may_declare_its_own_code_mode_servers() {
+        let text = format!(
+            r#"
+            [[tenants]]
+            id = "a"
+            token_sha256 = "{HASH_A}"
+            [[tenants.servers]]
+            name = "crm"
+            url = "http://127.0.0.1:9/mcp"
+            headers = {{ Authorization = "Bearer a-secret" }}
+            allow = ["find"]
+            [[tenants.servers]]
+            name = "notes"
+            command = "node"
+            args = ["notes.js"]
+            call_timeout_s = 5
+
+            [[tenants]]
+            id = "b"
+            token_sha256 = "{HASH_B}"
+            "#
+        );
+        let t = parse(&text).unwrap();
+        let a = &t[0].limits.servers;
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[0].name, "crm");
+        assert_eq!(a[0].url.as_deref(), Some("http://127.0.0.1:9/mcp"));
+        assert!(a[0].allows("find") && !a[0].allows("delete"));
+        assert_eq!(a[1].args, ["notes.js"]);
+        assert_eq!(a[1].call_timeout_s, Some(5.0));
+        assert!(t[1].limits.servers.is_empty());
+        // The entry is the tools file's: unknown fields refused, the same checks.
+        let entry = |body: &str| {
+            format!("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH_A}\"\n[[tenants.servers]]\n{body}\n")
+        };
+        for (body, want) in [
+            ("name = \"x\"\ncommand = \"c\"\ntypo = 1", "unknown field `typo`"),
+            ("name = \"x\"\ncommand = \"c\"\ntenants = [\"b\"]", "`tenants` is for the tools file"),
+            ("name = \"x\"", "exactly one of `command`"),
+            ("name = \"x\"\ncommand = \"c\"\nheaders = { A = \"b\" }", "`headers` are for a `url` server"),
+            ("name = \"\"\ncommand = \"c\"", "empty name"),
+            (
+                "name = \"x-y\"\ncommand = \"c\"\n[[tenants.servers]]\nname = \"x_y\"\ncommand = \"d\"",
+                "same Python name",
+            ),
+        ] {
+            let e = parse(&entry(body)).unwrap_err();
+            assert!(e.contains(want), "{body}: {e}");
+            assert!(e.contains("unknown field") || e.contains("tenant `a`"), "{body}: {e}");
+        }
     }
 
     #[test]
@@ -490,11 +550,32 @@ mod tests {
 
     #[test]
     fn the_example_file_parses() {
-        let t = parse(include_str!("../../deploy/tenants.example.toml")).unwrap();
+        let text = include_str!("../../deploy/tenants.example.toml");
+        let t = parse(text).unwrap();
         assert_eq!(t.len(), 2);
         assert_eq!(t[0].token_sha256, Some(token::hash("demo-alice-CHANGE-ME")));
         assert_eq!(t[0].limits.max_memory, Some(512 << 20));
         assert!(!t[1].limits.install_network);
+        // Its code-mode server is commented out (docker-compose serves this file); with
+        // the entry uncommented (`#name` -> `name`; prose is `# ...`) it is bob's.
+        assert!(t.iter().all(|t| t.limits.servers.is_empty()));
+        let uncommented: String = text
+            .lines()
+            .map(|l| match l.strip_prefix('#') {
+                Some(rest) if rest.starts_with(|c: char| c.is_ascii_alphabetic() || c == '[') => {
+                    rest
+                }
+                _ => l,
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let t = parse(&uncommented).unwrap();
+        assert!(t[0].limits.servers.is_empty());
+        let notes = &t[1].limits.servers;
+        assert_eq!(notes.len(), 1);
+        assert_eq!(notes[0].name, "notes");
+        assert_eq!(notes[0].command.as_deref(), Some("npx"));
+        assert!(notes[0].allows("read_graph") && !notes[0].allows("delete_entities"));
     }
 
     #[test]

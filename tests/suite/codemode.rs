@@ -190,6 +190,7 @@ from tools import everything
 r = everything.get_structured_content(location="Chicago")
 doc = everything.get_structured_content.__doc__
 print(json.dumps({"type": type(r).__name__, "r": r,
+                  "schema": everything.__tools__["get_structured_content"]["outputSchema"],
                   "sig": str(inspect.signature(everything.get_sum)),
                   "doc_has_schema": "temperature" in doc and "Chicago" in doc,
                   "found": tools.search("sum"),
@@ -204,6 +205,13 @@ print(json.dumps({"type": type(r).__name__, "r": r,
         "{v}"
     );
     assert!(r["conditions"].is_string(), "{v}");
+    // The dict matches the tool's outputSchema (checked as arguments are checked).
+    assert!(v["schema"]["properties"]["temperature"].is_object(), "{v}");
+    assert_eq!(
+        mcp_code_executor::codemode::schema::check(&v["schema"], r),
+        None,
+        "{v}"
+    );
     assert_eq!(v["sig"], "(*, a: float, b: float)");
     assert_eq!(v["doc_has_schema"], true, "{v}");
     assert!(v["found"].to_string().contains("everything.get_sum"), "{v}");
@@ -536,22 +544,72 @@ async fn client_with_token(s: &Server, token: &str) -> RunningService<RoleClient
     ().serve(t).await.expect("connects")
 }
 
-#[tokio::test]
-async fn two_tenants_see_only_their_own_servers() {
+/// A tenants file of two tenants with these entries' extra lines (`[[tenants.servers]]`
+/// tables): (the file, a's id, b's id, a's token, b's token).
+fn two_tenants(
+    dir: &Path,
+    tag: &str,
+    a_extra: &str,
+    b_extra: &str,
+) -> (PathBuf, String, String, String, String) {
     use mcp_code_executor::tenancy::token;
-    let dir = TempDir::new("ten");
     let id = &uuid::Uuid::new_v4().simple().to_string()[..8];
-    let (a, b) = (format!("t-cma-{id}"), format!("t-cmb-{id}"));
+    let (a, b) = (format!("t-{tag}a-{id}"), format!("t-{tag}b-{id}"));
     let (ta, tb) = (token::generate(), token::generate());
+    let file = dir.join("tenants.toml");
     std::fs::write(
-        dir.0.join("tenants.toml"),
+        &file,
         format!(
-            "[[tenants]]\nid = \"{a}\"\ntoken_sha256 = \"{}\"\n[[tenants]]\nid = \"{b}\"\ntoken_sha256 = \"{}\"\n",
+            "[[tenants]]\nid = \"{a}\"\ntoken_sha256 = \"{}\"\n{a_extra}\n[[tenants]]\nid = \"{b}\"\ntoken_sha256 = \"{}\"\n{b_extra}\n",
             token::to_hex(&token::hash(&ta)),
             token::to_hex(&token::hash(&tb))
         ),
     )
     .unwrap();
+    (file, a, b, ta, tb)
+}
+
+/// Python that tries `tools.call(server, tool)` for each (server, tool) and prints the
+/// tenant's servers and, per server, `called` or the error's class.
+fn try_calls(calls: &[(&str, &str)]) -> String {
+    let mut code =
+        String::from("import json, tools\nout = {\"servers\": sorted(tools.servers())}\n");
+    for (server, tool) in calls {
+        code.push_str(&format!(
+            "try:\n    tools.call({server:?}, {tool:?}, a=1, b=1)\n    out[{server:?}] = \"called\"\nexcept tools.ToolError as x:\n    out[{server:?}] = type(x).__name__\n"
+        ));
+    }
+    code.push_str("print(json.dumps(out))\n");
+    code
+}
+
+/// The `execute_code` / `execute_python` descriptions list `mine` (one line each, not
+/// their tools) and none of `others`.
+async fn descriptions_list(c: &RunningService<RoleClient, ()>, mine: &[&str], others: &[&str]) {
+    let tools = c.peer().list_all_tools().await.unwrap();
+    for name in ["execute_code", "execute_python"] {
+        let t = tools.iter().find(|t| t.name == name).unwrap();
+        let d = t.description.as_deref().unwrap();
+        for m in mine {
+            assert!(d.contains(&format!("\n- {m}: ")), "{name} lacks {m}: {d}");
+        }
+        for o in others {
+            assert!(!d.contains(&format!("- {o}: ")), "{name} lists {o}: {d}");
+        }
+        assert!(!d.contains("get-sum") && !d.contains("get_sum"), "{d}");
+    }
+}
+
+/// Tools-file servers restricted by `tenants`, and beside them a server of one tenant's
+/// own from the tenants file (`[[tenants.servers]]`).
+#[tokio::test]
+async fn two_tenants_see_only_their_own_servers() {
+    let dir = TempDir::new("ten");
+    let b_own = format!(
+        "[[tenants.servers]]\nname = \"bsum\"\ncommand = \"node\"\nargs = [\"{}\"]\nallow = [\"get-sum\"]\n",
+        node_server("everything")
+    );
+    let (tenants, a, b, ta, tb) = two_tenants(&dir.0, "cm", "", &b_own);
     let conf = format!(
         r#"
 [[servers]]
@@ -571,7 +629,6 @@ tenants = ["{b}"]
         memory = node_server("memory"),
         memfile = dir.0.join("memory.jsonl").display(),
     );
-    let tenants = dir.0.join("tenants.toml");
     let s = start(
         "codemode-ten",
         &conf,
@@ -581,42 +638,191 @@ tenants = ["{b}"]
     .await;
     let _clean_a = common::remove_on_drop(&a);
     let _clean_b = common::remove_on_drop(&b);
-    let code = r#"
-import json, tools
-try:
-    tools.call("everything", "get-sum", a=1, b=1)
-    e = "called"
-except tools.ToolError as x:
-    e = type(x).__name__
-print(json.dumps({"servers": sorted(tools.servers()), "everything": e}))
-"#;
+    let code = try_calls(&[("everything", "get-sum"), ("bsum", "get-sum")]);
     let ca = client_with_token(&s, &ta).await;
     let cb = client_with_token(&s, &tb).await;
-    // The execute_code / execute_python descriptions list each tenant's own servers, one
-    // line each (not their tools).
-    for (c, mine, other) in [(&ca, "everything", "memory"), (&cb, "memory", "everything")] {
-        let tools = c.peer().list_all_tools().await.unwrap();
-        for name in ["execute_code", "execute_python"] {
-            let t = tools.iter().find(|t| t.name == name).unwrap();
-            let d = t.description.as_deref().unwrap();
-            assert!(d.contains(&format!("\n- {mine}: ")), "{name}: {d}");
-            assert!(!d.contains(&format!("- {other}: ")), "{name}: {d}");
-            assert!(!d.contains("get-sum") && !d.contains("get_sum"), "{d}");
-        }
-    }
-    let (out, err, _) = run(ca.peer(), code).await;
+    descriptions_list(&ca, &["everything"], &["memory", "bsum"]).await;
+    descriptions_list(&cb, &["memory", "bsum"], &["everything"]).await;
+    let (out, err, _) = run(ca.peer(), &code).await;
     let v = last_json(&out, &err);
     assert_eq!(
         v,
-        json!({"servers": ["everything"], "everything": "called"})
+        json!({"servers": ["everything"], "everything": "called", "bsum": "ToolDenied"})
     );
-    let (out, err, _) = run(cb.peer(), code).await;
+    let (out, err, _) = run(cb.peer(), &code).await;
     let v = last_json(&out, &err);
     assert_eq!(
         v,
-        json!({"servers": ["memory"], "everything": "ToolDenied"})
+        json!({"servers": ["bsum", "memory"], "everything": "ToolDenied", "bsum": "called"})
     );
     drop((ca, cb));
+}
+
+/// Code mode from the tenants file alone (no `--tools`): each tenant's own upstream, seen by
+/// it only: the descriptions, `from tools import ...`, `tools.servers()`, and a frame the
+/// code forges on the channel for the other tenant's tool, refused before any upstream of
+/// the other's starts for it.
+#[tokio::test]
+async fn servers_of_the_tenants_file_are_their_tenants_alone() {
+    let dir = TempDir::new("tfile");
+    let alpha = format!(
+        "[[tenants.servers]]\nname = \"alpha\"\ndescription = \"a's sums\"\ncommand = \"node\"\nargs = [\"{}\"]\nallow = [\"get-sum\", \"echo\"]\n",
+        node_server("everything")
+    );
+    let beta = format!(
+        "[[tenants.servers]]\nname = \"beta\"\ndescription = \"b's notes\"\ncommand = \"node\"\nargs = [\"{}\"]\nenv = {{ MEMORY_FILE_PATH = \"{}\" }}\n",
+        node_server("memory"),
+        dir.0.join("memory.jsonl").display()
+    );
+    let (tenants, a, b, ta, tb) = two_tenants(&dir.0, "tf", &alpha, &beta);
+    let s = Server::start(
+        "codemode-tfile",
+        &["--tenants", tenants.to_str().unwrap()],
+        &[(
+            "RUST_LOG",
+            "mcp_code_executor=warn,mcp_code_executor::codemode=info",
+        )],
+    )
+    .await;
+    let _clean_a = common::remove_on_drop(&a);
+    let _clean_b = common::remove_on_drop(&b);
+    let log = s.stderr();
+    assert!(
+        log.contains(&format!(
+            "code mode: 2 tool servers: alpha (stdio, tenant {a}), beta (stdio, tenant {b})"
+        )),
+        "{log}"
+    );
+    let ca = client_with_token(&s, &ta).await;
+    let cb = client_with_token(&s, &tb).await;
+    descriptions_list(&ca, &["alpha"], &["beta"]).await;
+    descriptions_list(&cb, &["beta"], &["alpha"]).await;
+    // (tenant's client, its server, a call of it, the other's server, its tool)
+    for (c, own, own_call, other, other_tool) in [
+        (
+            &ca,
+            "alpha",
+            "alpha.get_sum(a=1, b=2)",
+            "beta",
+            "read_graph",
+        ),
+        (&cb, "beta", "beta.read_graph()", "alpha", "get-sum"),
+    ] {
+        let code = format!(
+            r#"
+import json, os, socket, struct
+# Forged before the package opens its channel (whose reader thread would take the answer).
+s = socket.socket(fileno=os.dup(5))
+req = json.dumps({{"id": 4242, "op": "call", "server": "{other}", "tool": "{other_tool}", "arguments": {{"a": 1, "b": 2}} if "{other_tool}" == "get-sum" else {{}}}}).encode()
+s.sendall(struct.pack(">I", len(req)) + req)
+n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+forged = json.loads(s.recv(n, socket.MSG_WAITALL))
+import tools
+try:
+    from tools import {other}
+    imported_other = "imported"
+except ImportError:
+    imported_other = "ImportError"
+from tools import {own}
+r = {own_call}
+try:
+    tools.call("{other}", "{other_tool}")
+    called_other = "called"
+except tools.ToolError as x:
+    called_other = type(x).__name__
+print(json.dumps({{"servers": sorted(tools.servers()), "forged": forged, "import": imported_other,
+                  "call": called_other, "own": r if isinstance(r, str) else type(r).__name__}}))
+"#
+        );
+        let (out, err, rep) = run(c.peer(), &code).await;
+        let v = last_json(&out, &err);
+        assert_eq!(v["servers"], json!([own]), "{v}");
+        assert_eq!(v["import"], "ImportError", "{v}");
+        assert_eq!(v["call"], "ToolDenied", "{v}");
+        assert_eq!(v["forged"]["id"], 4242, "{v}");
+        assert_eq!(v["forged"]["error"]["type"], "ToolDenied", "{v}");
+        let m = v["forged"]["error"]["message"].as_str().unwrap();
+        assert!(m.contains(&format!("no tool server `{other}`")), "{v}");
+        if own == "alpha" {
+            assert_eq!(v["own"], "The sum of 1 and 2 is 3.", "{v}\n{err}");
+            // The same stored code again, through execute_code_file.
+            let r = call(
+                c.peer(),
+                "execute_code_file",
+                json!({"file_path": rep["file_path"], "timeout": 60}),
+            )
+            .await;
+            let st = r.structured_content.clone().expect("structured report");
+            let again = last_json(
+                st["stdout"].as_str().unwrap_or_default(),
+                st["stderr"].as_str().unwrap_or_default(),
+            );
+            assert_eq!(again["own"], v["own"], "{again}");
+            assert_eq!(again["forged"]["error"]["type"], "ToolDenied", "{again}");
+        } else {
+            assert!(v["own"].is_string(), "{v}\n{err}");
+        }
+    }
+    // One client per tenant and upstream, each started for its own tenant only.
+    let log = s.stderr();
+    let started: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("code mode: upstream server started"))
+        .collect();
+    assert!(
+        started
+            .iter()
+            .any(|l| l.contains(&format!("tenant={a}")) && l.contains("server=alpha")),
+        "{log}"
+    );
+    assert!(
+        started
+            .iter()
+            .any(|l| l.contains(&format!("tenant={b}")) && l.contains("server=beta")),
+        "{log}"
+    );
+    assert_eq!(started.len(), 2, "{started:?}");
+    drop((ca, cb));
+}
+
+/// A tenant's own server with the name of a tools-file server it also sees: `serve`
+/// refuses to start and says which and how to fix it (no Docker needed: it stops first).
+#[tokio::test]
+async fn a_name_clash_between_the_two_files_stops_the_start() {
+    let dir = TempDir::new("clash");
+    let own = "[[tenants.servers]]\nname = \"everything\"\ncommand = \"node\"\nargs = [\"x.js\"]\n";
+    let (tenants, a, _b, _, _) = two_tenants(&dir.0, "cl", own, "");
+    let tools = dir.0.join("tools.toml");
+    std::fs::write(
+        &tools,
+        "[[servers]]\nname = \"everything\"\ncommand = \"node\"\nargs = [\"y.js\"]\n",
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
+        .args(["serve", "--port", "0", "--pool-size", "0", "--tools"])
+        .arg(&tools)
+        .arg("--tenants")
+        .arg(&tenants)
+        .env("CODE_STORAGE_DIR", dir.0.join("code"))
+        .env("MCP_EXECUTOR_DATA_DIR", dir.0.join("data"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("serve stops at once")
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("tenant `{a}`"))
+            && err.contains("`everything`")
+            && err.contains("rename"),
+        "{err}"
+    );
+    assert!(!err.contains("serving"), "{err}");
 }
 
 #[tokio::test]
@@ -653,11 +859,6 @@ print(json.dumps({"servers": sorted(tools.servers()), "call": e, "import": imp})
     drop(client);
 }
 
-fn p50(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
 /// Mean of `mcp_executor_tool_call_duration_seconds` for `upstream` of `tenant` now:
 /// (sum, count).
 async fn call_seconds(s: &Server, upstream: &str) -> (f64, f64) {
@@ -680,16 +881,13 @@ async fn call_seconds(s: &Server, upstream: &str) -> (f64, f64) {
     (get("sum"), get("count"))
 }
 
-/// The figures of the issue's bench row, printed (`--nocapture`), with loose bounds only:
-/// - a call proxied from the sandbox (runner, this server, the rmcp client, the upstream)
-///   against the same call made straight to the upstream with the rmcp client, p50 of 100,
-///   and where the difference goes: the round trip of a request the server refuses at once
-///   (sandbox, runner, Docker's attach, the frame loop and back, no upstream) and the time
-///   this server spends on a call (its metrics: policy, the rmcp client, the upstream);
-/// - one execute_code making 100 calls against 100 MCP round trips from the client to the
-///   upstream: wall time and the bytes that reached the client.
+/// What the bench row rests on (`BENCH_ONLY=codemode cargo bench --bench execute` measures
+/// it: benches/execute/codemode.rs): one execute_code making 100 calls reaches the upstream
+/// 100 times (this server's metrics count them), its answer is right, and the bytes that
+/// reach the client are the answer's, fewer than the 100 results a client calling the
+/// upstream itself receives; a proxied call stays within a loose bound (100 ms at p50).
 #[tokio::test]
-async fn proxied_call_overhead() {
+async fn a_hundred_calls_in_one_execute_code() {
     let dir = TempDir::new("b");
     let conf = format!(
         "[limits]\ncalls_per_run = 300\n[[servers]]\nname = \"everything\"\ncommand = \"node\"\nargs = [\"{}\"]\n",
@@ -700,8 +898,8 @@ async fn proxied_call_overhead() {
     let client = s.client().await;
     let peer = client.peer().clone();
 
-    // Direct: the rmcp client to the upstream, 100 calls (as an agent without code mode
-    // calls a tool 100 times: every result reaches the client).
+    // The bytes a client gets calling get-sum 100 times itself (an rmcp client straight
+    // to the upstream).
     let mut cmd = tokio::process::Command::new("node");
     cmd.arg(node_server("everything"));
     let (t, _) = rmcp::transport::TokioChildProcess::builder(cmd)
@@ -709,11 +907,8 @@ async fn proxied_call_overhead() {
         .spawn()
         .unwrap();
     let direct = ().serve(t).await.unwrap();
-    let mut d = vec![];
     let mut direct_bytes = 0;
-    let t_direct = Instant::now();
     for i in 0..100 {
-        let t0 = Instant::now();
         let mut args = serde_json::Map::new();
         args.insert("a".into(), json!(i));
         args.insert("b".into(), json!(1));
@@ -721,114 +916,136 @@ async fn proxied_call_overhead() {
             .call_tool(CallToolRequestParams::new("get-sum").with_arguments(args))
             .await
             .unwrap();
-        d.push(t0.elapsed().as_secs_f64() * 1000.0);
         direct_bytes += serde_json::to_vec(&r).unwrap().len();
     }
-    let direct_wall = t_direct.elapsed().as_secs_f64() * 1000.0;
     let _ = direct.cancel().await;
 
-    // The upstream starts on the first call: before anything is measured.
+    // The upstream starts on the first call.
     let (out, err, _) = run(
         &peer,
         "from tools import everything\nprint(everything.get_sum(a=0, b=0))",
     )
     .await;
     assert!(out.contains("The sum of 0 and 0 is 0."), "{err}");
-    let (sum0, n0) = call_seconds(&s, "everything").await;
+    let (_, n0) = call_seconds(&s, "everything").await;
 
-    // Proxied: 100 calls from one execute_code, each timed in the sandbox; then 100
-    // requests the server refuses at once (no such server): the relay's round trip.
     let code = r#"
-import json, time, tools
+import json, time
 from tools import everything
-ms, relay = [], []
-t = time.perf_counter()
+ms, total = [], 0
 for i in range(100):
     t0 = time.perf_counter()
-    everything.get_sum(a=i, b=1)
+    total += int(everything.get_sum(a=i, b=1).split()[-1].rstrip('.'))
     ms.append((time.perf_counter() - t0) * 1000)
-total = (time.perf_counter() - t) * 1000
-for i in range(100):
-    t0 = time.perf_counter()
-    try:
-        tools.call("nope", "x")
-    except tools.ToolDenied:
-        pass
-    relay.append((time.perf_counter() - t0) * 1000)
-print(json.dumps({"ms": ms, "relay": relay, "total": total}))
+print(json.dumps({"ms": sorted(ms)[50], "total": total}))
 "#;
-    let t_code = Instant::now();
     let r = call(&peer, "execute_code", json!({"code": code, "timeout": 120})).await;
-    let code_wall = t_code.elapsed().as_secs_f64() * 1000.0;
     let code_bytes = serde_json::to_vec(&r).unwrap().len();
     let st = r.structured_content.clone().unwrap();
     let v = last_json(
         st["stdout"].as_str().unwrap(),
         st["stderr"].as_str().unwrap_or_default(),
     );
-    let floats = |k: &str| -> Vec<f64> {
-        v[k].as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap())
-            .collect()
-    };
-    let (sum1, n1) = call_seconds(&s, "everything").await;
+    assert_eq!(v["total"], 5050, "{v}");
+    let (_, n1) = call_seconds(&s, "everything").await;
     assert_eq!(n1 - n0, 100.0, "100 calls counted");
-    let server_ms = (sum1 - sum0) / (n1 - n0) * 1000.0;
-    // This server's log of the timed calls: its whole time and the upstream's part.
-    let log = s.stderr();
-    let field = |line: &str, k: &str| -> Option<f64> {
-        let rest = line.split(&format!(" {k}=")).nth(1)?;
-        rest.split(|c: char| !c.is_ascii_digit())
-            .next()?
-            .parse()
-            .ok()
-    };
-    let calls: Vec<(f64, f64)> = log
-        .lines()
-        .filter(|l| l.contains("code mode: tool call") && l.contains("tool=get-sum"))
-        .filter_map(|l| Some((field(l, "us")? / 1000.0, field(l, "upstream_us")? / 1000.0)))
-        .collect();
-    let calls = &calls[calls.len().saturating_sub(100)..];
-    let here = p50(calls.iter().map(|c| c.0).collect());
-    let up = p50(calls.iter().map(|c| c.1).collect());
-    let proxied = floats("ms");
-    let mut sorted = proxied.clone();
-    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    eprintln!(
-        "code mode bench: proxied in the sandbox p90 {:.2} ms, max {:.2} ms, mean {:.2} ms; this server's time per call p50 {here:.2} ms, of which the upstream call (rmcp client and upstream) p50 {up:.2} ms",
-        sorted[89],
-        sorted[99],
-        proxied.iter().sum::<f64>() / 100.0
+    assert!(
+        code_bytes < direct_bytes,
+        "code mode sent the client {code_bytes} bytes, 100 round trips {direct_bytes}"
     );
-
-    // One execute_code that makes 100 calls and prints only the answer, as code mode is
-    // meant to be used: wall time and bytes to the client.
-    let code = "from tools import everything\nprint(sum(int(everything.get_sum(a=i, b=1).split()[-1].rstrip('.')) for i in range(100)))";
-    let t_answer = Instant::now();
-    let r = call(&peer, "execute_code", json!({"code": code})).await;
-    let answer_wall = t_answer.elapsed().as_secs_f64() * 1000.0;
-    let answer_bytes = serde_json::to_vec(&r).unwrap().len();
-    assert_eq!(
-        r.structured_content.as_ref().unwrap()["stdout"],
-        "5050\n",
-        "{r:?}"
-    );
-    eprintln!(
-        "code mode bench: 100 calls in one execute_code printing only the answer: {answer_wall:.0} ms from the client, {answer_bytes} bytes to the client"
-    );
-    let (dp, pp, rp) = (p50(d), p50(floats("ms")), p50(floats("relay")));
-    eprintln!(
-        "code mode bench: get-sum p50 direct {dp:.2} ms, proxied from the sandbox {pp:.2} ms (overhead {:.2} ms); \
-         of which: relay round trip of a refused request p50 {rp:.2} ms, this server's time per call (mean, metrics) {server_ms:.2} ms; \
-         100 calls in one execute_code: {:.0} ms in the sandbox, {code_wall:.0} ms from the client, {code_bytes} bytes to the client; \
-         100 MCP round trips from the client to the upstream: {direct_wall:.0} ms, {direct_bytes} bytes to the client",
-        pp - dp,
-        v["total"].as_f64().unwrap(),
-    );
-    assert!(pp < 100.0, "a proxied call took {pp} ms at p50");
+    let p50 = v["ms"].as_f64().unwrap();
+    assert!(p50 < 100.0, "a proxied call took {p50} ms at p50");
     drop(client);
+}
+
+/// Pids of the `node` processes whose parent is `parent` (the upstreams a server started).
+fn node_children(parent: u32) -> Vec<u32> {
+    let mut out = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...
+        let Some((head, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let mut f = rest.split_whitespace();
+        let (state, ppid) = (f.next(), f.next().and_then(|p| p.parse::<u32>().ok()));
+        if head.ends_with("(node") && ppid == Some(parent) && state != Some("Z") {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Is `pid` alive (there, and not a zombie)?
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// An upstream that died is started again at the next call; after the server's shutdown
+/// no upstream process is left (closed by the server, or ending at its stdin's end).
+#[tokio::test]
+async fn a_dead_upstream_starts_again_and_none_outlives_the_server() {
+    let dir = TempDir::new("dead");
+    let conf = format!(
+        "[[servers]]\nname = \"everything\"\ncommand = \"node\"\nargs = [\"{}\"]\n",
+        node_server("everything")
+    );
+    let mut s = start("codemode-dead", &conf, &dir.0, &[]).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let client = s.client().await;
+    let sum = "from tools import everything\nprint(everything.get_sum(a=1, b=2))";
+    let (out, err, _) = run(client.peer(), sum).await;
+    assert_eq!(out.trim(), "The sum of 1 and 2 is 3.", "{err}");
+    let first = node_children(s.pid());
+    assert_eq!(first.len(), 1, "one upstream process: {first:?}");
+    // SAFETY: killing the upstream process the server started (a test's own grandchild).
+    unsafe {
+        libc::kill(first[0] as i32, libc::SIGKILL);
+    }
+    let t0 = Instant::now();
+    while alive(first[0]) && t0.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!alive(first[0]), "the upstream did not die");
+    // The client notices the end of its stdio transport.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (out, err, _) = run(client.peer(), sum).await;
+    assert_eq!(
+        out.trim(),
+        "The sum of 1 and 2 is 3.",
+        "{err}\n{}",
+        s.stderr()
+    );
+    assert!(
+        s.stderr()
+            .contains("code mode: the upstream server has gone; starting it again"),
+        "{}",
+        s.stderr()
+    );
+    let second = node_children(s.pid());
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_ne!(second, first);
+    drop(client);
+    assert!(
+        s.terminate(Duration::from_secs(60)).await.is_some(),
+        "the server did not stop"
+    );
+    let t0 = Instant::now();
+    while alive(second[0]) && t0.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !alive(second[0]),
+        "the upstream outlived the server's shutdown"
+    );
 }
 
 /// everything + filesystem, the configuration of the SDK and gVisor tests.
