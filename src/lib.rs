@@ -32,8 +32,8 @@
 //!   the only place kube-rs is used). The runner itself, PID 1 of every sandbox, is the
 //!   Python package `images/sandbox/mcp_runner/`; the `tools` package code mode's stubs
 //!   come from is `images/sandbox/tools/`.
-//! - [`codemode`]: code mode. The operator's upstream MCP servers (`--tools FILE`), one
-//!   rmcp client per tenant and upstream, the catalog the sandbox's stubs are made from,
+//! - [`codemode`]: code mode. The operator's upstream MCP servers (`--tools FILE`, and a
+//!   tenant's own in the tenants file), one rmcp client per tenant and upstream, the catalog the sandbox's stubs are made from,
 //!   and the policy every call from sandboxed code passes (allow list, consent for
 //!   destructive tools, arguments against the schema, calls per run, in flight, timeout,
 //!   result size).
