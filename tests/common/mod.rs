@@ -227,6 +227,29 @@ pub fn assert_nothing_left_by(pid: u32) {
     assert!(left.is_empty(), "process {pid} left containers: {left:?}");
 }
 
+/// The Streamable HTTP URL a `serve` child announces on its stderr (`… Streamable HTTP at
+/// URL …`), read from `lines` within `within`; with `echo` each line read is printed as
+/// `[server] …`. Panics when the server exits first or takes longer.
+pub async fn announced_url(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
+    within: std::time::Duration,
+    echo: bool,
+) -> String {
+    tokio::time::timeout(within, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if echo {
+                eprintln!("[server] {line}");
+            }
+            if let Some(rest) = line.split("Streamable HTTP at ").nth(1) {
+                return rest.split_whitespace().next().unwrap().to_string();
+            }
+        }
+        panic!("the server exited before listening");
+    })
+    .await
+    .expect("the server listens in time")
+}
+
 static SCRATCH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
 
 /// A fresh directory `{name}-{random}` under this test process's scratch root

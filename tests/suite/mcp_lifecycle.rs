@@ -74,17 +74,7 @@ async fn sigterm_stops_runs_removes_containers_and_exits_zero() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = tokio::time::timeout(Duration::from_secs(120), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            eprintln!("[server] {line}");
-            if let Some(rest) = line.split("Streamable HTTP at ").nth(1) {
-                return rest.split_whitespace().next().unwrap().to_string();
-            }
-        }
-        panic!("the server exited before listening");
-    })
-    .await
-    .expect("the server listens in time");
+    let url = common::announced_url(&mut lines, Duration::from_secs(120), true).await;
     tokio::spawn(async move {
         while let Ok(Some(line)) = lines.next_line().await {
             eprintln!("[server] {line}");
@@ -156,16 +146,7 @@ async fn sigterm_stops_a_server_whose_stderr_reader_is_gone() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = tokio::time::timeout(Duration::from_secs(120), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.split("Streamable HTTP at ").nth(1) {
-                return rest.split_whitespace().next().unwrap().to_string();
-            }
-        }
-        panic!("the server exited before listening");
-    })
-    .await
-    .expect("the server listens in time");
+    let url = common::announced_url(&mut lines, Duration::from_secs(120), false).await;
     let ready = url.replace("/mcp", "/readyz");
     let t = std::time::Instant::now();
     while reqwest::get(&ready).await.map(|r| r.status().as_u16()).ok() != Some(200) {

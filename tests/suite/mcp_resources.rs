@@ -185,16 +185,7 @@ async fn another_tenants_resource_is_not_found() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = tokio::time::timeout(Duration::from_secs(180), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.split("Streamable HTTP at ").nth(1) {
-                return rest.split_whitespace().next().unwrap().to_string();
-            }
-        }
-        panic!("the server exited before listening");
-    })
-    .await
-    .expect("the server listens in time");
+    let url = common::announced_url(&mut lines, Duration::from_secs(180), false).await;
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     let client = |token: &'static str| {
         let url = url.clone();
