@@ -50,9 +50,10 @@ class Child:
             os.close(fd)
         tools_child.close()
 
-    def go(self, entry):
-        """Run `entry` (a one-shot run): the stub reads it up to EOF."""
-        os.write(self.go_w, entry.encode())
+    def go(self, entry, nonce):
+        """Run `entry` (a one-shot run): the stub reads it and the run's `nonce` (which
+        its done line names on the status channel, see `run`) up to EOF."""
+        os.write(self.go_w, (entry + "\0" + nonce).encode())
         os.close(self.go_w)
 
     def discard(self):

@@ -20,8 +20,9 @@ def run(child, job):
     timed_out = False
     exited_at = None
     preload.dispatching(child, job)
+    nonce = os.urandom(8).hex()
     try:
-        child.go(job.entry)
+        child.go(job.entry, nonce)
     except OSError:
         pass  # the interpreter died at start-up: its stderr and status say why
 
@@ -35,14 +36,18 @@ def run(child, job):
     sel.register(relay.fd, selectors.EVENT_READ, "tools")
     if not frames.INBOX.eof:
         sel.register(frames.INBOX.fileno(), selectors.EVENT_READ, "stdin")
+    # The stub's done line (see `Done`): the run ends there, or when the child is reaped.
+    done = Done(nonce, pid)
+    sel.register(child.st_r, selectors.EVENT_READ, "done")
     status = None
 
     while True:
         open_pipes = [k for k in sel.get_map().values() if isinstance(k.data, tuple)]
-        if status is not None and not open_pipes:
+        ended = status is not None or done.said is not None
+        if ended and not open_pipes:
             break
         now = time.monotonic()
-        if status is not None and now - exited_at > limits.EXIT_GRACE:
+        if ended and now - exited_at > limits.EXIT_GRACE:
             break
         if deadline is not None and not timed_out and now >= deadline:
             # Nobody killed the sandbox at its deadline: the server is gone. Kill every
@@ -54,18 +59,23 @@ def run(child, job):
                 pass
         # Once the code has exited, whatever it left running may hold the pipes open:
         # give them a short grace to flush, then report.
-        if status is not None:
+        if ended:
             wait = 0.05
         elif deadline is not None and not timed_out:
             wait = max(0.0, deadline - now)
         else:
             wait = None
         events = sel.select(timeout=wait)
-        if status is not None and not events:
+        if ended and not events:
             break
         for key, _ in events:
             if key.data is None:
                 job.woken()
+            elif key.data == "done":
+                if not done.read(key.fd):
+                    sel.unregister(key.fd)
+                elif done.said is not None and exited_at is None:
+                    exited_at = time.monotonic()
             elif key.data == "tools":
                 if not relay.from_code():
                     sel.unregister(key.fd)
@@ -77,20 +87,71 @@ def run(child, job):
                 os.close(key.fd)
         reaped = output.reap(pid)
         if reaped is not None:
-            status, exited_at = reaped, time.monotonic()
+            status = reaped
+            if exited_at is None:
+                exited_at = time.monotonic()
 
     budget = limits.Budget(getattr(job, "return_limit", None))
     returned = output.send_returns(job, budget)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_ms = int((usage.ru_utime + usage.ru_stime) * 1000)
+    maxrss_kb = usage.ru_maxrss
+    if status is None and done.said is not None:
+        # Reported before the child was reaped: its own figures, from its done line.
+        code, child_cpu_ms, child_rss_kb = done.said
+        cpu_ms += child_cpu_ms
+        maxrss_kb = max(maxrss_kb, child_rss_kb)
+        fields = {"exit_code": code, "signal": None}
+    else:
+        fields = output.exit_fields(status)
     report = output.report(
         out,
         budget,
         returned,
         timed_out=timed_out,
-        cpu_ms=int((usage.ru_utime + usage.ru_stime) * 1000),
-        peak_memory_bytes=cgroup.peak_memory() or usage.ru_maxrss * 1024,
+        cpu_ms=cpu_ms,
+        peak_memory_bytes=cgroup.peak_memory() or maxrss_kb * 1024,
         oom_kills=max(0, (cgroup.oom_kills() or 0) - job.oom_before),
-        **output.exit_fields(status),
+        **fields,
     )
     preload.amend(report, child, job)
     frames.report(report)
+
+
+class Done:
+    """The stub's done line on the status channel, `D NONCE PID EXIT CPU_MS MAXRSS_KB`: the
+    code has finished (threads joined, atexit handlers run, streams flushed and closed) and
+    the interpreter is only exiting, which with big libraries loaded takes milliseconds of
+    unmapping that need not delay the report. Believed only when it names this run's nonce
+    and the child's pid (not a process the code forked, which also returns through the
+    stub) and its fields are numbers; anything else there is ignored (the run then ends
+    when the child is reaped, as it does when the code leaves by `os._exit` or a signal)."""
+
+    def __init__(self, nonce, pid):
+        self.nonce = nonce
+        self.pid = pid
+        self.said = None
+        self.pending = b""
+
+    def read(self, fd):
+        """Read what is there; False at EOF (or an error)."""
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            return False
+        if not chunk:
+            return False
+        lines = (self.pending + chunk).split(b"\n")
+        self.pending = lines.pop()[: limits.MAX_STATUS_LINE]
+        for line in lines:
+            parts = line.split(b" ")
+            if self.said is None and len(parts) == 6 and parts[0] == b"D":
+                if parts[1].decode("ascii", "replace") != self.nonce:
+                    continue
+                try:
+                    pid, code, cpu_ms, rss_kb = (int(x) for x in parts[2:])
+                except ValueError:
+                    continue
+                if pid == self.pid:
+                    self.said = (code, cpu_ms, rss_kb)
+        return True
