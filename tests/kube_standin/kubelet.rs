@@ -262,12 +262,30 @@ impl Kubelet {
                 let _ = wait.next().await;
             }
         }
-        let state = self
+        let mut state = self
             .docker
             .inspect_container(&id, None)
             .await
             .ok()
             .and_then(|i| i.state);
+        // Docker sets `OOMKilled` from the OOM event, which can land just after the exit
+        // that ended the wait: a container killed by SIGKILL (137) and not (yet) marked is
+        // looked at again a few times before it is called an `Error` (as a kubelet reads
+        // the OOM kill from the cgroup's events, not from the order they arrived in).
+        for _ in 0..5 {
+            match &state {
+                Some(s) if s.exit_code == Some(137) && s.oom_killed != Some(true) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    state = self
+                        .docker
+                        .inspect_container(&id, None)
+                        .await
+                        .ok()
+                        .and_then(|i| i.state);
+                }
+                _ => break,
+            }
+        }
         let Some(state) = state else {
             return; // removed under us: the pod was deleted
         };
