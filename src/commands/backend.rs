@@ -73,6 +73,7 @@ async fn connect_planned(
                 docker_host: cfg.docker_host.clone(),
                 pool,
                 preload: cfg.preload.clone(),
+                hosts_file: hosts_file(cfg),
                 ..DockerConfig::new(image.clone())
             };
             if cfg.build_missing {
@@ -91,6 +92,24 @@ async fn connect_planned(
         }
         BackendKind::Kubernetes => kubernetes(cfg, pool, runs).await,
     }
+}
+
+/// The sandboxes' `/etc/hosts` (see [`DockerConfig::hosts_file`]), in the data directory,
+/// which a local daemon sees at the same path (docker-compose.yml mounts it so); none for a
+/// daemon elsewhere (`tcp://`, `ssh://`), which would not find the file.
+fn hosts_file(cfg: &BackendConfig) -> Option<std::path::PathBuf> {
+    let local = cfg
+        .docker_host
+        .as_deref()
+        .is_none_or(|h| h.starts_with("unix://"));
+    if !local {
+        return None;
+    }
+    let dir = cfg
+        .data_dir
+        .clone()
+        .unwrap_or_else(crate::config::process_data_dir);
+    crate::backend::docker::write_hosts_file(&dir)
 }
 
 /// The backend for a one-shot `run` of `runs` files, with a warm pool of `cfg.pool_size`
@@ -122,7 +141,7 @@ async fn kubernetes(
         runtime_class: cfg.runtime.clone(),
         pool,
         env_volume: k.env_volume.clone(),
-        data_dir: k.data_dir.clone(),
+        data_dir: cfg.data_dir.clone(),
         owner_pod: k.own_pod.clone().map(|(namespace, name, uid)| OwnerPod {
             namespace,
             name,

@@ -68,6 +68,11 @@ pub fn data_dir(get: impl Fn(&str) -> Option<String>) -> PathBuf {
     PathBuf::from(home).join(".local/share/mcp-code-executor")
 }
 
+/// [`data_dir`] from this process's environment (for a command given no data directory).
+pub fn process_data_dir() -> PathBuf {
+    data_dir(|k| std::env::var(k).ok())
+}
+
 /// The CA bundle installers trust: `MCP_EXECUTOR_CA_BUNDLE`, else
 /// [`default_ca_bundle`].
 pub fn ca_bundle(get: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {

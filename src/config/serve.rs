@@ -207,6 +207,10 @@ pub struct BackendConfig {
     pub pool_size: usize,
     /// Build the image when it is missing (`--no-build` turns it off).
     pub build_missing: bool,
+    /// The server's data directory: a Kubernetes pod mounts it from the environment
+    /// volume; Docker sandboxes get their `/etc/hosts` from a file there. `None` (the
+    /// commands other than `serve`): the default one.
+    pub data_dir: Option<PathBuf>,
     /// The Kubernetes backend's settings (unused by Docker).
     pub kubernetes: KubeSettings,
     /// What waiting sandboxes import before their job (`serve --preload`; off elsewhere).
@@ -221,10 +225,9 @@ pub struct KubeSettings {
     pub kubeconfig: Option<PathBuf>,
     /// `--kube-namespace`; `None`: the kubeconfig context's.
     pub namespace: Option<String>,
-    /// `--kube-env-volume`: the PVC that holds the data directory.
+    /// `--kube-env-volume`: the PVC that holds the data directory (mounted at
+    /// [`BackendConfig::data_dir`]).
     pub env_volume: Option<String>,
-    /// The server's data directory (where the environment volume is mounted).
-    pub data_dir: Option<PathBuf>,
     /// The server's own pod (downward API): `(namespace, name, uid)`.
     pub own_pod: Option<(String, String, String)>,
 }
@@ -318,6 +321,7 @@ mod tests {
                 docker_host: None,
                 pool_size: 2,
                 build_missing: true,
+                data_dir: None,
                 kubernetes: KubeSettings::default(),
                 preload: Default::default(),
             },

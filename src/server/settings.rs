@@ -120,10 +120,8 @@ impl ServeConfig {
                 docker_host: None,
                 pool_size: defaults::POOL_SIZE,
                 build_missing: true,
-                kubernetes: config::KubeSettings {
-                    data_dir: Some(data_dir.clone()),
-                    ..Default::default()
-                },
+                data_dir: Some(data_dir.clone()),
+                kubernetes: config::KubeSettings::default(),
                 preload: preload::PreloadConfig::server_default(),
             },
             host: config::HostEnv::default(),

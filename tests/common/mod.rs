@@ -30,8 +30,21 @@ pub fn gvisor() -> bool {
 pub fn config() -> DockerConfig {
     DockerConfig {
         runtime: runtime(),
+        hosts_file: Some(hosts_file()),
         ..DockerConfig::new(image::default_image())
     }
+}
+
+/// The sandboxes' `/etc/hosts` as the product gives it (see `DockerConfig::hosts_file`),
+/// written once per test process into its scratch directory.
+pub fn hosts_file() -> std::path::PathBuf {
+    static HOSTS: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    HOSTS
+        .get_or_init(|| {
+            mcp_code_executor::backend::docker::write_hosts_file(&scratch_dir("hosts"))
+                .expect("the sandboxes' hosts file")
+        })
+        .clone()
 }
 
 /// A sandbox on the real daemon with the image this binary expects.

@@ -256,6 +256,7 @@ async fn network_is_unreachable_even_to_the_hosts_loopback() {
 import errno, socket
 ifaces = sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:])
 print(ifaces)
+print('localhost is', socket.gethostbyname('localhost'))
 for host, port in [('127.0.0.1', {port}), ('169.254.169.254', 80), ('1.1.1.1', 53)]:
     s = socket.socket()
     s.settimeout(3)
@@ -271,6 +272,9 @@ for host, port in [('127.0.0.1', {port}), ('169.254.169.254', 80), ('1.1.1.1', 5
     let o = run(&s, "t-net", &code, limits()).await;
     let out = o.stdout_text();
     assert!(out.contains("['lo']"), "{out}");
+    // No network, and no network set-up by Docker: `localhost` still resolves (the
+    // sandbox's own `/etc/hosts`, see `DockerConfig::hosts_file`).
+    assert!(out.contains("localhost is 127.0.0.1"), "{out}");
     assert!(out.contains("127.0.0.1 ECONNREFUSED"), "{out}");
     // gVisor's network stack says EHOSTUNREACH where Linux says ENETUNREACH (no route).
     let unreach = if common::gvisor() {

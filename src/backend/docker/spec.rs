@@ -76,6 +76,18 @@ pub(super) fn create_body(
     tenant: &str,
     id: &str,
 ) -> Result<ContainerCreateBody, BackendError> {
+    let mut host = host_config(limits, env, config.runtime.clone())?;
+    // Without a network, no network set-up by Docker either (see `DockerConfig::hosts_file`).
+    let hosts = config.hosts_file.as_ref().filter(|_| !env.network);
+    if let Some(h) = hosts {
+        host.mounts.get_or_insert_with(Vec::new).push(Mount {
+            typ: Some(MountType::BIND),
+            source: Some(h.display().to_string()),
+            target: Some("/etc/hosts".to_string()),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
     Ok(ContainerCreateBody {
         image: Some(config.image.clone()),
         cmd: Some(
@@ -102,7 +114,8 @@ pub(super) fn create_body(
         stdin_once: Some(true),
         tty: Some(false),
         labels: Some(labels(id, tenant, owner)),
-        host_config: Some(host_config(limits, env, config.runtime.clone())?),
+        network_disabled: hosts.map(|_| true),
+        host_config: Some(host),
         ..Default::default()
     })
 }
@@ -391,6 +404,59 @@ mod tests {
             host_config(&l, &env, None),
             Err(BackendError::Rejected(_))
         ));
+    }
+
+    /// With a hosts file, a sandbox without a network is made with Docker's networking
+    /// disabled (no `libnetwork-setkey` hook) and that file read-only at `/etc/hosts`; one
+    /// with a network (an installer's fetch phase) and any sandbox without the file keep
+    /// Docker's network set-up.
+    #[test]
+    fn networking_is_disabled_where_there_is_no_network_and_a_hosts_file() {
+        let hosts = std::path::PathBuf::from("/data/sandbox-hosts");
+        let with = DockerConfig {
+            hosts_file: Some(hosts.clone()),
+            ..DockerConfig::new("img")
+        };
+        let l = Limits::default();
+        let body = create_body(&with, "o", &l, &RunEnv::default(), "t", "id").unwrap();
+        assert_eq!(body.network_disabled, Some(true));
+        let hc = body.host_config.unwrap();
+        assert_eq!(hc.network_mode.as_deref(), Some("none"));
+        let m = hc.mounts.unwrap();
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].typ, Some(MountType::BIND));
+        assert_eq!(m[0].source.as_deref(), Some("/data/sandbox-hosts"));
+        assert_eq!(m[0].target.as_deref(), Some("/etc/hosts"));
+        assert_eq!(m[0].read_only, Some(true));
+
+        let fetch = RunEnv {
+            network: true,
+            ..RunEnv::default()
+        };
+        let body = create_body(&with, "o", &l, &fetch, "t", "id").unwrap();
+        assert_eq!(body.network_disabled, None);
+        assert_eq!(body.host_config.unwrap().mounts, None);
+        let without = DockerConfig::new("img");
+        let body = create_body(&without, "o", &l, &RunEnv::default(), "t", "id").unwrap();
+        assert_eq!(body.network_disabled, None);
+        assert_eq!(body.host_config.unwrap().mounts, None);
+    }
+
+    /// The hosts file is written once, names `localhost`, and is left as it is when right.
+    #[test]
+    fn the_hosts_file_is_written_once() {
+        let dir = crate::env::testing::scratch_root()
+            .join(format!("hosts-{}", uuid::Uuid::new_v4().simple()));
+        let path = super::super::write_hosts_file(&dir).expect("written");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("127.0.0.1\tlocalhost\n"), "{text:?}");
+        let before = std::fs::metadata(&path).unwrap().modified().unwrap();
+        assert_eq!(super::super::write_hosts_file(&dir), Some(path.clone()));
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().modified().unwrap(),
+            before
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Under gVisor: the code's process count is RLIMIT_NPROC (counted per sandbox by

@@ -107,6 +107,7 @@ impl SandboxOpts {
             docker_host: get(vars::DOCKER_HOST).filter(|h| !h.trim().is_empty()),
             pool_size,
             build_missing: !self.no_build,
+            data_dir: None,
             kubernetes: config::KubeSettings {
                 kubeconfig: self.kubeconfig.clone(),
                 namespace: self.kube_namespace.clone().filter(|n| !n.trim().is_empty()),
@@ -114,7 +115,6 @@ impl SandboxOpts {
                     .kube_env_volume
                     .clone()
                     .filter(|n| !n.trim().is_empty()),
-                data_dir: None,
                 own_pod: match (
                     get(vars::MCP_EXECUTOR_POD_NAMESPACE),
                     get(vars::MCP_EXECUTOR_POD_NAME),

@@ -253,7 +253,7 @@ impl ServeCmd {
             pip_index: config::PipIndex::from_vars(&get),
             backend: {
                 let mut b = self.sandbox.config(self.pool_size, &get);
-                b.kubernetes.data_dir = Some(data_dir.clone());
+                b.data_dir = Some(data_dir.clone());
                 b.preload = mcp_code_executor::config::preload::PreloadConfig {
                     modules: self.preload.0.clone(),
                     per_tenant: Default::default(),
