@@ -262,28 +262,26 @@ impl Kubelet {
                 let _ = wait.next().await;
             }
         }
-        let mut state = self
-            .docker
-            .inspect_container(&id, None)
-            .await
-            .ok()
-            .and_then(|i| i.state);
         // Docker sets `OOMKilled` from the OOM event, which can land just after the exit
         // that ended the wait: a container killed by SIGKILL (137) and not (yet) marked is
         // looked at again a few times before it is called an `Error` (as a kubelet reads
         // the OOM kill from the cgroup's events, not from the order they arrived in).
-        for _ in 0..5 {
-            match &state {
-                Some(s) if s.exit_code == Some(137) && s.oom_killed != Some(true) => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    state = self
-                        .docker
-                        .inspect_container(&id, None)
-                        .await
-                        .ok()
-                        .and_then(|i| i.state);
-                }
-                _ => break,
+        let mut state = None;
+        for look in 0..6 {
+            if look > 0 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            state = self
+                .docker
+                .inspect_container(&id, None)
+                .await
+                .ok()
+                .and_then(|i| i.state);
+            let unmarked_kill = state
+                .as_ref()
+                .is_some_and(|s| s.exit_code == Some(137) && s.oom_killed != Some(true));
+            if !unmarked_kill {
+                break;
             }
         }
         let Some(state) = state else {
