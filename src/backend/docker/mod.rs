@@ -97,8 +97,11 @@ pub fn write_hosts_file(dir: &std::path::Path) -> Option<std::path::PathBuf> {
         return Some(path);
     }
     let written = std::fs::create_dir_all(dir).and_then(|()| {
+        use std::os::unix::fs::PermissionsExt;
         let temp = dir.join(format!(".sandbox-hosts-{}", std::process::id()));
         std::fs::write(&temp, SANDBOX_HOSTS)?;
+        // Readable by the sandbox user whatever the server's umask.
+        std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o644))?;
         std::fs::rename(&temp, &path)
     });
     match written {
