@@ -93,10 +93,11 @@ impl Server {
             tenant,
             pid,
         };
-        if tokio::time::timeout(Duration::from_secs(240), ready_rx)
-            .await
-            .is_err()
-        {
+        // Not ready in time, or its stderr closed first (it exited): either way it failed.
+        if !matches!(
+            tokio::time::timeout(Duration::from_secs(240), ready_rx).await,
+            Ok(Ok(()))
+        ) {
             panic!("the server did not start:\n{}", s.stderr());
         }
         s
