@@ -206,6 +206,14 @@ pub(super) fn cpu_hidden(v: &serde_json::Value, iso: &Isolation) -> bool {
     iso.gvisor() && v["cpu"]["source"].is_null()
 }
 
+/// The cores a CPU burn measured (`ran_s / wall_s`), if its report came back.
+pub(super) fn burn_cores(burn: &serde_json::Value) -> Option<f64> {
+    match (burn["ran_s"].as_f64(), burn["wall_s"].as_f64()) {
+        (Some(c), Some(w)) if w > 0.0 => Some(c / w),
+        _ => None,
+    }
+}
+
 /// The memory and CPU checks under gVisor, which shows no cgroup files inside: the host's
 /// cgroup holds the whole sandbox (gVisor's kernel and the code). runsc sizes the kernel's
 /// memory from that cgroup's limit, so `MemTotal` is the limit when it applied and the
@@ -218,10 +226,7 @@ pub(super) fn cpu_hidden(v: &serde_json::Value, iso: &Isolation) -> bool {
 pub(super) fn gvisor_limits(v: &serde_json::Value, l: &Limits) -> Vec<Check> {
     let total = v["mem_total"].as_u64();
     let burn = &v["burn"];
-    let cores = match (burn["ran_s"].as_f64(), burn["wall_s"].as_f64()) {
-        (Some(c), Some(w)) if w > 0.0 => Some(c / w),
-        _ => None,
-    };
+    let cores = burn_cores(burn);
     vec![
         Check {
             name: "memory limit",
@@ -258,7 +263,7 @@ pub(super) fn gvisor_limits(v: &serde_json::Value, l: &Limits) -> Vec<Check> {
 /// 0.41 to 0.62 cores were measured over a 1 s window on a two-core host, idle to load 15
 /// (hence the 2 s window now); with no quota, 1.19 to 1.97 at load 5 and less (as little
 /// as 0.5 at load 10 and more).
-const GVISOR_CPU_SLACK: f64 = 1.4;
+pub(super) const GVISOR_CPU_SLACK: f64 = 1.4;
 
 /// Memory with no swap on top: memory.memsw.limit_in_bytes equal to the memory limit (cgroup
 /// v1) or memory.swap.max 0 (v2). Where neither is readable (swap accounting off), only a

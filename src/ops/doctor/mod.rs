@@ -228,6 +228,17 @@ pub async fn diagnose(backend: &dyn Backend) -> Report {
             if evaluate::cpu_hidden(&v, &isolation) {
                 // Alone, after the others: their load would only lower what it measures.
                 v["burn"] = burn(backend, limits.cpus).await;
+                // One measurement on a busy host can overstate it (0.75-1.10 cores of 0.5
+                // seen while the test suite ran, 0.50-0.64 measured again): over the quota,
+                // it is measured once more and the lower one counts. A quota not enforced
+                // measures over it both times.
+                let first = evaluate::burn_cores(&v["burn"]);
+                if first.is_some_and(|c| c > limits.cpus * evaluate::GVISOR_CPU_SLACK) {
+                    let again = burn(backend, limits.cpus).await;
+                    if evaluate::burn_cores(&again).is_some_and(|c| Some(c) < first) {
+                        v["burn"] = again;
+                    }
+                }
             }
             checks.push(Check {
                 name: "python runs",
