@@ -103,11 +103,21 @@ if ! docker info >/dev/null 2>&1; then
     echo "setup-docker: the Docker daemon does not answer; start it (systemctl start docker)" >&2
     exit 1
   fi
-  echo "setup-docker: starting dockerd (log: /var/log/dockerd.log)" >&2
-  nohup dockerd >/var/log/dockerd.log 2>&1 &
-  for _ in $(seq 1 60); do
-    docker info >/dev/null 2>&1 && break
-    sleep 1
+  # A daemon that dies while it starts (one was SIGKILLed four seconds in, while a
+  # machine's earlier processes were being stopped) is started again, up to three times.
+  : >/var/log/dockerd.log
+  for attempt in 1 2 3; do
+    echo "setup-docker: starting dockerd (log: /var/log/dockerd.log, attempt $attempt)" >&2
+    nohup dockerd >>/var/log/dockerd.log 2>&1 &
+    dpid=$!
+    for _ in $(seq 1 90); do
+      docker info >/dev/null 2>&1 && break 2
+      kill -0 "$dpid" 2>/dev/null || break
+      sleep 1
+    done
+    if kill -0 "$dpid" 2>/dev/null; then break; fi
+    wait "$dpid" 2>/dev/null || echo "setup-docker: dockerd exited with status $? while starting" >&2
+    sleep 2
   done
 fi
 if ! docker info >/dev/null 2>&1; then
