@@ -29,6 +29,8 @@ class Job:
         self.wake_r = None
         # What the preload of the code's interpreter did (`preload.State`), for the report.
         self.preload = None
+        # The modules its file imports (`preload.scan`, while the code runs).
+        self.imported = []
 
     def woken(self):
         """Empty the wake pipe: a child exited, and the select loop reaps and looks again."""

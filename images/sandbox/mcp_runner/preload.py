@@ -337,16 +337,25 @@ def amend(report, child, job):
         if report.get("cpu_ms") is not None:
             spent = state.cpu_ms + state.waiting_cpu_ms
             report["cpu_ms"] = max(0, report["cpu_ms"] - spent)
-    imported = imports_of(os.path.join(job.workdir, job.entry or ""), state.site_dirs)
-    if imported:
-        report["imported"] = imported
+    if job.imported:
+        report["imported"] = job.imported
+
+
+def scan(job):
+    """Read what the job's file imports (for `amend`): called while the code runs (the
+    runner waits for its output then), not after it, where it cost a millisecond of the
+    report's path under gVisor. The file as the job sent it, before the code could
+    change it."""
+    state = getattr(job, "preload", None)
+    if state is not None:
+        job.imported = imports_of(os.path.join(job.workdir, job.entry or ""), state.site_dirs)
 
 
 def imports_of(path, dirs):
     """The modules the file at `path` imports (absolute `import a.b`, `from a.b import c`,
     `from a import b` when `a.b` is a module), up to two levels deep, that the
-    environment's package directories hold; at most MAX_MODULES. Read from the source,
-    after the run: what the user's code asks for, not what its interpreter claims."""
+    environment's package directories hold; at most MAX_MODULES. Read from the source:
+    what the user's code asks for, not what its interpreter claims."""
     from mcp_runner.workspace import open_regular
 
     try:

@@ -25,6 +25,7 @@ def run(child, job):
         child.go(job.entry, nonce)
     except OSError:
         pass  # the interpreter died at start-up: its stderr and status say why
+    preload.scan(job)
 
     sel = selectors.DefaultSelector()
     sel.register(out_r, selectors.EVENT_READ, (b"O", 0))
