@@ -100,6 +100,13 @@ impl Cleanup {
     }
 }
 
+/// How long the removal of a sandbox whose runner reported waits, so that it removes a
+/// sandbox that has exited by itself (the runner leaves right after its report) rather
+/// than kill a running one, and does not take the CPU from the answer on its way to the
+/// client and from the next run. Measured with the refills' wait ([`crate::backend::pool`]):
+/// see `settle` there.
+pub(crate) const REMOVE_AFTER_EXIT: Duration = Duration::from_millis(150);
+
 /// Removes its sandbox when dropped, in the background, whatever path dropped it.
 ///
 /// The guard exists *before* the sandbox is created, holding the name asked for: a run
@@ -112,6 +119,8 @@ pub(crate) struct Guard {
     confirmed: bool,
     /// The create was refused: there is nothing to remove.
     disarmed: bool,
+    /// Its runner reported and is leaving by itself (see [`Guard::exiting`]).
+    exiting: bool,
     cleanup: Arc<Cleanup>,
 }
 
@@ -124,6 +133,7 @@ impl Guard {
             id: name.to_string(),
             confirmed: false,
             disarmed: false,
+            exiting: false,
             cleanup: cleanup.clone(),
         }
     }
@@ -139,6 +149,12 @@ impl Guard {
     /// still land.
     pub(crate) fn disarm(&mut self) {
         self.disarmed = true;
+    }
+
+    /// Its runner has sent its report and exits by itself: the removal waits
+    /// [`REMOVE_AFTER_EXIT`] first.
+    pub(crate) fn exiting(&mut self) {
+        self.exiting = true;
     }
 
     /// Its name (or id, once confirmed).
@@ -167,8 +183,16 @@ impl Drop for Guard {
         let remover = self.remover.clone();
         let id = std::mem::take(&mut self.id);
         let confirmed = self.confirmed;
+        let wait = if self.exiting {
+            REMOVE_AFTER_EXIT
+        } else {
+            Duration::ZERO
+        };
         cleanup.pending.fetch_add(1, Ordering::SeqCst);
         handle.spawn(async move {
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+            }
             remover.remove(&id, confirmed).await;
             cleanup.pending.fetch_sub(1, Ordering::SeqCst);
             cleanup.gone();

@@ -251,6 +251,7 @@ impl<D: Driver> Engine<D> {
         }
         if let Ended::Report(report, _) = &ended {
             self.driver.observe(&self.pools, &job, pooled, report);
+            live.guard.exiting();
         }
         let mut outcome = outcome_of(&*self.driver, ended, &live.guard).await?;
         outcome.duration_ms = started.elapsed().as_millis() as u64;

@@ -23,6 +23,7 @@ mod depth;
 mod pools;
 mod refill;
 mod runs;
+mod settle;
 #[cfg(test)]
 mod tests;
 
@@ -168,6 +169,8 @@ struct State<L> {
     /// `depth`), and the runs served since the last such miss.
     deeper: usize,
     served_since_dry: usize,
+    /// When a run last took a sandbox (see [`Pool::settle`]).
+    last_take: Option<tokio::time::Instant>,
 }
 
 /// One pool: sandboxes of one shape, for one tenant label, of the kinds its calls need
@@ -183,6 +186,9 @@ pub(crate) struct Pool<L> {
     size: usize,
     state: Mutex<State<L>>,
     wake: Notify,
+    /// A run took a sandbox, or the pool closed: a refill waiting in [`Pool::settle`]
+    /// looks again.
+    taken: Notify,
     /// A sandbox was made, or failed to be, or the pool closed (what [`RunGate`] waits on).
     made_note: Notify,
     closed: AtomicBool,
@@ -210,8 +216,10 @@ impl<L: Waiting> Pool<L> {
                 failing: false,
                 deeper: 0,
                 served_since_dry: 0,
+                last_take: None,
             }),
             wake: Notify::new(),
+            taken: Notify::new(),
             made_note: Notify::new(),
             closed: AtomicBool::new(false),
             hits: AtomicU64::new(0),
@@ -360,10 +368,12 @@ impl<L: Waiting> Pool<L> {
             self.discarded.fetch_add(1, Ordering::Relaxed);
             dropped.push(live);
         };
+        st.last_take = Some(tokio::time::Instant::now());
         self.after_take(&mut st, found.is_some());
         drop(st);
         drop(dropped);
         self.wake.notify_one();
+        self.taken.notify_waiters();
         match &found {
             Some((kind, _)) => {
                 tracing::debug!(pool = %self.label, preloaded = ?kind, need = ?need, "warm sandbox taken");
@@ -395,6 +405,7 @@ impl<L: Waiting> Pool<L> {
         drop(drained);
         self.wake.notify_waiters();
         self.made_note.notify_waiters();
+        self.taken.notify_waiters();
     }
 
     /// Drop waiting sandboxes that died or aged, then claim a slot for one more of a kind

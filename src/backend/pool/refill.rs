@@ -34,6 +34,7 @@ where
             return;
         }
         if let Some(kind) = pool.claim() {
+            pool.settle().await;
             let made = match make(pool.clone(), kind.clone()).await {
                 Some(made) => made,
                 None => {

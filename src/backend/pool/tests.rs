@@ -304,3 +304,54 @@ fn a_pool_found_dry_makes_more_plain_ones_at_once() {
     );
     assert!(more.iter().all(|k| k.is_empty()), "plain ones: {more:?}");
 }
+
+/// Whether `settle` is still waiting after `ms` more of (paused) time.
+async fn settling_after(task: &tokio::task::JoinHandle<()>, ms: u64) -> bool {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    tokio::task::yield_now().await;
+    !task.is_finished()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refill_waits_a_moment_after_a_take_while_a_sandbox_waits() {
+    let p: Arc<Pool<Fake>> = Arc::new(Pool::new(Limits::default(), RunEnv::default(), 3, "t"));
+    let mut n = 0;
+    // Never taken from: nothing to wait for.
+    p.settle().await;
+    fill(&p, &mut n);
+    assert!(take(&p, "print(1)").is_some());
+    let waiting = {
+        let p = p.clone();
+        tokio::spawn(async move { p.settle().await })
+    };
+    assert!(settling_after(&waiting, 100).await, "waits after a take");
+    assert!(!settling_after(&waiting, 60).await, "at most REFILL_DEFER");
+
+    // A take that leaves none waiting ends the wait at once.
+    assert!(take(&p, "print(2)").is_some());
+    let waiting = {
+        let p = p.clone();
+        tokio::spawn(async move { p.settle().await })
+    };
+    assert!(settling_after(&waiting, 10).await);
+    assert!(take(&p, "print(3)").is_some());
+    assert!(
+        !settling_after(&waiting, 1).await,
+        "the pool ran dry: refill now"
+    );
+
+    // Dry from the start: no wait at all.
+    assert!(take(&p, "print(4)").is_none());
+    let dry = tokio::time::Instant::now();
+    p.settle().await;
+    assert_eq!(dry.elapsed(), Duration::ZERO);
+
+    // A one-shot run's pool makes what its runs need at once.
+    let r: Pool<Fake> = Pool::new(Limits::default(), RunEnv::default(), 3, "t");
+    r.expect_runs(5);
+    fill(&r, &mut n);
+    assert!(take(&r, "print(1)").is_some());
+    let at = tokio::time::Instant::now();
+    r.settle().await;
+    assert_eq!(at.elapsed(), Duration::ZERO);
+}
