@@ -22,6 +22,7 @@ pub use pool::RunGate;
 pub mod preload;
 pub mod protocol;
 mod sources;
+pub(crate) use sources::publish_file;
 mod wrap;
 
 pub use self::wrap::{Inert, Wrap};

@@ -93,18 +93,7 @@ pub const SANDBOX_HOSTS: &str = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localh
 /// when it cannot be written.
 pub fn write_hosts_file(dir: &std::path::Path) -> Option<std::path::PathBuf> {
     let path = dir.join("sandbox-hosts");
-    if std::fs::read(&path).is_ok_and(|b| b == SANDBOX_HOSTS.as_bytes()) {
-        return Some(path);
-    }
-    let written = std::fs::create_dir_all(dir).and_then(|()| {
-        use std::os::unix::fs::PermissionsExt;
-        let temp = dir.join(format!(".sandbox-hosts-{}", std::process::id()));
-        std::fs::write(&temp, SANDBOX_HOSTS)?;
-        // Readable by the sandbox user whatever the server's umask.
-        std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o644))?;
-        std::fs::rename(&temp, &path)
-    });
-    match written {
+    match crate::backend::publish_file(&path, SANDBOX_HOSTS.as_bytes()) {
         Ok(()) => Some(path),
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "cannot write the sandboxes' hosts file; sandboxes use `--network none` (slower to make)");

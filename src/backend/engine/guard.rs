@@ -183,15 +183,11 @@ impl Drop for Guard {
         let remover = self.remover.clone();
         let id = std::mem::take(&mut self.id);
         let confirmed = self.confirmed;
-        let wait = if self.exiting {
-            REMOVE_AFTER_EXIT
-        } else {
-            Duration::ZERO
-        };
+        let exiting = self.exiting;
         cleanup.pending.fetch_add(1, Ordering::SeqCst);
         handle.spawn(async move {
-            if !wait.is_zero() {
-                tokio::time::sleep(wait).await;
+            if exiting {
+                tokio::time::sleep(REMOVE_AFTER_EXIT).await;
             }
             remover.remove(&id, confirmed).await;
             cleanup.pending.fetch_sub(1, Ordering::SeqCst);

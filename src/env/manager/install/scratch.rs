@@ -119,19 +119,10 @@ impl Drop for InstallDir {
 /// Copy `src` to `dest` (atomically, mode 0644) unless `dest` already holds the same bytes;
 /// returns `dest`'s canonical path.
 pub(super) fn copy_if_changed(src: &Path, dest: &Path) -> Result<PathBuf, ManagerError> {
-    use std::os::unix::fs::PermissionsExt;
     let bytes = std::fs::read(src).map_err(|e| ManagerError::Io {
         path: src.to_path_buf(),
         detail: format!("the CA bundle cannot be read ({e}); set MCP_EXECUTOR_CA_BUNDLE / --ca-bundle to a readable PEM file"),
     })?;
-    let dir = dest.parent().unwrap_or(Path::new("/"));
-    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-    if std::fs::read(dest).ok().as_deref() != Some(&bytes[..]) {
-        let tmp = dir.join(format!(".ca-bundle-{}.tmp", crate::job::new_job_id()));
-        std::fs::write(&tmp, &bytes).map_err(io_err(&tmp))?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))
-            .map_err(io_err(&tmp))?;
-        std::fs::rename(&tmp, dest).map_err(io_err(dest))?;
-    }
+    crate::backend::publish_file(dest, &bytes).map_err(io_err(dest))?;
     std::fs::canonicalize(dest).map_err(io_err(dest))
 }
