@@ -41,6 +41,7 @@ pub const RUNNER_FILES: &[(&str, &str)] = &[
     runner_file!("mcp_runner/run.py"),
     runner_file!("mcp_runner/session.py"),
     runner_file!("mcp_runner/stubs.py"),
+    runner_file!("mcp_runner/watch.py"),
     runner_file!("mcp_runner/workspace.py"),
     // Code mode (#26): the relay, and the `tools` package the code imports.
     runner_file!("mcp_runner/toolrelay.py"),

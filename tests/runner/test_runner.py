@@ -19,9 +19,11 @@ import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "images", "sandbox"))
+RUNNER_DIR = os.path.join(HERE, "..", "..", "images", "sandbox")
+sys.path.insert(0, RUNNER_DIR)
 
-from mcp_runner import figures, frames, limits, output, run, workspace  # noqa: E402
+from mcp_runner import cgroup, figures, frames, limits, output, preload, run, workspace  # noqa: E402
+from mcp_runner.watch import Watch  # noqa: E402
 from mcp_runner.child import Child  # noqa: E402
 from mcp_runner.stubs import STUB  # noqa: E402
 
@@ -154,6 +156,47 @@ class UnpackTest(unittest.TestCase):
         with self.assertRaises(OSError):
             workspace.unpack(tar_of(("d/x.txt", b"x")), self.dest, [])
         self.assertEqual(os.listdir(os.path.join(self.tmp.name, "elsewhere")), [])
+
+    def test_long_names_in_every_format_the_writers_use(self):
+        deep = "/".join(["d%02d" % i for i in range(30)]) + "/file.txt"  # 124 characters
+        for fmt in (tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT):
+            with self.subTest(format=fmt):
+                b = io.BytesIO()
+                with tarfile.open(fileobj=b, mode="w", format=fmt) as t:
+                    info = tarfile.TarInfo(deep)
+                    info.size = 3
+                    t.addfile(info, io.BytesIO(b"abc"))
+                    info = tarfile.TarInfo("caf\u00e9.txt")
+                    info.size = 1
+                    t.addfile(info, io.BytesIO(b"x"))
+                written = []
+                workspace.unpack(b.getvalue(), self.dest, written)
+                self.assertEqual(written, [deep, "caf\u00e9.txt"])
+                with open(os.path.join(self.dest, deep), "rb") as f:
+                    self.assertEqual(f.read(), b"abc")
+
+    def test_malformed_archives_are_refused_with_a_reason(self):
+        good = tar_of(("a.txt", b"hello"), ("b.txt", b"x" * 700))
+        bad_sum = bytearray(good)
+        bad_sum[10] ^= 1
+        cut = good[: 512 + 3]  # inside a's body
+        cut_header = good[: 512 + 512 + 100]  # inside b's header
+        hard = io.BytesIO()
+        with tarfile.open(fileobj=hard, mode="w") as t:
+            info = tarfile.TarInfo("h")
+            info.type = tarfile.LNKTYPE
+            info.linkname = "a.txt"
+            t.addfile(info)
+        for data, why in ((bytes(bad_sum), "checksum"), (cut, "past its end"),
+                          (cut_header, "ends inside a header"), (hard.getvalue(), "not a regular file")):
+            with self.subTest(why=why):
+                with self.assertRaises(workspace.Refused) as e:
+                    workspace.unpack(data, self.dest, [])
+                self.assertIn(why, str(e.exception))
+        # Without the end-of-archive blocks, as tar readers accept.
+        written = []
+        workspace.unpack(good[: 512 * 5], self.dest, written)  # a, its body, b, its two
+        self.assertEqual(written, ["a.txt", "b.txt"])
 
     def test_a_fifo_where_a_file_goes_does_not_block(self):
         os.mkfifo(os.path.join(self.dest, "a.txt"))
@@ -384,6 +427,98 @@ class DoneTest(unittest.TestCase):
                 for fd in (child.out_r, child.err_r, child.st_r):
                     os.close(fd)
                 child.tools.close()
+
+
+class WatchTest(unittest.TestCase):
+    def test_readable_and_ended_fds_come_back_with_their_tags(self):
+        r1, w1 = os.pipe()
+        r2, w2 = os.pipe()
+        try:
+            watch = Watch()
+            watch.register(r1, (b"O", 0))
+            watch.register(r2, "done")
+            t0 = time.monotonic()
+            self.assertEqual(watch.select(0.05), [])
+            self.assertGreaterEqual(time.monotonic() - t0, 0.04, "waited for the timeout")
+            self.assertEqual(watch.select(-1), [], "a deadline past is no wait, not forever")
+            os.write(w1, b"x")
+            self.assertEqual(watch.select(None), [(r1, (b"O", 0))])
+            os.close(w2)
+            w2 = None
+            self.assertEqual(sorted(watch.select(1)), sorted([(r1, (b"O", 0)), (r2, "done")]))
+            watch.unregister(r1)
+            self.assertEqual(watch.select(1), [(r2, "done")])
+            self.assertEqual(list(watch.tags.values()), ["done"])
+        finally:
+            for fd in (r1, w1, r2, w2):
+                if fd is not None:
+                    os.close(fd)
+
+
+class StartUpTest(unittest.TestCase):
+    def test_the_font_cache_is_copied_once_and_never_over_what_is_there(self):
+        with tempfile.TemporaryDirectory() as d:
+            seed = os.path.join(d, "seed")
+            os.mkdir(seed)
+            with open(os.path.join(seed, "fontlist.json"), "wb") as f:
+                f.write(b"{}" * 50000)
+            target = os.path.join(d, "config", "matplotlib")
+            figures.seed_matplotlib_cache(seed, target)
+            with open(os.path.join(target, "fontlist.json"), "rb") as f:
+                self.assertEqual(f.read(), b"{}" * 50000)
+            with open(os.path.join(target, "fontlist.json"), "wb") as f:
+                f.write(b"mine")
+            figures.seed_matplotlib_cache(seed, target)
+            with open(os.path.join(target, "fontlist.json"), "rb") as f:
+                self.assertEqual(f.read(), b"mine")
+
+    def test_a_missing_cgroup_file_is_looked_for_once(self):
+        with tempfile.TemporaryDirectory() as d:
+            there = os.path.join(d, "memory.peak")
+            with open(there, "w") as f:
+                f.write("123\n")
+            gone = os.path.join(d, "memory.max_usage_in_bytes")
+            self.assertEqual(cgroup.read_int(there), 123)
+            self.assertIsNone(cgroup.read_int(gone))
+            self.assertIn(gone, cgroup.MISSING)
+            self.assertNotIn(there, cgroup.MISSING)
+            with open(gone, "w") as f:
+                f.write("7\n")
+            self.assertIsNone(cgroup.read_int(gone), "not looked for again")
+            cgroup.MISSING.discard(gone)
+            self.assertEqual(cgroup.read_int(gone), 7)
+
+    def test_the_runner_makes_itself_not_dumpable(self):
+        import subprocess
+
+        code = (
+            "import ctypes, sys; sys.path.insert(0, %r)\n"
+            "from mcp_runner.main import not_dumpable\n"
+            "prctl = ctypes.CDLL(None).prctl\n"
+            "before = prctl(3, 0, 0, 0, 0)\n"
+            "not_dumpable()\n"
+            "print(before, prctl(3, 0, 0, 0, 0))\n" % RUNNER_DIR
+        )
+        out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, check=True)
+        self.assertEqual(out.stdout.split(), [b"1", b"0"], out.stderr)
+
+    def test_the_imports_scan_reads_only_files_that_import(self):
+        with tempfile.TemporaryDirectory() as d:
+            site = os.path.join(d, "site")
+            os.makedirs(os.path.join(site, "pkg"))
+            open(os.path.join(site, "pkg", "__init__.py"), "w").close()
+            open(os.path.join(site, "single.py"), "w").close()
+            cases = [
+                ("print(1)\n", []),
+                ("import pkg, json\nfrom single import x\n", ["pkg", "single"]),
+                ("x = __import__('pkg')\n", []),
+                ("import pkg\n" + "#" * preload.MAX_SOURCE, []),
+            ]
+            for source, found in cases:
+                path = os.path.join(d, "main.py")
+                with open(path, "w") as f:
+                    f.write(source)
+                self.assertEqual(preload.imports_of(path, [site]), found, source[:40])
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ The modules, one concern each:
   child      starting and discarding that interpreter
   output     the code's output under its cap, reaping, figures and files returned, the
              report's fields: shared by a run and a session's cells
+  watch      the fds a select loop waits on (`select.poll`)
   run        a one-shot run: its select loop, the backstop deadline
   session    a session: cells and files, one message after another, until stdin closes
   preload    a waiting interpreter's preloaded modules, and the import scan of a run's code

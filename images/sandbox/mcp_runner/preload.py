@@ -306,7 +306,8 @@ def cpu_ns_of(pid):
 def dispatching(child, job):
     """Just before the job goes to a preloaded child: what it used while it waited."""
     state = getattr(job, "preload", None)
-    if state is None or state.done_cpu_ns is None:
+    # Only a preload's report uses it (`amend`): a plain sandbox reads nothing here.
+    if state is None or not state.names or state.done_cpu_ns is None:
         return
     now = cpu_ns_of(child.pid)
     if now is not None and now >= state.done_cpu_ns:
@@ -363,9 +364,12 @@ def imports_of(path, dirs):
         if f is None:
             return []
         with f:
-            src = f.read(MAX_SOURCE + 1)
+            # No bigger a buffer than the file needs (a 1 MiB one was mapped for `print(1)`).
+            src = f.read(min(os.fstat(f.fileno()).st_size, MAX_SOURCE) + 1)
         if len(src) > MAX_SOURCE:
             return []
+        if b"import" not in src:
+            return []  # nothing to parse for: parsing ran beside the code, on its CPU quota
         tree = ast.parse(src, path)
     except Exception:  # a syntax error, a deep nesting, an unreadable file
         return []

@@ -4,11 +4,11 @@ reaped, and the report goes out. The backstop deadline lives here."""
 
 import os
 import resource
-import selectors
 import signal
 import time
 
 from mcp_runner import cgroup, frames, limits, output, preload, toolrelay
+from mcp_runner.watch import Watch
 
 
 def run(child, job):
@@ -27,23 +27,23 @@ def run(child, job):
         pass  # the interpreter died at start-up: its stderr and status say why
     preload.scan(job)
 
-    sel = selectors.DefaultSelector()
-    sel.register(out_r, selectors.EVENT_READ, (b"O", 0))
-    sel.register(err_r, selectors.EVENT_READ, (b"E", 1))
-    sel.register(job.wake_r, selectors.EVENT_READ, None)
+    sel = Watch()
+    sel.register(out_r, (b"O", 0))
+    sel.register(err_r, (b"E", 1))
+    sel.register(job.wake_r, None)
     # Code mode: the code's tool requests go out as `T` frames, the answers come in on
     # stdin (which the server closes right after the job when the run has no tools).
     relay = toolrelay.make(child)
-    sel.register(relay.fd, selectors.EVENT_READ, "tools")
+    sel.register(relay.fd, "tools")
     if not frames.INBOX.eof:
-        sel.register(frames.INBOX.fileno(), selectors.EVENT_READ, "stdin")
+        sel.register(frames.INBOX.fileno(), "stdin")
     # The stub's done line (see `Done`): the run ends there, or when the child is reaped.
     done = Done(nonce, pid)
-    sel.register(child.st_r, selectors.EVENT_READ, "done")
+    sel.register(child.st_r, "done")
     status = None
 
     while True:
-        open_pipes = [k for k in sel.get_map().values() if isinstance(k.data, tuple)]
+        open_pipes = [t for t in sel.tags.values() if isinstance(t, tuple)]
         ended = status is not None or done.said is not None
         if ended and not open_pipes:
             break
@@ -69,23 +69,23 @@ def run(child, job):
         events = sel.select(timeout=wait)
         if ended and not events:
             break
-        for key, _ in events:
-            if key.data is None:
+        for fd, tag in events:
+            if tag is None:
                 job.woken()
-            elif key.data == "done":
-                if not done.read(key.fd):
-                    sel.unregister(key.fd)
+            elif tag == "done":
+                if not done.read(fd):
+                    sel.unregister(fd)
                 elif done.said is not None and exited_at is None:
                     exited_at = time.monotonic()
-            elif key.data == "tools":
+            elif tag == "tools":
                 if not relay.from_code():
-                    sel.unregister(key.fd)
-            elif key.data == "stdin":
+                    sel.unregister(fd)
+            elif tag == "stdin":
                 if not relay.from_server()[0]:
-                    sel.unregister(key.fd)
-            elif not out.pump(key.fd, *key.data):
-                sel.unregister(key.fd)
-                os.close(key.fd)
+                    sel.unregister(fd)
+            elif not out.pump(fd, *tag):
+                sel.unregister(fd)
+                os.close(fd)
         reaped = output.reap(pid)
         if reaped is not None:
             status = reaped

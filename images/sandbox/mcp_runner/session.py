@@ -14,11 +14,11 @@ interpreter dies:
 
 import json
 import os
-import selectors
 import signal
 import struct
 
 from mcp_runner import cgroup, frames, limits, output, toolrelay
+from mcp_runner.watch import Watch
 from mcp_runner.workspace import Refused, note_written, unpack, why
 
 
@@ -26,13 +26,13 @@ def serve(child, job):
     """Serve messages until stdin closes or the interpreter is gone."""
     stdin = frames.INBOX
     relay = toolrelay.make(child)
-    sel = selectors.DefaultSelector()
+    sel = Watch()
     # Code mode's requests are relayed while a cell runs (see `toolrelay`).
-    sel.register(relay.fd, selectors.EVENT_READ, "tools")
-    sel.register(child.out_r, selectors.EVENT_READ, (b"O", 0))
-    sel.register(child.err_r, selectors.EVENT_READ, (b"E", 1))
-    sel.register(child.st_r, selectors.EVENT_READ, "status")
-    sel.register(job.wake_r, selectors.EVENT_READ, None)
+    sel.register(relay.fd, "tools")
+    sel.register(child.out_r, (b"O", 0))
+    sel.register(child.err_r, (b"E", 1))
+    sel.register(child.st_r, "status")
+    sel.register(job.wake_r, None)
     while True:
         try:
             msg = frames.read_message(stdin)
@@ -127,11 +127,11 @@ def run_cell(stdin, sel, child, job, cell, relay):
     # the last one's report, so stdin only becomes readable when it closes, i.e. when
     # the server's attach connection went away. Then nobody will ever collect this
     # cell or stop it: stop everything now.
-    sel.register(stdin.fileno(), selectors.EVENT_READ, "stdin")
+    sel.register(stdin.fileno(), "stdin")
     watching = True
     while status is None and exited is None:
-        for key, _ in sel.select():
-            if key.data == "stdin":
+        for fd, tag in sel.select():
+            if tag == "stdin":
                 is_open, other = relay.from_server()
                 if is_open:
                     # Code mode's answers went to the interpreter; an early message
@@ -144,13 +144,13 @@ def run_cell(stdin, sel, child, job, cell, relay):
                     os.kill(-1, signal.SIGKILL)
                 finally:
                     os._exit(0)
-            if key.data == "tools":
+            if tag == "tools":
                 if not relay.from_code():
-                    sel.unregister(key.fd)
+                    sel.unregister(fd)
                 continue
-            if key.data is None:
+            if tag is None:
                 job.woken()
-            elif key.data == "status":
+            elif tag == "status":
                 try:
                     chunk = os.read(child.st_r, 65536)
                 except OSError:
@@ -172,7 +172,7 @@ def run_cell(stdin, sel, child, job, cell, relay):
                     except ChildProcessError:
                         exited = exited if exited is not None else (9 & 0x7F)
             else:
-                out.pump(key.fd, *key.data)
+                out.pump(fd, *tag)
         reaped = output.reap(child.pid)
         if reaped is not None:
             exited = reaped
