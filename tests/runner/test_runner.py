@@ -515,10 +515,11 @@ class StartUpTest(unittest.TestCase):
                 ("import pkg\n" + "#" * preload.MAX_SOURCE, []),
             ]
             for source, found in cases:
-                path = os.path.join(d, "main.py")
-                with open(path, "w") as f:
-                    f.write(source)
-                self.assertEqual(preload.imports_of(path, [site]), found, source[:40])
+                archive = tar_of(("main.py", source.encode()))
+                src = workspace.body_of(archive, "./main.py")
+                self.assertEqual(src, source.encode())
+                self.assertEqual(preload.imports_of(src, [site]), found, source[:40])
+            self.assertIsNone(workspace.body_of(tar_of(("other.py", b"x")), "main.py"))
 
 
 if __name__ == "__main__":

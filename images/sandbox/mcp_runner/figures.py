@@ -8,7 +8,7 @@ import struct
 import zlib
 
 from mcp_runner import frames, limits
-from mcp_runner.workspace import open_dir_nofollow, open_regular
+from mcp_runner.workspace import open_dir_nofollow, open_regular, write_all
 
 FIGURES = "/tmp/.mcp-figures"
 
@@ -138,8 +138,7 @@ def seed_matplotlib_cache(seed=MPL_SEED, target=None):
                 os.close(src)
             dst = os.open(os.path.join(target, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                while data:
-                    data = data[os.write(dst, data) :]
+                write_all(dst, data)
             finally:
                 os.close(dst)
     except OSError:

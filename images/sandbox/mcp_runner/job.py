@@ -29,7 +29,9 @@ class Job:
         self.wake_r = None
         # What the preload of the code's interpreter did (`preload.State`), for the report.
         self.preload = None
-        # The modules its file imports (`preload.scan`, while the code runs).
+        # The entry file's bytes as the archive held them (a one-shot run), and the modules
+        # it imports (`preload.scan`, while the code runs).
+        self.source = None
         self.imported = []
 
     def woken(self):

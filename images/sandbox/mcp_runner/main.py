@@ -8,7 +8,7 @@ import sys
 from mcp_runner import cgroup, figures, frames, preload, run, session
 from mcp_runner.job import read_job
 from mcp_runner.stubs import REPL_STUB, STUB
-from mcp_runner.workspace import Refused, snapshot, unpack
+from mcp_runner.workspace import Refused, body_of, snapshot, unpack
 
 
 def not_dumpable():
@@ -120,6 +120,8 @@ def main():
         frames.fail(
             "could not unpack the job into %s: %s (the workspace size limit?)" % (job.workdir, e)
         )
+    if not job.session:
+        job.source = body_of(archive, job.entry)
     del archive
     job.files_before = snapshot(job.workdir) if job.return_files else None
     job.oom_before = cgroup.oom_kills() or 0

@@ -25,8 +25,8 @@ Each sandbox imports its modules itself (no fork of a preloaded interpreter), so
 state seeded at import (numpy's global random state, `random`, hash seeds) differs from
 sandbox to sandbox as it would without preloading.
 
-After a one-shot run the runner reads the run's file (the source, not the interpreter's
-state, which the code controls) for the modules it imports, up to two levels deep
+While a one-shot run's code runs, the runner reads its file as the job sent it (the source,
+not the interpreter's state, which the code controls) for the modules it imports, up to two levels deep
 (`scipy.stats`, `sklearn.linear_model`: importing a package's top level often imports
 little), and keeps those the environment's package directories hold (as the interpreter
 listed them before the user's code ran; the standard library, the workspace and /tmp are
@@ -345,33 +345,23 @@ def amend(report, child, job):
 def scan(job):
     """Read what the job's file imports (for `amend`): called while the code runs (the
     runner waits for its output then), not after it, where it cost a millisecond of the
-    report's path under gVisor. The file as the job sent it, before the code could
-    change it."""
+    report's path under gVisor. The file as the job sent it (`job.source`, kept from the
+    archive), before the code could change it."""
     state = getattr(job, "preload", None)
-    if state is not None:
-        job.imported = imports_of(os.path.join(job.workdir, job.entry or ""), state.site_dirs)
+    if state is not None and job.source is not None:
+        job.imported = imports_of(job.source, state.site_dirs)
 
 
-def imports_of(path, dirs):
-    """The modules the file at `path` imports (absolute `import a.b`, `from a.b import c`,
-    `from a import b` when `a.b` is a module), up to two levels deep, that the
+def imports_of(src, dirs):
+    """The modules the source `src` (bytes) imports (absolute `import a.b`, `from a.b
+    import c`, `from a import b` when `a.b` is a module), up to two levels deep, that the
     environment's package directories hold; at most MAX_MODULES. Read from the source:
     what the user's code asks for, not what its interpreter claims."""
-    from mcp_runner.workspace import open_regular
-
+    if len(src) > MAX_SOURCE or b"import" not in src:
+        return []  # nothing to parse for: parsing runs beside the code, on its CPU quota
     try:
-        f = open_regular(path)  # the code may have left a symlink or a FIFO there
-        if f is None:
-            return []
-        with f:
-            # No bigger a buffer than the file needs (a 1 MiB one was mapped for `print(1)`).
-            src = f.read(min(os.fstat(f.fileno()).st_size, MAX_SOURCE) + 1)
-        if len(src) > MAX_SOURCE:
-            return []
-        if b"import" not in src:
-            return []  # nothing to parse for: parsing ran beside the code, on its CPU quota
-        tree = ast.parse(src, path)
-    except Exception:  # a syntax error, a deep nesting, an unreadable file
+        tree = ast.parse(src)
+    except Exception:  # a syntax error, a deep nesting
         return []
     found = []
 

@@ -211,11 +211,26 @@ def _write_file(dfd, name, body):
     # means nothing to a regular file.
     try:
         os.fchmod(fd, 0o644)
-        data = memoryview(body)
-        while data:
-            data = data[os.write(fd, data) :]
+        write_all(fd, body)
     finally:
         os.close(fd)
+
+
+def write_all(fd, data):
+    """Write all of `data` to `fd` with plain writes."""
+    data = memoryview(data)
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def body_of(data, name):
+    """The bytes of the regular file `name` in the tar `data`, None when it holds none:
+    what the job sent, read from memory rather than back from the workspace."""
+    want = os.path.normpath(name)
+    for raw, kind, body in entries(data):
+        if kind == b"0" and os.path.normpath(raw) == want:
+            return bytes(body)
+    return None
 
 
 def _same(before, fd):
