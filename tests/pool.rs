@@ -15,11 +15,16 @@ use mcp_code_executor::job::{JobSpec, Limits, RunEvent};
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn pooled(size: usize) -> DockerBackend {
+    pooled_with(size, Limits::default()).await
+}
+
+/// A pool of `size` sandboxes for runs under `limits`.
+async fn pooled_with(size: usize, limits: Limits) -> DockerBackend {
     common::sandbox().await; // the image is there
     let config = DockerConfig {
         pool: PoolConfig {
             size,
-            limits: Limits::default(),
+            limits,
             ..PoolConfig::default()
         },
         ..common::config()
@@ -300,6 +305,99 @@ async fn a_pool_container_killed_just_before_dispatch_still_gives_the_right_resu
         assert_eq!(out, format!("{i}\n"));
     }
     s.shutdown().await;
+    assert!(
+        pool_containers().is_empty(),
+        "left: {:?}",
+        pool_containers()
+    );
+}
+
+#[tokio::test]
+async fn a_pool_container_killed_while_its_job_runs_silently_does_not_run_it_again() {
+    let _g = SERIAL.lock().await;
+    let s = pooled(1).await;
+    wait_ready(&s, 1).await;
+    // Silent code: nothing it says tells the server it ran. Its sandbox is killed from
+    // outside while it sleeps; the job must end there (an error: its outcome is unknown),
+    // not start over in a fresh sandbox (which would print `done` after another 6 s).
+    let code = "import time\ntime.sleep(6)\nprint('done')";
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let killer = tokio::spawn(async move {
+        while let Some(ev) = rx.recv().await {
+            if let RunEvent::Created { container } = ev {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                let k = Command::new("docker").args(["kill", &container]).output();
+                return k.map(|o| o.status.success()).unwrap_or(false);
+            }
+        }
+        false
+    });
+    let t = Instant::now();
+    let got = s
+        .run(JobSpec::python(code, Limits::default()), Some(tx))
+        .await;
+    let took = t.elapsed();
+    assert!(killer.await.unwrap(), "the test could not kill the sandbox");
+    let e = got.expect_err("a killed run has no outcome");
+    assert!(
+        e.to_string().contains("stopped before its runner reported"),
+        "{e}"
+    );
+    assert!(took < Duration::from_secs(6), "ran again: {took:?}");
+    let st = s.pool_stats().unwrap();
+    assert_eq!(st.hits, 1, "{st:?}");
+    s.shutdown().await;
+    assert!(
+        pool_containers().is_empty(),
+        "left: {:?}",
+        pool_containers()
+    );
+}
+
+#[tokio::test]
+async fn memory_bombs_in_warm_sandboxes_are_reported_out_of_memory_and_run_once() {
+    let _g = SERIAL.lock().await;
+    let limits = Limits {
+        memory_bytes: 64 << 20,
+        ..Limits::default()
+    };
+    let s = pooled_with(1, limits.clone()).await;
+    let owner = mcp_code_executor::backend::docker::owner_label(std::process::id()).unwrap();
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        .to_string();
+    let code = "chunks = []\nwhile True:\n    chunks.append('x' * (8 << 20))\n";
+    for _ in 0..3 {
+        wait_ready(&s, 1).await;
+        let o = s
+            .run(JobSpec::python(code, limits.clone()), None)
+            .await
+            .expect("an outcome");
+        assert!(o.oom_killed, "{o:?}");
+    }
+    let st = s.pool_stats().unwrap();
+    assert_eq!((st.hits, st.misses), (3, 0), "{st:?}");
+    s.shutdown().await;
+    // Each bomb was killed once, in the sandbox it was given: one `oom` event each (under
+    // gVisor a bomb ends its whole sandbox silently, which once looked like a sandbox
+    // that died before its job and ran the bomb a second time).
+    let until = (std::time::SystemTime::now() + Duration::from_secs(1))
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        .to_string();
+    let events = Command::new("docker")
+        .args(["events", "--since", &since, "--until", &until])
+        .args(["--filter", "event=oom", "--filter"])
+        .arg(format!("label={LABEL_OWNER}={owner}"))
+        .args(["--format", "{{.Actor.ID}}"])
+        .output()
+        .unwrap();
+    assert!(events.status.success(), "{events:?}");
+    let ooms = String::from_utf8_lossy(&events.stdout).lines().count();
+    assert_eq!(ooms, 3, "{}", String::from_utf8_lossy(&events.stdout));
     assert!(
         pool_containers().is_empty(),
         "left: {:?}",

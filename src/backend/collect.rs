@@ -192,6 +192,8 @@ pub(crate) struct Collected {
     artifacts_refused: u64,
     returned: u64,
     notes: Vec<String>,
+    /// The runner said `S`: it had the job.
+    started: bool,
 }
 
 impl Collected {
@@ -203,12 +205,10 @@ impl Collected {
         }
     }
 
-    /// Nothing came back at all: no output, no figure, no file.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.stdout_seen == 0
-            && self.stderr_seen == 0
-            && self.artifacts.is_empty()
-            && self.files.is_empty()
+    /// Did the runner get the job (its `S`)? A sandbox that vanished before it never ran
+    /// the code; one that vanished after may have, silently (a memory bomb under gVisor).
+    pub(crate) fn started(&self) -> bool {
+        self.started
     }
 
     /// Take one frame: output, figures and files are kept (output within the cap is also
@@ -216,6 +216,7 @@ impl Collected {
     pub(crate) fn absorb(&mut self, frame: Frame, events: &Events) -> Option<Control> {
         match frame {
             Frame::Ready => return Some(Control::Ready),
+            Frame::Started => self.started = true,
             Frame::Exit(report) => return Some(Control::Exit(report)),
             Frame::Failed(msg) => return Some(Control::Failed(msg)),
             Frame::Stdout(data) => {

@@ -184,6 +184,9 @@ pub struct Report {
 pub enum Frame {
     /// `R`: the runner is up and reads its job.
     Ready,
+    /// `S`: the runner has its whole job: whatever happens to the sandbox from here on
+    /// happened to this job (a sandbox that dies before it was never given the job).
+    Started,
     /// `O`: user stdout.
     Stdout(Vec<u8>),
     /// `E`: user stderr.
@@ -304,6 +307,7 @@ impl FrameDecoder {
         self.buf.drain(..5 + len);
         let frame = match kind {
             b'R' => Frame::Ready,
+            b'S' => Frame::Started,
             b'O' => Frame::Stdout(payload),
             b'E' => Frame::Stderr(payload),
             b'A' => {
@@ -369,6 +373,7 @@ mod tests {
     #[test]
     fn frames_split_across_chunks_reassemble() {
         let mut bytes = frame(b'R', b"");
+        bytes.extend(frame(b'S', b""));
         bytes.extend(frame(b'O', b"hello\n"));
         bytes.extend(frame(b'E', b"\xffoops"));
         bytes.extend(frame(
@@ -384,11 +389,12 @@ mod tests {
             }
         }
         assert_eq!(d.pending(), 0);
-        assert_eq!(got.len(), 4);
+        assert_eq!(got.len(), 5);
         assert_eq!(got[0], Frame::Ready);
-        assert_eq!(got[1], Frame::Stdout(b"hello\n".to_vec()));
-        assert_eq!(got[2], Frame::Stderr(b"\xffoops".to_vec()));
-        match &got[3] {
+        assert_eq!(got[1], Frame::Started);
+        assert_eq!(got[2], Frame::Stdout(b"hello\n".to_vec()));
+        assert_eq!(got[3], Frame::Stderr(b"\xffoops".to_vec()));
+        match &got[4] {
             Frame::Exit(r) => {
                 assert_eq!(r.exit_code, Some(3));
                 assert_eq!(r.cpu_ms, Some(7));

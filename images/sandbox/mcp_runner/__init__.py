@@ -14,6 +14,8 @@ Protocol (all integers big-endian; the server's side is `src/backend/protocol.rs
                 or 1 with the reason on `E`.
   stdout  frames: 1 byte kind, u32 payload length, payload.
             b"R"  ready: the runner is up and waiting for its job (empty payload)
+            b"S"  started: the runner has read its whole job (empty payload); a sandbox
+                  that dies before this never ran it, one that dies after may have
             b"O"  a chunk of the user's stdout
             b"E"  a chunk of the user's stderr
             b"A"  an artifact (a figure): u16 name length, name, bytes; before `X`

@@ -111,6 +111,9 @@ def main():
     frames.frame(b"R")
     wait_for_job(wait_limit)
     job, archive = read_job(frames.INBOX, default_python)
+    # The job is ours: a sandbox that dies from here on took this job with it (the server
+    # runs a job again elsewhere only when its sandbox died before this).
+    frames.frame(b"S")
 
     try:
         unpack(archive, job.workdir, [])

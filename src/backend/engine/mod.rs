@@ -240,10 +240,12 @@ impl<D: Driver> Engine<D> {
         let limits = &job.limits;
         let mut ended = live.execute(&input, true, limits, &events, &hook).await?;
         if let Ended::Vanished(out) = &ended {
-            if pooled && out.is_empty() {
+            if pooled && !out.started() {
                 // A waiting sandbox that died while it waited (a daemon restart, a kill
                 // from outside, its node gone) and slipped past the pool's liveness check:
-                // the job never started. Run it once more, in a fresh sandbox.
+                // its runner never said it had the job, so the code never ran. Run it once
+                // more, in a fresh sandbox. (Silence is no such proof: a memory bomb dies
+                // without a word, and was once run twice.)
                 tracing::warn!(job_id = %job.id, sandbox = %sandbox, "the warm sandbox was gone at dispatch; running the job in a fresh one");
                 live = self.cold(&job, lifetime).await?;
                 ended = live.execute(&input, true, limits, &events, &hook).await?;
