@@ -404,3 +404,52 @@ async fn memory_bombs_in_warm_sandboxes_are_reported_out_of_memory_and_run_once(
         pool_containers()
     );
 }
+
+/// Under gVisor a waiting plain sandbox starts and waits at the lowest CPU weight (its
+/// kernel's boot and its runner's start yield to the run in flight), and the run that
+/// takes it has the default weight back while its code runs; under runc a plain one is
+/// left at the default.
+#[tokio::test]
+async fn a_waiting_plain_sandbox_yields_the_cpu_under_gvisor_only() {
+    let _g = SERIAL.lock().await;
+    let s = pooled(1).await;
+    wait_ready(&s, 1).await;
+    let waiting = pool_containers();
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    let (weight, normal) = common::host_weight(&waiting[0]);
+    if common::gvisor() {
+        assert!(weight == "2" || weight == "1", "waiting at weight {weight}");
+    } else {
+        assert_eq!(weight, normal, "a plain sandbox under runc");
+    }
+    // The run reads nothing of the host's cgroups from inside gVisor: the host's file is
+    // read while the code sleeps.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let run = s.run(
+        JobSpec::python("import time\ntime.sleep(2)", Limits::default()),
+        Some(tx),
+    );
+    let look = async {
+        while let Some(ev) = rx.recv().await {
+            if let RunEvent::Created { container } = ev {
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+                return Some((container.clone(), common::host_weight(&container).0));
+            }
+        }
+        None
+    };
+    let (o, seen) = tokio::join!(run, look);
+    assert!(o.expect("runs").success());
+    let (container, during) = seen.expect("the run's container");
+    assert!(
+        waiting[0].starts_with(&container[..12]),
+        "{container} is not the waiting one"
+    );
+    assert_eq!(during, normal, "the run's own weight");
+    s.shutdown().await;
+    assert!(
+        pool_containers().is_empty(),
+        "left: {:?}",
+        pool_containers()
+    );
+}

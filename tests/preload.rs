@@ -417,40 +417,6 @@ async fn a_session_opened_on_a_pool_sandbox_has_its_first_cell_preloaded() {
     common::assert_clean(&s, tenant).await;
 }
 
-/// The CPU weight of container `id` as the host's cgroup files say (`cpu.shares` of cgroup
-/// v1, `cpu.weight` of v2), and the default there.
-fn host_weight(id: &str) -> (String, &'static str) {
-    let out = std::process::Command::new("docker")
-        .args(["inspect", "-f", "{{.Id}}", id])
-        .output()
-        .expect("docker inspect runs");
-    let full = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    for (file, normal) in [
-        (
-            format!("/sys/fs/cgroup/cpu/docker/{full}/cpu.shares"),
-            "1024",
-        ),
-        (
-            format!("/sys/fs/cgroup/cpu,cpuacct/docker/{full}/cpu.shares"),
-            "1024",
-        ),
-        (
-            format!("/sys/fs/cgroup/cpu/system.slice/docker-{full}.scope/cpu.shares"),
-            "1024",
-        ),
-        (format!("/sys/fs/cgroup/docker/{full}/cpu.weight"), "100"),
-        (
-            format!("/sys/fs/cgroup/system.slice/docker-{full}.scope/cpu.weight"),
-            "100",
-        ),
-    ] {
-        if let Ok(v) = std::fs::read_to_string(&file) {
-            return (v.trim().to_string(), normal);
-        }
-    }
-    panic!("no cgroup file of container {full} on this host");
-}
-
 /// A waiting preloading sandbox has the lowest CPU weight (its imports yield to the server,
 /// the daemon and the runs); the run that takes it has the default weight back before its
 /// code starts.
@@ -467,7 +433,7 @@ async fn a_waiting_preloading_sandbox_yields_the_cpu_and_its_run_gets_it_back() 
         .filter(|id| preloads_of(id).is_some())
         .collect();
     assert_eq!(ids.len(), 1, "{ids:?}");
-    let (weight, normal) = host_weight(&ids[0]);
+    let (weight, normal) = common::host_weight(&ids[0]);
     assert!(weight == "2" || weight == "1", "waiting at weight {weight}");
     let code = "import os\nif False:\n    import pandas\n\
 ps = ['/sys/fs/cgroup/cpu/cpu.shares', '/sys/fs/cgroup/cpu,cpuacct/cpu.shares', '/sys/fs/cgroup/cpu.weight']\n\

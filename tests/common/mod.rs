@@ -307,3 +307,37 @@ impl Drop for TempDirs {
         }
     }
 }
+
+/// The CPU weight of container `id` as the host's cgroup files say (`cpu.shares` of cgroup
+/// v1, `cpu.weight` of v2), and the default there.
+pub fn host_weight(id: &str) -> (String, &'static str) {
+    let out = std::process::Command::new("docker")
+        .args(["inspect", "-f", "{{.Id}}", id])
+        .output()
+        .expect("docker inspect runs");
+    let full = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    for (file, normal) in [
+        (
+            format!("/sys/fs/cgroup/cpu/docker/{full}/cpu.shares"),
+            "1024",
+        ),
+        (
+            format!("/sys/fs/cgroup/cpu,cpuacct/docker/{full}/cpu.shares"),
+            "1024",
+        ),
+        (
+            format!("/sys/fs/cgroup/cpu/system.slice/docker-{full}.scope/cpu.shares"),
+            "1024",
+        ),
+        (format!("/sys/fs/cgroup/docker/{full}/cpu.weight"), "100"),
+        (
+            format!("/sys/fs/cgroup/system.slice/docker-{full}.scope/cpu.weight"),
+            "100",
+        ),
+    ] {
+        if let Ok(v) = std::fs::read_to_string(&file) {
+            return (v.trim().to_string(), normal);
+        }
+    }
+    panic!("no cgroup file of container {full} on this host");
+}

@@ -1,4 +1,5 @@
-//! The CPU weight of a preloading pool container, through the host's cgroup files.
+//! The CPU weight of a preloading pool container (and of any pool container under
+//! gVisor), through the host's cgroup files.
 //!
 //! A preloading refill imports for about half a second of CPU, and on a small machine that
 //! lands on the runs it is meant to serve. While it waits, its container gets the lowest
