@@ -8,14 +8,17 @@ or the official SDK), stop it, then:
         mcp-code-executor serve ... 2> serve.log
     scripts/breakdown.py serve.log
 
-Per warm run (a pool sandbox, at least one output frame before the report), medians of:
-the HTTP layer admitting the request to the core asking for the run (MCP, the core's
-checks and queue), taking a waiting sandbox, writing the job into it, the job written to
-the runner's first output frame (Docker's stdin path, the runner unpacking the job and
-starting the code, the code itself), the first output to the report (the runner after the
-code: reaping, figures, files, usage, the imports scan), and the report to the run's end.
-The client's own share is its wall time less these.
+Per warm run (a pool sandbox, its runner's `S` and at least one output frame before the
+report, each in a chunk of its own), medians of: the HTTP layer admitting the request to
+the core asking for the run (MCP, the core's checks and queue), taking a waiting sandbox,
+writing the job into it, the job written to the runner's `S` (Docker's stdin path, the
+runner reading the job), `S` to the first output (unpacking the job, starting the code,
+the code itself), the first output to the report (the runner after the code: reaping,
+figures, files, usage, the imports scan), and the report to the run's end. The client's
+own share is its wall time less these.
 """
+
+import re
 
 import datetime
 import statistics
@@ -40,10 +43,15 @@ def main(path):
         elif cur is not None and "input written" in line and "written" not in cur:
             cur["written"] = ms(line)
         elif cur is not None and "runner output" in line:
-            cur["outs"].append(ms(line))
+            size = re.search(r"bytes=(\d+)", line)
+            cur["outs"].append((ms(line), int(size.group(1)) if size else -1))
         elif cur is not None and "run finished" in line:
             cur["finished"] = ms(line)
-            if cur.get("pooled") and len(cur["outs"]) >= 2 and cur["admitted"] and "written" in cur:
+            outs = cur["outs"]
+            # `S` is a frame of 5 bytes (kind, empty length) in a chunk of its own.
+            alone = len(outs) >= 3 and outs[0][1] == 5
+            if cur.get("pooled") and alone and cur["admitted"] and "written" in cur:
+                cur["outs"] = [t for t, _ in outs]
                 rows.append(cur)
             cur = None
     if not rows:
@@ -58,9 +66,11 @@ def main(path):
         ("HTTP admitted → run requested (MCP, core)", lambda r: r["requested"] - r["admitted"]),
         ("run requested → waiting sandbox taken", lambda r: r["taken"] - r["requested"]),
         ("taken → job written", lambda r: r["written"] - r["taken"]),
-        ("job written → first output (Docker stdin, runner set-up, the code)",
+        ("job written → the runner has it (`S`: Docker stdin, the runner reading it)",
          lambda r: r["outs"][0] - r["written"]),
-        ("first output → report (the runner after the code)", lambda r: r["outs"][-1] - r["outs"][0]),
+        ("`S` → first output (unpacking, starting the code, the code)",
+         lambda r: r["outs"][1] - r["outs"][0]),
+        ("first output → report (the runner after the code)", lambda r: r["outs"][-1] - r["outs"][1]),
         ("report → run finished", lambda r: r["finished"] - r["outs"][-1]),
         ("backend in all (taken → finished)", lambda r: r["finished"] - r["taken"]),
     ]:
