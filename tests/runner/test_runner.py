@@ -516,10 +516,13 @@ class StartUpTest(unittest.TestCase):
             ]
             for source, found in cases:
                 archive = tar_of(("main.py", source.encode()))
-                src = workspace.body_of(archive, "./main.py")
+                with tempfile.TemporaryDirectory() as dest:
+                    src = workspace.unpack(archive, dest, [], keep="./main.py")
                 self.assertEqual(src, source.encode())
                 self.assertEqual(preload.imports_of(src, [site]), found, source[:40])
-            self.assertIsNone(workspace.body_of(tar_of(("other.py", b"x")), "main.py"))
+            with tempfile.TemporaryDirectory() as dest:
+                other = workspace.unpack(tar_of(("other.py", b"x")), dest, [], keep="main.py")
+            self.assertIsNone(other)
 
 
 if __name__ == "__main__":

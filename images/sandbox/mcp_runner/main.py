@@ -8,7 +8,7 @@ import sys
 from mcp_runner import cgroup, figures, frames, preload, run, session
 from mcp_runner.job import read_job
 from mcp_runner.stubs import REPL_STUB, STUB
-from mcp_runner.workspace import Refused, body_of, snapshot, unpack
+from mcp_runner.workspace import Refused, snapshot, unpack
 
 
 def not_dumpable():
@@ -116,15 +116,14 @@ def main():
     frames.frame(b"S")
 
     try:
-        unpack(archive, job.workdir, [])
+        # A one-shot run keeps its entry file's bytes for the imports scan.
+        job.source = unpack(archive, job.workdir, [], keep=None if job.session else job.entry)
     except Refused as e:
         frames.fail(str(e))
     except OSError as e:
         frames.fail(
             "could not unpack the job into %s: %s (the workspace size limit?)" % (job.workdir, e)
         )
-    if not job.session:
-        job.source = body_of(archive, job.entry)
     del archive
     job.files_before = snapshot(job.workdir) if job.return_files else None
     job.oom_before = cgroup.oom_kills() or 0

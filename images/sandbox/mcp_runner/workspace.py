@@ -16,13 +16,17 @@ class Refused(Exception):
     """An archive entry the runner does not unpack (the message names it)."""
 
 
-def unpack(data, dest, written):
+def unpack(data, dest, written, keep=None):
     """Unpack the tar `data` into `dest`: regular files and directories only, paths
     inside `dest`, no symlink followed on the way (a symlink or FIFO where a file goes is
-    replaced). Appends the relative path of each file written to `written`. Raises
+    replaced). Appends the relative path of each file written to `written`; returns the
+    bytes of the file `keep` as the archive held them (None when it holds no such file:
+    what the job sent, without reading it back from the workspace). Raises
     `Refused` for an entry that is not allowed or an archive that is malformed, `OSError`
     when writing fails (ENOSPC: the workspace is full); the entries before it stay
     written."""
+    want = os.path.normpath(keep) if keep is not None else None
+    kept = None
     for raw, kind, body in entries(data):
         name = os.path.normpath(raw)
         if name.startswith(("/", "..")) or "\0" in name:
@@ -45,6 +49,9 @@ def unpack(data, dest, written):
             e.entry = name
             raise
         written.append("/".join(parts))
+        if name == want:
+            kept = bytes(body)
+    return kept
 
 
 # The archive, read here rather than by `tarfile`, which with `shutil`, `copy` and their
@@ -221,16 +228,6 @@ def write_all(fd, data):
     data = memoryview(data)
     while data:
         data = data[os.write(fd, data) :]
-
-
-def body_of(data, name):
-    """The bytes of the regular file `name` in the tar `data`, None when it holds none:
-    what the job sent, read from memory rather than back from the workspace."""
-    want = os.path.normpath(name)
-    for raw, kind, body in entries(data):
-        if kind == b"0" and os.path.normpath(raw) == want:
-            return bytes(body)
-    return None
 
 
 def _same(before, fd):
