@@ -15,6 +15,7 @@ import struct
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import unittest
 
@@ -25,6 +26,7 @@ sys.path.insert(0, RUNNER_DIR)
 from mcp_runner import cgroup, figures, frames, limits, output, preload, run, workspace  # noqa: E402
 from mcp_runner.watch import Watch  # noqa: E402
 from mcp_runner.child import Child  # noqa: E402
+from mcp_runner.job import read_job  # noqa: E402
 from mcp_runner.stubs import STUB  # noqa: E402
 
 
@@ -111,6 +113,32 @@ class FramesTest(unittest.TestCase):
         self.assertEqual(frames.read_exact(stream, 4), b"rest")
         with self.assertRaises(EOFError):
             frames.read_exact(stream, 1)
+
+
+    def test_a_job_is_read_whole_or_in_pieces_and_what_follows_stays_buffered(self):
+        tar = tar_of(("main.py", b"print(1)"))
+        header = json.dumps({"tar_len": len(tar), "python": "/p", "entry": "main.py",
+                             "workdir": "/w", "output_limit": 10}).encode()
+        job_bytes = struct.pack(">I", len(header)) + header + tar
+        cell = json.dumps({"kind": "cell", "code": "1"}).encode()
+        for pieces in ([job_bytes + struct.pack(">I", len(cell)) + cell],
+                       [job_bytes[:3], job_bytes[3:700], job_bytes[700:]]):
+            r, w = os.pipe()
+            try:
+                inbox = frames.Inbox(r)
+                os.write(w, pieces[0])
+                feeder = threading.Timer(0.05, lambda: [os.write(w, p) for p in pieces[1:]])
+                feeder.start()
+                job, archive = read_job(inbox, "/default")
+                feeder.join()
+                self.assertEqual((job.entry, job.python, job.tar_len), ("main.py", "/p", len(tar)))
+                self.assertEqual(archive, tar)
+                if len(pieces) == 1:
+                    # A message that came with the job is the next one read.
+                    self.assertEqual(frames.read_message(inbox)["code"], "1")
+            finally:
+                os.close(r)
+                os.close(w)
 
 
 class UnpackTest(unittest.TestCase):
@@ -274,6 +302,22 @@ class WalkAndReturnTest(unittest.TestCase):
         self.assertEqual(parse_frames(c.raw), [])
 
 
+    def test_the_snapshot_unpack_records_is_the_one_a_walk_takes(self):
+        self.write("there.txt", b"before the job")
+        stats = workspace.snapshot(self.root)
+        umask = os.umask(0o022)  # as the runner sets it
+        try:
+            workspace.unpack(tar_of(("main.py", b"print(1)"), ("d", None), ("d/in.csv", b"1,2"),
+                                    ("there.txt", b"overwritten")), self.root, [], stats=stats)
+        finally:
+            os.umask(umask)
+        self.assertEqual(stats, workspace.walk(self.root))
+        self.assertEqual(os.stat(os.path.join(self.root, "main.py")).st_mode & 0o777, 0o644)
+        with CapturedFrames() as c:
+            workspace.send_files(self.root, stats, limits.Budget())
+        self.assertEqual(parse_frames(c.raw), [], "the job's own files are not the code's")
+
+
 class BudgetTest(unittest.TestCase):
     def test_budget_counts_what_does_not_fit(self):
         b = limits.Budget(10)
@@ -427,6 +471,32 @@ class DoneTest(unittest.TestCase):
                 for fd in (child.out_r, child.err_r, child.st_r):
                     os.close(fd)
                 child.tools.close()
+
+
+    def test_the_stub_runs_the_bytes_it_was_sent_else_the_file(self):
+        big = b"print(3)\n" + b"#" * (60001)
+        for sent, want in ((b"print(2)\n", b"2\n"), (None, b"1\n"), (big, b"1\n")):
+            with self.subTest(sent=None if sent is None else len(sent)), \
+                    tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "main.py")
+                with open(path, "w") as f:
+                    f.write("print(1)\n")
+                child = Child(sys.executable, d, STUB)
+                try:
+                    child.go(path, "abc123", sent)
+                    out = b""
+                    while True:
+                        chunk = os.read(child.out_r, 4096)
+                        if not chunk:
+                            break
+                        out += chunk
+                    # A source too big for one pipe write is not sent: the file is read.
+                    self.assertEqual(out, want)
+                    os.waitpid(child.pid, 0)
+                finally:
+                    for fd in (child.out_r, child.err_r, child.st_r):
+                        os.close(fd)
+                    child.tools.close()
 
 
 class WatchTest(unittest.TestCase):

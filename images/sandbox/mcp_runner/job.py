@@ -4,6 +4,7 @@
 import os
 
 from mcp_runner import frames
+from mcp_runner.workspace import WORKDIR
 
 
 class Job:
@@ -13,7 +14,7 @@ class Job:
         self.tar_len = int(header["tar_len"])
         # The file to run, relative to workdir (a one-shot run only).
         self.entry = header.get("entry") if self.session else str(header["entry"])
-        self.workdir = header.get("workdir", "/workspace")
+        self.workdir = header.get("workdir", WORKDIR)
         self.python = header.get("python", default_python)
         self.output_limit = int(header.get("output_limit", 1 << 20))
         # Bytes of figures and files one run (or cell) may return in all (None: the default).
@@ -25,6 +26,8 @@ class Job:
         # files are returned), and the OOM kills counted before the code started.
         self.files_before = None
         self.oom_before = 0
+        # Named by the child's done line (see `run.Done`); made before the job came.
+        self.nonce = None
         # Readable whenever a child exits (SIGCHLD), to wake the select loops.
         self.wake_r = None
         # What the preload of the code's interpreter did (`preload.State`), for the report.
@@ -45,6 +48,10 @@ class Job:
 def read_job(stdin, default_python):
     """The header and the archive from stdin, or `F` and exit."""
     try:
+        # One read of what has come (most jobs whole, under 64 KiB): the length, the header
+        # and the archive then come from the buffer, not a read each (slow under gVisor).
+        # The server sends nothing more before the run's report, so nothing is read early.
+        stdin.fill()
         job = Job(frames.read_message(stdin), default_python)
         archive = frames.read_exact(stdin, job.tar_len)
     except (EOFError, ValueError, KeyError) as e:

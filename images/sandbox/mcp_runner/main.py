@@ -8,7 +8,7 @@ import sys
 from mcp_runner import cgroup, figures, frames, preload, run, session
 from mcp_runner.job import read_job
 from mcp_runner.stubs import REPL_STUB, STUB
-from mcp_runner.workspace import Refused, snapshot, unpack
+from mcp_runner.workspace import WORKDIR, Refused, snapshot, unpack
 
 
 def not_dumpable():
@@ -86,6 +86,9 @@ def wake_on_sigchld():
 
 def main():
     not_dumpable()
+    # Files the job writes are made 0644 by this (see `workspace.unpack`), whatever the
+    # container's default.
+    os.umask(0o022)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     # As PID 1 the runner only receives the signals it handles: Python's own SIGINT
     # handler would let the code interrupt it, so it goes.
@@ -105,9 +108,13 @@ def main():
     except OSError as e:
         frames.fail("could not start the interpreter: %s" % e)
     preload.mark_ready(state)
-    # Set up now, not on the run's path (each a few system calls, slow under gVisor).
+    # Set up now, not on the run's path (each a few system calls, slow under gVisor): the
+    # workspace as the job will find it (files the code makes or changes are returned,
+    # see `files_before`), the run's nonce (see `run.Done`).
     cgroup.look_once()
     wake_r = wake_on_sigchld()
+    workspace_before = snapshot(WORKDIR)
+    nonce = os.urandom(8).hex()
     frames.frame(b"R")
     wait_for_job(wait_limit)
     job, archive = read_job(frames.INBOX, default_python)
@@ -115,9 +122,13 @@ def main():
     # runs a job again elsewhere only when its sandbox died before this).
     frames.frame(b"S")
 
+    # What the archive writes is added to the snapshot taken before `R` as it is written
+    # (a walk of the workspace here was a millisecond of every run under gVisor).
+    stats = dict(workspace_before) if job.return_files and job.workdir == WORKDIR else None
     try:
         # A one-shot run keeps its entry file's bytes for the imports scan.
-        job.source = unpack(archive, job.workdir, [], keep=None if job.session else job.entry)
+        keep = None if job.session else job.entry
+        job.source = unpack(archive, job.workdir, [], keep=keep, stats=stats)
     except Refused as e:
         frames.fail(str(e))
     except OSError as e:
@@ -125,7 +136,9 @@ def main():
             "could not unpack the job into %s: %s (the workspace size limit?)" % (job.workdir, e)
         )
     del archive
-    job.files_before = snapshot(job.workdir) if job.return_files else None
+    if job.return_files:
+        job.files_before = stats if stats is not None else snapshot(job.workdir)
+    job.nonce = nonce
     job.oom_before = cgroup.oom_kills() or 0
     job.wake_r = wake_r
     job.preload = state

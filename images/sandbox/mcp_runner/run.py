@@ -20,9 +20,9 @@ def run(child, job):
     timed_out = False
     exited_at = None
     preload.dispatching(child, job)
-    nonce = os.urandom(8).hex()
+    nonce = job.nonce or os.urandom(8).hex()
     try:
-        child.go(job.entry, nonce)
+        child.go(os.path.join(job.workdir, job.entry), nonce, job.source)
     except OSError:
         pass  # the interpreter died at start-up: its stderr and status say why
     preload.scan(job)
@@ -41,6 +41,9 @@ def run(child, job):
     done = Done(nonce, pid)
     sel.register(child.st_r, "done")
     status = None
+    # Reaped when SIGCHLD wakes the loop, not after every chunk of output (a wait4 each,
+    # slow under gVisor); an exit before the loop began left its byte in the wake pipe.
+    woken = False
 
     while True:
         open_pipes = [t for t in sel.tags.values() if isinstance(t, tuple)]
@@ -72,6 +75,7 @@ def run(child, job):
         for fd, tag in events:
             if tag is None:
                 job.woken()
+                woken = True
             elif tag == "done":
                 if not done.read(fd):
                     sel.unregister(fd)
@@ -86,11 +90,13 @@ def run(child, job):
             elif not out.pump(fd, *tag):
                 sel.unregister(fd)
                 os.close(fd)
-        reaped = output.reap(pid)
-        if reaped is not None:
-            status = reaped
-            if exited_at is None:
-                exited_at = time.monotonic()
+        if woken:
+            woken = False
+            reaped = output.reap(pid)
+            if reaped is not None:
+                status = reaped
+                if exited_at is None:
+                    exited_at = time.monotonic()
 
     budget = limits.Budget(getattr(job, "return_limit", None))
     returned = output.send_returns(job, budget)

@@ -21,38 +21,43 @@ def _mcp_figures():
     return save_open
 """
 
-# Runs in the child interpreter: wait for the entry file's name on fd 3, then run it in
-# the real `__main__` module, as `python FILE` does (so pickling functions defined there
-# works), with tracebacks that start at the user's file.
+# Runs in the child interpreter: wait for the entry file's path (and its bytes, see
+# `Child.go`) on fd 3, then run it in the real `__main__` module, as `python FILE` does
+# (so pickling functions defined there works), with tracebacks that start at the user's
+# file.
 RUN_CODE = r"""
 def _mcp_run(save_open_figures):
     # `resource` (an extension module: files opened and mapped) is loaded while the
     # sandbox waits, not for the done line: 2-4 ms of the report's path under gVisor.
     import os, sys, builtins, resource
-    b = b''
+    # `PATH\0NONCE`, then `\0` and the file's bytes when the runner had them.
+    chunks = []
     while True:
         c = os.read(3, 65536)
         if not c:
             break
-        b += c
+        chunks.append(c)
     os.close(3)
-    if not b:
+    if not chunks:
         os._exit(0)
-    entry, _, nonce = b.decode().partition('\0')
-    b = None
-    path = os.path.abspath(entry)
+    parts = b''.join(chunks).split(b'\0', 2)
+    chunks = None
+    path, nonce = os.path.abspath(parts[0].decode()), parts[1].decode()
+    source = parts[2] if len(parts) > 2 else None
+    parts = None
     sys.argv = [path]
     sys.path[0] = os.path.dirname(path)
-    # Plain reads, sized by the file: a file object adds system calls (slow under gVisor).
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        chunks = [os.read(fd, os.fstat(fd).st_size + 1)]
-        while chunks[-1]:
-            chunks.append(os.read(fd, 65536))
-    finally:
-        os.close(fd)
-    source = b''.join(chunks)
-    chunks = None
+    if source is None:
+        # Plain reads, sized by the file: a file object adds system calls (slow under gVisor).
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            chunks = [os.read(fd, os.fstat(fd).st_size + 1)]
+            while chunks[-1]:
+                chunks.append(os.read(fd, 65536))
+        finally:
+            os.close(fd)
+        source = b''.join(chunks)
+        chunks = None
     loader = sys.modules['_frozen_importlib_external'].SourceFileLoader('__main__', path)
     g = sys.modules['__main__'].__dict__
     g.clear()

@@ -12,19 +12,28 @@ import stat
 from mcp_runner import frames, limits
 
 
+# Where the server puts the job's files (`protocol.rs`'s WORKDIR): the sandbox's own
+# mount, empty when the sandbox starts.
+WORKDIR = "/workspace"
+
+
 class Refused(Exception):
     """An archive entry the runner does not unpack (the message names it)."""
 
 
-def unpack(data, dest, written, keep=None):
+def unpack(data, dest, written, keep=None, stats=None):
     """Unpack the tar `data` into `dest`: regular files and directories only, paths
     inside `dest`, no symlink followed on the way (a symlink or FIFO where a file goes is
-    replaced). Appends the relative path of each file written to `written`; returns the
-    bytes of the file `keep` as the archive held them (None when it holds no such file:
-    what the job sent, without reading it back from the workspace). Raises
-    `Refused` for an entry that is not allowed or an archive that is malformed, `OSError`
-    when writing fails (ENOSPC: the workspace is full); the entries before it stay
-    written."""
+    replaced). Appends the relative path of each file written to `written`, and with a
+    dict `stats` records its `(size, mtime_ns)` there as `walk` would (a snapshot without
+    walking the workspace again); returns the bytes of the file `keep` as the archive held
+    them (None when it holds no such file: what the job sent, without reading it back from
+    the workspace). Raises `Refused` for an entry that is not allowed or an archive that
+    is malformed, `OSError` when writing fails (ENOSPC: the workspace is full); the
+    entries before it stay written.
+
+    `dest` itself is opened by its path: it is the sandbox's workspace mount, which the
+    code cannot replace (the root filesystem is read-only); below it nothing is followed."""
     want = os.path.normpath(keep) if keep is not None else None
     kept = None
     for raw, kind, body in entries(data):
@@ -40,15 +49,22 @@ def unpack(data, dest, written, keep=None):
             if kind == b"5":
                 os.close(_open_dir(dest, parts))
                 continue
-            dfd = _open_dir(dest, parts[:-1])
-            try:
-                _write_file(dfd, parts[-1], body)
-            finally:
-                os.close(dfd)
+            if len(parts) == 1:
+                # A file at the top (most jobs' only one): by its path, no directory fd
+                # opened and closed for it (two system calls, slow under gVisor).
+                st = _write_file(None, os.path.join(dest, parts[0]), body, stats is not None)
+            else:
+                dfd = _open_dir(dest, parts[:-1])
+                try:
+                    st = _write_file(dfd, parts[-1], body, stats is not None)
+                finally:
+                    os.close(dfd)
         except OSError as e:
             e.entry = name
             raise
         written.append("/".join(parts))
+        if stats is not None:
+            stats["/".join(parts)] = (st.st_size, st.st_mtime_ns)
         if name == want:
             kept = bytes(body)
     return kept
@@ -192,11 +208,31 @@ def _open_dir(root, parts):
 
 
 _WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 
 
-def _write_file(dfd, name, body):
-    """Write the bytes `body` to `name` in the directory `dfd`, mode 0644. A symlink, FIFO or socket
-    of that name is removed first; a directory of that name fails (EISDIR)."""
+def _write_file(dfd, name, body, want_stat=False):
+    """Write the bytes `body` to `name` in the directory `dfd` (None: `name` is a path),
+    mode 0644. A symlink, FIFO or socket of that name is removed first; a directory of
+    that name fails (EISDIR). With `want_stat`, returns the file's stat once written.
+
+    A name nothing holds yet (every file of a fresh sandbox's job) is created with O_EXCL:
+    a new regular file, mode 0644 by the runner's umask, nothing to check; only a name
+    that exists (a session's workspace) takes the careful path."""
+    try:
+        fd = os.open(name, _CREATE, 0o644, dir_fd=dfd)
+    except FileExistsError:
+        fd = _open_existing(dfd, name)
+    try:
+        write_all(fd, body)
+        return os.fstat(fd) if want_stat else None
+    finally:
+        os.close(fd)
+
+
+def _open_existing(dfd, name):
+    """Open `name` in `dfd` for writing from its start, mode 0644, when it is a regular
+    file; replace a symlink, FIFO or socket of that name."""
     fd = None
     for _ in range(3):
         try:
@@ -218,9 +254,10 @@ def _write_file(dfd, name, body):
     # means nothing to a regular file.
     try:
         os.fchmod(fd, 0o644)
-        write_all(fd, body)
-    finally:
+    except OSError:
         os.close(fd)
+        raise
+    return fd
 
 
 def write_all(fd, data):
@@ -299,21 +336,28 @@ def open_under(root, rel):
 
 
 def walk(root, notes=None):
-    """{relative path: (size, mtime_ns)} of the regular files under root: iterative, by
-    descriptor, never through a symlink, at most MAX_WALK_DEPTH levels deep and
-    MAX_WALK_ENTRIES entries; what the bounds left out is said in `notes` (a list)."""
+    """{relative path: (size, mtime_ns)} of the regular files under root: iterative, never
+    through a symlink, at most MAX_WALK_DEPTH levels deep and MAX_WALK_ENTRIES entries;
+    what the bounds left out is said in `notes` (a list).
+
+    `root` is listed by its path (the workspace mount, which the code cannot replace: the
+    root filesystem is read-only), each directory below it by a descriptor opened without
+    following a symlink: under gVisor every system call costs some 60 us, and listing by
+    descriptor takes eight of them to the path's four."""
     seen = {}
-    top = open_dir_nofollow(root)
-    if top is None:
+    try:
+        if not stat.S_ISDIR(os.stat(root, follow_symlinks=False).st_mode):
+            return seen
+    except OSError:
         return seen
-    stack = [(top, "", 0)]
+    stack = [(None, "", 0)]
     entries = 0
     deep = stopped = False
     try:
         while stack:
             fd, prefix, depth = stack.pop()
             try:
-                with os.scandir(fd) as it:
+                with os.scandir(root if fd is None else fd) as it:
                     names = []
                     for e in it:
                         entries += 1
@@ -325,8 +369,10 @@ def walk(root, notes=None):
                 names = []
             try:
                 for name in sorted(names):
+                    # At the top by path, below by descriptor (see above).
+                    where, at = (os.path.join(root, name), None) if fd is None else (name, fd)
                     try:
-                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                        st = os.stat(where, dir_fd=at, follow_symlinks=False)
                     except OSError:
                         continue
                     rel = prefix + name
@@ -336,16 +382,18 @@ def walk(root, notes=None):
                         if depth + 1 >= limits.MAX_WALK_DEPTH:
                             deep = True
                             continue
-                        sub = open_dir_nofollow(name, fd)
+                        sub = open_dir_nofollow(where, at)
                         if sub is not None:
                             stack.append((sub, rel + "/", depth + 1))
             finally:
-                os.close(fd)
+                if fd is not None:
+                    os.close(fd)
             if stopped:
                 break
     finally:
         for fd, _, _ in stack:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
     if notes is not None:
         if deep:
             notes.append(
