@@ -114,7 +114,6 @@ class FramesTest(unittest.TestCase):
         with self.assertRaises(EOFError):
             frames.read_exact(stream, 1)
 
-
     def test_a_job_is_read_whole_or_in_pieces_and_what_follows_stays_buffered(self):
         tar = tar_of(("main.py", b"print(1)"))
         header = json.dumps({"tar_len": len(tar), "python": "/p", "entry": "main.py",
@@ -301,7 +300,6 @@ class WalkAndReturnTest(unittest.TestCase):
             workspace.send_files(self.root, before, limits.Budget())
         self.assertEqual(parse_frames(c.raw), [])
 
-
     def test_the_snapshot_unpack_records_is_the_one_a_walk_takes(self):
         self.write("there.txt", b"before the job")
         stats = workspace.snapshot(self.root)
@@ -415,6 +413,23 @@ class OutputTest(unittest.TestCase):
         )
 
 
+def read_to_end(fd):
+    """All a pipe gives until its writers are gone."""
+    out = b""
+    while True:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return out
+        out += chunk
+
+
+def close_child(child):
+    """Close what the runner holds of a child it started (the child has been waited for)."""
+    for fd in (child.out_r, child.err_r, child.st_r):
+        os.close(fd)
+    child.tools.close()
+
+
 class DoneTest(unittest.TestCase):
     """The stub's done line, by which a run is reported before its interpreter has finished
     exiting (unmapping a process with pandas loaded took some 6 ms)."""
@@ -458,20 +473,12 @@ class DoneTest(unittest.TestCase):
                 self.assertEqual(code, 3)
                 self.assertGreaterEqual(cpu_ms, 0)
                 self.assertGreater(rss_kb, 0)
-                out = b""
-                while True:
-                    chunk = os.read(child.out_r, 4096)
-                    if not chunk:
-                        break
-                    out += chunk
+                out = read_to_end(child.out_r)
                 self.assertEqual(out, b"1\nat exit\n", "atexit ran before the done line")
                 _, status = os.waitpid(child.pid, 0)
                 self.assertEqual(os.WEXITSTATUS(status), 3)
             finally:
-                for fd in (child.out_r, child.err_r, child.st_r):
-                    os.close(fd)
-                child.tools.close()
-
+                close_child(child)
 
     def test_the_stub_runs_the_bytes_it_was_sent_else_the_file(self):
         big = b"print(3)\n" + b"#" * (60001)
@@ -484,19 +491,11 @@ class DoneTest(unittest.TestCase):
                 child = Child(sys.executable, d, STUB)
                 try:
                     child.go(path, "abc123", sent)
-                    out = b""
-                    while True:
-                        chunk = os.read(child.out_r, 4096)
-                        if not chunk:
-                            break
-                        out += chunk
                     # A source too big for one pipe write is not sent: the file is read.
-                    self.assertEqual(out, want)
+                    self.assertEqual(read_to_end(child.out_r), want)
                     os.waitpid(child.pid, 0)
                 finally:
-                    for fd in (child.out_r, child.err_r, child.st_r):
-                        os.close(fd)
-                    child.tools.close()
+                    close_child(child)
 
 
 class WatchTest(unittest.TestCase):
