@@ -293,7 +293,9 @@ class WalkAndReturnTest(unittest.TestCase):
 
     def test_files_the_server_put_in_are_not_returned(self):
         before = workspace.snapshot(self.root)
-        workspace.unpack(tar_of(("in.csv", b"1,2")), self.root, [], stats=before)
+        written = []
+        workspace.unpack(tar_of(("in.csv", b"1,2")), self.root, written)
+        workspace.note_written(self.root, before, written)
         with CapturedFrames() as c:
             workspace.send_files(self.root, before, limits.Budget())
         self.assertEqual(parse_frames(c.raw), [])

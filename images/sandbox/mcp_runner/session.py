@@ -19,7 +19,7 @@ import struct
 
 from mcp_runner import cgroup, frames, limits, output, toolrelay
 from mcp_runner.watch import Watch
-from mcp_runner.workspace import Refused, unpack, why
+from mcp_runner.workspace import Refused, note_written, unpack, why
 
 
 def serve(child, job):
@@ -56,17 +56,19 @@ def serve(child, job):
 
 def put_files(tar, job):
     """Unpack a `files` message into the workspace and report."""
+    written = []
     error = None
     try:
-        # The server's files, not the code's: recorded as written in the snapshot the next
-        # cell's changes are compared with, so that they are not returned after it.
-        unpack(tar, job.workdir, [], stats=job.files_before)
+        unpack(tar, job.workdir, written)
     except Refused as e:
         error = str(e)
     except OSError as e:
         error = why(e, job.workdir)
     except Exception as e:  # a malformed archive: refused, the session goes on
         error = "could not unpack the files: %r" % (e,)
+    if job.files_before is not None:
+        # The server's files, not the code's: not returned after the next cell.
+        note_written(job.workdir, job.files_before, written)
     err = b""
     if error is not None:
         err = (error + "\n").encode("utf-8", "replace")

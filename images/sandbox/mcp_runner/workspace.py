@@ -413,6 +413,18 @@ def snapshot(root):
     return walk(root)
 
 
+def note_written(root, before, written):
+    """Record files the server put in (`unpack`) in the snapshot `before`, so that they are
+    not returned as the code's own changes."""
+    for rel in written:
+        f = open_under(root, rel)
+        if f is None:
+            continue
+        with f:
+            st = os.fstat(f.fileno())
+        before[rel] = (st.st_size, st.st_mtime_ns)
+
+
 def shown_name(name):
     """Is `name` fit to be shown as a file name (in a result, in `list_files`)? Printable
     UTF-8 only: no newline, no control character, nothing a reader could take for a line
