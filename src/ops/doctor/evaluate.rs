@@ -175,7 +175,7 @@ pub(super) fn evaluate(v: &serde_json::Value, l: &Limits, iso: &Isolation) -> Ve
     });
 
     let cpu = &v["cpu"];
-    if cpu_hidden(v, iso) {
+    if cpu_hidden(iso) {
         checks.extend(gvisor_limits(v, l));
         return checks;
     }
@@ -201,9 +201,12 @@ pub(super) fn evaluate(v: &serde_json::Value, l: &Limits, iso: &Isolation) -> Ve
     checks
 }
 
-/// Whether the CPU quota must be measured by the burn: gVisor shows no cgroup file of it.
-pub(super) fn cpu_hidden(v: &serde_json::Value, iso: &Isolation) -> bool {
-    iso.gvisor() && v["cpu"]["source"].is_null()
+/// Whether the CPU quota must be measured by the burn: always under gVisor, whose kernel
+/// either shows no cgroup files (Debian's runsc of 2022-12-19) or shows cgroup files of its
+/// own that do not carry the host's limits (runsc of 2024-07-29, from bookworm-backports:
+/// `cpu.cfs_quota_us` -1 and a memory limit of 2^63-1 in a sandbox that has both limits).
+pub(super) fn cpu_hidden(iso: &Isolation) -> bool {
+    iso.gvisor()
 }
 
 /// The cores a CPU burn measured (`ran_s / wall_s`), if its report came back.
@@ -214,8 +217,8 @@ pub(super) fn burn_cores(burn: &serde_json::Value) -> Option<f64> {
     }
 }
 
-/// The memory and CPU checks under gVisor, which shows no cgroup files inside: the host's
-/// cgroup holds the whole sandbox (gVisor's kernel and the code). runsc sizes the kernel's
+/// The memory and CPU checks under gVisor, whose cgroup files (where it has any) do not show
+/// the host's limits: the host's cgroup holds the whole sandbox (gVisor's kernel and the code). runsc sizes the kernel's
 /// memory from that cgroup's limit, so `MemTotal` is the limit when it applied and the
 /// host's memory when not; the memory bomb check shows it enforced. The CPU quota has no
 /// trace inside gVisor, so it is measured by what busy loops achieve (see `burn` in
@@ -242,8 +245,8 @@ pub(super) fn gvisor_limits(v: &serde_json::Value, l: &Limits) -> Vec<Check> {
             ok: cores.is_some_and(|c| c <= l.cpus * GVISOR_CPU_SLACK),
             detail: match cores {
                 Some(c) => format!(
-                    "measured (gVisor shows no cgroup files): {} busy processes ran for {c:.2} \
-                     cores (configured {}, at most {:.2} passes)",
+                    "measured (no cgroup file inside gVisor shows the host's quota): {} busy \
+                     processes ran for {c:.2} cores (configured {}, at most {:.2} passes)",
                     burn["procs"],
                     l.cpus,
                     l.cpus * GVISOR_CPU_SLACK

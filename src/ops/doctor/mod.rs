@@ -225,7 +225,7 @@ pub async fn diagnose(backend: &dyn Backend) -> Report {
         Ok(o) if o.success() => {
             let mut v: serde_json::Value =
                 serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
-            if evaluate::cpu_hidden(&v, &isolation) {
+            if evaluate::cpu_hidden(&isolation) {
                 // Alone, after the others: their load would only lower what it measures.
                 v["burn"] = burn(backend, limits.cpus).await;
                 // One measurement on a busy host can overstate it (0.75-1.10 cores of 0.5

@@ -226,6 +226,19 @@ fn under_gvisor_each_check_reads_what_gvisor_shows() {
         );
     }
 
+    // A newer gVisor (runsc 2024-07-29, systrap or ptrace) shows cgroup files of its own
+    // kernel, without the host's limits: the quota and memory are still judged by the
+    // burn and MemTotal, as this sandbox's probe printed them under a 0.5-core quota and
+    // 128 MiB.
+    let mut newer = gvisor_healthy();
+    newer["cpu"] =
+        json!({"source": "/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "quota": null, "period": 100000});
+    newer["memory"] =
+        json!({"cgroup": 1, "limit": "9223372036854775807", "swap": null, "host_swap": 0});
+    assert_eq!(failing_under(&newer, &gvisor()), Vec::<&str>::new());
+    newer["burn"]["ran_s"] = json!(1.19);
+    assert_eq!(failing_under(&newer, &gvisor()), ["cpu quota"]);
+
     // gVisor's kernel reported by a host that runs the same release is not gVisor.
     let same = Isolation::Gvisor {
         host_kernel: "4.4.0".into(),
