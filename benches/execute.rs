@@ -7,9 +7,10 @@
 //! Knobs (environment): BENCH_SAMPLES (20), BENCH_RUNS (40), BENCH_BURST (100);
 //! BENCH_ONLY=preload runs only the preloading rows (issue 15); BENCH_PAUSE_MS (500), the
 //! pause between its interleaved calls. BENCH_ONLY=demand runs only the rows of preloading
-//! by demand (issue 29: rates, clients, workloads, the mix, runc and gVisor); BENCH_GVISOR=0
-//! leaves gVisor out of them. BENCH_ONLY=codemode runs only the code-mode row (issue 26,
-//! benches/execute/codemode.rs; last in a full run).
+//! by demand (issue 29: rates, clients, workloads, the mix, runc and gVisor;
+//! benches/execute/demand.rs); BENCH_GVISOR=0 leaves gVisor out of them.
+//! BENCH_ONLY=codemode runs only the code-mode row (issue 26, benches/execute/codemode.rs;
+//! last in a full run).
 
 use std::time::{Duration, Instant};
 
@@ -25,6 +26,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 #[path = "execute/codemode.rs"]
 mod codemode;
+#[path = "execute/demand.rs"]
+mod demand;
 
 fn knob(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -98,7 +101,7 @@ async fn main() {
         return;
     }
     if std::env::var("BENCH_ONLY").as_deref() == Ok("demand") {
-        demand_rows(samples).await;
+        demand::rows(samples).await;
         return;
     }
     if std::env::var("BENCH_ONLY").as_deref() == Ok("codemode") {
@@ -208,7 +211,7 @@ async fn main() {
     let _ = std::fs::remove_dir_all(&scratch);
     runtime_rows(samples, runs).await;
     preload_rows(samples, runs).await;
-    demand_rows(samples).await;
+    demand::rows(samples).await;
     codemode::rows().await;
 }
 
@@ -373,12 +376,6 @@ const PRELOAD_CODES: &[(&str, &str)] = &[
         "import matplotlib.pyplot as plt; plt.plot([1,2,3]); plt.show()",
     ),
 ];
-
-/// The figure's drawing alone, timed inside the sandbox: what the figure goal of issue 29
-/// allows above `print(1)` (the figure code with a clock around its plot and show).
-const DRAWING_CODE: &str =
-    "import time\nimport matplotlib.pyplot as plt\nt = time.perf_counter()\n\
-plt.plot([1,2,3]); plt.show()\nprint((time.perf_counter() - t) * 1000)";
 
 /// A module the default list lacks and the image has: the learned row imports it.
 const LEARNED_CODE: &str = "import scipy.stats; print(scipy.stats.norm.cdf(0))";
@@ -614,355 +611,10 @@ async fn preload_rows(samples: usize, runs: usize) {
     }
 }
 
-// ---- Preloading by demand (issue 29): rates, clients, workloads, the mix -------------------
-
-/// A seeded shuffle of the mix: 70 % `print(1)`, 20 % pandas, 10 % figures, `n` calls; each
-/// call is (index into PRELOAD_CODES, code).
-fn mix_calls(n: usize) -> Vec<usize> {
-    let mut v: Vec<usize> = (0..n)
-        .map(|i| match i % 10 {
-            0..=6 => 0,
-            7 | 8 => 2,
-            _ => 3,
-        })
-        .collect();
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    for i in (1..v.len()).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.swap(i, (x % (i as u64 + 1)) as usize);
-    }
-    v
-}
-
-/// One client: `calls` (indices into PRELOAD_CODES) one after another, `pause` between a
-/// call's answer and the next call; latencies per code index.
-async fn paced(url: &str, calls: &[usize], pause: Duration) -> Vec<Vec<Duration>> {
-    let c = client(url).await;
-    let mut lat = vec![Vec::new(); PRELOAD_CODES.len()];
-    for &i in calls {
-        if !pause.is_zero() {
-            tokio::time::sleep(pause).await;
-        }
-        match call_code(&c, PRELOAD_CODES[i].1).await {
-            Ok(d) => lat[i].push(d),
-            Err(e) => eprintln!("bench: call failed: {e}"),
-        }
-    }
-    let _ = c.cancel().await;
-    lat
-}
-
-/// `clients` clients at once, each `per_client` calls of code `i` with `pause` between:
-/// all latencies, and calls per second over the whole.
-async fn paced_clients(
-    url: &str,
-    i: usize,
-    clients: usize,
-    per_client: usize,
-    pause: Duration,
-) -> (Vec<Duration>, f64) {
-    let t = Instant::now();
-    let tasks: Vec<_> = (0..clients)
-        .map(|_| {
-            let url = url.to_string();
-            tokio::spawn(async move { paced(&url, &vec![i; per_client], pause).await })
-        })
-        .collect();
-    let mut all = Vec::new();
-    for t in tasks {
-        if let Ok(mut l) = t.await {
-            all.append(&mut l[i]);
-        }
-    }
-    let rate = all.len() as f64 / t.elapsed().as_secs_f64();
-    (all, rate)
-}
-
-fn row(
-    runtime: &str,
-    preload: &str,
-    rate: &str,
-    clients: usize,
-    work: &str,
-    lat: Vec<Duration>,
-    cps: Option<f64>,
-) {
-    let n = lat.len();
-    let (p50, p95) = Stats::of(lat)
-        .map(|s| (format!("{:.1}", ms(s.median)), format!("{:.1}", ms(s.p95))))
-        .unwrap_or_default();
-    let cps = cps.map(|c| format!("{c:.1}")).unwrap_or_default();
-    println!(
-        "| {runtime} | {preload} | {rate} | {clients} | {work} | {n} | {p50} | {p95} | {cps} |"
-    );
-}
-
-/// Where the milliseconds of a warm `print(1)` go, `n` calls 0.3 s apart on one client: the
-/// client's wall time, the backend's (`duration_ms` of the result: dispatch to a waiting
-/// sandbox, the job in, the runner, the result frame), and the code's own CPU inside the
-/// sandbox (`cpu_ms`); the rest is the client, HTTP, MCP and the core.
-async fn breakdown(url: &str, n: usize, runtime: &str) {
-    let c = client(url).await;
-    let (mut wall, mut backend, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..n {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let mut args = serde_json::Map::new();
-        args.insert("code".into(), "print(1)".into());
-        let t = Instant::now();
-        let Ok(r) = c
-            .call_tool(CallToolRequestParams::new("execute_code").with_arguments(args))
-            .await
-        else {
-            continue;
-        };
-        wall.push(ms(t.elapsed()));
-        let s = r.structured_content.unwrap_or_default();
-        if let Some(d) = s.get("duration_ms").and_then(|v| v.as_f64()) {
-            backend.push(d);
-        }
-        if let Some(d) = s.get("cpu_ms").and_then(|v| v.as_f64()) {
-            cpu.push(d);
-        }
-    }
-    let _ = c.cancel().await;
-    let (w, b, c) = (median(wall), median(backend), median(cpu));
-    println!(
-        "\nWhere a warm `print(1)` goes (default server, {runtime}, {n} calls 0.3 s apart, medians):\n"
-    );
-    println!("| part | ms |\n| --- | --- |");
-    println!("| client wall time (rmcp client → HTTP → MCP → core → backend → back) | {w:.1} |");
-    println!("| backend: take a waiting sandbox, job in, runner, code, result frame (`duration_ms`) | {b:.1} |");
-    println!("| the code's CPU inside the sandbox (`cpu_ms`) | {c:.1} |");
-    println!(
-        "| client, HTTP, MCP and the core (wall − backend) | {:.1} |",
-        w - b
-    );
-}
-
-/// The drawing time inside the sandbox, ms: `n` calls of [`DRAWING_CODE`] 0.3 s apart, each
-/// printing its own figure.
-async fn drawing_ms(url: &str, n: usize) -> Vec<f64> {
-    let c = client(url).await;
-    let mut out = Vec::new();
-    for _ in 0..n {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let mut args = serde_json::Map::new();
-        args.insert("code".into(), DRAWING_CODE.into());
-        let Ok(r) = c
-            .call_tool(CallToolRequestParams::new("execute_code").with_arguments(args))
-            .await
-        else {
-            continue;
-        };
-        let s = r.structured_content.unwrap_or_default();
-        match s
-            .get("stdout")
-            .and_then(|v| v.as_str())
-            .map(|t| t.trim().parse::<f64>())
-        {
-            Some(Ok(v)) => out.push(v),
-            _ => eprintln!("bench: the drawing call printed no time: {s}"),
-        }
-    }
-    let _ = c.cancel().await;
-    out
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
-}
-
-/// [`start_serve`], tried up to 3 times: gVisor's CPU-quota self-test at start-up sometimes
-/// refuses a busy machine (DESIGN.md).
-async fn serve_retrying(
-    all: &[&str],
-    label: &str,
-) -> Option<(tokio::process::Child, u32, String, std::path::PathBuf)> {
-    for attempt in 0..3 {
-        let args: Vec<String> = all.iter().map(|s| s.to_string()).collect();
-        let tag = format!("demand-{label}-{attempt}");
-        let h = tokio::spawn(async move {
-            let a: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
-            start_serve(&a, &tag).await
-        });
-        match h.await {
-            Ok(s) => return Some(s),
-            Err(_) => {
-                eprintln!("bench: serve {all:?} did not start (try {attempt})");
-                let tag = format!("demand-{label}-{attempt}");
-                let scratch =
-                    std::env::temp_dir().join(format!("mcpx-bench-{tag}-{}", std::process::id()));
-                let _ = std::fs::remove_dir_all(scratch);
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(5)).await;
-    }
-    None
-}
-
-/// Is gVisor registered with the daemon?
-fn gvisor_registered() -> bool {
-    std::process::Command::new("docker")
-        .args(["info", "--format", "{{json .Runtimes}}"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).contains("runsc"))
-        .unwrap_or(false)
-}
-
-/// The rows of issue 29: a `serve` with preloading and learning off, and one with the
-/// defaults (preloading by demand), each measured the same way in this one run, under runc
-/// and (when registered) gVisor.
-async fn demand_rows(samples: usize) {
-    let pause = Duration::from_millis(300);
-    println!("\n## Preloading by demand (issue 29): `execute_code` over Streamable HTTP, `serve --pool-size 2`\n");
-    println!(
-        "One rmcp client session per client; \"0.3 s\" and \"2 s\" are pauses between a call's \
-         answer and the next call, \"b2b\" none. Each single-workload row follows 3 \
-         unmeasured calls of the same code (the pool learns what the calls need); the mix of {} calls \
-         (70 % print(1), 20 % pandas, 10 % figures, seeded shuffle) follows them. {samples} \
-         samples per single-workload row.\n",
-        4 * samples
-    );
-    println!("| runtime | preload | rate | clients | workload | n | p50 ms | p95 ms | calls/s |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-    let mut runtimes = vec![None];
-    if knob("BENCH_GVISOR", 1) == 1 && gvisor_registered() {
-        runtimes.push(Some("runsc"));
-    }
-    let mut costs = Vec::new();
-    let mut breakdown_done = false;
-    // The figure goal, from this run: runc's default `print(1)` and figure at 0.3 s, and
-    // the drawing timed inside the sandbox.
-    let (mut print_p50, mut figure_p50, mut drawing_p50) = (f64::NAN, f64::NAN, f64::NAN);
-    for runtime in runtimes {
-        let rt = runtime.unwrap_or("runc");
-        // Each workload on a fresh server ("preloading on with only that kind of call"), the
-        // mix on another; print(1)'s server also gives the other rates and four clients.
-        let workloads: Vec<Option<usize>> = if runtime.is_some() {
-            vec![Some(0), Some(2)]
-        } else {
-            vec![Some(0), Some(1), Some(2), Some(3), None]
-        };
-        for work in workloads {
-            for (label, args) in [
-                ("off", vec!["--preload", "none", "--preload-learn", "false"]),
-                ("default", vec![]),
-            ] {
-                let mut all = vec!["--pool-size", "2"];
-                all.extend(args.iter().copied());
-                if let Some(r) = runtime {
-                    all.extend(["--runtime", r]);
-                }
-                let Some((mut server, pid, url, scratch)) = serve_retrying(&all, label).await
-                else {
-                    println!("| {rt} | {label} | | | serve did not start (3 tries) | | | | |");
-                    continue;
-                };
-                tokio::time::sleep(Duration::from_secs(5)).await; // the pool fills
-                match work {
-                    Some(i) => {
-                        // The pool learns what these calls need, then makes it.
-                        paced(&url, &[i; 3], pause).await;
-                        tokio::time::sleep(Duration::from_secs(3)).await;
-                        let lat = paced(&url, &vec![i; samples], pause).await;
-                        if runtime.is_none() && label == "default" && (i == 0 || i == 3) {
-                            let p50 = median(lat[i].iter().map(|d| ms(*d)).collect());
-                            if i == 0 {
-                                print_p50 = p50;
-                            } else {
-                                figure_p50 = p50;
-                                tokio::time::sleep(Duration::from_secs(1)).await;
-                                drawing_p50 = median(drawing_ms(&url, samples / 2).await);
-                            }
-                        }
-                        row(
-                            rt,
-                            label,
-                            "0.3 s",
-                            1,
-                            PRELOAD_CODES[i].0,
-                            lat[i].clone(),
-                            None,
-                        );
-                    }
-                    None => {
-                        paced(&url, &mix_calls(10), pause).await;
-                        let lat = paced(&url, &mix_calls(4 * samples), pause).await;
-                        for i in [0, 2, 3] {
-                            let name = format!("mix: {}", PRELOAD_CODES[i].0);
-                            row(rt, label, "0.3 s", 1, &name, lat[i].clone(), None);
-                        }
-                        costs.push((label, pool_cost(pid)));
-                    }
-                }
-                if work == Some(0) {
-                    // Under gVisor too: a call that no refill runs beside (a make there
-                    // takes some 0.6 s, longer than 0.3 s between calls).
-                    let lat = paced(&url, &vec![0; samples / 2], Duration::from_secs(2)).await;
-                    row(
-                        rt,
-                        label,
-                        "2 s",
-                        1,
-                        PRELOAD_CODES[0].0,
-                        lat[0].clone(),
-                        None,
-                    );
-                }
-                if work == Some(0) && runtime.is_some() && label == "default" {
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    breakdown(&url, samples, rt).await;
-                    println!("\n| runtime | preload | rate | clients | workload | n | p50 ms | p95 ms | calls/s |");
-                    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-                }
-                if work == Some(0) && runtime.is_none() {
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    let (lat, cps) = paced_clients(&url, 0, 1, samples, Duration::ZERO).await;
-                    row(rt, label, "b2b", 1, PRELOAD_CODES[0].0, lat, Some(cps));
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    let (lat, cps) = paced_clients(&url, 0, 4, samples / 2, Duration::ZERO).await;
-                    row(rt, label, "b2b", 4, PRELOAD_CODES[0].0, lat, Some(cps));
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    let (lat, cps) = paced_clients(&url, 0, 4, samples / 2, pause).await;
-                    row(rt, label, "0.3 s", 4, PRELOAD_CODES[0].0, lat, Some(cps));
-                    if label == "default" && !breakdown_done {
-                        breakdown_done = true;
-                        tokio::time::sleep(Duration::from_secs(2)).await;
-                        breakdown(&url, samples, rt).await;
-                        println!("\n| runtime | preload | rate | clients | workload | n | p50 ms | p95 ms | calls/s |");
-                        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-                    }
-                }
-                sigterm(pid);
-                let _ = tokio::time::timeout(Duration::from_secs(60), server.wait()).await;
-                let _ = std::fs::remove_dir_all(&scratch);
-            }
-        }
-    }
-    println!(
-        "\nFigure against `print(1)` (runc, default, 0.3 s, p50): figure {figure_p50:.1} ms; \
-         `print(1)` {print_p50:.1} + drawing inside the sandbox (`plt.plot` and `plt.show`, \
-         timed by the code, {} calls) {drawing_p50:.1} = {:.1} ms: {}",
-        samples / 2,
-        print_p50 + drawing_p50,
-        if figure_p50 <= print_p50 + drawing_p50 {
-            "within"
-        } else {
-            "above"
-        }
-    );
-    println!("\n| preload | refill CPU s per waiting sandbox (after the mix) | memory MiB per waiting sandbox | containers measured |");
-    println!("| --- | --- | --- | --- |");
-    for (label, cost) in costs {
-        match cost {
-            Some((cpu, mem, n)) => println!("| {label} | {cpu:.2} | {mem:.1} | {n} |"),
-            None => println!("| {label} | n/a | n/a | 0 |"),
-        }
-    }
 }
