@@ -132,16 +132,22 @@ async fn a_pool_found_dry_refills_deeper_and_serves_the_next_burst_warm() {
     let _g = SERIAL.lock().await;
     let s = pooled(1).await;
     wait_ready(&s, 1).await;
-    // Three runs at once on a pool of one: one warm, two start cold.
+    // Three runs at once on a pool of one: one warm, two find it dry (each then takes a
+    // sandbox being made for the pool, or starts its own when none is yet).
     let (a, b, c) = tokio::join!(
         run_seen(&s, "print(0)"),
         run_seen(&s, "print(1)"),
         run_seen(&s, "print(2)")
     );
     assert_eq!([a.0, b.0, c.0], ["0\n", "1\n", "2\n"]);
+    assert!(
+        a.1 != b.1 && b.1 != c.1 && a.1 != c.1,
+        "a sandbox ran two jobs"
+    );
     let st = s.pool_stats().unwrap();
     let (hits, misses) = (st.hits, st.misses);
-    assert_eq!((hits, misses), (1, 2), "{st:?}");
+    assert_eq!(misses, 2, "{st:?}");
+    assert!((1..=3).contains(&hits), "{st:?}");
     assert_eq!(st.target, 2, "one more kept after the pool ran dry: {st:?}");
     wait_ready(&s, 2).await;
     // The next two at once are both served warm.

@@ -184,20 +184,28 @@ impl<D: Driver> Engine<D> {
     /// A waiting sandbox for `job`, if its pool has one of its shape: for a run on a
     /// preloading driver, the kind its code's imports need (see
     /// [`crate::backend::preload::choose`]); for a session (`run` false), the most
-    /// preloaded.
-    fn take_warm(&self, job: &JobSpec, run: bool) -> Option<Live> {
+    /// preloaded. A pool found dry while plain sandboxes are being made gives one of those
+    /// once made (see [`Pool::take_late`]), rather than the job starting a cold one.
+    async fn take_warm(&self, job: &JobSpec, run: bool) -> Option<Live> {
         let (tenant, limits, env) = (&job.tenant, &job.limits, &job.env);
-        if !(run && D::PROFILE.preloads) {
-            return self.pools.take(tenant, limits, env, job.keep_warm);
+        let imports = (run && D::PROFILE.preloads).then(|| {
+            job.files
+                .iter()
+                .find(|f| f.path == job.entry)
+                .map(|f| crate::backend::preload::imports_in(&f.contents))
+                .unwrap_or_default()
+        });
+        let warm = match &imports {
+            None => self.pools.take(tenant, limits, env, job.keep_warm),
+            Some(i) => self
+                .pools
+                .take_for(tenant, limits, env, job.keep_warm, Some(i)),
+        };
+        if warm.is_some() {
+            return warm;
         }
-        let imports = job
-            .files
-            .iter()
-            .find(|f| f.path == job.entry)
-            .map(|f| crate::backend::preload::imports_in(&f.contents))
-            .unwrap_or_default();
-        self.pools
-            .take_for(tenant, limits, env, job.keep_warm, Some(&imports))
+        let pool = self.pools.pool_of(tenant, limits, env)?;
+        pool.take_late(imports.as_deref()).await
     }
 
     async fn cold(&self, job: &JobSpec, lifetime: Lifetime) -> Result<Live, BackendError> {
@@ -223,7 +231,7 @@ impl<D: Driver> Engine<D> {
         let input = protocol::encode_job(&job, &python)
             .map_err(|e| BackendError::Rejected(e.to_string()))?;
         let lifetime = Lifetime::Run(job.limits.timeout);
-        let warm = self.take_warm(&job, true);
+        let warm = self.take_warm(&job, true).await;
         let pooled = warm.is_some();
         let mut live = match warm {
             Some(live) => live,
@@ -271,7 +279,7 @@ impl<D: Driver> Engine<D> {
         let python = self.driver.python(&job.env)?;
         let input = protocol::encode_session(&job, &python)
             .map_err(|e| BackendError::Rejected(e.to_string()))?;
-        let mut live = match self.take_warm(&job, false) {
+        let mut live = match self.take_warm(&job, false).await {
             Some(live) => live,
             None => self.cold(&job, Lifetime::Long).await?,
         };

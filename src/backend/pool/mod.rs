@@ -20,6 +20,7 @@ use crate::backend::preload;
 use crate::job::{Limits, RunEnv};
 
 mod depth;
+mod late;
 mod pools;
 mod refill;
 mod runs;
@@ -52,8 +53,9 @@ pub(crate) use refill::{refill, refill_kinds};
 /// A waiting sandbox older than this is replaced rather than used.
 pub(crate) const MAX_IDLE: Duration = Duration::from_secs(600);
 /// Refill workers per pool: sandboxes made at once, at most [`MAKING_PER_KIND`] plain and
-/// as many preloaded ones, so that a plain refill never waits behind the imports.
-pub(crate) const REFILL_WORKERS: usize = 3;
+/// as many preloaded ones, so that a plain refill never waits behind the imports (more
+/// plain ones while the pool runs dry: see `depth` and `late`).
+pub(crate) const REFILL_WORKERS: usize = 4;
 /// Plain sandboxes a pool makes at once, at most, and preloaded ones (over all kinds).
 const MAKING_PER_KIND: usize = 2;
 /// How often waiting sandboxes are checked for death and age.
@@ -107,9 +109,10 @@ impl Shape {
 pub struct PoolStats {
     /// Sandboxes the pools aim to keep waiting (all pools together).
     pub target: usize,
-    /// Jobs served by a waiting sandbox.
+    /// Jobs served by a pool sandbox (waiting, or made while they waited for it).
     pub hits: u64,
-    /// Jobs that found the pool empty (or of another shape) and took the cold path.
+    /// Jobs that found none waiting that fits (the pool empty, or of another shape): they
+    /// took the cold path, or waited for one being made (then a hit too).
     pub misses: u64,
     /// Waiting sandboxes found dead or too old, and replaced.
     pub discarded: u64,
@@ -171,6 +174,9 @@ struct State<L> {
     served_since_dry: usize,
     /// When a run last took a sandbox (see [`Pool::settle`]).
     last_take: Option<tokio::time::Instant>,
+    /// Runs waiting for a plain sandbox being made, and how long those take (see `late`).
+    late_waiting: usize,
+    make_times: late::MakeTimes,
 }
 
 /// One pool: sandboxes of one shape, for one tenant label, of the kinds its calls need
@@ -191,6 +197,8 @@ pub(crate) struct Pool<L> {
     taken: Notify,
     /// A sandbox was made, or failed to be, or the pool closed (what [`RunGate`] waits on).
     made_note: Notify,
+    /// The same, for every run waiting in [`Pool::take_late`].
+    made_any: Notify,
     closed: AtomicBool,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -217,10 +225,13 @@ impl<L: Waiting> Pool<L> {
                 deeper: 0,
                 served_since_dry: 0,
                 last_take: None,
+                late_waiting: 0,
+                make_times: late::MakeTimes::default(),
             }),
             wake: Notify::new(),
             taken: Notify::new(),
             made_note: Notify::new(),
+            made_any: Notify::new(),
             closed: AtomicBool::new(false),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -353,34 +364,42 @@ impl<L: Waiting> Pool<L> {
         }
         let mut st = self.state();
         let need = imports.map(|i| preload::need_of(i, &st.candidates));
-        let mut dropped = Vec::new();
+        let found = self.take_ready(&mut st, need.as_deref());
+        self.after_take(&mut st, found.is_some());
+        drop(st);
+        match &found {
+            Some(_) => self.hits.fetch_add(1, Ordering::Relaxed),
+            None => self.misses.fetch_add(1, Ordering::Relaxed),
+        };
+        found
+    }
+
+    /// The waiting sandbox [`preload::choose`] picks for code that needs `need` (`None`: a
+    /// session), if one is usable; those found dead on the way are discarded. Wakes the
+    /// refill workers either way (a take, or a miss, may leave the pool short).
+    fn take_ready(
+        &self,
+        st: &mut std::sync::MutexGuard<'_, State<L>>,
+        need: Option<&[String]>,
+    ) -> Option<L> {
         let found = loop {
-            let Some(at) =
-                preload::choose(need.as_deref(), st.ready.iter().map(|(k, _)| k.as_slice()))
-            else {
+            let Some(at) = preload::choose(need, st.ready.iter().map(|(k, _)| k.as_slice())) else {
                 break None;
             };
             let (kind, mut live) = st.ready.remove(at).expect("chosen index");
             if usable(&mut live) && live.claimed() {
                 break Some((kind, live));
             }
-            // Dropped below: its guard removes it in the background.
+            // Its guard removes it in the background.
             self.discarded.fetch_add(1, Ordering::Relaxed);
-            dropped.push(live);
+            drop(live);
         };
         st.last_take = Some(tokio::time::Instant::now());
-        self.after_take(&mut st, found.is_some());
-        drop(st);
-        drop(dropped);
         self.wake.notify_one();
         self.taken.notify_waiters();
-        match &found {
-            Some((kind, _)) => {
-                tracing::debug!(pool = %self.label, preloaded = ?kind, need = ?need, "warm sandbox taken");
-                self.hits.fetch_add(1, Ordering::Relaxed)
-            }
-            None => self.misses.fetch_add(1, Ordering::Relaxed),
-        };
+        if let Some((kind, _)) = &found {
+            tracing::debug!(pool = %self.label, preloaded = ?kind, need = ?need, "warm sandbox taken");
+        }
         found.map(|(_, l)| l)
     }
 
@@ -405,6 +424,7 @@ impl<L: Waiting> Pool<L> {
         drop(drained);
         self.wake.notify_waiters();
         self.made_note.notify_waiters();
+        self.made_any.notify_waiters();
         self.taken.notify_waiters();
     }
 
@@ -441,21 +461,23 @@ impl<L: Waiting> Pool<L> {
         }
         let preloading = st.making.iter().filter(|m| !m.is_empty()).count();
         let plain = st.making.len() - preloading;
+        // Each run waiting for a plain sandbox being made (see `late`) will take one of
+        // them: the pool makes one more for it, the make its cold start would have been.
+        let late = st.late_waiting;
         let lacking = st
             .plan
             .iter()
             .filter(|(k, t)| {
-                count(&st, k) < *t
-                    && if k.is_empty() {
-                        // A pool that runs dry also makes more at once (see `depth`).
-                        plain < st.plain_at_once + st.deeper
-                    } else {
-                        preloading < MAKING_PER_KIND
-                    }
+                if k.is_empty() {
+                    // A pool that runs dry also makes more at once (see `depth`).
+                    count(&st, k) < *t + late && plain < st.plain_at_once + st.deeper + late
+                } else {
+                    count(&st, k) < *t && preloading < MAKING_PER_KIND
+                }
             })
             .map(|(k, _)| k.clone())
             .next();
-        let total: usize = st.plan.iter().map(|(_, t)| t).sum();
+        let total: usize = st.plan.iter().map(|(_, t)| t).sum::<usize>() + late;
         let held = st.ready.len() + st.making.len();
         let target_of = |k: &Vec<String>| st.plan.iter().find(|(p, _)| p == k).map_or(0, |p| p.1);
         let claimed = match lacking {
@@ -488,6 +510,9 @@ impl<L: Waiting> Pool<L> {
         };
         if let Some(k) = &claimed {
             st.making.push(k.clone());
+            if k.is_empty() {
+                st.make_times.began();
+            }
         }
         drop(st);
         drop(dead);
@@ -500,7 +525,11 @@ impl<L: Waiting> Pool<L> {
         if let Some(i) = st.making.iter().position(|m| m == kind) {
             st.making.remove(i);
         }
+        if kind.is_empty() {
+            st.make_times.ended(live.is_some());
+        }
         st.failing = live.is_none();
+        self.made_any.notify_waiters();
         if live.is_some() {
             self.made_note.notify_one();
         } else {

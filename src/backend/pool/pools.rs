@@ -197,6 +197,19 @@ impl<L: Waiting> Pools<L> {
         None
     }
 
+    /// The pool a job of `tenant` with `limits` and `env` takes from, if it has one of its
+    /// shape (for [`Pool::take_late`]).
+    pub(crate) fn pool_of(
+        &self,
+        tenant: &str,
+        limits: &Limits,
+        env: &RunEnv,
+    ) -> Option<Arc<Pool<L>>> {
+        let pools = self.map();
+        let (h, _) = pools.get(self.key(tenant))?;
+        h.pool.fits(limits, env).then(|| h.pool.clone())
+    }
+
     /// A one-shot process will run `runs` jobs on the shared pool (see
     /// [`Pool::expect_runs`]): the gate its runs pass before they take a sandbox; `None`
     /// without a shared pool.

@@ -355,3 +355,117 @@ async fn a_refill_waits_a_moment_after_a_take_while_a_sandbox_waits() {
     r.settle().await;
     assert_eq!(at.elapsed(), Duration::ZERO);
 }
+
+fn late(p: &Arc<Pool<Fake>>) -> tokio::task::JoinHandle<Option<u32>> {
+    let p = p.clone();
+    tokio::spawn(async move { p.take_late(Some(&[])).await.map(|f| f.0) })
+}
+
+/// [`fill`], each make taking `ms` (the pool times its plain makes).
+async fn fill_taking(p: &Pool<Fake>, next: &mut u32, ms: u64) {
+    while let Some(kind) = p.claim() {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        *next += 1;
+        p.made(&kind, Some(Fake(*next, true)));
+    }
+}
+
+/// Issue 29: a run that finds the pool dry while a plain sandbox is being made takes that
+/// one once made instead of starting its own beside it, and the pool makes one more for it
+/// meanwhile (the make its cold start would have been), which then waits for the next run.
+#[tokio::test(start_paused = true)]
+async fn a_run_that_finds_the_pool_dry_takes_a_plain_sandbox_being_made() {
+    let p: Arc<Pool<Fake>> = Arc::new(Pool::new(Limits::default(), RunEnv::default(), 1, "t"));
+    let mut n = 0;
+    fill_taking(&p, &mut n, 400).await;
+    assert!(take(&p, "print(1)").is_some());
+    assert!(take(&p, "print(1)").is_none(), "dry");
+    assert!(
+        late(&p).await.unwrap().is_none(),
+        "nothing being made: its own, at once"
+    );
+    // Dry twice: one more kept (see `depth`), so two are made; then the plan is met.
+    let a = p.claim().expect("a refill");
+    let b = p.claim().expect("one more, the pool ran dry");
+    assert!(a.is_empty() && b.is_empty());
+    assert!(p.claim().is_none(), "the plan is met");
+    assert!(take(&p, "print(1)").is_none(), "still dry");
+    let first = late(&p);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!first.is_finished(), "it waits for one being made");
+    let c = p.claim().expect("one more for the run that waits");
+    assert!(c.is_empty());
+    assert!(p.claim().is_none());
+    p.made(&a, Some(Fake(100, true)));
+    assert_eq!(first.await.unwrap(), Some(100));
+    p.made(&b, Some(Fake(101, true)));
+    p.made(&c, Some(Fake(102, true)));
+    assert_eq!(take(&p, "print(1)").map(|f| f.0), Some(101));
+    let st = p.stats();
+    assert_eq!((st.hits, st.misses, st.ready), (3, 2, 1), "{st:?}");
+}
+
+/// A run waits only for a plain make (a preloading one imports for seconds), only while
+/// more are being made than runs wait for them, and only as long as a plain make lately
+/// took; a failed make ends the wait at once. Each time it then starts its own.
+#[tokio::test(start_paused = true)]
+async fn a_run_waits_for_a_make_only_when_it_is_plain_spare_and_soon() {
+    let p: Arc<Pool<Fake>> = Arc::new(pool(2));
+    let mut n = 0;
+    fill_taking(&p, &mut n, 300).await;
+    // Pandas demand: the plan takes in a preloaded sandbox.
+    for _ in 0..4 {
+        assert!(take(&p, "import pandas").is_some());
+        fill_taking(&p, &mut n, 300).await;
+    }
+    while take(&p, "import pandas").is_some() {}
+    let kinds: Vec<Vec<String>> = std::iter::from_fn(|| p.claim()).collect();
+    let (plain, preloaded): (Vec<_>, Vec<_>) = kinds.into_iter().partition(|k| k.is_empty());
+    assert!(!preloaded.is_empty(), "{plain:?} {preloaded:?}");
+    for k in &plain {
+        p.made(k, Some(Fake(1, true)));
+    }
+    while take(&p, "print(1)").is_some() {}
+    // Only preloading makes in flight: no wait.
+    assert!(late(&p).await.unwrap().is_none());
+    for k in &preloaded {
+        p.made(k, Some(Fake(2, true)));
+    }
+    while take(&p, "print(1)").is_some() {}
+    // Plain makes in flight (the preloaded ones made and taken): as many runs wait as
+    // there are of them, and no more.
+    let claimed: Vec<Vec<String>> = std::iter::from_fn(|| p.claim()).collect();
+    let (making, preloaded): (Vec<_>, Vec<_>) = claimed.into_iter().partition(|k| k.is_empty());
+    assert!(!making.is_empty(), "{making:?}");
+    for k in &preloaded {
+        p.made(k, Some(Fake(3, true)));
+    }
+    while take(&p, "print(1)").is_some() {}
+    let began = tokio::time::Instant::now();
+    let mut waiting = Vec::new();
+    for _ in &making {
+        waiting.push(late(&p));
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        late(&p).await.unwrap().is_none(),
+        "one run waiting per make"
+    );
+    // Nothing comes: each gives up after about what a plain make lately took (300 ms;
+    // the depth's early makes timed 0).
+    for w in waiting {
+        assert!(w.await.unwrap().is_none());
+    }
+    let waited = began.elapsed();
+    assert!(
+        waited > Duration::from_millis(50) && waited <= Duration::from_millis(300),
+        "{waited:?}"
+    );
+    // A failed make ends the wait at once.
+    let second = late(&p);
+    tokio::task::yield_now().await;
+    let began = tokio::time::Instant::now();
+    p.made(&making[0], None);
+    assert!(second.await.unwrap().is_none());
+    assert!(began.elapsed() < Duration::from_millis(10));
+}
