@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use mcp_code_executor::ops::bench::Stats;
 use rmcp::model::CallToolRequestParams;
+use rmcp::service::RunningService;
+use rmcp::RoleClient;
 
 use super::{call_code, client, knob, median, ms, pool_cost, sigterm, start_serve, PRELOAD_CODES};
 
@@ -99,6 +101,23 @@ fn row(
     );
 }
 
+/// One `execute_code` call of `code` on `c`, 0.3 s after the last: the client's wall time,
+/// ms, and the result's structured content; `None` when the call failed.
+async fn call_after_pause(
+    c: &RunningService<RoleClient, ()>,
+    code: &str,
+) -> Option<(f64, serde_json::Value)> {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut args = serde_json::Map::new();
+    args.insert("code".into(), code.into());
+    let t = Instant::now();
+    let r = c
+        .call_tool(CallToolRequestParams::new("execute_code").with_arguments(args))
+        .await
+        .ok()?;
+    Some((ms(t.elapsed()), r.structured_content.unwrap_or_default()))
+}
+
 /// Where the milliseconds of a warm `print(1)` go, `n` calls 0.3 s apart on one client: the
 /// client's wall time, the backend's (`duration_ms` of the result: dispatch to a waiting
 /// sandbox, the job in, the runner, the result frame), and the code's own CPU inside the
@@ -107,18 +126,10 @@ async fn breakdown(url: &str, n: usize, runtime: &str) {
     let c = client(url).await;
     let (mut wall, mut backend, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..n {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let mut args = serde_json::Map::new();
-        args.insert("code".into(), "print(1)".into());
-        let t = Instant::now();
-        let Ok(r) = c
-            .call_tool(CallToolRequestParams::new("execute_code").with_arguments(args))
-            .await
-        else {
+        let Some((w, s)) = call_after_pause(&c, "print(1)").await else {
             continue;
         };
-        wall.push(ms(t.elapsed()));
-        let s = r.structured_content.unwrap_or_default();
+        wall.push(w);
         if let Some(d) = s.get("duration_ms").and_then(|v| v.as_f64()) {
             backend.push(d);
         }
@@ -148,18 +159,9 @@ async fn drawing_ms(url: &str, n: usize) -> Vec<(f64, f64)> {
     let c = client(url).await;
     let mut out = Vec::new();
     for _ in 0..n {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let mut args = serde_json::Map::new();
-        args.insert("code".into(), DRAWING_CODE.into());
-        let t = Instant::now();
-        let Ok(r) = c
-            .call_tool(CallToolRequestParams::new("execute_code").with_arguments(args))
-            .await
-        else {
+        let Some((wall, s)) = call_after_pause(&c, DRAWING_CODE).await else {
             continue;
         };
-        let wall = ms(t.elapsed());
-        let s = r.structured_content.unwrap_or_default();
         match s
             .get("stdout")
             .and_then(|v| v.as_str())

@@ -205,7 +205,7 @@ impl<D: Driver> Engine<D> {
             return warm;
         }
         let pool = self.pools.pool_of(tenant, limits, env)?;
-        pool.take_late(imports.as_deref()).await
+        pool.take_late().await
     }
 
     async fn cold(&self, job: &JobSpec, lifetime: Lifetime) -> Result<Live, BackendError> {

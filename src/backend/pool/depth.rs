@@ -3,7 +3,8 @@
 //! machine, or under gVisor), it keeps one more plain sandbox (waiting or being made) per
 //! dry run, up to twice its size, and makes as many more plain ones at once (within the
 //! pool's refill workers: a make under gVisor takes about a second, so two at a time
-//! cannot keep up with a call every 0.3 s), so that the next run finds one; after [`SHALLOWER_AFTER`] runs served without a miss it gives one back. Only plain
+//! cannot keep up with a call every 0.3 s), so that the next run finds one; after
+//! [`SHALLOWER_AFTER`] runs served without a miss it gives one back. Only plain
 //! ones: they are cheap to keep (some 10 MiB each, against 70 for a preloaded one) and
 //! cover every call.
 

@@ -175,8 +175,7 @@ struct State<L> {
     /// When a run last took a sandbox (see [`Pool::settle`]).
     last_take: Option<tokio::time::Instant>,
     /// Runs waiting for a plain sandbox being made, and how long those take (see `late`).
-    late_waiting: usize,
-    make_times: late::MakeTimes,
+    late: late::Late<L>,
 }
 
 /// One pool: sandboxes of one shape, for one tenant label, of the kinds its calls need
@@ -197,8 +196,6 @@ pub(crate) struct Pool<L> {
     taken: Notify,
     /// A sandbox was made, or failed to be, or the pool closed (what [`RunGate`] waits on).
     made_note: Notify,
-    /// The same, for every run waiting in [`Pool::take_late`].
-    made_any: Notify,
     closed: AtomicBool,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -225,13 +222,11 @@ impl<L: Waiting> Pool<L> {
                 deeper: 0,
                 served_since_dry: 0,
                 last_take: None,
-                late_waiting: 0,
-                make_times: late::MakeTimes::default(),
+                late: late::Late::default(),
             }),
             wake: Notify::new(),
             taken: Notify::new(),
             made_note: Notify::new(),
-            made_any: Notify::new(),
             closed: AtomicBool::new(false),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -419,20 +414,21 @@ impl<L: Waiting> Pool<L> {
         let drained: Vec<(Vec<String>, L)> = {
             let mut st = self.state();
             self.closed.store(true, Ordering::SeqCst);
+            st.late.close();
             st.ready.drain(..).collect()
         };
         drop(drained);
         self.wake.notify_waiters();
         self.made_note.notify_waiters();
-        self.made_any.notify_waiters();
         self.taken.notify_waiters();
     }
 
     /// Drop waiting sandboxes that died or aged, then claim a slot for one more of a kind
     /// the plan lacks, if waiting + being made stays within the plan: plain first (cheap,
     /// and most calls need nothing more), at most [`MAKING_PER_KIND`] plain and as many
-    /// preloaded ones made at a time (a plain refill never waits behind the imports). When all is full but a kind lacks
-    /// sandboxes, the oldest waiting sandbox of a kind over its target makes room. All
+    /// preloaded ones made at a time (a plain refill never waits behind the imports; more
+    /// plain ones for a pool found dry, see `depth` and `late`). When all is full but a kind
+    /// lacks sandboxes, the oldest waiting sandbox of a kind over its target makes room. All
     /// under the pool lock, which is also where a made sandbox moves from "being made" to
     /// "waiting". Returns the preload list of the sandbox to make.
     fn claim(&self) -> Option<Vec<String>> {
@@ -463,7 +459,7 @@ impl<L: Waiting> Pool<L> {
         let plain = st.making.len() - preloading;
         // Each run waiting for a plain sandbox being made (see `late`) will take one of
         // them: the pool makes one more for it, the make its cold start would have been.
-        let late = st.late_waiting;
+        let late = st.late.waiting();
         let lacking = st
             .plan
             .iter()
@@ -511,7 +507,7 @@ impl<L: Waiting> Pool<L> {
         if let Some(k) = &claimed {
             st.making.push(k.clone());
             if k.is_empty() {
-                st.make_times.began();
+                st.late.began();
             }
         }
         drop(st);
@@ -526,10 +522,9 @@ impl<L: Waiting> Pool<L> {
             st.making.remove(i);
         }
         if kind.is_empty() {
-            st.make_times.ended(live.is_some());
+            st.late.ended(live.is_some());
         }
         st.failing = live.is_none();
-        self.made_any.notify_waiters();
         if live.is_some() {
             self.made_note.notify_one();
         } else {
@@ -539,7 +534,15 @@ impl<L: Waiting> Pool<L> {
         match live {
             // Checked under the lock that `close` takes: nothing is pushed after it.
             Some(live) if !self.is_closed() => {
-                st.ready.push_back((kind.to_vec(), live));
+                // A plain one goes to a run waiting for it first (see `late`).
+                let left = if kind.is_empty() {
+                    self.to_waiting_run(&mut st, live)
+                } else {
+                    Some(live)
+                };
+                if let Some(live) = left {
+                    st.ready.push_back((kind.to_vec(), live));
+                }
                 true
             }
             other => {

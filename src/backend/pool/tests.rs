@@ -358,7 +358,7 @@ async fn a_refill_waits_a_moment_after_a_take_while_a_sandbox_waits() {
 
 fn late(p: &Arc<Pool<Fake>>) -> tokio::task::JoinHandle<Option<u32>> {
     let p = p.clone();
-    tokio::spawn(async move { p.take_late(Some(&[])).await.map(|f| f.0) })
+    tokio::spawn(async move { p.take_late().await.map(|f| f.0) })
 }
 
 /// [`fill`], each make taking `ms` (the pool times its plain makes).
@@ -371,8 +371,9 @@ async fn fill_taking(p: &Pool<Fake>, next: &mut u32, ms: u64) {
 }
 
 /// Issue 29: a run that finds the pool dry while a plain sandbox is being made takes that
-/// one once made instead of starting its own beside it, and the pool makes one more for it
-/// meanwhile (the make its cold start would have been), which then waits for the next run.
+/// one once made (before any run that came after it) instead of starting its own beside
+/// it, and the pool makes one more for it meanwhile (the make its cold start would have
+/// been), which then waits for the next run.
 #[tokio::test(start_paused = true)]
 async fn a_run_that_finds_the_pool_dry_takes_a_plain_sandbox_being_made() {
     let p: Arc<Pool<Fake>> = Arc::new(Pool::new(Limits::default(), RunEnv::default(), 1, "t"));
@@ -397,12 +398,16 @@ async fn a_run_that_finds_the_pool_dry_takes_a_plain_sandbox_being_made() {
     assert!(c.is_empty());
     assert!(p.claim().is_none());
     p.made(&a, Some(Fake(100, true)));
+    assert!(
+        take(&p, "print(1)").is_none(),
+        "the run that waited gets it, not one that came after"
+    );
     assert_eq!(first.await.unwrap(), Some(100));
     p.made(&b, Some(Fake(101, true)));
     p.made(&c, Some(Fake(102, true)));
     assert_eq!(take(&p, "print(1)").map(|f| f.0), Some(101));
     let st = p.stats();
-    assert_eq!((st.hits, st.misses, st.ready), (3, 2, 1), "{st:?}");
+    assert_eq!((st.hits, st.misses, st.ready), (3, 3, 1), "{st:?}");
 }
 
 /// A run waits only for a plain make (a preloading one imports for seconds), only while
@@ -451,14 +456,14 @@ async fn a_run_waits_for_a_make_only_when_it_is_plain_spare_and_soon() {
         late(&p).await.unwrap().is_none(),
         "one run waiting per make"
     );
-    // Nothing comes: each gives up after about what a plain make lately took (300 ms;
-    // the depth's early makes timed 0).
+    // Nothing comes: each gives up after twice what a plain make lately took (at most
+    // 2 x 300 ms: the depth's early makes timed 0).
     for w in waiting {
         assert!(w.await.unwrap().is_none());
     }
     let waited = began.elapsed();
     assert!(
-        waited > Duration::from_millis(50) && waited <= Duration::from_millis(300),
+        waited > Duration::from_millis(50) && waited <= Duration::from_millis(600),
         "{waited:?}"
     );
     // A failed make ends the wait at once.

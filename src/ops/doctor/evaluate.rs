@@ -218,8 +218,8 @@ pub(super) fn burn_cores(burn: &serde_json::Value) -> Option<f64> {
 }
 
 /// The memory and CPU checks under gVisor, whose cgroup files (where it has any) do not show
-/// the host's limits: the host's cgroup holds the whole sandbox (gVisor's kernel and the code). runsc sizes the kernel's
-/// memory from that cgroup's limit, so `MemTotal` is the limit when it applied and the
+/// the host's limits: the host's cgroup holds the whole sandbox (gVisor's kernel and the
+/// code). runsc sizes the kernel's memory from that cgroup's limit, so `MemTotal` is the limit when it applied and the
 /// host's memory when not; the memory bomb check shows it enforced. The CPU quota has no
 /// trace inside gVisor, so it is measured by what busy loops achieve (see `burn` in
 /// `burn.py`: the CPU time gVisor reports counts throttled time as run): busy processes
