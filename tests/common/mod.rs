@@ -88,6 +88,17 @@ pub fn owner_of(pid: u32, start: &str) -> String {
     format!("{host}/{pid}/{start}")
 }
 
+/// The owner label of the live process `pid` (a server child): see [`containers_owned_by`].
+pub fn owner_of_process(pid: u32) -> String {
+    owner_label(pid).expect("the process exists")
+}
+
+/// Containers made by the process whose owner label is `owner`, running or not: its pool's
+/// (labelled `pool`) and its cold ones (labelled with their tenant).
+pub fn containers_owned_by(owner: &str) -> Vec<String> {
+    list_containers(&[format!("label={LABEL_OWNER}={owner}")])
+}
+
 /// Containers of ours carrying this tenant label, running or not, whoever made them (a
 /// server child process, say). Other test processes on this daemon may use the same label.
 pub fn containers_of(tenant: &str) -> Vec<String> {

@@ -99,11 +99,15 @@ async fn sigterm_stops_runs_removes_containers_and_exits_zero() {
             .await
     });
     recorder.wait_for("started", Duration::from_secs(30)).await;
+    // The run's container is a cold one (labelled with the tenant) or one of the pool's
+    // (labelled `pool`, made before or while the run waited for it): the server's all the same.
+    let pid = child.id().unwrap();
+    let server = common::owner_of_process(pid);
     assert!(
-        !common::containers_of(TENANT).is_empty(),
+        !common::containers_owned_by(&server).is_empty(),
         "the run has a container"
     );
-    let pid = child.id().unwrap() as i32;
+    let pid = pid as i32;
     let t_term = std::time::Instant::now();
     // SAFETY: kill(2) on the pid of a child this test spawned and still holds.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
@@ -121,6 +125,11 @@ async fn sigterm_stops_runs_removes_containers_and_exits_zero() {
         common::containers_of(TENANT).is_empty(),
         "containers left after shutdown: {:?}",
         common::containers_of(TENANT)
+    );
+    assert!(
+        common::containers_owned_by(&server).is_empty(),
+        "containers left after shutdown: {:?}",
+        common::containers_owned_by(&server)
     );
     call.abort();
     let _ = std::fs::remove_dir_all(&dir);
