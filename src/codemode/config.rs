@@ -26,8 +26,14 @@ pub struct Limits {
     pub call_timeout_s: f64,
     /// Bytes of one call's result (its JSON), at most; larger results are an error.
     pub result_bytes: u64,
-    /// Bytes of one call's arguments (its JSON), at most.
+    /// Bytes of one call's request (its JSON, arguments included), at most; larger
+    /// requests are refused before their arguments are parsed.
     pub argument_bytes: u64,
+    /// Bytes all calls of one run may hold at once, waiting or in flight: each call's
+    /// request weighed with the memory its arguments take once parsed (10 to 50 times
+    /// their JSON for lists of small values). A call that would go over is refused at
+    /// once (`ToolError`), so one run holds at most this much of the server's memory.
+    pub pending_bytes: u64,
 }
 
 impl Default for Limits {
@@ -38,6 +44,7 @@ impl Default for Limits {
             call_timeout_s: 30.0,
             result_bytes: 512 << 10,
             argument_bytes: 1 << 20,
+            pending_bytes: 64 << 20,
         }
     }
 }
@@ -204,6 +211,9 @@ impl Config {
         }
         if c.limits.calls_per_run == 0 || c.limits.in_flight == 0 {
             return Err("[limits]: calls_per_run and in_flight must be at least 1".into());
+        }
+        if c.limits.pending_bytes < c.limits.argument_bytes {
+            return Err("[limits]: pending_bytes must be at least argument_bytes".into());
         }
         Ok(c)
     }

@@ -24,6 +24,7 @@
 
 mod caller;
 pub mod config;
+mod frame;
 pub mod names;
 mod run;
 pub mod schema;

@@ -1,13 +1,21 @@
 //! One run's (or one cell's) requests from the sandbox: the catalog, and calls checked
 //! against the policy, made upstream, bounded and answered.
+//!
+//! Every request is weighed before anything is built from it: a request over
+//! `argument_bytes` is refused unparsed; an admitted call holds its request's bytes plus
+//! what its arguments take once parsed ([`footprint`]) against the run's `pending_bytes`
+//! until it ends, so the calls one run keeps waiting and in flight hold a bounded part of
+//! the server's memory. The arguments are parsed once, after the call has its in-flight
+//! slot, checked against the schema in place and moved into the upstream request.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rmcp::model::{CallToolRequestParams, Tool};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
+use super::frame::{footprint, Envelope, Shown};
 use super::{names, schema, Caller, Manager};
 use crate::backend::protocol::encode_tool_answer;
 use crate::job::ToolRun;
@@ -16,11 +24,22 @@ use crate::job::ToolRun;
 pub(super) struct Run {
     manager: Arc<Manager>,
     tenant: String,
+    /// Call requests so far (refused and malformed ones too): past `calls_per_run`,
+    /// `BudgetExceeded`.
     calls: AtomicU32,
+    /// Catalog requests so far: at most `calls_per_run` too.
+    catalogs: AtomicU32,
+    /// The budget's refusal has been logged (once per run: later ones are counted only).
+    over_logged: AtomicBool,
     in_flight: tokio::sync::Semaphore,
+    /// The run's `pending_bytes`, in KiB: what its admitted calls hold.
+    pending: tokio::sync::Semaphore,
     /// Our client: upstream progress goes to it, and it may consent to destructive tools.
     caller: Option<Arc<dyn Caller>>,
 }
+
+/// The unit of [`Run::pending`]'s permits.
+const KIB: u64 = 1024;
 
 impl Run {
     pub(super) fn new(
@@ -28,12 +47,19 @@ impl Run {
         tenant: String,
         caller: Option<Arc<dyn Caller>>,
     ) -> Run {
-        let in_flight = tokio::sync::Semaphore::new(manager.config.limits.in_flight as usize);
+        let limits = &manager.config.limits;
+        let in_flight = tokio::sync::Semaphore::new(limits.in_flight as usize);
+        let pending = tokio::sync::Semaphore::new(
+            (limits.pending_bytes / KIB).min(tokio::sync::Semaphore::MAX_PERMITS as u64) as usize,
+        );
         Run {
             manager,
             tenant,
             calls: AtomicU32::new(0),
+            catalogs: AtomicU32::new(0),
+            over_logged: AtomicBool::new(false),
             in_flight,
+            pending,
             caller,
         }
     }
@@ -69,7 +95,7 @@ impl Known {
 impl Drop for Cancelled<'_> {
     fn drop(&mut self) {
         if self.armed {
-            tracing::info!(tenant = %self.tenant, server = %self.server, tool = %self.tool, "code mode: tool call cancelled (the run ended)");
+            tracing::info!(tenant = %self.tenant, server = %Shown(self.server), tool = %Shown(self.tool), "code mode: tool call cancelled (the run ended)");
             let (s, t) = labels(self.known.get(), self.server, self.tool);
             crate::app::metrics::tool_calls().call(
                 self.tenant,
@@ -102,16 +128,19 @@ fn denied(msg: String) -> Raise {
 #[async_trait::async_trait]
 impl ToolRun for Run {
     async fn answer(&self, request: Vec<u8>) -> Vec<u8> {
-        let req: Value = serde_json::from_slice(&request).unwrap_or(Value::Null);
-        let id = req.get("id").cloned().unwrap_or(Value::Null);
-        let body = match req.get("op").and_then(Value::as_str) {
-            Some("catalog") => Ok(self.catalog().await),
-            Some("call") => self.call(&req, request.len()).await,
-            _ => Err(Raise(
-                "ToolError",
-                "a malformed request (no known `op`)".into(),
-                None,
-            )),
+        let envelope = Envelope::parse(&request);
+        let body = match envelope.op.as_deref() {
+            Some("catalog") => self.catalog_request().await,
+            Some("call") => self.call(&envelope, request.len()).await,
+            _ => {
+                // Counted as a call: a flood of malformed requests ends at the budget too.
+                self.calls.fetch_add(1, Ordering::SeqCst);
+                Err(Raise(
+                    "ToolError",
+                    "a malformed request (no known `op`)".into(),
+                    None,
+                ))
+            }
         };
         let mut answer = match body {
             Ok(Value::Object(m)) => Value::Object(m),
@@ -125,9 +154,18 @@ impl ToolRun for Run {
             }
         };
         answer["kind"] = json!("tool");
-        answer["id"] = id;
+        answer["id"] = envelope.id();
         encode_tool_answer(&answer)
     }
+}
+
+/// The refusal of a call past the run's budget.
+fn over_budget(limit: u32) -> Raise {
+    Raise(
+        "BudgetExceeded",
+        format!("this run has made its {limit} tool calls (calls_per_run)"),
+        None,
+    )
 }
 
 impl Run {
@@ -208,11 +246,43 @@ impl Run {
         json!({ "servers": servers })
     }
 
-    async fn call(&self, req: &Value, request_bytes: usize) -> Result<Value, Raise> {
-        let server = req.get("server").and_then(Value::as_str).unwrap_or("");
-        let tool = req.get("tool").and_then(Value::as_str).unwrap_or("");
+    /// A catalog request, within the run's budget of them.
+    async fn catalog_request(&self) -> Result<Value, Raise> {
+        let limit = self.manager.config.limits.calls_per_run;
+        if self.catalogs.fetch_add(1, Ordering::SeqCst) >= limit {
+            return Err(Raise(
+                "BudgetExceeded",
+                format!("this run has asked for the catalog {limit} times (calls_per_run)"),
+                None,
+            ));
+        }
+        Ok(self.catalog().await)
+    }
+
+    async fn call(&self, req: &Envelope<'_>, request_bytes: usize) -> Result<Value, Raise> {
+        let server = req.server.as_deref().unwrap_or("");
+        let tool = req.tool.as_deref().unwrap_or("");
         let started = Instant::now();
         let limits = &self.manager.config.limits;
+        // Every call request counts, refused ones too: past the budget each is answered
+        // at once, and only the first such refusal of a run is logged.
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if n > limits.calls_per_run {
+            if !self.over_logged.swap(true, Ordering::SeqCst) {
+                tracing::info!(
+                    tenant = %self.tenant, budget = limits.calls_per_run,
+                    "code mode: the run has used its tool-call budget; its further calls are refused and counted, not logged"
+                );
+            }
+            crate::app::metrics::tool_calls().call(
+                &self.tenant,
+                "(other)",
+                "(other)",
+                "BudgetExceeded",
+                0.0,
+            );
+            return Err(over_budget(limits.calls_per_run));
+        }
         let known = Known::default();
         let mut guard = Cancelled {
             tenant: &self.tenant,
@@ -232,11 +302,11 @@ impl Run {
             Err(Raise(kind, _, _)) => (*kind, 0),
         };
         tracing::info!(
-            tenant = %self.tenant, server = %server, tool = %tool,
+            tenant = %self.tenant, server = %Shown(server), tool = %Shown(tool),
             argument_bytes = request_bytes, result_bytes, outcome,
             ms = started.elapsed().as_millis() as u64,
             us = started.elapsed().as_micros() as u64, upstream_us,
-            calls = self.calls.load(Ordering::SeqCst), budget = limits.calls_per_run,
+            calls = n, budget = limits.calls_per_run,
             "code mode: tool call"
         );
         let (s, t) = labels(known.get(), server, tool);
@@ -250,29 +320,86 @@ impl Run {
         result.map(|(v, _)| v)
     }
 
+    /// The weight of a call's request held against the run's `pending_bytes` until the
+    /// call ends: its bytes and its arguments' parsed footprint. Refused at once when the
+    /// run's calls hold too much already (waiting for room would hold the request anyway).
+    fn admit(
+        &self,
+        req: &Envelope<'_>,
+        request_bytes: usize,
+    ) -> Result<tokio::sync::SemaphorePermit<'_>, Raise> {
+        let limits = &self.manager.config.limits;
+        let parsed = match req.arguments {
+            Some(raw) => {
+                footprint(raw).ok_or_else(|| denied("the arguments are not valid JSON".into()))?
+            }
+            None => 0,
+        };
+        let weight = request_bytes as u64 + parsed;
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        if weight > limits.pending_bytes {
+            return Err(Raise(
+                "ToolError",
+                format!(
+                    "the arguments would take {:.1} MiB of the server's memory once parsed, over the {:.1} MiB a run's calls may hold (pending_bytes): send less per call",
+                    mib(weight),
+                    mib(limits.pending_bytes)
+                ),
+                None,
+            ));
+        }
+        let permits = weight.div_ceil(KIB).max(1) as u32;
+        self.pending.try_acquire_many(permits).map_err(|_| {
+            Raise(
+                "ToolError",
+                format!(
+                    "this run's calls in flight and waiting already hold most of the {:.1} MiB they may (pending_bytes); this call needs {:.1} MiB: wait for some calls to end",
+                    mib(limits.pending_bytes),
+                    mib(weight)
+                ),
+                None,
+            )
+        })
+    }
+
     async fn checked_call(
         &self,
         server: &str,
         tool: &str,
-        req: &Value,
+        req: &Envelope<'_>,
         request_bytes: usize,
         known: &Known,
         upstream_us: &mut u64,
     ) -> Result<(Value, usize), Raise> {
         let m = &self.manager;
         let limits = &m.config.limits;
+        if request_bytes as u64 > limits.argument_bytes {
+            return Err(denied(format!(
+                "the arguments are over {} bytes (argument_bytes)",
+                limits.argument_bytes
+            )));
+        }
         let Some(u) = m.upstream(&self.tenant, server) else {
             return Err(denied(format!(
-                "no tool server `{server}` is available here"
+                "no tool server `{}` is available here",
+                Shown(server)
             )));
         };
         known.server.store(true, Ordering::SeqCst);
         let conf = &u.server;
         if !conf.allows(tool) {
             return Err(denied(format!(
-                "tool `{tool}` of `{server}` is not allowed here"
+                "tool `{}` of `{server}` is not allowed here",
+                Shown(tool)
             )));
         }
+        if req
+            .arguments
+            .is_some_and(|a| !a.get().trim_start().starts_with(['{', 'n']))
+        {
+            return Err(denied("the arguments must be an object".into()));
+        }
+        let _weight = self.admit(req, request_bytes)?;
         let (peer, tools) = m.connect(&u).await.map_err(|e| {
             Raise(
                 "ToolError",
@@ -282,7 +409,8 @@ impl Run {
         })?;
         let Some(t) = tools.iter().find(|t| t.name == tool) else {
             return Err(denied(format!(
-                "tool server `{server}` has no tool `{tool}`"
+                "tool server `{server}` has no tool `{}`",
+                Shown(tool)
             )));
         };
         known.tool.store(true, Ordering::SeqCst);
@@ -292,42 +420,23 @@ impl Run {
             .and_then(|a| a.destructive_hint)
             .unwrap_or(false)
             || conf.destructive.iter().any(|d| d == tool);
-        let args = req.get("arguments").cloned().unwrap_or_else(|| json!({}));
-        let Value::Object(args) = args else {
-            return Err(denied("the arguments must be an object".into()));
-        };
-        if request_bytes as u64 > limits.argument_bytes {
-            return Err(denied(format!(
-                "the arguments are over {} bytes",
-                limits.argument_bytes
-            )));
-        }
-        if let Some(why) = schema::check(
-            &Value::Object((*t.input_schema).clone()),
-            &Value::Object(args.clone()),
-        ) {
-            return Err(denied(format!("`{server}.{tool}`: {why}")));
-        }
         if destructive && !conf.consented(tool) {
             self.consent(server, tool, conf.call_timeout(limits))
                 .await?;
-        }
-        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-        if n > limits.calls_per_run {
-            return Err(Raise(
-                "BudgetExceeded",
-                format!(
-                    "this run has made its {} tool calls (calls_per_run)",
-                    limits.calls_per_run
-                ),
-                None,
-            ));
         }
         let _slot = self
             .in_flight
             .acquire()
             .await
             .map_err(|_| Raise("ToolError", "closed".into(), None))?;
+        // Parsed once, with a slot: checked in place, then moved into the request.
+        let args: Map<String, Value> = match req.arguments {
+            Some(raw) if raw.get() != "null" => serde_json::from_str(raw.get())
+                .map_err(|_| denied("the arguments must be an object".into()))?,
+            _ => Map::new(),
+        };
+        let args = schema::check_object(&t.input_schema, args)
+            .map_err(|why| denied(format!("`{server}.{tool}`: {why}")))?;
         let timeout = conf.call_timeout(limits);
         let params = CallToolRequestParams::new(tool.to_string()).with_arguments(args);
         // The upstream's progress goes to our client as progress of its call.

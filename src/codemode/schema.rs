@@ -4,11 +4,28 @@
 //! `maximum`, `minLength`, `maxLength`, `anyOf`/`oneOf` as "any of"). A keyword outside
 //! this set is not checked here: the upstream checks its own arguments too.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// Why `value` does not match `schema`, or `None`.
 pub fn check(schema: &Value, value: &Value) -> Option<String> {
     at(schema, value, "arguments", 0)
+}
+
+/// [`check`] of a call's arguments against a tool's `inputSchema`, in place: the
+/// arguments are given back unchanged (never copied), or why they do not match.
+pub fn check_object(
+    schema: &Map<String, Value>,
+    args: Map<String, Value>,
+) -> Result<Map<String, Value>, String> {
+    let v = Value::Object(args);
+    let why = at_map(schema, &v, "arguments", 0);
+    let Value::Object(args) = v else {
+        unreachable!("made an object above")
+    };
+    match why {
+        Some(e) => Err(e),
+        None => Ok(args),
+    }
 }
 
 fn type_ok(t: &str, v: &Value) -> bool {
@@ -25,7 +42,10 @@ fn type_ok(t: &str, v: &Value) -> bool {
 }
 
 fn at(schema: &Value, v: &Value, path: &str, depth: usize) -> Option<String> {
-    let s = schema.as_object()?;
+    at_map(schema.as_object()?, v, path, depth)
+}
+
+fn at_map(s: &Map<String, Value>, v: &Value, path: &str, depth: usize) -> Option<String> {
     if depth > 32 {
         return None;
     }

@@ -42,7 +42,7 @@ fn upstreams() -> PathBuf {
     dir
 }
 
-fn node_server(name: &str) -> String {
+pub(crate) fn node_server(name: &str) -> String {
     upstreams()
         .join(format!(
             "node_modules/@modelcontextprotocol/server-{name}/dist/index.js"
@@ -59,10 +59,10 @@ fn time_server() -> String {
 }
 
 /// A temporary directory removed on drop.
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl TempDir {
-    fn new(name: &str) -> TempDir {
+    pub(crate) fn new(name: &str) -> TempDir {
         let p = std::env::temp_dir().join(format!(
             "mcpx-codemode-{name}-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..8]
@@ -78,7 +78,7 @@ impl Drop for TempDir {
     }
 }
 
-async fn start(name: &str, tools_toml: &str, dir: &Path, extra: &[&str]) -> Server {
+pub(crate) async fn start(name: &str, tools_toml: &str, dir: &Path, extra: &[&str]) -> Server {
     let file = dir.join("tools.toml");
     std::fs::write(&file, tools_toml).unwrap();
     let mut args = vec!["--tools", file.to_str().unwrap()];
@@ -95,7 +95,7 @@ async fn start(name: &str, tools_toml: &str, dir: &Path, extra: &[&str]) -> Serv
     .await
 }
 
-async fn call(peer: &rmcp::Peer<RoleClient>, tool: &str, args: Value) -> CallToolResult {
+pub(crate) async fn call(peer: &rmcp::Peer<RoleClient>, tool: &str, args: Value) -> CallToolResult {
     let Value::Object(map) = args else { panic!() };
     peer.call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(map))
         .await
@@ -103,11 +103,11 @@ async fn call(peer: &rmcp::Peer<RoleClient>, tool: &str, args: Value) -> CallToo
 }
 
 /// Run `code` with execute_code: (stdout, stderr, structured report).
-async fn run(peer: &rmcp::Peer<RoleClient>, code: &str) -> (String, String, Value) {
+pub(crate) async fn run(peer: &rmcp::Peer<RoleClient>, code: &str) -> (String, String, Value) {
     run_with(peer, code, 60).await
 }
 
-async fn run_with(
+pub(crate) async fn run_with(
     peer: &rmcp::Peer<RoleClient>,
     code: &str,
     timeout: u64,
@@ -127,7 +127,7 @@ async fn run_with(
 }
 
 /// The last line of stdout, as JSON.
-fn last_json(out: &str, err: &str) -> Value {
+pub(crate) fn last_json(out: &str, err: &str) -> Value {
     let line = out
         .lines()
         .last()
@@ -340,8 +340,8 @@ from tools import everything
 async def many():
     return await asyncio.gather(*[everything.get_sum.aio(a=i, b=1) for i in range(5)])
 gathered = asyncio.run(many())
-# Calls that counted: the 5 gathered (the refused forged one does not count).
-calls = 5
+# Calls that counted: the refused forged one and the 5 gathered (refused calls count).
+calls = 6
 try:
     while True:
         everything.echo(message="x")
@@ -355,8 +355,8 @@ print(json.dumps({"forged": forged, "gathered": gathered, "budget": budget}))
     assert_eq!(v["forged"]["error"]["type"], "ToolDenied", "{v}");
     assert_eq!(v["forged"]["id"], 999999, "{v}");
     assert_eq!(v["gathered"].as_array().unwrap().len(), 5, "{v}");
-    // 5 gathered + 25 echoes = 30 = calls_per_run; the refused forged call does not
-    // count (it was refused before the budget).
+    // 1 refused forged call + 5 gathered + 24 echoes = 30 = calls_per_run: refused calls
+    // count too (a loop of refused calls ends at the budget).
     assert_eq!(v["budget"][0], 30, "{v}");
     assert!(v["budget"][1].as_str().unwrap().contains("30"), "{v}");
 

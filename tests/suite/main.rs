@@ -23,6 +23,7 @@ mod process;
 mod cli;
 mod cli_jobs;
 mod codemode;
+mod codemode_limits;
 mod compose;
 mod conformance;
 mod engine;

@@ -1,0 +1,186 @@
+//! Code mode's bounds against hostile code (#42, findings 1 and 6): the memory one run's
+//! tool calls make the server hold, and what refused calls cost (budget, log). The
+//! upstream is a real MCP server written with the official Python SDK (`MCPServer`, from
+//! `target/py-sdk`): a tool that takes a list and holds the call for seconds.
+
+use std::time::Duration;
+
+use crate::codemode::{last_json, run_with, start, TempDir};
+use crate::{common, process};
+
+/// An upstream whose `hold` tool takes any list and answers after `seconds`.
+const HOLD: &str = r#"
+import asyncio
+from mcp.server.mcpserver import MCPServer
+
+app = MCPServer("hold")
+
+
+@app.tool()
+async def hold(data: list, seconds: float = 2.0) -> str:
+    """Wait `seconds`, then say how long `data` was."""
+    await asyncio.sleep(seconds)
+    return "held %d" % len(data)
+
+
+app.run()
+"#;
+
+fn hold_tools(dir: &TempDir) -> String {
+    let script = dir.0.join("hold.py");
+    std::fs::write(&script, HOLD).unwrap();
+    format!(
+        "[limits]\ncall_timeout_s = 60\n[[servers]]\nname = \"hold\"\ncommand = \"{}\"\nargs = [\"{}\"]\n",
+        common::sdk_python().display(),
+        script.display()
+    )
+}
+
+const MIB: u64 = 1 << 20;
+
+/// The review's attack: 100 concurrent calls of about 1 MB each (a list of 340,000 zeros,
+/// about 17 MB once parsed) to a slow tool. Before: every request was parsed at once and
+/// held (and cloned) while waiting for one of 8 slots: the server went from 32 to 2,200
+/// MiB. Now a run's calls hold at most `pending_bytes` (64 MiB by default, weighed as
+/// parsed): the first calls run, the rest are refused at once with a clear reason. The
+/// frames are written straight onto the channel, all before any answer is read, and the
+/// tool holds each call 15 s, so that every call is pending at once.
+#[tokio::test]
+async fn a_hundred_big_concurrent_calls_keep_the_server_small() {
+    let dir = TempDir::new("mem");
+    let s = start("codemode-mem", &hold_tools(&dir), &dir.0, &[]).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let client = s.client().await;
+    let peer = client.peer().clone();
+    // The upstream starts (and the run's path warms) before the measure.
+    let (out, err, _) = run_with(
+        &peer,
+        "from tools import hold\nprint(hold.hold(data=[1, 2], seconds=0))",
+        60,
+    )
+    .await;
+    assert!(out.contains("held 2"), "{out}\n{err}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = process::rss(s.pid());
+    let peak = process::Peak::start(s.pid());
+    // The frames go straight onto the channel, all 100 before any answer is read (the
+    // package's own calls may be spaced by its threads).
+    let code = r#"
+import json, os, socket, struct
+s = socket.socket(fileno=os.dup(5))
+data = [0] * 340000
+for i in range(100):
+    b = json.dumps({"id": i, "op": "call", "server": "hold", "tool": "hold",
+                    "arguments": {"data": data, "seconds": 15}}).encode()
+    s.sendall(struct.pack(">I", len(b)) + b)
+r = []
+for i in range(100):
+    n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+    a = json.loads(s.recv(n, socket.MSG_WAITALL))
+    r.append("ok:" + json.dumps(a["content"]) if "content" in a else a["error"]["type"] + ":" + a["error"]["message"])
+refused = [x for x in r if "pending_bytes" in x]
+print(json.dumps({"ok": sum(x.startswith("ok:") for x in r), "refused": len(refused),
+                  "sample": refused[:1], "other": [x for x in r if not x.startswith("ok:") and x not in refused][:3]}))
+"#;
+    let (out, err, _) = run_with(&peer, code, 90).await;
+    let peak = peak.get();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = process::rss(s.pid());
+    eprintln!(
+        "server RSS: {} MiB before, peak {} MiB, {} MiB after",
+        before / MIB,
+        peak / MIB,
+        after / MIB
+    );
+    let v = last_json(&out, &err);
+    assert_eq!(v["other"], serde_json::json!([]), "{v}");
+    assert!(v["ok"].as_u64().unwrap() >= 1, "{v}");
+    assert_eq!(
+        v["ok"].as_u64().unwrap() + v["refused"].as_u64().unwrap(),
+        100,
+        "{v}"
+    );
+    let sample = v["sample"][0].as_str().unwrap_or_default();
+    assert!(
+        sample.starts_with("ToolError:") && sample.contains("wait for some calls to end"),
+        "{v}"
+    );
+    assert!(
+        peak < before + 200 * MIB,
+        "the server grew from {} to {} MiB during one run's calls",
+        before / MIB,
+        peak / MIB
+    );
+    drop(client);
+}
+
+/// Refused calls count against the run's budget (before: 20,000 refused calls in 7.4 s,
+/// none refused for the budget, each logged), only the first refusal past the budget is
+/// logged, and a name the code sends reaches the log escaped and capped (before: a name
+/// holding a newline and a fake `INFO …oauth: FORGED admin sign-in` was a log line of its
+/// own; 1 MiB names were logged whole).
+#[tokio::test]
+async fn refused_calls_count_and_names_never_forge_or_flood_the_log() {
+    let dir = TempDir::new("log");
+    let s = start("codemode-log", &hold_tools(&dir), &dir.0, &[]).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let client = s.client().await;
+    let peer = client.peer().clone();
+    let code = r#"
+import json, os, socket, struct
+s = socket.socket(fileno=os.dup(5))
+def ask(req):
+    b = json.dumps(req).encode()
+    s.sendall(struct.pack(">I", len(b)) + b)
+    n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+    return json.loads(s.recv(n, socket.MSG_WAITALL))
+forged = ask({"id": 1, "op": "call", "tool": "t",
+              "server": "x\n2026-11-28T00:00:00.000000Z  INFO mcp_code_executor::tenancy::oauth: FORGED admin sign-in"})
+named = ask({"id": 2, "op": "call", "server": "hold", "tool": "y" * 500000})
+kinds = {}
+for i in range(2000):
+    a = ask({"id": 3 + i, "op": "call", "server": "nope", "tool": "t"})
+    kinds[a["error"]["type"]] = kinds.get(a["error"]["type"], 0) + 1
+print(json.dumps({"forged": forged["error"]["type"], "named": named["error"], "kinds": kinds}))
+"#;
+    let (out, err, _) = run_with(&peer, code, 120).await;
+    let v = last_json(&out, &err);
+    assert_eq!(v["forged"], "ToolDenied", "{v}");
+    assert_eq!(v["named"]["type"], "ToolDenied", "{v}");
+    assert!(
+        v["named"]["message"].as_str().unwrap().len() < 300,
+        "the refusal repeats the name whole: {} bytes",
+        v["named"]["message"].as_str().unwrap().len()
+    );
+    // 100 calls: the forged one, the long name, 98 to a server that is not there; then
+    // the budget.
+    assert_eq!(v["kinds"]["ToolDenied"], 98, "{v}");
+    assert_eq!(v["kinds"]["BudgetExceeded"], 1902, "{v}");
+    let log = s.stderr();
+    assert!(
+        !log.lines().any(|l| l.starts_with("2026-11-28T00:00:00")),
+        "a forged log line:\n{log}"
+    );
+    assert!(
+        log.lines()
+            .filter(|l| l.contains("FORGED"))
+            .all(|l| l.contains("x\\n2026")),
+        "{log}"
+    );
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("code mode: tool call"))
+        .count();
+    assert_eq!(lines, 100, "one log line per call within the budget");
+    assert_eq!(
+        log.matches("has used its tool-call budget").count(),
+        1,
+        "{log}"
+    );
+    assert!(
+        log.len() < 200_000,
+        "{} bytes of log for 2,002 refused calls",
+        log.len()
+    );
+    drop(client);
+}
