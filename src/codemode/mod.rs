@@ -25,6 +25,7 @@
 mod caller;
 pub mod config;
 mod frame;
+mod health;
 pub mod names;
 mod run;
 pub mod schema;

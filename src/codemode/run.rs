@@ -449,6 +449,7 @@ impl Run {
         *upstream_us = upstream_started.elapsed().as_micros() as u64;
         let result = match result {
             Err(_) => {
+                u.clone().check_after_timeout();
                 return Err(Raise(
                     "ToolTimeout",
                     format!(
@@ -456,7 +457,7 @@ impl Run {
                         timeout.as_secs_f64()
                     ),
                     None,
-                ))
+                ));
             }
             Ok(Err(e)) => {
                 return Err(Raise(

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest,
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest, PingRequest,
     ProgressNotificationParam, ProgressToken, ServerResult, Tool,
 };
 use rmcp::service::NotificationContext;
@@ -16,10 +16,14 @@ use rmcp::service::PeerRequestOptions;
 use rmcp::service::{Peer, RunningService};
 use rmcp::{RoleClient, ServiceExt};
 
+use super::health::Health;
 use super::{config, names, Caller, Config};
 
 /// How long an upstream may take to start and list its tools.
 const START_LIMIT: Duration = Duration::from_secs(60);
+/// How long an upstream may take to answer a ping after one of its calls timed out; past
+/// it, it is taken for hung and replaced.
+const PING_LIMIT: Duration = Duration::from_secs(5);
 
 /// The upstream clients of every tenant.
 pub struct Manager {
@@ -40,6 +44,10 @@ pub(super) struct Upstream {
     about: Mutex<Option<String>>,
     /// Calls in flight whose progress our client wants, by progress token.
     listeners: Listeners,
+    /// Failures in a row, and when it may start again.
+    health: Mutex<Health>,
+    /// A ping after a timed-out call is under way.
+    checking: AtomicBool,
 }
 
 struct Conn {
@@ -115,6 +123,8 @@ impl Manager {
                         conn: tokio::sync::Mutex::new(None),
                         about: Mutex::new(None),
                         listeners: Listeners::default(),
+                        health: Mutex::new(Health::default()),
+                        checking: AtomicBool::new(false),
                     })
                 })
                 .clone(),
@@ -144,9 +154,29 @@ impl Manager {
                 return Ok((c.service.peer().clone(), c.tools.clone()));
             }
             tracing::warn!(tenant = %u.tenant, server = %u.server.name, "code mode: the upstream server has gone; starting it again");
+            u.health.lock().unwrap().failed("it exited", Instant::now());
             *conn = None;
         }
+        if let Some(why) = u.health.lock().unwrap().refusal(Instant::now()) {
+            return Err(why);
+        }
         let started = Instant::now();
+        let c = match self.open(u).await {
+            Ok(c) => c,
+            Err(e) => {
+                let n = u.health.lock().unwrap().failed(&e, Instant::now());
+                tracing::warn!(tenant = %u.tenant, server = %u.server.name, error = %e, failures = n, "code mode: the upstream server did not start");
+                return Err(e);
+            }
+        };
+        tracing::info!(tenant = %u.tenant, server = %u.server.name, tools = c.tools.len(), ms = started.elapsed().as_millis() as u64, "code mode: upstream server started");
+        let out = (c.service.peer().clone(), c.tools.clone());
+        *conn = Some(c);
+        Ok(out)
+    }
+
+    /// Start `u`'s upstream and list its tools.
+    async fn open(&self, u: &Upstream) -> Result<Conn, String> {
         let service = tokio::time::timeout(
             START_LIMIT,
             self.start(
@@ -162,19 +192,15 @@ impl Manager {
             .await
             .map_err(|_| "it did not list its tools in time".to_string())?
             .map_err(|e| format!("listing its tools failed: {e}"))?;
-        tracing::info!(tenant = %u.tenant, server = %u.server.name, tools = tools.len(), ms = started.elapsed().as_millis() as u64, "code mode: upstream server started");
         let info = service.peer_info();
         if let Some(i) = info.as_ref().and_then(|x| x.server_info.as_ref()) {
             let name = i.title.clone().unwrap_or_else(|| i.name.clone());
             *u.about.lock().unwrap() = Some(format!("{name} ({} tools)", tools.len()));
         }
-        let c = Conn {
+        Ok(Conn {
             service,
             tools: Arc::new(tools),
-        };
-        let out = (c.service.peer().clone(), c.tools.clone());
-        *conn = Some(c);
-        Ok(out)
+        })
     }
 
     async fn start(
@@ -267,9 +293,55 @@ impl Upstream {
         let result = handle.await_response().await;
         abandoned.id = None;
         match result? {
-            ServerResult::CallToolResult(r) => Ok(r),
+            ServerResult::CallToolResult(r) => {
+                self.health.lock().unwrap().answered();
+                Ok(r)
+            }
             _ => Err(rmcp::ServiceError::UnexpectedResponse),
         }
+    }
+
+    /// After one of its calls timed out: an upstream that does not answer a ping within
+    /// [`PING_LIMIT`] is hung (a tool blocking its loop, say): it is closed (its process
+    /// killed), its other calls fail at once, and the next call starts a new one (a
+    /// failure in a row for the backoff). One check at a time; never delays the caller.
+    pub(super) fn check_after_timeout(self: Arc<Self>) {
+        if self.checking.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        tokio::spawn(async move {
+            let current = {
+                let c = self.conn.lock().await;
+                c.as_ref()
+                    .map(|c| (c.service.peer().clone(), c.tools.clone()))
+            };
+            if let Some((peer, tools)) = current {
+                let ping = peer.send_request(ClientRequest::PingRequest(PingRequest {
+                    method: Default::default(),
+                    extensions: Default::default(),
+                }));
+                if !matches!(tokio::time::timeout(PING_LIMIT, ping).await, Ok(Ok(_))) {
+                    let mut c = self.conn.lock().await;
+                    // Only the connection pinged: a new one may have replaced it meanwhile.
+                    if c.as_ref().is_some_and(|c| Arc::ptr_eq(&c.tools, &tools)) {
+                        let old = c.take();
+                        drop(c);
+                        let n = self
+                            .health
+                            .lock()
+                            .unwrap()
+                            .failed("it stopped answering", Instant::now());
+                        tracing::warn!(tenant = %self.tenant, server = %self.server.name, failures = n, "code mode: the upstream server did not answer a ping after a call timed out; it is closed and started again at the next call");
+                        if let Some(old) = old {
+                            let _ =
+                                tokio::time::timeout(Duration::from_secs(5), old.service.cancel())
+                                    .await;
+                        }
+                    }
+                }
+            }
+            self.checking.store(false, Ordering::SeqCst);
+        });
     }
 }
 

@@ -721,8 +721,8 @@ import tools
 try:
     from tools import {other}
     imported_other = "imported"
-except ImportError:
-    imported_other = "ImportError"
+except ImportError as e:
+    imported_other = "ImportError: " + str(e)
 from tools import {own}
 r = {own_call}
 try:
@@ -737,7 +737,13 @@ print(json.dumps({{"servers": sorted(tools.servers()), "forged": forged, "import
         let (out, err, rep) = run(c.peer(), &code).await;
         let v = last_json(&out, &err);
         assert_eq!(v["servers"], json!([own]), "{v}");
-        assert_eq!(v["import"], "ImportError", "{v}");
+        // The package's own message, naming the servers there are (not Python's bare
+        // "cannot import name").
+        assert_eq!(
+            v["import"],
+            format!("ImportError: no tool server '{other}' in this sandbox (have: {own}; tools.servers() lists them)"),
+            "{v}"
+        );
         assert_eq!(v["call"], "ToolDenied", "{v}");
         assert_eq!(v["forged"]["id"], 4242, "{v}");
         assert_eq!(v["forged"]["error"]["type"], "ToolDenied", "{v}");

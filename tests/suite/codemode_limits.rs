@@ -184,3 +184,116 @@ print(json.dumps({"forged": forged["error"]["type"], "named": named["error"], "k
     );
     drop(client);
 }
+
+/// An upstream that crashes on `crash` and blocks its own loop on `wedge`.
+const FLAKY: &str = r#"
+import os
+import time
+from mcp.server.mcpserver import MCPServer
+
+app = MCPServer("flaky")
+
+
+@app.tool()
+async def crash() -> str:
+    """Exit the server."""
+    os._exit(1)
+
+
+@app.tool()
+async def wedge() -> str:
+    """Block the server's loop for two minutes."""
+    time.sleep(120)
+    return "late"
+
+
+@app.tool()
+async def echo(message: str) -> str:
+    """Say it back."""
+    return message
+
+
+app.run()
+"#;
+
+fn flaky_tools(dir: &TempDir) -> String {
+    let script = dir.0.join("flaky.py");
+    std::fs::write(&script, FLAKY).unwrap();
+    format!(
+        "[limits]\ncall_timeout_s = 3\n[[servers]]\nname = \"flaky\"\ncommand = \"{}\"\nargs = [\"{}\"]\n",
+        common::sdk_python().display(),
+        script.display()
+    )
+}
+
+/// Finding 7: a crashing upstream is started again at once the first time, then only
+/// after a doubling wait, during which calls fail at once saying why (before: one run
+/// restarted it 99 times in 27.8 s). A hung upstream (a tool blocking its loop) is replaced
+/// after a call times out and a ping goes unanswered (before: it wedged the tenant's
+/// upstream, and another run's `echo` timed out).
+#[tokio::test]
+async fn a_crashing_upstream_backs_off_and_a_hung_one_is_replaced() {
+    let dir = TempDir::new("flaky");
+    let s = start("codemode-flaky", &flaky_tools(&dir), &dir.0, &[]).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let client = s.client().await;
+    let peer = client.peer().clone();
+    let code = r#"
+import json, time, tools
+from tools import flaky
+msgs, t0 = [], time.time()
+for i in range(20):
+    try:
+        flaky.crash()
+    except tools.ToolError as e:
+        msgs.append(str(e))
+print(json.dumps({"s": time.time() - t0, "msgs": msgs}))
+"#;
+    let (out, err, _) = run_with(&peer, code, 120).await;
+    let v = last_json(&out, &err);
+    let starts = s.stderr().matches("upstream server started").count();
+    assert!(
+        (1..=3).contains(&starts),
+        "{starts} starts for 20 crashing calls: {v}"
+    );
+    assert!(
+        v["msgs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m.as_str().unwrap().contains("it is started again in")),
+        "{v}"
+    );
+
+    // Past the wait, a healthy call works and ends the streak; then a hung upstream.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (out, err, _) = run_with(
+        &peer,
+        "import tools\nfrom tools import flaky\nprint(flaky.echo(message='back'))\ntry:\n    flaky.wedge()\nexcept tools.ToolTimeout as e:\n    print('timeout', e)",
+        60,
+    )
+    .await;
+    assert!(
+        out.contains("back") && out.contains("timeout"),
+        "{out}\n{err}"
+    );
+    // The ping after the timeout goes unanswered within 5 s.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let (out, err, _) = run_with(
+        &peer,
+        "from tools import flaky\nprint('ok', flaky.echo(message='hi'))",
+        60,
+    )
+    .await;
+    assert!(
+        out.starts_with("ok ") && out.contains("hi"),
+        "{out}\n{err}\n{}",
+        s.log_tail(20)
+    );
+    assert!(
+        s.stderr().contains("did not answer a ping"),
+        "{}",
+        s.log_tail(20)
+    );
+    drop(client);
+}

@@ -373,6 +373,19 @@ def help(what=None):  # noqa: A001 - the discovery entry point is meant to be ca
     print("%s.%s%s\n\n%s" % (mname, fname, inspect.signature(fn), fn.__doc__))
 
 
+def _importing():
+    """Whether the caller of the module's __getattr__ runs `from tools import NAME`: Python
+    turns an AttributeError there into a bare "cannot import name", losing the list of the
+    servers there are, so that case raises the ImportError itself."""
+    try:
+        import dis
+
+        f = sys._getframe(2)
+        return f.f_code.co_code[f.f_lasti] == dis.opmap["IMPORT_FROM"]
+    except Exception:
+        return False
+
+
 def __getattr__(name):
     # `from tools import everything` and `tools.everything` load the catalog once.
     if name.startswith("__"):
@@ -380,6 +393,10 @@ def __getattr__(name):
     mods = _load()
     if name in mods:
         return mods[name]
-    raise AttributeError(
-        "no tool server %r in this sandbox (have: %s)" % (name, ", ".join(sorted(mods)) or "none")
+    msg = "no tool server %r in this sandbox (have: %s; tools.servers() lists them)" % (
+        name,
+        ", ".join(sorted(mods)) or "none",
     )
+    if _importing():
+        raise ImportError(msg, name=name)
+    raise AttributeError(msg)
