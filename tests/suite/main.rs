@@ -34,6 +34,7 @@ mod gvisor;
 mod harden_http;
 mod harden_limits;
 mod harden_sandbox;
+mod inspector;
 mod kube_backend;
 mod kube_standin_clients;
 mod manifests;

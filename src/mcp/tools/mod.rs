@@ -232,8 +232,13 @@ impl CodeExecutor {
         request: rmcp::model::CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        // A task when the request itself declares the extension (a 2026-07-28 client sends
+        // its capabilities with each request). A declaration at `initialize` alone asks
+        // for none: the MCP Inspector CLI declares it there and does not poll, so its calls
+        // must be answered.
         let wants_task = super::tasks::TOOLS.contains(&request.name.as_ref())
             && context
+                .meta
                 .client_capabilities()
                 .is_some_and(|c| c.supports_tasks());
         if wants_task {
