@@ -173,7 +173,8 @@ async fn with_peers_a_request_is_refused_before_its_body_is_read() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Well inside --body-timeout (3 s), after which they would give their streams back.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let t0 = Instant::now();
     let third = reqwest::Client::new()
         .post(r.url("/mcp"))
@@ -264,7 +265,7 @@ async fn a_peer_that_stops_answering_is_not_waited_for() {
         tokio::time::sleep(Duration::from_millis(600)).await;
     }
     eprintln!("calls naming an unknown replica while a peer is stopped, s: {times:.3?}");
-    let waited = times.iter().filter(|t| **t >= 0.5).count();
+    let waited = times.iter().filter(|t| **t >= 1.0).count();
     assert!(
         waited <= 1,
         "{waited} of 5 calls naming an unknown replica waited for the stopped peer: {times:.3?} s"
