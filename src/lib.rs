@@ -74,8 +74,9 @@
 //!   once, start-up (backend, self-test, one executor per tenant, each made from the
 //!   configuration by conversions: [`server::settings`]), serving, shutdown.
 //! - [`cluster`]: more than one replica behind a balancer without affinity: handles that
-//!   name their replica ([`cluster::ids`]), the HTTP layer that forwards a request to the
-//!   replica owning its handle ([`cluster::route`]), the peer table, draining on SIGTERM.
+//!   name their replica ([`cluster::ids`]), the router the HTTP front calls after its
+//!   checks to forward a request to the replica owning its handle ([`cluster::route`]),
+//!   the peer table, draining on SIGTERM.
 //! - [`commands`]: one function per command of the binary (`serve`, `run`, `doctor`,
 //!   `bench`, `image`, `tenant`, `healthcheck`); [`commands::backend`] is the one place
 //!   that names the concrete backends.

@@ -7,6 +7,10 @@
 //! owner ([`route`]: the raw HTTP request, the response streamed back unchanged, SSE and
 //! cancellation included), over the same port, marked by a shared secret header that a
 //! client cannot forge (a wrong one is refused; the header never reaches the MCP layer).
+//! Routing comes after the `Host` check, authentication and the stream caps, and reads the
+//! body under the server's body rules: a request the server would refuse is refused before
+//! anything of it is read or forwarded. A forwarded request waits for its answer while its
+//! owner is alive; one that stops answering ends the wait (504).
 //! Stored code needs no owner: it lives in a directory every replica of a host shares
 //! (`--code-storage-dir`), or on a shared volume.
 //!
@@ -14,13 +18,17 @@
 //! every address is a replica (`dns+http://NAME:PORT`: a headless Service, compose's service
 //! name). Each answers `GET /internal/replica` (secret required) with its id; the table of
 //! ids is learned on a miss, so a replica that restarted or died is simply not found, and a
-//! call on its handle gets an answer that says what was lost ([`route`]).
+//! call on its handle gets an answer that says what was lost ([`answers`]), the same
+//! whichever way it was found gone (a refused connection, an answer broken off, a table
+//! that no longer lists it). A peer that hangs is not waited for again and again ([`peers`]).
 //!
 //! On SIGTERM a replica drains ([`Cluster::drain`]): `/readyz` says 503 at once, calls
 //! that name no handle are forwarded to a peer that is not draining (or refused with 503
 //! and `Retry-After` without one), calls on its own handles are still served, and runs in
 //! progress get `--drain-grace` to finish before the shutdown stops them.
 
+mod answers;
+pub mod handle;
 pub mod ids;
 mod peers;
 pub mod route;

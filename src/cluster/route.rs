@@ -1,117 +1,52 @@
-//! The HTTP layer that sends a request to the replica owning its handle.
+//! The router: a request on a handle of another replica is sent whole to its owner, and the
+//! owner's answer streamed back as it comes (SSE and cancellation included).
 //!
-//! Where the handle is: the `Mcp-Session-Id` header (a protocol session of the 2025
-//! revisions), `sessionId` in the query of a legacy SSE `POST /messages`, or, for a
-//! request without a protocol session (MCP 2026-07-28), the JSON-RPC body: `session_id` in
-//! a `tools/call`'s arguments, `taskId` of `tasks/*`, the session in a `resources/read`
-//! URI. The body is parsed once into a few borrowed fields (serde skips the rest). A
-//! request on a handle of this replica, or on none, is served here; otherwise it is sent
-//! whole to its owner and the owner's answer streamed back as it comes.
+//! Two steps, in this order:
+//! - [`gate`], the outermost layer, reads only the request head: the replicas' own header
+//!   (a wrong secret is refused, the header never reaches the MCP layer; the peer is marked
+//!   [`FromPeer`] and served here), their `/internal/` path, and the protocol-session ids
+//!   this replica wraps with its id ([`super::ids`]).
+//! - [`route`], called by the HTTP front only after the `Host` and `Origin` checks,
+//!   authentication and the stream caps, with the body already read under the server's body
+//!   rules (its limit, 413; `--body-timeout`, 408): nothing about a request is read, held or
+//!   forwarded for a client the server would refuse.
+//!
+//! Where the request goes is one pure function, [`plan`]; a request on a handle of this
+//! replica, or on none, is served here. A forwarded request waits for its answer as long as
+//! the owner is alive: every [`PROBE_EVERY`] without an answer the owner is asked its id, and
+//! one that does not say it within [`super::peers::ASK_TIMEOUT`] ends the wait (504).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
+use super::answers::{bad_gateway, draining_refusal, gone, silent};
+use super::handle::{inspect, Handle};
 use super::peers::Peer;
 use super::{ids, Cluster, FORWARDED, REPLICA_PATH};
 
-/// The layer's state: the cluster and the largest body it reads.
-#[derive(Clone)]
-pub struct RouteState {
-    pub cluster: Arc<Cluster>,
-    pub max_body_bytes: usize,
-}
+/// How long a forwarded request waits for its answer before the owner is asked whether it
+/// is alive (and again after each check it passes).
+pub const PROBE_EVERY: Duration = Duration::from_secs(5);
 
 const SESSION_HEADER: &str = "mcp-session-id";
 
-/// What a request names, for the answer when its owner is gone.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Handle {
-    /// A protocol session (Streamable HTTP or legacy SSE).
-    Protocol(String),
-    /// An `execute_python` session named in a tool call.
-    Session(String),
-    /// An MCP task.
-    Task(String),
-    /// A resource URI (of a session's workspace).
-    Resource(String),
-    /// A stored code file's `file_path`: served by the replica that stored it while it
-    /// lives (its storage may be its own), else here (a shared storage has it too).
-    File(String),
-}
+/// Marks a request a peer forwarded here (its secret checked): served here, never
+/// forwarded again.
+#[derive(Debug, Clone, Copy)]
+pub struct FromPeer;
 
-/// The few fields of a JSON-RPC request that may name a handle.
-#[derive(serde::Deserialize, Default)]
-struct Message<'a> {
-    #[serde(default, borrow)]
-    method: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default)]
-    id: Option<Value>,
-    #[serde(default, borrow)]
-    params: Option<Params<'a>>,
-}
-
-#[derive(serde::Deserialize, Default)]
-struct Params<'a> {
-    #[serde(default, borrow)]
-    arguments: Option<Arguments<'a>>,
-    #[serde(default, rename = "taskId", borrow)]
-    task_id: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default, borrow)]
-    uri: Option<std::borrow::Cow<'a, str>>,
-}
-
-#[derive(serde::Deserialize, Default)]
-struct Arguments<'a> {
-    #[serde(default, borrow)]
-    session_id: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default, borrow)]
-    file_path: Option<std::borrow::Cow<'a, str>>,
-}
-
-/// What the body of a request without a protocol session names: the handle, the JSON-RPC
-/// id and method (for an answer made here).
-pub fn inspect(body: &[u8]) -> (Option<Handle>, Value, String) {
-    let m: Message = serde_json::from_slice(body).unwrap_or_default();
-    let id = m.id.unwrap_or(Value::Null);
-    let method = m.method.as_deref().unwrap_or_default().to_string();
-    let p = m.params.unwrap_or_default();
-    let handle = match method.as_str() {
-        "tools/call" => p.arguments.and_then(|a| match (a.session_id, a.file_path) {
-            (Some(s), _) => Some(Handle::Session(s.into_owned())),
-            (None, Some(f)) => Some(Handle::File(f.into_owned())),
-            (None, None) => None,
-        }),
-        m if m.starts_with("tasks/") => p.task_id.map(|t| Handle::Task(t.into_owned())),
-        "resources/read" => p.uri.map(|u| Handle::Resource(u.into_owned())),
-        _ => None,
-    };
-    (handle, id, method)
-}
-
-impl Handle {
-    /// The replica that owns it, when it names one.
-    pub fn owner(&self) -> Option<String> {
-        match self {
-            Handle::Protocol(h) | Handle::Session(h) | Handle::Task(h) => {
-                ids::owner(h).map(str::to_string)
-            }
-            Handle::Resource(u) => crate::mcp::resources::parse(u)
-                .and_then(|p| ids::owner(&p.handle).map(str::to_string)),
-            Handle::File(f) => ids::file_owner(f).map(str::to_string),
-        }
-    }
-}
-
-/// The layer: serve here, or forward to the owner, or say the owner is gone.
-pub async fn route(State(st): State<RouteState>, mut request: Request, next: Next) -> Response {
-    let c = &st.cluster;
+/// The outer layer (see the module doc): the replicas' header and path, and the
+/// protocol-session ids. Reads no body.
+pub async fn gate(State(c): State<Arc<Cluster>>, mut request: Request, next: Next) -> Response {
     if let Some(shown) = request.headers().get(FORWARDED) {
         if !c.secret_ok(shown.as_bytes()) {
             tracing::warn!("refused: a request with a wrong replica secret");
@@ -122,80 +57,142 @@ pub async fn route(State(st): State<RouteState>, mut request: Request, next: Nex
             return axum::Json(json!({"id": ids::replica(), "draining": c.draining()}))
                 .into_response();
         }
-        return local(request, next).await;
-    }
-    if request.uri().path().starts_with("/internal/") {
+        request.extensions_mut().insert(FromPeer);
+    } else if request.uri().path().starts_with("/internal/") {
         return StatusCode::NOT_FOUND.into_response();
     }
-    if !c.clustered() && !c.draining() {
-        return local(request, next).await;
-    }
-    // The handle: in the header or query, else in the body of a sessionless POST /mcp.
-    let mut handle = request
-        .headers()
+    local(request, next).await
+}
+
+/// Must the front [`route`] this request (it has peers or drains, and no peer sent it)?
+pub fn wanted(c: &Cluster, request: &Request) -> bool {
+    request.extensions().get::<FromPeer>().is_none() && (c.clustered() || c.draining())
+}
+
+/// Where [`route`] sent a request.
+pub enum Routed {
+    /// Serve it here (the request back, its body in it).
+    Here(Request),
+    /// Answered: by its owner (forwarded), or here for an owner that is gone or silent.
+    Answered(Response),
+}
+
+/// Where a request goes, as [`plan`] decides.
+#[derive(Debug, PartialEq)]
+pub enum Plan {
+    /// Serve here.
+    Here,
+    /// To the replica that owns the handle.
+    Owner(String, Handle),
+    /// The protocol session is here but the body names another replica's state, which it
+    /// cannot reach: served here when that replica lives, answered "gone" when not.
+    HereUnlessGone(String, Handle),
+    /// This replica drains: new work goes to another.
+    Elsewhere,
+}
+
+/// The handle in the request head: the `Mcp-Session-Id` header, or `sessionId` in the query
+/// of a legacy SSE `POST /messages`.
+pub fn in_head(parts: &Parts) -> Option<Handle> {
+    if let Some(v) = parts
+        .headers
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok())
-        .map(|v| Handle::Protocol(v.to_string()));
-    if handle.is_none() && request.uri().path() == crate::mcp::transports::sse::MESSAGES_PATH {
-        handle = request
-            .uri()
-            .query()
-            .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("sessionId=")))
-            .map(|s| Handle::Protocol(s.to_string()));
-    }
-    let mcp_post = request.method() == axum::http::Method::POST && request.uri().path() == "/mcp";
-    let mut rpc = (Value::Null, String::new());
-    let (parts, body) = request.into_parts();
-    let body = match tokio::time::timeout(
-        std::time::Duration::from_secs(30),
-        axum::body::to_bytes(body, st.max_body_bytes),
-    )
-    .await
     {
-        Ok(Ok(b)) => b,
-        _ => {
-            return (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "request body larger than {} bytes, or too slow\n",
-                    st.max_body_bytes
-                ),
-            )
-                .into_response()
-        }
-    };
-    if handle.is_none() && mcp_post {
-        let (h, id, method) = inspect(&body);
-        handle = h;
-        rpc = (id, method);
+        return Some(Handle::Protocol(v.to_string()));
     }
-    let owner = handle.as_ref().and_then(Handle::owner);
-    match owner {
-        Some(o) if o != ids::replica() => {
-            let handle = handle.unwrap_or(Handle::Protocol(String::new()));
-            match to_owner(c, &o, &handle, rpc, parts, body).await {
-                Ok(answer) => answer,
+    if parts.uri.path() != crate::mcp::transports::sse::MESSAGES_PATH {
+        return None;
+    }
+    parts
+        .uri
+        .query()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("sessionId=")))
+        .map(|s| Handle::Protocol(s.to_string()))
+}
+
+/// Where a request goes: `head` is the handle of its head ([`in_head`]), `body` the one its
+/// body names, `me` this replica; `new_work` says whether it would start something here
+/// (a sessionless call, a new protocol session, a legacy SSE stream) while `draining`.
+pub fn plan(
+    head: Option<&Handle>,
+    body: Option<&Handle>,
+    me: &str,
+    draining: bool,
+    new_work: bool,
+) -> Plan {
+    let elsewhere = |h: &Handle| h.owner().filter(|o| o != me);
+    if let Some(h) = head {
+        if let Some(o) = elsewhere(h) {
+            return Plan::Owner(o, h.clone());
+        }
+        // The protocol session is here; a session or task of another replica named in the
+        // body cannot be served through it.
+        return match body.filter(|b| !matches!(b, Handle::File(_))) {
+            Some(b) => match elsewhere(b) {
+                Some(o) => Plan::HereUnlessGone(o, b.clone()),
+                None => Plan::Here,
+            },
+            None => Plan::Here,
+        };
+    }
+    if let Some(b) = body {
+        if let Some(o) = elsewhere(b) {
+            return Plan::Owner(o, b.clone());
+        }
+        return Plan::Here;
+    }
+    if draining && new_work {
+        return Plan::Elsewhere;
+    }
+    Plan::Here
+}
+
+/// Serve here, forward to the owner, or say the owner is gone. `body` was read by the
+/// front under its body rules.
+pub async fn route(c: &Cluster, parts: Parts, body: Bytes) -> Routed {
+    let head = in_head(&parts);
+    let mcp_post = parts.method == axum::http::Method::POST && parts.uri.path() == "/mcp";
+    let (named, id, method) = if mcp_post {
+        inspect(&body)
+    } else {
+        (None, Value::Null, String::new())
+    };
+    let p = plan(
+        head.as_ref(),
+        named.as_ref(),
+        ids::replica(),
+        c.draining(),
+        takes_new_work(&parts),
+    );
+    let here = |parts, body| Routed::Here(Request::from_parts(parts, Body::from(body)));
+    match p {
+        Plan::Here => here(parts, body),
+        Plan::Owner(owner, handle) => {
+            match to_owner(c, &owner, &handle, (&id, &method), &parts, body.clone()).await {
+                Some(answer) => Routed::Answered(answer),
                 // A stored file outlives its replica where the storage is shared.
-                Err((parts, body)) => {
-                    local(Request::from_parts(parts, Body::from(body)), next).await
-                }
+                None => here(parts, body),
             }
         }
-        Some(_) => local(Request::from_parts(parts, Body::from(body)), next).await,
-        None if c.draining() && takes_new_work(&parts) => match c.peers().another().await {
-            Some(peer) => match forward(c, &peer, &parts, body).await {
-                Ok(r) => r,
-                Err(e) => bad_gateway(&rpc.0, &e),
-            },
-            None => draining_refusal(&rpc.0),
+        Plan::HereUnlessGone(owner, handle) => match c.peers().find(&owner).await {
+            Some(_) => here(parts, body),
+            None => Routed::Answered(owner_gone(c, &owner, &handle, &id, &method)),
         },
-        None => local(Request::from_parts(parts, Body::from(body)), next).await,
+        Plan::Elsewhere => match c.peers().another().await {
+            Some(peer) => Routed::Answered(match forward(c, &peer, &parts, body).await {
+                Ok(r) => r,
+                Err(Failure::Silent(waited)) => silent(&peer.id, &id, waited),
+                Err(e) => bad_gateway(&peer.id, &id, &e.to_string()),
+            }),
+            None => Routed::Answered(draining_refusal(&id)),
+        },
     }
 }
 
 /// A request that would start something new here: a sessionless MCP request, a new
 /// protocol session, a legacy SSE stream.
-fn takes_new_work(parts: &axum::http::request::Parts) -> bool {
+fn takes_new_work(parts: &Parts) -> bool {
     let p = parts.uri.path();
     p == "/mcp" || p == "/sse"
 }
@@ -226,34 +223,49 @@ async fn local(mut request: Request, next: Next) -> Response {
     response
 }
 
-/// Forward to replica `owner`, or answer that it is gone; for a stored file whose replica
-/// is gone, the request back, to be served here.
+/// Forward to replica `owner` and its answer; or the answer for an owner that is gone or
+/// silent; `None` for a stored file whose replica is gone (served here).
 async fn to_owner(
     c: &Cluster,
     owner: &str,
     handle: &Handle,
-    rpc: (Value, String),
-    parts: axum::http::request::Parts,
+    (id, method): (&Value, &str),
+    parts: &Parts,
     body: Bytes,
-) -> Result<Response, (axum::http::request::Parts, Bytes)> {
+) -> Option<Response> {
     let mut peer = c.peers().find(owner).await;
     for attempt in 0..2 {
         let Some(p) = peer else { break };
-        match forward(c, &p, &parts, body.clone()).await {
-            Ok(r) => return Ok(r),
+        match forward(c, &p, parts, body.clone()).await {
+            Ok(r) => return Some(r),
+            // Nothing was sent: ask the peers again (the address may have a new replica).
             Err(Failure::Connect(e)) if attempt == 0 => {
                 tracing::info!(replica = owner, error = %e, "a replica stopped answering");
                 peer = c.peers().lost(owner).await;
             }
-            Err(e) => return Ok(bad_gateway(&rpc.0, &e)),
+            Err(Failure::Silent(waited)) => return Some(silent(owner, id, waited)),
+            // The answer broke off (or the connection did, before it came): whether the owner
+            // lives says which it was. Gone: the same answer as any call on its handles.
+            Err(e) => {
+                tracing::info!(replica = owner, error = %e, "a forwarded request got no whole answer");
+                peer = c.peers().lost(owner).await;
+                if peer.is_some() {
+                    return Some(bad_gateway(owner, id, &e.to_string()));
+                }
+            }
         }
     }
     if let Handle::File(_) = handle {
-        return Err((parts, body));
+        return None;
     }
+    Some(owner_gone(c, owner, handle, id, method))
+}
+
+/// The answer for a call on a handle of replica `owner`, which is gone; counted and logged.
+fn owner_gone(c: &Cluster, owner: &str, handle: &Handle, id: &Value, method: &str) -> Response {
     c.gone.fetch_add(1, Ordering::Relaxed);
     tracing::info!(replica = owner, handle = ?handle, "call on a handle of a replica that is gone");
-    Ok(gone(owner, handle, &rpc.0, &rpc.1))
+    gone(owner, handle, id, method)
 }
 
 /// Why a forward failed.
@@ -261,14 +273,17 @@ async fn to_owner(
 enum Failure {
     /// The peer did not take the connection (it is gone, or its address is reused).
     Connect(String),
-    /// The peer took the request but no answer came.
+    /// The peer took the request but no whole answer came.
     Answer(String),
+    /// The peer gave no answer for this long and did not answer a liveness check.
+    Silent(Duration),
 }
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Failure::Connect(e) | Failure::Answer(e) => f.write_str(e),
+            Failure::Silent(d) => write!(f, "no answer for {:.1} s", d.as_secs_f64()),
         }
     }
 }
@@ -288,11 +303,12 @@ fn hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(&name.as_str())
 }
 
-/// Send the request to `peer` with the secret; its answer, streamed.
+/// Send the request to `peer` with the secret; its answer, streamed. While no answer has
+/// come, the peer is asked every [`PROBE_EVERY`] whether it lives.
 async fn forward(
     c: &Cluster,
     peer: &Peer,
-    parts: &axum::http::request::Parts,
+    parts: &Parts,
     body: Bytes,
 ) -> Result<Response, Failure> {
     let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
@@ -309,7 +325,25 @@ async fn forward(
         .header(header::CONTENT_LENGTH, body.len())
         .body(Body::from(body))
         .map_err(|e| Failure::Answer(e.to_string()))?;
-    let answer = c.peers().client().request(request).await.map_err(|e| {
+    let t0 = Instant::now();
+    let sent = c.peers().client().request(request);
+    tokio::pin!(sent);
+    let answer = loop {
+        tokio::select! {
+            answer = &mut sent => break answer,
+            _ = tokio::time::sleep(PROBE_EVERY) => {
+                if !c.peers().answers(peer).await {
+                    tracing::warn!(
+                        replica = %peer.id,
+                        waited_s = t0.elapsed().as_secs_f64(),
+                        "a replica took a forwarded request and does not answer, nor a liveness check"
+                    );
+                    return Err(Failure::Silent(t0.elapsed()));
+                }
+            }
+        }
+    };
+    let answer = answer.map_err(|e| {
         if e.is_connect() {
             Failure::Connect(e.to_string())
         } else {
@@ -324,106 +358,50 @@ async fn forward(
     Ok(Response::from_parts(parts, Body::new(incoming)))
 }
 
-fn rpc_error(id: &Value, code: i64, message: &str) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
-}
-
-/// 502: the owner took the request and gave no answer (it died while answering).
-fn bad_gateway(id: &Value, e: &Failure) -> Response {
-    let message = format!(
-        "the server replica that owns this call stopped while answering ({e}); what it held is lost. Start again (a new session)."
-    );
-    (
-        StatusCode::BAD_GATEWAY,
-        axum::Json(rpc_error(id, -32000, &message)),
-    )
-        .into_response()
-}
-
-/// 503: this replica is shutting down and no peer takes the call.
-fn draining_refusal(id: &Value) -> Response {
-    let message =
-        "this server replica is shutting down and takes no new calls: retry in a few seconds";
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        [(header::RETRY_AFTER, "2")],
-        axum::Json(rpc_error(id, -32000, message)),
-    )
-        .into_response()
-}
-
-/// What a call on a handle of replica `owner`, which is gone, gets: what was lost, what
-/// survives, what to do.
-pub fn gone(owner: &str, handle: &Handle, id: &Value, method: &str) -> Response {
-    const KEPT: &str =
-        "Kept: code stored with initialize_code_file, append_to_code_file or execute_code \
-        (its file_path still works with execute_code_file and read_code_file).";
-    match handle {
-        Handle::Session(h) if method == "tools/call" => {
-            let text = format!(
-                "session `{h}` is gone: the server replica that held it (`{owner}`) stopped or restarted. \
-                 Lost: the session's variables and imports, and the files of its workspace. {KEPT} \
-                 Call again without session_id to start a new session."
-            );
-            // `resultType`: what 2026-07-28 asks of every result (only sessionless requests,
-            // i.e. that revision's, name their session in the body).
-            axum::Json(json!({"jsonrpc": "2.0", "id": id, "result": {
-                "resultType": "complete",
-                "content": [{"type": "text", "text": text}], "isError": true}}))
-            .into_response()
-        }
-        Handle::Task(t) => {
-            let message = format!(
-                "task `{t}` is gone: the server replica that ran it (`{owner}`) stopped or restarted, \
-                 and its run and result went with it. Start the call again."
-            );
-            axum::Json(rpc_error(id, -32602, &message)).into_response()
-        }
-        Handle::Resource(u) => {
-            let message = format!(
-                "resource `{u}` is gone: the server replica that held its session (`{owner}`) stopped or restarted, \
-                 and the session's workspace files went with it. {KEPT}"
-            );
-            axum::Json(rpc_error(id, -32002, &message)).into_response()
-        }
-        Handle::Session(_) | Handle::Protocol(_) | Handle::File(_) => {
-            let message = format!(
-                "session not found: the server replica that held this MCP session (`{owner}`) stopped or restarted. \
-                 Lost: its execute_python variables and workspace files. {KEPT} Start a new session (initialize)."
-            );
-            (
-                StatusCode::NOT_FOUND,
-                axum::Json(rpc_error(id, -32001, &message)),
-            )
-                .into_response()
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const ME: &str = "0000000a";
+
+    fn s(rid: &str) -> Handle {
+        Handle::Session(format!("s_{rid}_ff"))
+    }
+
+    fn m(rid: &str) -> Handle {
+        Handle::Protocol(format!("m_{rid}_ff"))
+    }
+
     #[test]
-    fn the_body_names_its_handle() {
-        let b = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"execute_python","arguments":{"code":"x = 41","session_id":"s_0123abcd_ff"}}}"#;
-        let (h, id, m) = inspect(b);
-        assert_eq!(h, Some(Handle::Session("s_0123abcd_ff".into())));
-        assert_eq!((id, m.as_str()), (json!(7), "tools/call"));
-        assert_eq!(h.unwrap().owner().as_deref(), Some("0123abcd"));
-        let b = br#"{"jsonrpc":"2.0","id":"a","method":"tasks/cancel","params":{"taskId":"t_0123abcd_9"}}"#;
-        assert_eq!(inspect(b).0, Some(Handle::Task("t_0123abcd_9".into())));
-        let u = crate::mcp::resources::uri("s_0123abcd_ff", "out.txt", None);
-        let b = json!({"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri": u}})
-            .to_string();
-        let (h, _, _) = inspect(b.as_bytes());
-        assert_eq!(h.unwrap().owner().as_deref(), Some("0123abcd"));
-        for b in [
-            &b"not json"[..],
-            br#"{"method":"tools/call","params":{"arguments":{"code":"1"}}}"#,
-            br#"[1,2]"#,
-        ] {
-            assert_eq!(inspect(b).0, None);
-        }
+    fn the_plan_follows_the_handles() {
+        // Nothing named: here, or elsewhere while draining (new work only).
+        assert_eq!(plan(None, None, ME, false, true), Plan::Here);
+        assert_eq!(plan(None, None, ME, true, true), Plan::Elsewhere);
+        assert_eq!(plan(None, None, ME, true, false), Plan::Here);
+        // A handle of another replica, in the head or the body: to its owner.
+        assert_eq!(
+            plan(Some(&m("0000000b")), None, ME, false, true),
+            Plan::Owner("0000000b".into(), m("0000000b"))
+        );
+        assert_eq!(
+            plan(None, Some(&s("0000000b")), ME, true, true),
+            Plan::Owner("0000000b".into(), s("0000000b"))
+        );
+        // Own handles are served here, also while draining; unwrapped protocol ids too.
+        assert_eq!(plan(None, Some(&s(ME)), ME, true, true), Plan::Here);
+        let raw = Handle::Protocol("0b9e-uuid".into());
+        assert_eq!(plan(Some(&raw), None, ME, true, true), Plan::Here);
+        // The head wins; a body naming another replica's state through a protocol session
+        // of this one is answered "gone" when that replica is.
+        assert_eq!(
+            plan(Some(&raw), Some(&s("0000000b")), ME, false, true),
+            Plan::HereUnlessGone("0000000b".into(), s("0000000b"))
+        );
+        assert_eq!(
+            plan(Some(&m("0000000b")), Some(&s(ME)), ME, false, true),
+            Plan::Owner("0000000b".into(), m("0000000b"))
+        );
+        let file = Handle::File("/d/flow_0000000b_89abcdef.py".into());
+        assert_eq!(plan(Some(&raw), Some(&file), ME, false, true), Plan::Here);
     }
 }

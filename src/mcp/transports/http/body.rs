@@ -20,6 +20,39 @@ pub(super) struct BodyRules {
 /// JSON nested deeper than this is refused as a parse error (serde_json's own limit).
 const MAX_JSON_DEPTH: usize = 128;
 
+/// Read a request body whole, as every route does: up to the limit (beyond it: 413)
+/// within the body timeout (beyond it: 408, the connection closed, counted in `/metrics`).
+pub(super) async fn read(
+    body: axum::body::Body,
+    rules: BodyRules,
+    conn: Option<&Conn>,
+) -> Result<axum::body::Bytes, Response> {
+    let limit = rules.limit;
+    match tokio::time::timeout(rules.timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(_)) => Err((
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body larger than {limit} bytes"),
+        )
+            .into_response()),
+        Err(_) => {
+            if let Some(c) = conn {
+                c.tracker.body_timed_out();
+            }
+            tracing::info!("refused: request body not received within the body timeout");
+            Err((
+                StatusCode::REQUEST_TIMEOUT,
+                [(header::CONNECTION, "close")],
+                format!(
+                    "request body not received within {} s (--body-timeout, MCP_EXECUTOR_BODY_TIMEOUT)",
+                    rules.timeout.as_secs()
+                ),
+            )
+                .into_response())
+        }
+    }
+}
+
 /// rmcp answers a POST body that is not JSON (or nested too deep for its parser) with a
 /// plain-text 415; JSON-RPC clients expect a parse error (-32700). Bodies are read up to the
 /// limit (beyond it: 413) within the body timeout (beyond it: 408) and handed on.
@@ -31,34 +64,11 @@ pub(super) async fn answer_parse_errors(
     if request.method() != axum::http::Method::POST {
         return next.run(request).await;
     }
-    let limit = rules.limit;
     let conn = request.extensions().get::<Arc<Conn>>().cloned();
     let (parts, body) = request.into_parts();
-    let read = tokio::time::timeout(rules.timeout, axum::body::to_bytes(body, limit)).await;
-    let bytes = match read {
-        Ok(Ok(b)) => b,
-        Ok(Err(_)) => {
-            return (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("request body larger than {limit} bytes"),
-            )
-                .into_response()
-        }
-        Err(_) => {
-            if let Some(c) = conn {
-                c.tracker.body_timed_out();
-            }
-            tracing::info!("refused: request body not received within the body timeout");
-            return (
-                StatusCode::REQUEST_TIMEOUT,
-                [(header::CONNECTION, "close")],
-                format!(
-                    "request body not received within {} s (--body-timeout, MCP_EXECUTOR_BODY_TIMEOUT)",
-                    rules.timeout.as_secs()
-                ),
-            )
-                .into_response();
-        }
+    let bytes = match read(body, rules, conn.as_deref()).await {
+        Ok(b) => b,
+        Err(refused) => return refused,
     };
     let parsed = if super::super::bounds::json_too_deep(&bytes, MAX_JSON_DEPTH) {
         Err(format!("JSON nested deeper than {MAX_JSON_DEPTH} levels"))

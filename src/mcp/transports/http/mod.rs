@@ -36,9 +36,11 @@ pub use super::bounds::Bounds;
 use super::bounds::{Conn, Metered};
 use super::sessions::SessionBook;
 use crate::app::Service;
+use crate::cluster::route::Routed;
 use crate::tenancy::oauth::Principal;
 use crate::tenancy::token::Authenticator;
-use guard::{check_host, header_str, origin_ok};
+use body::BodyRules;
+use guard::{check_host, header_str, host_refusal, origin_ok};
 pub use guard::{host_allowed, origin_allowed};
 use routes::tenant_routes;
 pub(super) use routes::too_large_initialize;
@@ -130,18 +132,14 @@ pub fn hosted(service: Arc<Service>, auth: Option<Authenticator>, opts: &HttpOpt
         Arc::new(opts.clone()),
         check_host,
     ));
-    let routed = crate::cluster::route::RouteState {
-        cluster: opts.cluster.clone(),
-        max_body_bytes: opts.max_body_bytes,
-    };
     Router::new()
         .route("/healthz", get(healthz))
         .merge(guarded)
         .fallback(dispatch)
         .with_state(front)
         .layer(middleware::from_fn_with_state(
-            routed,
-            crate::cluster::route::route,
+            opts.cluster.clone(),
+            crate::cluster::route::gate,
         ))
 }
 
@@ -188,10 +186,23 @@ struct Front {
     opts: HttpOptions,
 }
 
-/// Hand the request to its tenant's routes, after checking its token when there are
-/// tenants ([`auth::authenticate`]); the caller's [`Principal`] goes with the request. With
-/// OAuth, the Protected Resource Metadata is served here, without a token, and browser
-/// clients of an allowed `Origin` get CORS answers.
+impl Front {
+    /// How request bodies are read, here as in every route.
+    fn body_rules(&self) -> BodyRules {
+        BodyRules {
+            limit: self.opts.max_body_bytes,
+            timeout: self.opts.bounds.body_timeout,
+        }
+    }
+}
+
+/// Hand the request to its tenant's routes, in this order: the `Host` and `Origin` checks,
+/// its token when there are tenants ([`auth::authenticate`]; the caller's [`Principal`]
+/// goes with the request), the protocol session's owner, the stream caps, and with peers
+/// the replica that owns its handle ([`crate::cluster::route`], the body read under the
+/// body rules): nothing of a request is read or forwarded before it passed the checks
+/// every request passes. With OAuth, the Protected Resource Metadata is served first,
+/// without a token, and browser clients of an allowed `Origin` get CORS answers.
 async fn dispatch(State(front): State<Arc<Front>>, mut request: Request) -> Response {
     let oauth = front.auth.as_ref().and_then(|a| a.oauth.clone());
     let origin = (oauth.is_some())
@@ -204,6 +215,9 @@ async fn dispatch(State(front): State<Arc<Front>>, mut request: Request) -> Resp
         if let (Some(origin), &axum::http::Method::OPTIONS) = (&origin, request.method()) {
             return auth::preflight(origin);
         }
+    }
+    if let Some(refused) = host_refusal(&request, &front.opts) {
+        return refused;
     }
     let principal = match &front.auth {
         None => Principal::tenant(front.service.tenants()[0].tenant()),
@@ -267,6 +281,29 @@ async fn dispatch(State(front): State<Arc<Front>>, mut request: Request) -> Resp
             }
         }
         None => None,
+    };
+    let cluster = &front.opts.cluster;
+    let request = if crate::cluster::route::wanted(cluster, &request) {
+        let (parts, body) = request.into_parts();
+        let body = match body::read(body, front.body_rules(), conn.as_deref()).await {
+            Ok(b) => b,
+            Err(refused) => return refused,
+        };
+        match crate::cluster::route::route(cluster, parts, body).await {
+            Routed::Here(request) => request,
+            Routed::Answered(mut answer) => {
+                // A forwarded answer has its owner's CORS headers already.
+                let has_cors = answer
+                    .headers()
+                    .contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN);
+                if let Some(o) = origin.as_ref().filter(|_| !has_cors) {
+                    auth::allow_origin(&mut answer, o);
+                }
+                return answer.map(|b| Metered::wrap(b, None, slot));
+            }
+        }
+    } else {
+        request
     };
     let response = match router.oneshot(request).await {
         Ok(r) => r,
