@@ -94,12 +94,20 @@ impl Connection {
             ..run.session
         };
         let session = self.session(wanted).map_err(NotRun::Session)?;
+        // Stored code is the caller's own: another user's file_path is not found.
+        let owner = self.owner(run.session.principal);
+        let owner = owner.as_deref();
         let (path, code) = match run.code {
             Code::New { filename, code } => {
-                let path = x.create_code(filename, code).await.map_err(NotRun::Code)?;
+                let path = x
+                    .create_code(owner, filename, code)
+                    .await
+                    .map_err(NotRun::Code)?;
                 (path, code.to_string())
             }
-            Code::Stored { file_path } => x.read_code(file_path).await.map_err(NotRun::Code)?,
+            Code::Stored { file_path } => {
+                x.read_code(owner, file_path).await.map_err(NotRun::Code)?
+            }
         };
         let secs = timeout.0;
         let done = match self

@@ -415,13 +415,17 @@ impl Executor {
         }
     }
 
-    /// Store new code (initialize_code_file, execute_code): its path.
+    /// Store new code (initialize_code_file, execute_code) in the part of the storage of
+    /// `owner` (the caller's [`crate::tenancy::oauth::Principal::owner`]; `None`: the
+    /// tenant's static token, or a server without sign-in): its path.
     pub async fn create_code(
         &self,
+        owner: Option<&str>,
         filename: Option<&str>,
         code: &str,
     ) -> Result<PathBuf, AppError> {
         self.storage()?
+            .scope(owner)
             .create(filename, code)
             .await
             .map_err(|e| self.storage_error(e))
@@ -432,30 +436,39 @@ impl Executor {
     /// execute_code, counts once, as a run).
     pub async fn create_code_file(
         &self,
+        owner: Option<&str>,
         filename: Option<&str>,
         code: &str,
     ) -> Result<PathBuf, AppError> {
         self.admit()?;
-        self.create_code(filename, code).await
+        self.create_code(owner, filename, code).await
     }
 
-    /// Append to stored code: its path and new size. A storage write: it counts against
-    /// the tenant's runs per minute.
+    /// Append to `owner`'s stored code: its path and new size. A storage write: it counts
+    /// against the tenant's runs per minute.
     pub async fn append_code(
         &self,
+        owner: Option<&str>,
         file_path: &str,
         content: &str,
     ) -> Result<(PathBuf, u64), AppError> {
         self.admit()?;
         self.storage()?
+            .scope(owner)
             .append(file_path, content)
             .await
             .map_err(|e| self.storage_error(e))
     }
 
-    /// Read stored code: its path and text.
-    pub async fn read_code(&self, file_path: &str) -> Result<(PathBuf, String), AppError> {
+    /// Read `owner`'s stored code: its path and text (another principal's file is not
+    /// found).
+    pub async fn read_code(
+        &self,
+        owner: Option<&str>,
+        file_path: &str,
+    ) -> Result<(PathBuf, String), AppError> {
         self.storage()?
+            .scope(owner)
             .read(file_path)
             .await
             .map_err(|e| self.storage_error(e))

@@ -12,7 +12,12 @@
 //! target and renamed over it, so an error or a quota refusal leaves the old content. A
 //! lock lives only while someone holds or waits for it.
 //!
+//! Stored code belongs to a principal ([`CodeStorage::scope`]): the tenant's static token
+//! (and a server without sign-in) keeps it in the directory itself, as it always did; a
+//! signed-in user in `users/<owner>/` inside it, where nobody else's `file_path` reaches.
+//!
 //! The parts: `code` (the directory and its files, each under its lock from `locks`),
+//! `scope` (one principal's part of the directory: its stored code),
 //! `paths` (what a client's `file_path` may name, and the names shown to clients), `quota`
 //! (the caps on the bytes stored), `claims` (a process's claim on a directory of session
 //! workspaces) and `sweep` (what is removed by age or left behind by a crash).
@@ -23,6 +28,7 @@ mod error;
 mod locks;
 mod paths;
 mod quota;
+mod scope;
 mod sweep;
 
 use std::path::{Path, PathBuf};
@@ -32,6 +38,7 @@ pub use code::{check_code_size, CodeStorage, AGE_SWEEP_EVERY};
 pub use error::StorageError;
 pub use paths::{printable, sanitize_stem};
 pub use quota::{StorageQuota, USAGE_FRESH};
+pub use scope::{Scope, USERS_DIR};
 
 /// Named defaults and caps.
 pub mod defaults {

@@ -47,6 +47,7 @@ mod mcp_sse;
 mod mcp_stdio;
 mod mcp_tasks;
 mod oauth;
+mod oauth_users;
 mod python_sdk;
 mod replicas;
 mod session;

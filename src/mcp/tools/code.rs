@@ -1,5 +1,7 @@
 //! `execute_code` and the stored-code tools of the code-executor servers we replace:
 //! `initialize_code_file`, `append_to_code_file`, `execute_code_file`, `read_code_file`.
+//! Stored code is the caller's: a signed-in user's files are kept apart from every other
+//! user's and from the tenant's static token ([`crate::storage::Scope`]).
 
 use rmcp::model::CallToolResult;
 use rmcp::service::RequestContext;
@@ -42,6 +44,13 @@ fn file_report(path: &std::path::Path, size: u64, content: Option<String>) -> Fi
 }
 
 impl CodeExecutor {
+    /// Whose stored code a call works on: the caller's ([`crate::app::Connection::owner`]:
+    /// a signed-in user's digest; `None` for the tenant's static token and servers without
+    /// sign-in). Another user's `file_path` is then not found.
+    fn code_owner(&self, ctx: &RequestContext<RoleServer>) -> Option<String> {
+        self.conn.owner(principal_of(ctx).as_ref())
+    }
+
     /// Run `code` in a fresh sandbox (one call into the core) and format the outcome.
     async fn run_code(
         &self,
@@ -144,10 +153,12 @@ impl CodeExecutor {
     async fn initialize_code_file(
         &self,
         Args(a): Args<args::InitializeCodeFile>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let owner = self.code_owner(&ctx);
         match self
             .executor()
-            .create_code_file(a.filename.as_deref(), &a.content)
+            .create_code_file(owner.as_deref(), a.filename.as_deref(), &a.content)
             .await
         {
             Ok(path) => {
@@ -177,8 +188,14 @@ impl CodeExecutor {
     async fn append_to_code_file(
         &self,
         Args(a): Args<args::AppendToCodeFile>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        match self.executor().append_code(&a.file_path, &a.content).await {
+        let owner = self.code_owner(&ctx);
+        match self
+            .executor()
+            .append_code(owner.as_deref(), &a.file_path, &a.content)
+            .await
+        {
             Ok((path, size)) => {
                 let r = file_report(&path, size, None);
                 let text = format!(
@@ -232,8 +249,14 @@ impl CodeExecutor {
     async fn read_code_file(
         &self,
         Args(a): Args<args::ReadCodeFile>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        match self.executor().read_code(&a.file_path).await {
+        let owner = self.code_owner(&ctx);
+        match self
+            .executor()
+            .read_code(owner.as_deref(), &a.file_path)
+            .await
+        {
             Ok((path, text)) => {
                 let r = file_report(&path, text.len() as u64, Some(text.clone()));
                 Ok(with_structured(text, &r, false))
