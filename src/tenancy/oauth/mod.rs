@@ -10,6 +10,7 @@
 //! `crate::mcp::transports::auth`.
 
 pub mod keys;
+pub mod urls;
 pub mod validate;
 
 use std::sync::Arc;
@@ -93,7 +94,7 @@ pub struct Settings {
 
 impl Settings {
     /// Check the public URL (an `http(s)` origin without path, query or fragment) and the
-    /// issuers (`https`, or `http` on loopback).
+    /// issuers (`https`, or `http` on a loopback host: [`urls::check_fetch_url`]).
     pub fn check(&self) -> Result<(), String> {
         let u = self.public_url.trim_end_matches('/');
         let origin_ok = |u: &str| {
@@ -112,14 +113,11 @@ impl Settings {
             return Err("--oauth-issuer: give at least one issuer URL".into());
         }
         for i in &self.issuers {
-            let loopback = ["http://127.0.0.1", "http://localhost", "http://[::1]"]
-                .iter()
-                .any(|p| i.starts_with(p));
-            if !(i.starts_with("https://") || loopback) || i.contains(['?', '#', ' ']) {
-                return Err(format!(
-                    "--oauth-issuer {i:?} must be an https URL (http only on loopback, for tests)"
-                ));
-            }
+            urls::check_fetch_url(i).map_err(|why| {
+                format!(
+                    "--oauth-issuer {i:?} must be an https URL (plain http only on loopback, for tests): {why}"
+                )
+            })?;
         }
         if self.scope.trim().is_empty() || self.scope.contains(char::is_whitespace) {
             return Err(format!(
@@ -349,6 +347,15 @@ mod tests {
             },
             Settings {
                 issuers: vec!["http://as.example".into()],
+                ..ok.clone()
+            },
+            // Issue 42, finding 8: a prefix test took this for loopback.
+            Settings {
+                issuers: vec!["http://localhost.attacker.example".into()],
+                ..ok.clone()
+            },
+            Settings {
+                issuers: vec!["http://127.0.0.1.nip.io".into()],
                 ..ok.clone()
             },
             Settings {
