@@ -166,7 +166,10 @@ impl Issuer {
             Some(k) => Ok(k.clone()),
             None => Err(match (&s.keys, &s.last_error) {
                 (None, Some(e)) => format!("no keys of the issuer: {e}"),
-                _ => format!("no key {kid:?} for {alg:?} in the issuer's key set"),
+                _ => format!(
+                    "no key {} for {alg:?} in the issuer's key set",
+                    kid.map_or_else(|| "(none named)".to_string(), super::validate::shown)
+                ),
             }),
         }
     }

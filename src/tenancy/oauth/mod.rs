@@ -10,6 +10,7 @@
 //! `crate::mcp::transports::auth`.
 
 pub mod keys;
+pub mod refusal_log;
 pub mod urls;
 pub mod validate;
 
@@ -211,7 +212,12 @@ impl OAuth {
             .issuers
             .iter()
             .find(|i| i.url == p.issuer)
-            .ok_or_else(|| Refusal::Invalid(format!("issuer {:?} is not trusted", p.issuer)))?;
+            .ok_or_else(|| {
+                Refusal::Invalid(format!(
+                    "issuer {} is not trusted",
+                    validate::shown(&p.issuer)
+                ))
+            })?;
         let key = issuer
             .key(p.kid.as_deref(), p.alg)
             .await
