@@ -474,7 +474,7 @@ async fn open_sessions_hold_memory_against_the_tenants_budget() {
         assert!(
             text.contains("memory_budget")
                 && text.contains("2 open execute_python session(s) hold 512 MiB")
-                && text.contains("close_session"),
+                && text.contains("reset_session with that session's session_id"),
             "{text}"
         );
     }

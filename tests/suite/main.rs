@@ -50,4 +50,5 @@ mod replicas;
 mod session;
 mod session_files;
 mod tenants;
+mod tool_hints;
 mod watchdog;
