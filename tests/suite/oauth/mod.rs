@@ -5,13 +5,15 @@
 //! rmcp's client and raw HTTP with client-credentials tokens. Every negative case of the
 //! validation matrix, users of one tenant kept apart, key rotation and the issuer down.
 //! Also two items of the hardening review in this layer: the size of `initialize` is bounded,
-//! and a refused `Origin` is logged quoted ([`bounds`]).
+//! and a refused `Origin` is logged quoted ([`bounds`]); and issue 42's findings on issuer
+//! URLs, refusal logs and token checks ([`hardening`]).
 //!
 //! This file holds the issuer, the server and the request helpers; the tests are in
 //! [`signin`] (the official SDK's sign-in, key rotation), [`matrix`] (the validation matrix,
-//! tenants, users kept apart), and [`bounds`].
+//! tenants, users kept apart), [`bounds`] and [`hardening`].
 
 mod bounds;
+mod hardening;
 mod matrix;
 mod signin;
 
