@@ -50,5 +50,6 @@ mod replicas;
 mod session;
 mod session_files;
 mod tenants;
+mod test_script;
 mod tool_hints;
 mod watchdog;
