@@ -6,6 +6,9 @@
 //! comes out is the [`Principal`] the application core knows every call by. Static `mcpx_`
 //! tokens ([`super::token`]) work beside it unchanged.
 //!
+//! Which issuer URLs may be fetched at all is [`urls`] (https, or plain http on a parsed
+//! loopback host); how much a refusal may write to the log is [`refusal_log`].
+//!
 //! The HTTP side (metadata, challenges, refusal counters) is
 //! `crate::mcp::transports::auth`.
 
