@@ -164,7 +164,8 @@ pub fn peek(token: &str) -> Result<Peeked, Refusal> {
 /// The header fields RFC 9068 and RFC 7515 leave to the resource server:
 /// - `crit`: this server understands no JWS extension, so a token that names any as
 ///   critical is refused (RFC 7515 §4.1.11; `crit: ["exp"]` was accepted before).
-/// - `typ`: `at+jwt` (RFC 9068, what oidc-provider issues), and also `JWT` or none, since
+/// - `typ`: `at+jwt` (RFC 9068, what oidc-provider issues; vendor forms ending in `-at+jwt`
+///   such as Okta's `application/okta-internal-at+jwt`), and also `JWT` or none, since
 ///   Keycloak, Entra ID and Auth0 sign their access tokens so; an ID token, which is a
 ///   `JWT` too, is kept out by the audience (its `aud` is the client, never this server).
 ///   A type that names another kind of JWT (`dpop+jwt`, `logout+jwt`, `secevent+jwt`…) is
@@ -181,7 +182,7 @@ pub fn check_header(header: &Map<String, Value>) -> Result<(), Refusal> {
         Some(Value::String(t)) => {
             let t = t.to_ascii_lowercase();
             let t = t.strip_prefix("application/").unwrap_or(&t);
-            if t == "at+jwt" || t == "jwt" {
+            if t == "at+jwt" || t.ends_with("-at+jwt") || t == "jwt" {
                 Ok(())
             } else {
                 Err(invalid(format!(

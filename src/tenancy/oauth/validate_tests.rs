@@ -252,6 +252,7 @@ fn typ_must_be_an_access_tokens() {
         "application/at+jwt".into(),
         "AT+JWT".into(),
         "JWT".into(),
+        "application/okta-internal-at+jwt".into(),
     ] {
         assert!(peek(&with_typ(ok.clone())).is_ok(), "typ {ok}");
     }
@@ -259,6 +260,7 @@ fn typ_must_be_an_access_tokens() {
         Value::from("dpop+jwt"),
         "logout+jwt".into(),
         "secevent+jwt".into(),
+        "xat+jwt".into(),
         "application/jwt+id_token".into(),
         "".into(),
         7.into(),
