@@ -33,6 +33,7 @@ mod gvisor;
 mod harden_http;
 mod harden_limits;
 mod harden_sandbox;
+mod harden_tenant;
 mod kube_backend;
 mod kube_standin_clients;
 mod manifests;
