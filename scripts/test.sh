@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The test command: Docker up, the sandbox image built (offline when no registry answers),
-# the whole suite against the real daemon, then a check that no container of ours is left
-# (made whether the suite passed or not: a leftover fails the run, and is then removed).
+# the whole suite against the real daemon, then a check that no container made by this
+# run's tests is left (made whether the suite passed or not: a leftover fails the run, and
+# is then removed). The tests run under a host name of their own (scripts/test-owner.sh),
+# which their containers' owner label carries: the check looks at those alone, so a
+# `serve` running beside the tests, and another run's tests, keep their sandboxes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,7 +37,7 @@ for v in 0.1.16 0.2.0-alpha.12; do
   [ -f "target/conformance/$v/node_modules/@modelcontextprotocol/conformance/dist/index.js" ] \
     || npm install --silent --no-audit --no-fund --prefix "target/conformance/$v" "@modelcontextprotocol/conformance@$v"
 done
-# The OAuth authorization server of tests/suite/oauth.rs (npm oidc-provider, on loopback).
+# The OAuth authorization server of tests/suite/oauth/ (npm oidc-provider, on loopback).
 [ -f target/oidc-provider/node_modules/oidc-provider/package.json ] \
   || npm install --silent --no-audit --no-fund --prefix target/oidc-provider oidc-provider@9.13.3
 # The MCP Inspector CLI, pinned (tests/suite/inspector.rs: a short call answered in both eras).
@@ -57,30 +60,26 @@ if ! target/py-lint/bin/flake8 --version >/dev/null 2>&1; then
   target/py-lint/bin/pip install --quiet --disable-pip-version-check flake8==7.1.1
 fi
 cargo build --all-targets
-cargo run --quiet -- image build
+# This run's host name: every test process, and every server a test starts, runs under it.
+run_host=$(scripts/test-owner.sh name $$)
+in_run() { scripts/test-owner.sh enter "$run_host" "$@"; }
+in_run cargo run --quiet -- image build
 
 status=0
 # Python first (seconds): the lint, then the runner's unit tests with the host's Python
 # (the runner uses the standard library only).
 target/py-lint/bin/flake8 --select=F images/sandbox src tests || status=$?
 PYTHONDONTWRITEBYTECODE=1 python3 -m unittest discover -s tests/runner -v || status=$?
-cargo test --no-fail-fast -- --test-threads=2 || status=$?
+in_run cargo test --no-fail-fast -- --test-threads=2 || status=$?
 # The isolation and hostile tests again with every sandbox under gVisor (runsc): the engine
 # battery (bombs, network, read-only root, capabilities, limits, cancellation, timeouts,
 # truncation, figures, files), sessions (also over MCP), the warm pool, environments and installs.
 # (`env::` also matches `mcp_env::`, which is skipped: it is not an isolation test.)
-MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast --test suite -- --test-threads=2 \
+in_run env MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast --test suite -- --test-threads=2 \
   engine:: session:: session_files:: env:: mcp_sessions:: --skip mcp_env:: || status=$?
-MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast --test pool -- --test-threads=2 || status=$?
+in_run env MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast --test pool -- --test-threads=2 || status=$?
 
-left=$(docker ps -aq --filter label=io.mcp-code-executor.managed=true)
-if [ -n "$left" ]; then
-  echo "test.sh: containers left behind by the tests:" >&2
-  docker ps -a --filter label=io.mcp-code-executor.managed=true \
-    --format '{{.Names}} {{.Status}} tenant={{.Label "io.mcp-code-executor.tenant"}}' >&2
-  docker rm -f $left >/dev/null
-  [ "$status" -ne 0 ] || status=1
-else
-  echo "test.sh: no container of ours is left" >&2
-fi
+# Only what this run's tests made (owner label $run_host/...); other servers' and other
+# runs' containers are neither counted nor removed, and the line says how many there were.
+scripts/test-owner.sh check "$run_host" || { [ "$status" -ne 0 ] || status=1; }
 exit "$status"

@@ -26,7 +26,7 @@ pub enum Holder {
 /// Why a share was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum MemoryError {
-    #[error("tenant `{tenant}`'s sandboxes may hold {budget} of memory together (memory_budget), and its {sessions} open execute_python session(s) hold {held} of it, which leaves less than the {asked} this one needs. Close a session (close_session, or reset_session for this connection's), wait for idle ones to expire, or ask for less memory")]
+    #[error("tenant `{tenant}`'s sandboxes may hold {budget} of memory together (memory_budget), and its {sessions} open execute_python session(s) hold {held} of it, which leaves less than the {asked} this one needs. Free its share by ending a session you no longer need: call reset_session with that session's session_id (its variables are discarded, its workspace files kept); or wait for idle sessions to expire, or ask for less memory")]
     HeldBySessions {
         tenant: String,
         budget: Size,
@@ -209,6 +209,8 @@ mod tests {
         assert!(r3.is_ok());
     }
 
+    /// Issue 42: the text named a `close_session` tool, which does not exist; ending a
+    /// session is `reset_session` with its `session_id`.
     #[tokio::test]
     async fn sessions_that_leave_no_room_refuse_at_once_and_say_so() {
         let b = MemoryBudget::new("acme", Some(1024 * MIB));
@@ -224,7 +226,8 @@ mod tests {
                 text.contains("acme")
                     && text.contains("2 open execute_python session(s) hold 1024 MiB")
                     && text.contains("memory_budget")
-                    && text.contains("close_session"),
+                    && text.contains("reset_session with that session's session_id")
+                    && !text.contains("close_session"),
                 "{text}"
             );
         }

@@ -1,4 +1,4 @@
-// A real OAuth 2.1 / OpenID authorization server for tests/suite/oauth.rs: npm `oidc-provider`
+// A real OAuth 2.1 / OpenID authorization server for tests/suite/oauth/: npm `oidc-provider`
 // (installed under target/oidc-provider by scripts/test.sh) on loopback, configured as an
 // MCP server's authorization server is: dynamic client registration, authorization code
 // with PKCE (its development login and consent pages, which the tests post headlessly),
@@ -106,10 +106,17 @@ provider.use(async (ctx, next) => {
     for await (const c of ctx.req) chunks.push(c);
     const { header = {}, payload } = JSON.parse(Buffer.concat(chunks).toString('utf8'));
     const key = await jose.importJWK(keys[0], 'RS256');
+    // A `crit` header is signed as given (jose checks its names are in the header).
+    const crit = Array.isArray(header.crit)
+      ? { crit: Object.fromEntries(header.crit.map((c) => [c, true])) }
+      : undefined;
+    // `typ: null` leaves the header without one.
+    const protectedHeader = { alg: 'RS256', typ: 'at+jwt', kid: keys[0].kid, ...header };
+    if (protectedHeader.typ === null) delete protectedHeader.typ;
     ctx.body = {
       token: await new jose.CompactSign(new TextEncoder().encode(JSON.stringify(payload)))
-        .setProtectedHeader({ alg: 'RS256', typ: 'at+jwt', kid: keys[0].kid, ...header })
-        .sign(key),
+        .setProtectedHeader(protectedHeader)
+        .sign(key, crit),
       public_jwk: (({ kty, n, e, kid }) => ({ kty, n, e, kid }))(keys[0]),
     };
     return;

@@ -97,7 +97,7 @@ pub struct FileList {
     pub files: Vec<WorkspaceFile>,
     /// Their sizes added up, in bytes.
     pub total_bytes: u64,
-    /// The session whose workspace this is; absent when none was named and there is none.
+    /// The session whose workspace this is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,
 }
@@ -112,6 +112,12 @@ The result gives a session_id: pass it as `session_id` to the calls that should 
 const READ_FILE: &str = "Read a file from your workspace: files you wrote with write_file and files your code wrote to /workspace (also the whole output of a run too long for its result). \
 Returns text, or base64 (encoding `base64`) when the file is not UTF-8. A long file comes in pages of about 192 KiB: pass the result's next_offset as `offset` for the next one. \
 Pass the session_id of the session that holds the file.";
+
+/// `list_files` with no session: a refusal (`isError`), not an empty listing a model could
+/// take for "no files" (issue 42).
+const LIST_NO_SESSION: &str = "list_files needs the argument `session_id`: no session was named, and this client keeps \
+no connection between calls (MCP 2026-07-28 over HTTP), so there is no workspace to list. This is not an empty listing: \
+call list_files again with the session_id that execute_python, write_file or execute_code returned.";
 
 const LIST_FILES: &str =
     "List the files of your workspace (name and size). Your code sees them at /workspace/<name>. Pass the session_id of the session whose workspace to list.";
@@ -265,14 +271,7 @@ impl CodeExecutor {
     ) -> Result<CallToolResult, ErrorData> {
         let session = match self.session(a.session_id.as_deref(), &ctx, false) {
             Ok(Some(s)) => s,
-            Ok(None) => {
-                let r = FileList {
-                    files: Vec::new(),
-                    total_bytes: 0,
-                    session_id: None,
-                };
-                return Ok(with_structured(NO_SESSION.into(), &r, false));
-            }
+            Ok(None) => return Ok(tool_error(LIST_NO_SESSION)),
             Err(r) => return Ok(r),
         };
         let all = match self.conn.list_files(&session, a.path.as_deref()).await {
@@ -374,6 +373,18 @@ mod tests {
             at = end;
         }
         back
+    }
+
+    /// Issue 42: without a session, list_files answered an empty listing with
+    /// `isError: false`; it is a refusal naming the argument to pass.
+    #[test]
+    fn list_files_without_a_session_is_a_refusal_naming_session_id() {
+        let r = tool_error(LIST_NO_SESSION);
+        assert_eq!(r.is_error, Some(true));
+        let text = format!("{:?}", r.content);
+        assert!(text.contains("`session_id`"), "{text}");
+        assert!(text.contains("not an empty listing"), "{text}");
+        assert!(r.structured_content.is_none(), "no listing rides along");
     }
 
     #[test]

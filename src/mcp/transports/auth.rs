@@ -6,8 +6,8 @@
 //! token and with CORS; a 401 names it (`WWW-Authenticate: Bearer resource_metadata=…,
 //! scope=…`, with `error="invalid_token"` for a bad or expired token); a token without the
 //! scope gets 403 `insufficient_scope`; a token no tenant rule matches gets 403. Refusals are
-//! counted by reason for `/metrics` and logged with every client-sent value quoted, never
-//! the token.
+//! counted by reason for `/metrics` and logged, rate-limited and cut, with every client-sent
+//! value quoted, never the token ([`crate::tenancy::oauth::refusal_log`]).
 //!
 //! The [`Principal`] of an admitted request rides in the request's extensions, where the
 //! tools find it ([`principal_of`]).
@@ -20,6 +20,7 @@ use axum::response::{IntoResponse, Response};
 use rmcp::service::RequestContext;
 use rmcp::RoleServer;
 
+use crate::tenancy::oauth::refusal_log::{self, RefusalLog};
 use crate::tenancy::oauth::{Principal, Refusal, Settings};
 use crate::tenancy::token::Authenticator;
 
@@ -30,10 +31,11 @@ pub const WELL_KNOWN: &str = "/.well-known/oauth-protected-resource";
 /// Headers a browser client may read from our responses.
 const EXPOSED: &str = "WWW-Authenticate, Mcp-Session-Id, Mcp-Protocol-Version";
 
-/// Refusals by reason ([`Refusal::reason`]).
+/// Refusals by reason ([`Refusal::reason`]), and the rate limit of their log lines.
 #[derive(Debug, Default)]
 pub struct Refusals {
     counts: [AtomicU64; 6],
+    log: RefusalLog,
 }
 
 impl Refusals {
@@ -43,6 +45,24 @@ impl Refusals {
             .position(|x| *x == r.reason())
             .unwrap_or(0);
         self.counts[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Count a refusal and log it, within the rate limit ([`RefusalLog`]): a refused token
+    /// at `warn` (seen at the default level: the operator needs the reason), a request with
+    /// no token at all at `info` (every OAuth client's first request is one).
+    fn refused(&self, path: &str, r: &Refusal, detail: &str) {
+        self.count(r);
+        let Some(not_logged) = self.log.admit(std::time::Instant::now()) else {
+            return;
+        };
+        let path = refusal_log::detail(path);
+        let detail = refusal_log::detail(detail);
+        let reason = r.reason();
+        if matches!(r, Refusal::Missing) {
+            tracing::info!(path = ?path, reason, detail = ?detail, not_logged, "refused: authentication");
+        } else {
+            tracing::warn!(path = ?path, reason, detail = ?detail, not_logged, "refused: authentication");
+        }
     }
 
     /// Prometheus lines.
@@ -235,15 +255,7 @@ async fn check(
     in_query: bool,
 ) -> Result<Principal, Response> {
     let token = Authenticator::bearer(header);
-    let refused = |r: Refusal, detail: &str| {
-        refusals.count(&r);
-        tracing::info!(
-            path = ?path,
-            reason = r.reason(),
-            detail = ?detail,
-            "refused: authentication"
-        );
-    };
+    let refused = |r: Refusal, detail: &str| refusals.refused(path, &r, detail);
     if in_query {
         refused(
             Refusal::Invalid("token in the query string".into()),

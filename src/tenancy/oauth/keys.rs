@@ -4,7 +4,8 @@
 //! without one), fetched again for a key id it does not hold at most once per cooldown, and
 //! kept when a fetch fails (the issuer down does not lock its users out while their keys
 //! are known). Only the `jwks_uri` of the issuer's own metadata is ever fetched: a token's
-//! `jku` or `x5u` is never followed.
+//! `jku` or `x5u` is never followed; and it, like every URL fetched here, must be `https`
+//! or plain `http` on a loopback host ([`super::urls`]).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -165,7 +166,10 @@ impl Issuer {
             Some(k) => Ok(k.clone()),
             None => Err(match (&s.keys, &s.last_error) {
                 (None, Some(e)) => format!("no keys of the issuer: {e}"),
-                _ => format!("no key {kid:?} for {alg:?} in the issuer's key set"),
+                _ => format!(
+                    "no key {} for {alg:?} in the issuer's key set",
+                    kid.map_or_else(|| "(none named)".to_string(), super::validate::shown)
+                ),
             }),
         }
     }
@@ -230,10 +234,14 @@ impl Issuer {
                             m["issuer"], self.url
                         ));
                     }
-                    return m["jwks_uri"]
+                    let jwks_uri = m["jwks_uri"]
                         .as_str()
-                        .map(str::to_string)
-                        .ok_or_else(|| format!("the metadata at {url} has no jwks_uri"));
+                        .ok_or_else(|| format!("the metadata at {url} has no jwks_uri"))?;
+                    // The same rule as for the issuer: keys over plain HTTP only on loopback.
+                    super::urls::check_fetch_url(jwks_uri).map_err(|why| {
+                        format!("the metadata at {url} names a jwks_uri that is not fetched: {why}")
+                    })?;
+                    return Ok(jwks_uri.to_string());
                 }
                 Err(e) => errors.push(e),
             }
@@ -243,6 +251,7 @@ impl Issuer {
 
     async fn get(&self, url: &str) -> Result<(Vec<u8>, Option<String>), String> {
         use http_body_util::BodyExt as _;
+        super::urls::check_fetch_url(url)?;
         let req = axum::http::Request::get(url)
             .header("accept", "application/json")
             .header(
@@ -359,6 +368,58 @@ mod tests {
             pick(&set, None, Algorithm::ES256).is_some(),
             "the only signing key"
         );
+    }
+
+    /// Issue 42, finding 8: the `jwks_uri` of an issuer's metadata was fetched whatever its
+    /// scheme and host. An issuer on loopback whose metadata names plain-http keys on
+    /// another host: refused before any request goes there, and said why.
+    #[tokio::test]
+    async fn a_plain_http_jwks_uri_off_loopback_is_never_fetched() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let issuer = format!("http://{}", listener.local_addr().unwrap());
+        let meta = serde_json::json!({
+            "issuer": issuer,
+            "jwks_uri": "http://localhost.attacker.example/jwks",
+        })
+        .to_string();
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let seen = requests.clone();
+        tokio::spawn(async move {
+            while let Ok((mut c, _)) = listener.accept().await {
+                let mut buf = vec![0u8; 4096];
+                let n = c.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).to_string();
+                seen.lock()
+                    .unwrap()
+                    .push(head.lines().next().unwrap_or("").to_string());
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{meta}",
+                    meta.len()
+                );
+                let _ = c.write_all(resp.as_bytes()).await;
+            }
+        });
+        let i = Issuer::new(&issuer, Duration::from_secs(3600));
+        let e = i.refresh().await.unwrap_err();
+        assert!(
+            e.contains("jwks_uri")
+                && e.contains("localhost.attacker.example")
+                && e.contains("loopback"),
+            "{e}"
+        );
+        let got = requests.lock().unwrap().clone();
+        assert_eq!(
+            got,
+            vec!["GET /.well-known/oauth-authorization-server HTTP/1.1".to_string()],
+            "only the issuer's own metadata was asked for"
+        );
+        // And never a URL of that kind directly.
+        let e = i
+            .get("http://localhost.attacker.example/jwks")
+            .await
+            .unwrap_err();
+        assert!(e.contains("loopback"), "{e}");
     }
 
     #[tokio::test]

@@ -6,10 +6,15 @@
 //! comes out is the [`Principal`] the application core knows every call by. Static `mcpx_`
 //! tokens ([`super::token`]) work beside it unchanged.
 //!
+//! Which issuer URLs may be fetched at all is [`urls`] (https, or plain http on a parsed
+//! loopback host); how much a refusal may write to the log is [`refusal_log`].
+//!
 //! The HTTP side (metadata, challenges, refusal counters) is
 //! `crate::mcp::transports::auth`.
 
 pub mod keys;
+pub mod refusal_log;
+pub mod urls;
 pub mod validate;
 
 use std::sync::Arc;
@@ -93,7 +98,7 @@ pub struct Settings {
 
 impl Settings {
     /// Check the public URL (an `http(s)` origin without path, query or fragment) and the
-    /// issuers (`https`, or `http` on loopback).
+    /// issuers (`https`, or `http` on a loopback host: [`urls::check_fetch_url`]).
     pub fn check(&self) -> Result<(), String> {
         let u = self.public_url.trim_end_matches('/');
         let origin_ok = |u: &str| {
@@ -112,14 +117,11 @@ impl Settings {
             return Err("--oauth-issuer: give at least one issuer URL".into());
         }
         for i in &self.issuers {
-            let loopback = ["http://127.0.0.1", "http://localhost", "http://[::1]"]
-                .iter()
-                .any(|p| i.starts_with(p));
-            if !(i.starts_with("https://") || loopback) || i.contains(['?', '#', ' ']) {
-                return Err(format!(
-                    "--oauth-issuer {i:?} must be an https URL (http only on loopback, for tests)"
-                ));
-            }
+            urls::check_fetch_url(i).map_err(|why| {
+                format!(
+                    "--oauth-issuer {i:?} must be an https URL (plain http only on loopback, for tests): {why}"
+                )
+            })?;
         }
         if self.scope.trim().is_empty() || self.scope.contains(char::is_whitespace) {
             return Err(format!(
@@ -213,7 +215,12 @@ impl OAuth {
             .issuers
             .iter()
             .find(|i| i.url == p.issuer)
-            .ok_or_else(|| Refusal::Invalid(format!("issuer {:?} is not trusted", p.issuer)))?;
+            .ok_or_else(|| {
+                Refusal::Invalid(format!(
+                    "issuer {} is not trusted",
+                    validate::shown(&p.issuer)
+                ))
+            })?;
         let key = issuer
             .key(p.kid.as_deref(), p.alg)
             .await
@@ -349,6 +356,15 @@ mod tests {
             },
             Settings {
                 issuers: vec!["http://as.example".into()],
+                ..ok.clone()
+            },
+            // Issue 42, finding 8: a prefix test took this for loopback.
+            Settings {
+                issuers: vec!["http://localhost.attacker.example".into()],
+                ..ok.clone()
+            },
+            Settings {
+                issuers: vec!["http://127.0.0.1.nip.io".into()],
                 ..ok.clone()
             },
             Settings {

@@ -3,7 +3,9 @@
 //! an asymmetric algorithm of [`ALGORITHMS`] (never `none`, never `HS*`), the key's own
 //! algorithm when the key names one, `iss` exactly the issuer, `aud` present and one of
 //! this server's resource identifiers, `exp` (required) and `nbf` (when present) with at
-//! most [`LEEWAY`] of clock skew. The signature and claim checks are `jsonwebtoken`'s;
+//! most [`LEEWAY`] of clock skew and at most [`MAX_EXP_AHEAD`] ahead, `sub` a non-empty
+//! string, no `crit` header, a `typ` (when given) of an access token ([`check_header`]).
+//! The signature and the standard claim checks are `jsonwebtoken`'s;
 //! `jku`, `x5u` and `jwk` in the header are never read: keys come only from the issuer's
 //! JWKS, found from its metadata.
 
@@ -30,6 +32,26 @@ pub const LEEWAY: u64 = 60;
 
 /// Longest token looked at (a JWT access token is a few KiB at most).
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
+
+/// The furthest an `exp` may lie ahead: a token said to be valid for longer is refused
+/// (issue 42: `exp` up to `u64::MAX` was accepted, a token that never expires). Access
+/// tokens live minutes to hours; a year leaves room for any issuer's setting.
+pub const MAX_EXP_AHEAD: u64 = 366 * 24 * 3600;
+
+/// The most characters of a value from a token that a refusal's text carries.
+pub const SHOWN_CHARS: usize = 48;
+
+/// A value from an untrusted token for a refusal's text (and so the log): quoted with
+/// every control character escaped, at most [`SHOWN_CHARS`] characters of it, and its
+/// full length when it was cut.
+pub fn shown(value: &str) -> String {
+    let n = value.chars().count();
+    if n <= SHOWN_CHARS {
+        return format!("{value:?}");
+    }
+    let head: String = value.chars().take(SHOWN_CHARS).collect();
+    format!("{head:?}… ({} bytes)", value.len())
+}
 
 /// Why a token was refused. [`Refusal::reason`] is the label of the refusal counter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,7 +142,8 @@ pub fn peek(token: &str) -> Result<Peeked, Refusal> {
         .iter()
         .copied()
         .find(|a| format!("{a:?}") == alg_name)
-        .ok_or_else(|| invalid(format!("algorithm {alg_name:?} is not allowed")))?;
+        .ok_or_else(|| invalid(format!("algorithm {} is not allowed", shown(alg_name))))?;
+    check_header(&header)?;
     let kid = header
         .get("kid")
         .and_then(Value::as_str)
@@ -138,11 +161,70 @@ pub fn peek(token: &str) -> Result<Peeked, Refusal> {
     Ok(Peeked { alg, kid, issuer })
 }
 
+/// The header fields RFC 9068 and RFC 7515 leave to the resource server:
+/// - `crit`: this server understands no JWS extension, so a token that names any as
+///   critical is refused (RFC 7515 §4.1.11; `crit: ["exp"]` was accepted before).
+/// - `typ`: `at+jwt` (RFC 9068, what oidc-provider issues; vendor forms ending in `-at+jwt`
+///   such as Okta's `application/okta-internal-at+jwt`), and also `JWT` or none, since
+///   Keycloak, Entra ID and Auth0 sign their access tokens so; an ID token, which is a
+///   `JWT` too, is kept out by the audience (its `aud` is the client, never this server).
+///   A type that names another kind of JWT (`dpop+jwt`, `logout+jwt`, `secevent+jwt`…) is
+///   refused.
+pub fn check_header(header: &Map<String, Value>) -> Result<(), Refusal> {
+    if let Some(crit) = header.get("crit") {
+        return Err(invalid(format!(
+            "the header names critical extensions this server does not understand (crit {})",
+            shown(&crit.to_string())
+        )));
+    }
+    match header.get("typ") {
+        None => Ok(()),
+        Some(Value::String(t)) => {
+            let t = t.to_ascii_lowercase();
+            let t = t.strip_prefix("application/").unwrap_or(&t);
+            if t == "at+jwt" || t.ends_with("-at+jwt") || t == "jwt" {
+                Ok(())
+            } else {
+                Err(invalid(format!(
+                    "typ {} is not an access token (at+jwt)",
+                    shown(t)
+                )))
+            }
+        }
+        Some(other) => Err(invalid(format!(
+            "typ {} is not a string",
+            shown(&other.to_string())
+        ))),
+    }
+}
+
+/// The claim checks `jsonwebtoken` leaves to us, on verified claims at time `now` (Unix
+/// seconds): `exp` at most [`MAX_EXP_AHEAD`] ahead, and `sub` a non-empty string (an
+/// empty one would make every such token the same user).
+pub fn check_claims(claims: &Claims, now: u64) -> Result<(), Refusal> {
+    let exp = claims
+        .get("exp")
+        .and_then(Value::as_f64)
+        .unwrap_or(f64::MAX);
+    if exp > (now + MAX_EXP_AHEAD) as f64 {
+        return Err(invalid(format!(
+            "exp {} is more than {} days ahead",
+            shown(&claims.get("exp").map(Value::to_string).unwrap_or_default()),
+            MAX_EXP_AHEAD / 86400
+        )));
+    }
+    match claims.get("sub") {
+        Some(Value::String(s)) if !s.trim().is_empty() => Ok(()),
+        Some(Value::String(_)) => Err(invalid("an empty sub")),
+        _ => Err(invalid("sub is not a string")),
+    }
+}
+
 /// The verified claims of a token.
 pub type Claims = Map<String, Value>;
 
 /// Verify `token` (peeked as `p`) with `key` from the issuer's JWKS: signature, algorithm,
-/// `iss` == `issuer`, `aud` one of `audiences`, `exp`, `nbf`, `sub`.
+/// `iss` == `issuer`, `aud` one of `audiences`, `exp`, `nbf`, `sub` ([`check_claims`]).
 pub fn verify(
     token: &str,
     p: &Peeked,
@@ -170,7 +252,10 @@ pub fn verify(
     v.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
     use jsonwebtoken::errors::ErrorKind as K;
     match jsonwebtoken::decode::<Claims>(token, &dk, &v) {
-        Ok(d) => Ok(d.claims),
+        Ok(d) => {
+            check_claims(&d.claims, jsonwebtoken::get_current_timestamp())?;
+            Ok(d.claims)
+        }
         Err(e) => Err(match e.kind() {
             K::ExpiredSignature => Refusal::Expired,
             K::InvalidAudience => Refusal::Audience,
@@ -213,177 +298,5 @@ pub fn claim_text(claims: &Claims, name: &str) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn b64(v: &Value) -> String {
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(v).unwrap())
-    }
-
-    fn jwt(header: Value, payload: Value) -> String {
-        format!("{}.{}.c2ln", b64(&header), b64(&payload))
-    }
-
-    #[test]
-    fn peek_refuses_none_and_hmac_and_junk() {
-        let p = serde_json::json!({"iss": "https://as.example"});
-        for alg in ["none", "HS256", "HS512", "", "rs256"] {
-            let t = jwt(serde_json::json!({"alg": alg}), p.clone());
-            assert!(
-                matches!(peek(&t), Err(Refusal::Invalid(_))),
-                "{alg} must be refused"
-            );
-        }
-        for junk in ["", "abc", "a.b", "a.b.c.d", "mcpx_0123"] {
-            assert!(matches!(peek(junk), Err(Refusal::Invalid(_))), "{junk}");
-        }
-        let no_iss = jwt(serde_json::json!({"alg": "RS256"}), serde_json::json!({}));
-        assert!(matches!(peek(&no_iss), Err(Refusal::Invalid(_))));
-        let ok = jwt(
-            serde_json::json!({"alg": "ES256", "kid": "k1", "jku": "https://evil.example/jwks"}),
-            p,
-        );
-        assert_eq!(
-            peek(&ok).unwrap(),
-            Peeked {
-                alg: Algorithm::ES256,
-                kid: Some("k1".into()),
-                issuer: "https://as.example".into()
-            }
-        );
-        assert!(peek(&"a".repeat(MAX_TOKEN_BYTES + 1)).is_err());
-    }
-
-    #[test]
-    fn jwt_shape_tells_static_tokens_apart() {
-        assert!(looks_like_jwt("eyJh.eyJi.sig"));
-        assert!(looks_like_jwt("eyJh.eyJi."));
-        assert!(!looks_like_jwt("mcpx_0123abcd"));
-        assert!(!looks_like_jwt("a.b"));
-        assert!(!looks_like_jwt("a b.c.d"));
-    }
-
-    #[test]
-    fn scopes_from_scope_or_scp() {
-        let c: Claims = serde_json::from_value(serde_json::json!({
-            "scope": "mcp  openid", "scp": ["extra", "mcp"]
-        }))
-        .unwrap();
-        assert_eq!(scopes(&c), vec!["extra", "mcp", "openid"]);
-        assert!(scopes(&Claims::new()).is_empty());
-        let c: Claims = serde_json::from_value(serde_json::json!({"org": 7})).unwrap();
-        assert_eq!(claim_text(&c, "org").as_deref(), Some("7"));
-    }
-
-    /// A P-256 key made for this test only (PKCS#8 DER) and its public JWK.
-    const TEST_KEY_DER: &str = "MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgL3tj+CylrjOFPRhBHNH+eVi5XMIrXiocQZnRazzy+nOhRANCAARoiM6qHtIVuBsnJAacO/RtKHZBHu/NaWcVvUk2Xt2/Td395qcAPUzT7vSwahpEUldDlpufBNKPvhc60IZubBUL";
-
-    fn test_jwk() -> Jwk {
-        serde_json::from_value(serde_json::json!({
-            "kty": "EC", "crv": "P-256", "kid": "t1", "alg": "ES256",
-            "x": "aIjOqh7SFbgbJyQGnDv0bSh2QR7vzWlnFb1JNl7dv00",
-            "y": "3f3mpwA9TNPu9LBqGkRSV0OWm58E0o--FzrQhm5sFQs"
-        }))
-        .unwrap()
-    }
-
-    fn signed(claims: Value) -> String {
-        let der = base64::engine::general_purpose::STANDARD
-            .decode(TEST_KEY_DER)
-            .unwrap();
-        let mut h = jsonwebtoken::Header::new(Algorithm::ES256);
-        h.kid = Some("t1".into());
-        jsonwebtoken::encode(&h, &claims, &jsonwebtoken::EncodingKey::from_ec_der(&der)).unwrap()
-    }
-
-    fn now() -> i64 {
-        jsonwebtoken::get_current_timestamp() as i64
-    }
-
-    #[test]
-    fn verify_checks_signature_issuer_audience_and_times() {
-        let aud = vec!["https://mcp.example.com/mcp".to_string()];
-        let base = serde_json::json!({
-            "iss": "https://as.example", "sub": "u1", "aud": "https://mcp.example.com/mcp",
-            "exp": now() + 600, "scope": "mcp"
-        });
-        let with = |k: &str, v: Value| {
-            let mut c = base.clone();
-            if v.is_null() {
-                c.as_object_mut().unwrap().remove(k);
-            } else {
-                c[k] = v;
-            }
-            c
-        };
-        let check = |t: &str| {
-            let p = peek(t).unwrap();
-            verify(t, &p, &test_jwk(), "https://as.example", &aud)
-        };
-        let c = check(&signed(base.clone())).unwrap();
-        assert_eq!(c["sub"], "u1");
-        assert_eq!(
-            check(&signed(with("exp", (now() - 61).into()))),
-            Err(Refusal::Expired)
-        );
-        // Within the 60 s leeway: still accepted.
-        assert!(check(&signed(with("exp", (now() - 30).into()))).is_ok());
-        assert!(matches!(
-            check(&signed(with("nbf", (now() + 120).into()))),
-            Err(Refusal::Invalid(_))
-        ));
-        assert!(check(&signed(with("nbf", (now() + 30).into()))).is_ok());
-        assert_eq!(
-            check(&signed(with("aud", "https://other.example".into()))),
-            Err(Refusal::Audience)
-        );
-        assert_eq!(
-            check(&signed(with("aud", Value::Null))),
-            Err(Refusal::Audience)
-        );
-        assert!(check(&signed(with("aud", serde_json::json!(["x", aud[0]])))).is_ok());
-        assert!(matches!(
-            check(&signed(with("iss", "https://as.example/".into()))),
-            Err(Refusal::Invalid(_))
-        ));
-        assert!(matches!(
-            check(&signed(with("sub", Value::Null))),
-            Err(Refusal::Invalid(_))
-        ));
-        assert!(matches!(
-            check(&signed(with("exp", Value::Null))),
-            Err(Refusal::Invalid(_))
-        ));
-        // A flipped signature byte.
-        let t = signed(base.clone());
-        let mut bad = t.clone().into_bytes();
-        let last = bad.len() - 2;
-        bad[last] = if bad[last] == b'A' { b'B' } else { b'A' };
-        assert!(matches!(
-            check(std::str::from_utf8(&bad).unwrap()),
-            Err(Refusal::Invalid(_))
-        ));
-        // The key's own alg must match the header's.
-        let mut rs_key = test_jwk();
-        rs_key.common.key_algorithm = Some(jsonwebtoken::jwk::KeyAlgorithm::ES384);
-        let p = peek(&t).unwrap();
-        assert!(matches!(
-            verify(&t, &p, &rs_key, "https://as.example", &aud),
-            Err(Refusal::Invalid(_))
-        ));
-    }
-
-    #[test]
-    fn reasons_are_the_metric_labels() {
-        let all = [
-            Refusal::Missing,
-            Refusal::Invalid("x".into()),
-            Refusal::Audience,
-            Refusal::Expired,
-            Refusal::Scope,
-            Refusal::NoTenant,
-        ];
-        let got: Vec<_> = all.iter().map(Refusal::reason).collect();
-        assert_eq!(got, Refusal::REASONS);
-    }
-}
+#[path = "validate_tests.rs"]
+mod tests;
