@@ -25,6 +25,8 @@ mod cli_jobs;
 mod codemode;
 mod compose;
 mod conformance;
+mod egress;
+mod egress_limits;
 mod engine;
 mod env;
 mod first_run;
