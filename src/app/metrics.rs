@@ -328,7 +328,7 @@ pub fn egress() -> &'static Egress {
 impl Egress {
     /// A connection of `tenant`'s code, allowed by the rule `host` (`-`: refused before a
     /// rule allowed it), ended with `outcome` (`ok`, `error`, `limit`, `idle_timeout`,
-    /// `not_tls`, `cancelled`, `not_in_policy`, `private_address`, `bad_request`,
+    /// `not_tls`, `sni_mismatch`, `cancelled`, `not_in_policy`, `private_address`, `bad_request`,
     /// `upstream_failed`, `connect_timeout`) after `up` bytes sent and `down` received.
     pub fn connection(&self, tenant: &str, host: &str, outcome: &'static str, up: u64, down: u64) {
         let mut c = self.c.lock().unwrap_or_else(|e| e.into_inner());

@@ -14,6 +14,8 @@
 //!   per second, the idle timeout, and the metered upstream socket that enforces them.
 //! - [`proxy`]: the HTTP proxy over any byte stream: `CONNECT` tunnels and plain HTTP in
 //!   absolute form.
+//! - [`tls`]: the first record of a tunnel: a ClientHello, whose server name (if any) is
+//!   the host the tunnel was opened to.
 //! - [`refusal`]: what a refused connection tells the code; [`record`]: the log line and
 //!   the metrics of each connection.
 //!
@@ -27,6 +29,7 @@ pub mod proxy;
 pub mod record;
 pub mod refusal;
 pub mod resolve;
+pub mod tls;
 
 pub use policy::Policy;
 pub use proxy::{Proxy, RunScope};

@@ -29,6 +29,7 @@ use super::policy::{Ask, Host, Policy};
 use super::record::Record;
 use super::refusal::{Reason, Refusal};
 use super::resolve::{Resolve, SystemResolver};
+use super::tls::{self, Hello};
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -169,9 +170,13 @@ impl Proxy {
         let on_upgrade = hyper::upgrade::on(req);
         let idle_limit = self.policy.limits.idle_timeout;
         let cancel = scope.cancel.clone();
+        let name = match Host::parse(&host) {
+            Some(Host::Name(n)) => Some(n),
+            _ => None,
+        };
         tokio::spawn(async move {
             let outcome = tokio::select! {
-                o = relay(on_upgrade, upstream, &traffic) => o,
+                o = relay(on_upgrade, upstream, &traffic, name) => o,
                 _ = idle(&traffic, idle_limit) => "idle_timeout",
                 _ = cancel.cancelled() => "cancelled",
             };
@@ -377,29 +382,40 @@ impl Proxy {
     }
 }
 
-/// A tunnel's bytes, both ways, once the client has the 200. Its first bytes must be a TLS
-/// handshake record: a tunnel is for HTTPS (and other TLS), not any protocol on an
-/// allowed port.
+/// A tunnel's bytes, both ways, once the client has the 200. Its first record must be a
+/// TLS ClientHello ([`tls::client_hello`]): a tunnel is for HTTPS (and other TLS), not any
+/// protocol on an allowed port; and when the tunnel was opened to a name, the server name
+/// the ClientHello asks for (if any) must be that name (no domain fronting).
 async fn relay(
     on_upgrade: hyper::upgrade::OnUpgrade,
     mut upstream: Metered<TcpStream>,
     traffic: &Traffic,
+    name: Option<String>,
 ) -> &'static str {
     let Ok(client) = on_upgrade.await else {
         return "error";
     };
     let mut client = TokioIo::new(client);
-    let mut first = [0u8; 3];
-    let n = match client.read(&mut first).await {
-        Ok(0) => return "ok",
-        Ok(n) => n,
-        Err(_) => return "error",
-    };
-    // A TLS record: content type 22 (handshake), then the version's major byte 3.
-    if first[0] != 0x16 || (n >= 2 && first[1] != 0x03) {
-        return "not_tls";
+    let mut first = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    loop {
+        match tls::client_hello(&first) {
+            Hello::NotTls => return "not_tls",
+            Hello::ServerName(sni) => match (sni, &name) {
+                (Some(sni), Some(name)) if &sni != name => return "sni_mismatch",
+                _ => break,
+            },
+            Hello::Need(n) => {
+                let want = n.saturating_sub(first.len()).clamp(1, chunk.len());
+                match client.read(&mut chunk[..want]).await {
+                    Ok(0) if first.is_empty() => return "ok",
+                    Ok(0) | Err(_) => return "error",
+                    Ok(k) => first.extend_from_slice(&chunk[..k]),
+                }
+            }
+        }
     }
-    if upstream.write_all(&first[..n]).await.is_err() {
+    if upstream.write_all(&first).await.is_err() {
         return if traffic.cut() { "limit" } else { "error" };
     }
     match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {

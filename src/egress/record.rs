@@ -70,7 +70,7 @@ impl Record {
         self.connected = true;
     }
 
-    /// The connection ended with `outcome` (`ok`, `limit`, `idle_timeout`, `not_tls`,
+    /// The connection ended with `outcome` (`ok`, `limit`, `idle_timeout`, `not_tls`, `sni_mismatch`,
     /// `error`, `cancelled`, or a refusal's label) after `up` bytes sent and `down`
     /// received.
     pub fn finish(self, outcome: &'static str, up: u64, down: u64) {

@@ -42,7 +42,8 @@ pub fn egress_python() -> PathBuf {
 
 /// An HTTPS server on 127.0.0.1: a CA made for it (`ca`), a certificate for `names`
 /// and 127.0.0.1. `GET /x.csv` is a small CSV, `GET /big?n=N` N bytes, anything else says
-/// the Host header and the SNI the server saw. Killed when dropped.
+/// the Host header and the SNI the server saw, `GET /redirect?to=URL` redirects there.
+/// Killed when dropped.
 pub struct TlsUpstream {
     pub port: u16,
     pub ca: PathBuf,
@@ -96,6 +97,12 @@ class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
     def do_GET(self):
+        if self.path.startswith("/redirect?to="):
+            self.send_response(302)
+            self.send_header("Location", self.path.split("=", 1)[1])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.path.startswith("/big"):
             n = int(self.path.split("=")[1])
             self.send_response(200)
@@ -302,6 +309,7 @@ async fn requests_urllib_and_httpx_reach_an_allowed_https_host_through_the_proxy
     let up = TlsUpstream::start(&["data.example.test", "localhost"]).await;
     let proxy = ProxyServer::start(Proxy::new(policy(&allowing(up.port))), "alice").await;
     let url = format!("https://data.example.test:{}", up.port);
+    let port = up.port;
     let code = format!(
         r#"
 import requests, urllib.request, httpx
@@ -309,6 +317,12 @@ print("requests", requests.get("{url}/x.csv", timeout=20).text.splitlines()[1])
 print("urllib", urllib.request.urlopen("{url}/x.csv", timeout=20).read().decode().splitlines()[2])
 print("httpx", httpx.get("{url}/x.csv", timeout=20).text.splitlines()[0])
 print("seen", requests.get("{url}/who", timeout=20).text)
+# A redirect from the allowed host to one not in the policy: the next hop is refused.
+try:
+    requests.get("{url}/redirect?to=https://other.test:{port}/x.csv", timeout=20)
+    print("redirect REACHED")
+except requests.exceptions.ProxyError as e:
+    print("redirect refused:", e)
 "#
     );
     let (ok, out, err) = python(&code, &proxy.url(), &up.ca).await;
@@ -323,6 +337,11 @@ print("seen", requests.get("{url}/who", timeout=20).text)
             "seen host=data.example.test:{} sni=data.example.test",
             up.port
         )),
+        "{out}"
+    );
+    assert!(
+        out.contains("redirect refused:")
+            && out.contains(&format!("other.test:{port} not in the policy")),
         "{out}"
     );
     let (sent, received) = proxy.scope.spent();
@@ -650,4 +669,46 @@ async fn serve_refuses_to_start_with_a_bad_policy_and_the_example_parses() {
     assert!(!p.rules.is_empty());
     let first = std::fs::read_to_string(&example).unwrap();
     assert!(first.starts_with("# mcp-code-executor serve --egress deploy/egress.example.toml"));
+}
+
+#[tokio::test]
+async fn a_tunnel_whose_client_hello_names_another_server_is_cut() {
+    let up = TlsUpstream::start(&["data.example.test", "fronted.example.test"]).await;
+    let p = up.port;
+    let proxy = ProxyServer::start(Proxy::new(policy(&allowing(p))), "alice").await;
+    let addr = proxy.addr;
+    // A real TLS client over a CONNECT to data.example.test, asking for each server name.
+    let code = format!(
+        r#"
+import socket, ssl
+for sni in ["data.example.test", "fronted.example.test"]:
+    s = socket.create_connection(("127.0.0.1", {port}), timeout=20)
+    s.sendall(b"CONNECT data.example.test:{p} HTTP/1.1\r\nHost: data.example.test:{p}\r\n\r\n")
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        head += s.recv(1)
+    ctx = ssl.create_default_context(cafile="{ca}")
+    try:
+        t = ctx.wrap_socket(s, server_hostname=sni)
+        t.sendall(b"GET /who HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = b""
+        while not data.endswith(b"sni=" + sni.encode()):
+            chunk = t.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        print(sni, head.split()[1].decode(), "answered", data.split(b"\r\n\r\n")[-1].decode())
+    except (ssl.SSLError, OSError) as e:
+        print(sni, head.split()[1].decode(), "cut", type(e).__name__)
+"#,
+        port = addr.port(),
+        ca = up.ca.display()
+    );
+    let (ok, out, err) = python(&code, &proxy.url(), &up.ca).await;
+    assert!(ok, "{out}\n{err}");
+    assert!(
+        out.contains("data.example.test 200 answered host=x sni=data.example.test"),
+        "{out}"
+    );
+    assert!(out.contains("fronted.example.test 200 cut"), "{out}");
 }
