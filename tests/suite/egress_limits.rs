@@ -1,7 +1,8 @@
 //! Egress limits (#41, item 5), each hit against real sockets: connections in flight per
 //! run, bytes received per run (a real HTTPS download through `requests`), connections
-//! per second per tenant, the connect and idle timeouts; and memory that stays bounded
-//! while a fast upstream sends hundreds of megabytes to a slow reader.
+//! per second per tenant, the connect and idle timeouts; memory that stays bounded while a
+//! fast upstream sends hundreds of megabytes to a slow reader and while 100 connections
+//! trickle; and the latency the proxy adds (printed: `--nocapture`).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -354,4 +355,123 @@ async fn a_refused_plain_request_and_the_proxys_added_latency() {
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("this is a proxy"), "{text}");
     server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_bounded_while_100_connections_trickle() {
+    // An upstream that sends one byte every 50 ms on each connection, for 3 s.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 60\r\n\r\n")
+                    .await;
+                for _ in 0..60 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    if s.write_all(b"x").await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let proxy = ProxyServer::start(
+        Proxy::new(policy(&rules_for(
+            port,
+            "connections_in_flight = 128\nconnections_per_second = 1000",
+        ))),
+        "t",
+    )
+    .await;
+    let before = rss();
+    let mut clients = Vec::new();
+    for _ in 0..100 {
+        let addr = proxy.addr;
+        clients.push(tokio::spawn(async move {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(
+                format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+            )
+            .await
+            .unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !got.ends_with(&[b'x'; 60]) {
+                let n = tokio::time::timeout(Duration::from_secs(20), s.read(&mut buf))
+                    .await
+                    .expect("the trickle keeps coming")
+                    .unwrap();
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            got.ends_with(&[b'x'; 60])
+        }));
+    }
+    let mut peak = before;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        peak = peak.max(rss());
+    }
+    let mut complete = 0;
+    for c in clients {
+        complete += c.await.unwrap() as usize;
+    }
+    assert_eq!(complete, 100, "every trickle arrived whole");
+    let grew = peak.saturating_sub(before);
+    eprintln!(
+        "egress: 100 trickling connections through the proxy, RSS grew {} KiB at most",
+        grew >> 10
+    );
+    assert!(grew < 32 << 20, "RSS grew by {} MiB", grew >> 20);
+    server.abort();
+}
+
+#[tokio::test]
+async fn a_fresh_https_get_through_the_proxy_and_without() {
+    let up = TlsUpstream::start(&["data.example.test", "localhost"]).await;
+    let p = up.port;
+    let text = format!(
+        "[limits]\nconnections_per_second = 1000\n[resolve]\n\"data.example.test\" = \"127.0.0.1\"\n\
+         [[rules]]\nhost = \"data.example.test\"\nports = [{p}]\n\
+         [[rules]]\nhost = \"127.0.0.1\"\nports = [{p}]\n"
+    );
+    let proxy = ProxyServer::start(Proxy::new(policy(&text)), "t").await;
+    // Alternating rounds, a new session (so a new connection and TLS handshake) each time.
+    let code = format!(
+        r#"
+import requests, time
+def get(url, proxies):
+    t = time.perf_counter()
+    with requests.Session() as s:
+        s.trust_env = False
+        r = s.get(url, proxies=proxies, verify="{ca}", timeout=20)
+        assert r.text.startswith("a,b"), r.text
+    return (time.perf_counter() - t) * 1000
+direct, proxied = [], []
+for _ in range(40):
+    direct.append(get("https://localhost:{p}/x.csv", None))
+    proxied.append(get("https://data.example.test:{p}/x.csv", {{"https": "{proxy}"}}))
+q = lambda v, f: sorted(v)[int((len(v) - 1) * f)]
+print("direct %.2f %.2f proxied %.2f %.2f" % (q(direct, .5), q(direct, .95), q(proxied, .5), q(proxied, .95)))
+"#,
+        ca = up.ca.display(),
+        proxy = proxy.url()
+    );
+    let (ok, out, err) = python(&code, &proxy.url(), &up.ca).await;
+    assert!(ok, "{out}\n{err}");
+    let v: Vec<f64> = out
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(v.len(), 4, "{out}");
+    eprintln!(
+        "egress: fresh HTTPS GET from requests (debug build), direct p50 {:.2} ms p95 {:.2} ms, through the proxy p50 {:.2} ms p95 {:.2} ms: added p50 {:.2} ms",
+        v[0], v[1], v[2], v[3], v[2] - v[0]
+    );
 }
