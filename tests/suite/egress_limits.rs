@@ -103,24 +103,27 @@ except requests.exceptions.ProxyError as e:
 #[tokio::test]
 async fn connections_per_second_per_tenant() {
     let (port, server) = holder().await;
-    let proxy = Proxy::new(policy(&rules_for(port, "connections_per_second = 3")));
-    // Two runs of one tenant share its rate; another tenant has its own.
+    let proxy = Proxy::new(policy(&rules_for(port, "connections_per_second = 1")));
+    // Two runs of one tenant share its rate; another tenant has its own. (Bursts: the
+    // unit test of `Rate`.)
     let a1 = ProxyServer::start(proxy.clone(), "a").await;
     let a2 = ProxyServer::start(proxy.clone(), "a").await;
     let b = ProxyServer::start(proxy, "b").await;
     let target = format!("127.0.0.1:{port}");
-    let mut statuses = Vec::new();
-    let mut keep = Vec::new();
-    for s in [&a1, &a2, &a1, &a2] {
-        let (st, text, t) = connect(s.addr, &target).await;
-        statuses.push(st);
-        keep.push((text, t));
-    }
-    assert_eq!(statuses, [200, 200, 200, 429], "{keep:?}");
-    assert!(keep[3]
-        .0
-        .contains("3 new connections per second per tenant"));
+    let t0 = Instant::now();
+    let (s1, _, _k1) = connect(a1.addr, &target).await;
+    let (s2, text, _) = connect(a2.addr, &target).await;
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert_eq!((s1, s2), (200, 429), "{text}");
+    assert!(
+        text.contains("limit: 1 new connections per second per tenant"),
+        "{text}"
+    );
+    assert!(text.contains("`connections_per_second`"), "{text}");
     assert_eq!(connect(b.addr, &target).await.0, 200);
+    // A second later the bucket has refilled.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(connect(a2.addr, &target).await.0, 200);
     server.abort();
 }
 
@@ -286,7 +289,9 @@ async fn memory_stays_bounded_while_a_fast_upstream_floods_a_slow_reader() {
         (got - start) as f64 / secs / (1 << 20) as f64,
         grew >> 20
     );
-    assert!(grew < 64 << 20, "RSS grew by {} MiB", grew >> 20);
+    // A proxy that buffered would hold most of the 512 MiB the upstream can send during the
+    // slow phase; the bound leaves room for a test running beside this one in the process.
+    assert!(grew < 128 << 20, "RSS grew by {} MiB", grew >> 20);
     server.abort();
 }
 
@@ -428,7 +433,8 @@ async fn memory_stays_bounded_while_100_connections_trickle() {
         "egress: 100 trickling connections through the proxy, RSS grew {} KiB at most",
         grew >> 10
     );
-    assert!(grew < 32 << 20, "RSS grew by {} MiB", grew >> 20);
+    // Buffers of a megabyte per connection would be 100 MiB.
+    assert!(grew < 48 << 20, "RSS grew by {} MiB", grew >> 20);
     server.abort();
 }
 
