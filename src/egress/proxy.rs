@@ -50,6 +50,11 @@ pub struct RunScope {
 }
 
 impl RunScope {
+    /// The run this scope is of (as the log records name it).
+    pub fn run_id(&self) -> &str {
+        &self.run
+    }
+
     /// Bytes the run sent upstream and received, all its connections together.
     pub fn spent(&self) -> (u64, u64) {
         self.budget.spent()

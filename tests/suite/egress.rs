@@ -712,3 +712,87 @@ for sni in ["data.example.test", "fronted.example.test"]:
     );
     assert!(out.contains("fronted.example.test 200 cut"), "{out}");
 }
+
+/// A log sink for one test's thread.
+#[derive(Clone, Default)]
+struct Sink(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn each_connection_is_one_log_record_without_payloads_or_header_values() {
+    // The proxy's tasks run on this test's one thread (current-thread runtime): a default
+    // subscriber for the thread sees their records.
+    let sink = Sink::default();
+    let s = sink.clone();
+    let _guard = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .with_writer(move || s.clone())
+            .finish(),
+    );
+    let up = TlsUpstream::start(&["data.example.test"]).await;
+    let p = up.port;
+    let proxy = ProxyServer::start(Proxy::new(policy(&allowing(p))), "alice").await;
+    let code = format!(
+        r#"
+import requests
+h = {{"X-Api-Key": "MARKER-HEADER-VALUE"}}
+print(requests.get("https://data.example.test:{p}/x.csv?q=MARKER-QUERY", headers=h, timeout=20).status_code)
+try:
+    requests.get("https://nowhere.test:{p}/MARKER-PATH", headers=h, timeout=20)
+except requests.exceptions.ProxyError:
+    print("refused")
+"#
+    );
+    let (ok, out, err) = python(&code, &proxy.url(), &up.ca).await;
+    assert!(
+        ok && out.contains("200") && out.contains("refused"),
+        "{out}\n{err}"
+    );
+    // The tunnel's record is written when the tunnel closes, just after the client's end.
+    let mut log = String::new();
+    for _ in 0..100 {
+        log = String::from_utf8_lossy(&sink.0.lock().unwrap()).into_owned();
+        if log.contains("egress connection") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let run = proxy.scope.run_id().to_string();
+    let ok_line = log
+        .lines()
+        .find(|l| l.contains("egress connection"))
+        .unwrap_or_else(|| panic!("no connection record in:\n{log}"));
+    for field in [
+        "tenant=alice".to_string(),
+        format!("run={run}"),
+        "host=data.example.test".into(),
+        format!("port={p}"),
+        "kind=\"connect\"".into(),
+        "outcome=\"ok\"".into(),
+        "bytes_up=".into(),
+        "bytes_down=".into(),
+        "duration_ms=".into(),
+    ] {
+        assert!(ok_line.contains(&field), "`{field}` not in {ok_line}");
+    }
+    let refused = log
+        .lines()
+        .find(|l| l.contains("egress refused"))
+        .unwrap_or_else(|| panic!("no refusal record in:\n{log}"));
+    assert!(
+        refused.contains("host=nowhere.test") && refused.contains("outcome=\"not_in_policy\""),
+        "{refused}"
+    );
+    assert!(!log.contains("MARKER"), "{log}");
+}
