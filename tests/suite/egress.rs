@@ -730,7 +730,16 @@ impl std::io::Write for Sink {
 #[tokio::test]
 async fn each_connection_is_one_log_record_without_payloads_or_header_values() {
     // The proxy's tasks run on this test's one thread (current-thread runtime): a default
-    // subscriber for the thread sees their records.
+    // subscriber for the thread sees their records. A second dispatcher, kept alive and
+    // never used, makes tracing ask every registered one when a callsite is first seen:
+    // with one scoped dispatcher alone, a callsite first hit on another test's thread
+    // would be cached as disabled for all threads.
+    let _second = tracing::Dispatch::new(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_writer(std::io::sink)
+            .finish(),
+    );
     let sink = Sink::default();
     let s = sink.clone();
     let _guard = tracing::subscriber::set_default(
@@ -786,10 +795,22 @@ except requests.exceptions.ProxyError:
     ] {
         assert!(ok_line.contains(&field), "`{field}` not in {ok_line}");
     }
-    let refused = log
-        .lines()
-        .find(|l| l.contains("egress refused"))
-        .unwrap_or_else(|| panic!("no refusal record in:\n{log}"));
+    // Refusal lines are rate-limited process-wide (other tests refuse too): ask again, a
+    // second apart, until this run's appears.
+    let refusal = |log: &str| {
+        log.lines()
+            .find(|l| l.contains("egress refused") && l.contains(&run))
+            .map(str::to_string)
+    };
+    for _ in 0..5 {
+        if refusal(&String::from_utf8_lossy(&sink.0.lock().unwrap())).is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        connect(proxy.addr, &format!("nowhere.test:{p}")).await;
+    }
+    let log = String::from_utf8_lossy(&sink.0.lock().unwrap()).into_owned();
+    let refused = refusal(&log).unwrap_or_else(|| panic!("no refusal record in:\n{log}"));
     assert!(
         refused.contains("host=nowhere.test") && refused.contains("outcome=\"not_in_policy\""),
         "{refused}"
