@@ -154,13 +154,22 @@ impl Rule {
                 self.methods
                     .as_ref()
                     .is_none_or(|m| m.iter().any(|x| x.eq_ignore_ascii_case(method)))
-                    && self
-                        .paths
-                        .as_ref()
-                        .is_none_or(|p| p.iter().any(|x| path.starts_with(x.as_str())))
+                    && self.paths.as_ref().is_none_or(|p| {
+                        plain_path(path) && p.iter().any(|x| path.starts_with(x.as_str()))
+                    })
             }
         }
     }
+}
+
+/// Whether a path says plainly where it goes, so that a prefix check means what it says:
+/// no `.` or `..` segment, no encoded dot, slash or backslash, no backslash
+/// (`/v1/../admin` and `/v1/%2e%2e/admin` start with `/v1/` and are not under it).
+fn plain_path(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    !path.contains('\\')
+        && !["%2e", "%2f", "%5c"].iter().any(|e| lower.contains(e))
+        && !path.split('/').any(|seg| seg == "." || seg == "..")
 }
 
 impl Policy {
@@ -588,6 +597,22 @@ mod tests {
         };
         assert!(p.allow_target("t", &h, 80, get("/v1/items")).is_ok());
         assert!(p.allow_target("t", &h, 80, get("/v2/items")).is_err());
+        for sneaky in [
+            "/v1/../admin",
+            "/v1/./../admin",
+            "/v1/..",
+            "/v1/%2e%2e/admin",
+            "/v1/%2E%2E/admin",
+            "/v1/..%2Fadmin",
+            "/v1/..\\admin",
+            "/v1/%5c..%5cadmin",
+        ] {
+            assert!(
+                p.allow_target("t", &h, 80, get(sneaky)).is_err(),
+                "{sneaky}"
+            );
+        }
+        assert!(p.allow_target("t", &h, 80, get("/v1/a.b/c..d")).is_ok());
         assert!(p
             .allow_target(
                 "t",

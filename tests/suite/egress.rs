@@ -593,6 +593,16 @@ except urllib.error.HTTPError as e:
         )),
         "{out}"
     );
+    // A path that starts with the prefix but does not stay under it.
+    let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+    s.write_all(
+        format!("GET http://api.example.test:{port}/v1/../admin HTTP/1.1\r\nHost: x\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let (status, text) = read_answer(&mut s).await;
+    assert_eq!(status, 403, "{text}");
     // A tunnel to a host whose rule limits methods or paths is refused: it could not be checked.
     let (status, text, _) = connect(proxy.addr, &format!("api.example.test:{port}")).await;
     assert_eq!(status, 403, "{text}");
