@@ -37,6 +37,13 @@
 //!   and the policy every call from sandboxed code passes (allow list, consent for
 //!   destructive tools, arguments against the schema, calls per run, in flight, timeout,
 //!   result size).
+//! - [`egress`]: egress by policy (#41), the only way out sandboxed code will have. The
+//!   operator's policy (`--egress FILE`: rules by host, wildcard, address or range and
+//!   port, default deny, limits, the `[resolve]` test override), the address classes
+//!   refused whatever a name resolves to, the resolver, and the HTTP proxy over any byte
+//!   stream (`CONNECT` tunnels, plain HTTP forwarded) that resolves once, connects to the
+//!   address it checked, streams under per-run and per-tenant limits and logs and counts
+//!   each connection. Not yet reachable from sandboxes (docs/egress.md).
 //! - [`env`](mod@env): which Python environment (venv, uv venv, conda, the managed
 //!   default) and installs into it in sandboxed installer jobs; the backend decides how an
 //!   environment reaches the sandbox.
@@ -102,6 +109,7 @@ pub mod cluster;
 pub mod codemode;
 pub mod commands;
 pub mod config;
+pub mod egress;
 pub mod env;
 pub mod job;
 pub mod mcp;

@@ -35,6 +35,9 @@ pub struct ServeConfig {
     pub tenants_file: Option<PathBuf>,
     /// Code mode's tools file (TOML); `None`: the code can call no other MCP server.
     pub tools_file: Option<PathBuf>,
+    /// The egress policy file (TOML, docs/egress.md); `None`: no egress, the sandboxes
+    /// have no network at all.
+    pub egress_file: Option<PathBuf>,
     /// Managed environments, installs' scratch space and the copy of the CA bundle.
     pub data_dir: PathBuf,
     /// Stored code (`code/` under the data directory unless given).
@@ -298,6 +301,7 @@ mod tests {
             tenant: crate::job::LOCAL_TENANT.into(),
             tenants_file: None,
             tools_file: None,
+            egress_file: None,
             data_dir: "/d".into(),
             code_storage_dir: "/d/code".into(),
             workspace_dir: "/d/workspaces".into(),

@@ -216,6 +216,9 @@ env_vars! {
     /// Code mode's tools file (TOML, see docs/code-mode.md): the MCP servers whose tools the
     /// sandboxed code may call through `import tools` (`--tools`; unset: none).
     MCP_EXECUTOR_TOOLS;
+    /// The egress policy file (TOML, see docs/egress.md): hosts and ports sandboxed code
+    /// may reach through this server, default deny (`--egress`; unset: no network).
+    MCP_EXECUTOR_EGRESS;
 
     // ---- execute_python sessions ----
     /// Seconds without a call after which a session is removed (`--session-idle`, default

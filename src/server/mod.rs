@@ -126,6 +126,16 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
         );
         crate::codemode::install(m);
     }
+    // Egress (#41): the policy is read and checked at start-up, so that a wrong file stops
+    // the server now rather than the first run that needs it.
+    if let Some(path) = &cfg.egress_file {
+        let policy = crate::egress::Policy::load(path).map_err(anyhow::Error::msg)?;
+        say!(
+            "mcp-code-executor: egress policy {}: {}; not yet offered to sandboxes (docs/egress.md)",
+            path.display(),
+            policy.summary()
+        );
+    }
     let code_root = crate::storage::CodeStorage::open(&cfg.code_storage_dir)?;
     say!(
         "mcp-code-executor: code storage {}{}",

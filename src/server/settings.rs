@@ -98,6 +98,7 @@ impl ServeConfig {
             tenant: defaults::TENANT.into(),
             tenants_file: None,
             tools_file: None,
+            egress_file: None,
             code_storage_dir: crate::storage::default_dir(&data_dir),
             workspace_dir: data_dir.join("workspaces"),
             shared_workspace: false,

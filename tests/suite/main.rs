@@ -26,6 +26,8 @@ mod codemode;
 mod codemode_limits;
 mod compose;
 mod conformance;
+mod egress;
+mod egress_limits;
 mod engine;
 mod env;
 mod first_run;

@@ -123,6 +123,11 @@ pub struct ServeCmd {
     /// sandboxed code calls as Python functions (`from tools import NAME`).
     #[arg(long, env = vars::MCP_EXECUTOR_TOOLS)]
     pub tools: Option<PathBuf>,
+    /// The egress policy file (TOML, see docs/egress.md): the hosts and ports sandboxed
+    /// code may reach through this server, default deny. Checked at start-up; sandboxes
+    /// cannot use it yet (#41).
+    #[arg(long, env = vars::MCP_EXECUTOR_EGRESS)]
+    pub egress: Option<PathBuf>,
     /// Calls of one tenant that may wait for a run slot; further calls are refused with a
     /// retry hint.
     #[arg(long, env = vars::MCP_EXECUTOR_MAX_QUEUE, default_value_t = mcp::defaults::MAX_QUEUE)]
@@ -223,6 +228,7 @@ impl ServeCmd {
             tenant: self.tenant.clone(),
             tenants_file: self.tenants.clone(),
             tools_file: self.tools.clone(),
+            egress_file: self.egress.clone(),
             code_storage_dir: self
                 .code_storage_dir
                 .clone()
