@@ -53,6 +53,12 @@ done
 [ -x target/upstreams/time/bin/mcp-server-time ] \
   || { python3 -m venv target/upstreams/time \
     && target/upstreams/time/bin/pip install --quiet --disable-pip-version-check mcp-server-time==2026.10.19; }
+# The egress tests' Python clients (tests/suite/egress*.rs): requests, httpx, and cryptography
+# for the test CA (PyPI; MCP_EGRESS_PYTHON names another interpreter).
+if ! target/egress-py/bin/python -c "import requests, httpx, cryptography" >/dev/null 2>&1; then
+  python3 -m venv target/egress-py
+  target/egress-py/bin/pip install --quiet --disable-pip-version-check requests==2.32.3 httpx==0.28.1 cryptography==44.0.0
+fi
 # flake8 (PyPI; its pyflakes checks only), for the lint of every Python file we ship:
 # the runner, the matplotlib backend, the installer scripts, the test clients.
 if ! target/py-lint/bin/flake8 --version >/dev/null 2>&1; then

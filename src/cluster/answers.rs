@@ -102,3 +102,30 @@ pub fn gone(owner: &str, handle: &Handle, id: &Value, method: &str) -> Response 
         }
     }
 }
+
+/// What a call through a protocol session of this replica gets when it names a session,
+/// task or resource of `owner`, another replica that lives: a protocol session reaches only
+/// its own replica's state, and forwarding the call would lose the protocol session.
+pub fn elsewhere(owner: &str, handle: &Handle, id: &Value, method: &str) -> Response {
+    let here = super::ids::replica();
+    let (what, name) = match handle {
+        Handle::Session(h) => ("session", h),
+        Handle::Task(t) => ("task", t),
+        Handle::Resource(u) => ("resource", u),
+        Handle::Protocol(h) | Handle::File(h) => ("handle", h),
+    };
+    let text = format!(
+        "{what} `{name}` is held by the server replica `{owner}`, and this MCP session \
+         (Mcp-Session-Id) by the replica `{here}`: a call in an MCP session reaches only its own \
+         replica's state. Use the {what} from the MCP session that made it, or from a client \
+         without MCP sessions (MCP 2026-07-28), or start a new session here (call without session_id)."
+    );
+    match handle {
+        Handle::Session(_) if method == "tools/call" => {
+            axum::Json(json!({"jsonrpc": "2.0", "id": id, "result": {
+                "content": [{"type": "text", "text": text}], "isError": true}}))
+            .into_response()
+        }
+        _ => axum::Json(rpc_error(id, -32602, &text)).into_response(),
+    }
+}

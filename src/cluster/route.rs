@@ -28,7 +28,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use super::answers::{bad_gateway, draining_refusal, gone, silent};
+use super::answers::{bad_gateway, draining_refusal, elsewhere, gone, silent};
 use super::handle::{inspect, Handle};
 use super::peers::Peer;
 use super::{ids, Cluster, FORWARDED, REPLICA_PATH};
@@ -85,8 +85,8 @@ pub enum Plan {
     /// To the replica that owns the handle.
     Owner(String, Handle),
     /// The protocol session is here but the body names another replica's state, which it
-    /// cannot reach: served here when that replica lives, answered "gone" when not.
-    HereUnlessGone(String, Handle),
+    /// cannot reach: answered here, "gone" when that replica is, else where the state is.
+    ThroughProtocolSession(String, Handle),
     /// This replica drains: new work goes to another.
     Elsewhere,
 }
@@ -130,7 +130,7 @@ pub fn plan(
         // body cannot be served through it.
         return match body.filter(|b| !matches!(b, Handle::File(_))) {
             Some(b) => match elsewhere(b) {
-                Some(o) => Plan::HereUnlessGone(o, b.clone()),
+                Some(o) => Plan::ThroughProtocolSession(o, b.clone()),
                 None => Plan::Here,
             },
             None => Plan::Here,
@@ -175,10 +175,12 @@ pub async fn route(c: &Cluster, parts: Parts, body: Bytes) -> Routed {
                 None => here(parts, body),
             }
         }
-        Plan::HereUnlessGone(owner, handle) => match c.peers().find(&owner).await {
-            Some(_) => here(parts, body),
-            None => Routed::Answered(owner_gone(c, &owner, &handle, &id, &method)),
-        },
+        Plan::ThroughProtocolSession(owner, handle) => {
+            Routed::Answered(match c.peers().find(&owner).await {
+                Some(_) => elsewhere(&owner, &handle, &id, &method),
+                None => owner_gone(c, &owner, &handle, &id, &method),
+            })
+        }
         Plan::Elsewhere => match c.peers().another().await {
             Some(peer) => Routed::Answered(match forward(c, &peer, &parts, body).await {
                 Ok(r) => r,
@@ -392,10 +394,10 @@ mod tests {
         let raw = Handle::Protocol("0b9e-uuid".into());
         assert_eq!(plan(Some(&raw), None, ME, true, true), Plan::Here);
         // The head wins; a body naming another replica's state through a protocol session
-        // of this one is answered "gone" when that replica is.
+        // of this one is answered here ("gone", or where it is).
         assert_eq!(
             plan(Some(&raw), Some(&s("0000000b")), ME, false, true),
-            Plan::HereUnlessGone("0000000b".into(), s("0000000b"))
+            Plan::ThroughProtocolSession("0000000b".into(), s("0000000b"))
         );
         assert_eq!(
             plan(Some(&m("0000000b")), Some(&s(ME)), ME, false, true),

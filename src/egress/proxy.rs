@@ -149,14 +149,15 @@ impl Proxy {
             .authority()
             .and_then(|a| Some((a.host().to_string(), a.port_u16()?)))
         else {
+            let asked = req.uri().to_string();
             let r = Refusal::new(
-                &req.uri().to_string(),
+                &asked,
                 0,
                 Reason::BadRequest {
                     detail: "CONNECT needs host:port".into(),
                 },
             );
-            Record::new(&scope.tenant, &scope.run, &r.host, 0, "connect").finish(r.label(), 0, 0);
+            Record::new(&scope.tenant, &scope.run, &asked, 0, "connect").finish(r.label(), 0, 0);
             return refusal(&r);
         };
         let mut record = Record::new(&scope.tenant, &scope.run, &host, port, "connect");

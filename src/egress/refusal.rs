@@ -92,12 +92,7 @@ impl Refusal {
             504 => "Gateway Timeout",
             _ => "Bad Gateway",
         };
-        let p = format!(
-            "{base} (egress: {}:{} {})",
-            self.host,
-            self.port,
-            self.short()
-        );
+        let p = format!("{base} (egress: {} {})", self.target(), self.short());
         p.chars()
             .map(|c| {
                 if c.is_ascii_graphic() || c == ' ' {
@@ -109,11 +104,21 @@ impl Refusal {
             .collect()
     }
 
+    /// `host:port`, or what there is of it (a request that named no host).
+    fn target(&self) -> String {
+        match (self.host.is_empty(), self.port) {
+            (true, _) => "a request that names no host".into(),
+            (false, 0) => self.host.clone(),
+            (false, p) => format!("{}:{p}", self.host),
+        }
+    }
+
     /// The body: what was refused, why, and how the operator allows it.
     pub fn body(&self) -> String {
         let (h, p) = (&self.host, self.port);
         let mut b = format!(
-            "mcp-code-executor egress refused {h}:{p}: {}.\n",
+            "mcp-code-executor egress refused {}: {}.\n",
+            self.target(),
             self.short()
         );
         match &self.reason {
@@ -203,5 +208,15 @@ mod tests {
         assert_eq!(r.status(), 429);
         assert!(!r.phrase().contains('\r') && !r.phrase().contains('\n'));
         assert!(r.body().contains("`connections_in_flight`"));
+        let r = Refusal::new(
+            "",
+            0,
+            Reason::BadRequest {
+                detail: "origin form".into(),
+            },
+        );
+        assert!(r
+            .body()
+            .starts_with("mcp-code-executor egress refused a request that names no host: bad request: origin form."));
     }
 }

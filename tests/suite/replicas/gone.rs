@@ -4,7 +4,8 @@
 //! dead replica, every call on its sessions, through the balancer, straight at the survivor,
 //! and through a protocol session (2025-11-25) that the survivor holds, says the session is
 //! gone, names the dead replica, and runs nothing. (Before, the last answered "not found: it
-//! may have expired", which reads like a session that timed out.)
+//! may have expired", which reads like a session that timed out; and so it did while the
+//! replica lived, where it now says which replica holds the session.)
 
 use super::*;
 
@@ -85,6 +86,16 @@ async fn every_call_on_a_dead_replicas_sessions_says_it_is_gone() {
     }
     let protocol = protocol_session(alive).await;
     let dead_id = dead.id.clone();
+    // While its replica lives, such a session named through the survivor's protocol session
+    // is said to be there, not "not found".
+    let (status, msg) = call_in_protocol_session(&alive.url("/mcp"), &protocol, &sessions[0]).await;
+    let text = text_of(&msg);
+    assert_eq!(status, 200, "{msg}");
+    assert_eq!(msg["result"]["isError"], true, "{msg}");
+    assert!(
+        text.contains("is held by the server replica") && text.contains(&dead_id),
+        "{msg}"
+    );
     let (alive_url, lb_url) = (alive.url("/mcp"), c.lb("/mcp"));
 
     c.replicas[0].signal(libc::SIGKILL);
