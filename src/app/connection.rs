@@ -121,6 +121,18 @@ impl Connection {
         self.open_standalone(owner).map(Some)
     }
 
+    /// A files session for what a one-shot run keeps ([`super::sessions::Sessions::open_for_files`]).
+    fn open_for_files(&self) -> Result<SessionRef, AppError> {
+        let x = &self.executor;
+        let slot =
+            x.sessions
+                .open_for_files(&x.workspaces, self.new_workspace_key(), self.owner(None))?;
+        Ok(SessionRef {
+            slot,
+            created: true,
+        })
+    }
+
     fn open_standalone(&self, owner: Option<String>) -> Result<SessionRef, AppError> {
         let x = &self.executor;
         let slot = x
@@ -151,7 +163,7 @@ impl Connection {
     /// Run `code`, stored at `path`, in a fresh sandbox with the files of `session`'s
     /// workspace; files the code writes to `/workspace` are saved back to it. Without a
     /// session (a stateless request that named none) the run starts with an empty
-    /// workspace, and a standalone session is opened only when the code wrote files.
+    /// workspace, and a files session is opened only when the code wrote files.
     pub async fn run_stored(
         &self,
         session: Option<SessionRef>,
@@ -196,7 +208,7 @@ impl Connection {
         let mut notes: Vec<String> = note.into_iter().collect();
         let wrote = !outcome.files.is_empty() || outcome.files_dropped > 0;
         if session.is_none() && wrote {
-            match self.open_standalone(self.owner(None)) {
+            match self.open_for_files() {
                 Ok(s) => session = Some(s),
                 Err(e) => notes.push(format!("files written to /workspace were not kept: {e}")),
             }
@@ -217,8 +229,8 @@ impl Connection {
         })
     }
 
-    /// Keep `data` as workspace file `name` of `session` (opening a standalone session
-    /// when there is none): output too large for a result, to be read back with read_file.
+    /// Keep `data` as workspace file `name` of `session` (opening a files session when
+    /// there is none): output too large for a result, to be read back with read_file.
     /// Within the workspace caps, not those of one write_file call.
     pub async fn keep_file(
         &self,
@@ -228,7 +240,7 @@ impl Connection {
     ) -> Result<SessionRef, AppError> {
         let s = match session {
             Some(s) => s,
-            None => self.open_standalone(self.owner(None))?,
+            None => self.open_for_files()?,
         };
         let x = &self.executor;
         match x.workspaces.keep(s.workspace(), name, data).await {

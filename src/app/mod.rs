@@ -12,8 +12,8 @@
 //!   workspace files; [`execute`]: a one-shot run of code in one call (timeout, session,
 //!   stored code, run, files kept for the result); the timeouts of runs and tasks
 //!   (`timeouts`).
-//! - [`sessions`]: the registry of sessions by handle (own and standalone; caps, reaper,
-//!   idle expiry); [`cell`]: one cell in a session (its turn, environment, run slot, files
+//! - [`sessions`]: the registry of sessions by handle (own, standalone and files sessions;
+//!   caps, reaper, idle expiry); [`cell`]: one cell in a session (its turn, environment, run slot, files
 //!   in and out).
 //! - [`workspaces`]: workspace directories, their caps, files returned by runs.
 //! - [`packages`]: package checks, installs and environment switches of a tenant; [`pip`]:
@@ -44,5 +44,7 @@ pub use service::{Capacity, Phase, Readiness, Service, Startup};
 pub use sessions::SessionRef;
 pub use settings::{Quota, SessionOptions, Settings};
 
+#[cfg(test)]
+mod files_sessions_tests;
 #[cfg(test)]
 mod tests;

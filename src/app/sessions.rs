@@ -12,6 +12,11 @@
 //!   2026-07-28, where every request is its own connection) and named only by its handle,
 //!   which the client passes back: it counts against `max_sessions` for its whole life and
 //!   is removed, workspace and all, once idle longer than the idle timeout.
+//! - a files session: a standalone session a one-shot run (`execute_code`, a task) opened
+//!   only to keep what it wrote or what its result could not carry. It holds no container
+//!   and counts against `max_sessions` only while a REPL is open in it, like a connection's
+//!   own; a principal keeps at most `max_sessions` of them, its least recently used going
+//!   first (issue 42: one user's long outputs took every session of the tenant).
 //!
 //! [`Sessions`] holds one tenant's sessions and caps how many live at once; a background
 //! reaper removes containers idle longer than the idle timeout or older than the maximum
@@ -63,6 +68,9 @@ pub(super) struct Slot {
     pub(super) principal: Option<String>,
     /// A standalone session's place among `max_sessions`, for its whole life.
     pub(super) ticket: Option<Ticket>,
+    /// A files session ([`Sessions::open_for_files`]): no place among `max_sessions` but
+    /// while its REPL is open.
+    for_files: bool,
     pub(super) cell: tokio::sync::Mutex<Option<Live>>,
     /// Last use, for the idle timeout.
     pub(super) used: Mutex<Instant>,
@@ -257,6 +265,7 @@ impl Sessions {
                     owner: Some(conn),
                     principal,
                     ticket: None,
+                    for_files: false,
                     cell: tokio::sync::Mutex::new(None),
                     used: Mutex::new(Instant::now()),
                     workspaces: workspaces.clone(),
@@ -312,6 +321,7 @@ impl Sessions {
             owner: None,
             principal: principal.clone(),
             ticket: Some(ticket),
+            for_files: false,
             cell: tokio::sync::Mutex::new(None),
             used: Mutex::new(Instant::now()),
             workspaces: workspaces.clone(),
@@ -323,6 +333,78 @@ impl Sessions {
             tenant = %self.tenant,
             principal = %principal.as_deref().map_or("static-token".to_string(), |d| format!("user:{d}")),
             "standalone session opened"
+        );
+        Ok(slot)
+    }
+
+    /// Open a files session with workspace `workspace` for `principal`: what a one-shot run
+    /// wrote, or what its result could not carry, kept for the client to read with the
+    /// handle. It takes none of the tenant's `max_sessions` (a REPL opened in it later
+    /// does, while open), so one principal's runs never leave the others without sessions;
+    /// a principal keeps at most `max_sessions` of them, and opening one more removes its
+    /// least recently used one that no call holds (refused when every one is in use).
+    pub(super) fn open_for_files(
+        self: &Arc<Self>,
+        workspaces: &Arc<Workspaces>,
+        workspace: String,
+        principal: Option<String>,
+    ) -> Result<Arc<Slot>, AppError> {
+        if self.shutdown.is_cancelled() {
+            return Err(AppError::ShuttingDown);
+        }
+        let max = self.options.max_sessions.max(1);
+        let handle = new_handle();
+        let slot = Arc::new(Slot {
+            handle: handle.clone(),
+            workspace,
+            owner: None,
+            principal: principal.clone(),
+            ticket: None,
+            for_files: true,
+            cell: tokio::sync::Mutex::new(None),
+            used: Mutex::new(Instant::now()),
+            workspaces: workspaces.clone(),
+            shared_workspace: self.options.shared_workspace,
+        });
+        // Removed (its workspace deleted on drop) after the map's lock is let go.
+        let evicted = {
+            let mut map = self.map();
+            let mine: Vec<&Arc<Slot>> = map
+                .values()
+                .filter(|s| s.for_files && s.principal == principal)
+                .collect();
+            let mut evicted = None;
+            if mine.len() >= max {
+                // Held only by the map (no call uses it) and no REPL open in it.
+                let oldest = mine
+                    .into_iter()
+                    .filter(|s| Arc::strong_count(s) == 1)
+                    .filter(|s| s.cell.try_lock().is_ok_and(|c| c.is_none()))
+                    .max_by_key(|s| s.idle())
+                    .map(|s| s.handle.clone());
+                let Some(oldest) = oldest else {
+                    return Err(AppError::Refused(format!(
+                        "no session could be opened to keep the files: the {max} sessions kept for your runs without a session_id are all in use. \
+                         Pass the session_id of one you have, or retry when a call on one ends."
+                    )));
+                };
+                evicted = map.remove(&oldest);
+            }
+            map.insert(handle, slot.clone());
+            evicted
+        };
+        if evicted.is_some() {
+            tracing::info!(
+                tenant = %self.tenant,
+                "files session removed: its principal opened more than max_sessions"
+            );
+        }
+        drop(evicted);
+        self.start_reaper();
+        tracing::info!(
+            tenant = %self.tenant,
+            principal = %principal.as_deref().map_or("static-token".to_string(), |d| format!("user:{d}")),
+            "files session opened"
         );
         Ok(slot)
     }

@@ -17,6 +17,8 @@ pub mod defaults {
     /// The longest timeout a run started as an MCP task may ask for (a task outlives the
     /// request that started it, so it may run longer than a call a client waits for).
     pub const MAX_TASK_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+    /// How long a finished task's result stays readable at least (`--task-ttl`).
+    pub const TASK_TTL: Duration = Duration::from_secs(15 * 60);
     /// Runs at once over all tenants; further calls queue.
     pub const MAX_CONCURRENT: usize = 4;
     /// Large enough that a burst of 100 calls from one client all wait their turn; each
@@ -50,6 +52,9 @@ pub struct Settings {
     pub max_timeout: Duration,
     /// The most the `timeout` of a run started as an MCP task may ask for.
     pub max_task_timeout: Duration,
+    /// How long a finished MCP task's result is kept at least, and the least TTL a task is
+    /// given (`--task-ttl`; see [`crate::mcp::tasks::ttl`]).
+    pub task_ttl: Duration,
     /// Sandbox image and interpreter, for get_environment_config.
     pub image: String,
     pub python: String,
@@ -171,6 +176,7 @@ impl Default for Settings {
             limits: Limits::default(),
             max_timeout: defaults::MAX_TIMEOUT,
             max_task_timeout: defaults::MAX_TASK_TIMEOUT,
+            task_ttl: defaults::TASK_TTL,
             image: crate::backend::image::default_image(),
             python: defaults::IMAGE_PYTHON.into(),
             requested_env_type: None,

@@ -25,6 +25,8 @@ pub struct ServeConfig {
     pub limits: Limits,
     /// The highest timeout a call may ask for.
     pub max_timeout: Duration,
+    /// How long a finished MCP task's result is kept at least (the least TTL of a task).
+    pub task_ttl: Duration,
     /// Run slots over all tenants.
     pub max_concurrent: usize,
     /// Calls of one tenant that may wait for a run slot.
@@ -296,6 +298,7 @@ mod tests {
             },
             limits: Limits::default(),
             max_timeout: Duration::from_secs(300),
+            task_ttl: Duration::from_secs(900),
             max_concurrent: 4,
             max_queue: 256,
             tenant: crate::job::LOCAL_TENANT.into(),

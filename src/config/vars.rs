@@ -202,6 +202,9 @@ env_vars! {
     // ---- admission and tenants ----
     /// Highest timeout a call may ask for, in seconds (`--max-timeout`, default 300).
     MCP_EXECUTOR_MAX_TIMEOUT;
+    /// How long a finished MCP task's result stays readable at least, and the least TTL a
+    /// task gets (`--task-ttl`, seconds, default 900).
+    MCP_EXECUTOR_TASK_TTL;
     /// Run slots over all tenants; further calls wait (`--max-concurrent`, default 4).
     MCP_EXECUTOR_MAX_CONCURRENT;
     /// Calls of one tenant that may wait for a run slot; past it calls are refused

@@ -4,7 +4,11 @@
 //! ledger counts, per tenant, the tasks the manager holds and the bytes of their results;
 //! a new task past either bound is refused at once with a message that says which bound,
 //! what is held and when room comes back. Nothing here touches the manager: a task is
-//! counted from its admission to the moment rmcp forgets it (one TTL after it ended).
+//! counted from its admission to the moment rmcp forgets it (one TTL after it ended, and
+//! [`GRACE`] more). The ledger counts the tasks of all the tenant's principals, each in its
+//! own manager: what it forgets, the sweep ([`super::tasks::sweep`], run before every
+//! admission and every [`super::tasks::SWEEP_EVERY`]) has had rmcp forget too, so that the
+//! tenant's bound is the real one however many users it has (issue 42).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -28,6 +32,10 @@ const WORKING_BYTES: u64 = super::fit::budget::MESSAGE as u64;
 /// What an ended task without a result (cancelled, failed) is counted as, beside its error.
 const ENDED_BYTES: u64 = 512;
 
+/// Counted this much longer than rmcp keeps a task: rmcp notes the end just after the
+/// ledger (when the task's future returns), and must have forgotten it first.
+pub const GRACE: Duration = Duration::from_secs(1);
+
 /// One tenant's tasks as rmcp keeps them.
 #[derive(Debug, Default)]
 pub struct Ledger {
@@ -35,8 +43,10 @@ pub struct Ledger {
     next: u64,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Entry {
+    /// The principal whose manager keeps it ([`crate::tenancy::oauth::Principal::owner`]).
+    owner: Option<String>,
     bytes: u64,
     /// When rmcp forgets it: set when the task ends (its TTL after that).
     gone_at: Option<Instant>,
@@ -76,9 +86,19 @@ impl Ledger {
         )
     }
 
-    /// Count a new working task within `max_tasks` and `max_bytes`: its key.
+    /// Tasks of principal `owner` held at `now`.
+    fn held_by(&mut self, now: Instant, owner: Option<&str>) -> usize {
+        self.sweep(now);
+        self.entries
+            .values()
+            .filter(|e| e.owner.as_deref() == owner)
+            .count()
+    }
+
+    /// Count a new working task of `owner` within `max_tasks` and `max_bytes`: its key.
     fn admit(
         &mut self,
+        owner: Option<&str>,
         now: Instant,
         max_tasks: usize,
         max_bytes: u64,
@@ -105,6 +125,7 @@ impl Ledger {
         self.entries.insert(
             self.next,
             Entry {
+                owner: owner.map(str::to_string),
                 bytes: WORKING_BYTES,
                 gone_at: None,
             },
@@ -112,11 +133,12 @@ impl Ledger {
         Ok(self.next)
     }
 
-    /// The task `key` ended at `now` with `bytes` kept; rmcp forgets it `ttl` later.
+    /// The task `key` ended at `now` with `bytes` kept; rmcp forgets it `ttl` later (at
+    /// the sweep that follows), counted until [`GRACE`] after that.
     fn ended(&mut self, key: u64, bytes: u64, now: Instant, ttl: Duration) {
         if let Some(e) = self.entries.get_mut(&key) {
             e.bytes = bytes;
-            e.gone_at = Some(now + ttl);
+            e.gone_at = Some(now + ttl + GRACE);
         }
     }
 }
@@ -176,13 +198,24 @@ fn ledger(executor: &Arc<Executor>) -> Arc<Mutex<Ledger>> {
         .clone()
 }
 
-/// Count a new task of `executor`'s tenant, kept by rmcp until `ttl` after it ends; past
-/// [`MAX_TASKS`] or [`MAX_TASK_BYTES`] the call is refused (a JSON-RPC error, -32000, that
-/// says which bound), counted in `mcp_executor_rejected_total{reason="tasks"}`.
-pub fn admit(executor: &Arc<Executor>, ttl: Duration) -> Result<Admitted, ErrorData> {
+/// Tasks of principal `owner` that `executor`'s tenant holds (working, or ended and kept).
+pub fn held_by(executor: &Arc<Executor>, owner: Option<&str>) -> usize {
+    lock(&ledger(executor)).held_by(Instant::now(), owner)
+}
+
+/// Count a new task of principal `owner` of `executor`'s tenant, kept by rmcp until `ttl`
+/// after it ends; past [`MAX_TASKS`] or [`MAX_TASK_BYTES`] (over all the tenant's
+/// principals, after a sweep of what expired) the call is refused (a JSON-RPC error,
+/// -32000, that says which bound), counted in `mcp_executor_rejected_total{reason="tasks"}`.
+pub fn admit(
+    executor: &Arc<Executor>,
+    owner: Option<&str>,
+    ttl: Duration,
+) -> Result<Admitted, ErrorData> {
+    super::tasks::sweep(executor);
     let ledger = ledger(executor);
     let key = lock(&ledger)
-        .admit(Instant::now(), MAX_TASKS, MAX_TASK_BYTES, ttl)
+        .admit(owner, Instant::now(), MAX_TASKS, MAX_TASK_BYTES, ttl)
         .map_err(|e| {
             executor.metrics().rejected(executor.tenant(), "tasks");
             ErrorData::new(rmcp::model::ErrorCode(-32000), e.to_string(), None)
@@ -204,9 +237,9 @@ mod tests {
         let mut l = Ledger::default();
         let t0 = Instant::now();
         let ttl = Duration::from_secs(900);
-        let a = l.admit(t0, 2, 10 << 20, ttl).unwrap();
-        let _b = l.admit(t0, 2, 10 << 20, ttl).unwrap();
-        let e = l.admit(t0, 2, 10 << 20, ttl).unwrap_err();
+        let a = l.admit(None, t0, 2, 10 << 20, ttl).unwrap();
+        let _b = l.admit(None, t0, 2, 10 << 20, ttl).unwrap();
+        let e = l.admit(None, t0, 2, 10 << 20, ttl).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -222,17 +255,17 @@ mod tests {
         l.ended(a, 100, t0, ttl);
         // Still kept until its TTL has passed, then gone.
         assert!(l
-            .admit(t0 + Duration::from_secs(899), 2, 10 << 20, ttl)
+            .admit(None, t0 + Duration::from_secs(899), 2, 10 << 20, ttl)
             .is_err());
         assert!(l
-            .admit(t0 + Duration::from_secs(901), 2, 10 << 20, ttl)
+            .admit(None, t0 + Duration::from_secs(902), 2, 10 << 20, ttl)
             .is_ok());
         // Bytes: a working task counts as a whole result.
         let mut l = Ledger::default();
         let one = WORKING_BYTES;
-        l.admit(t0, 100, 2 * one, ttl).unwrap();
-        l.admit(t0, 100, 2 * one, ttl).unwrap();
-        let e = l.admit(t0, 100, 2 * one, ttl).unwrap_err();
+        l.admit(None, t0, 100, 2 * one, ttl).unwrap();
+        l.admit(None, t0, 100, 2 * one, ttl).unwrap();
+        let e = l.admit(None, t0, 100, 2 * one, ttl).unwrap_err();
         assert!(matches!(e, TaskRefused::Bytes { .. }), "{e}");
     }
 }

@@ -20,6 +20,7 @@ impl From<&ServeConfig> for Settings {
             limits: cfg.limits.clone(),
             max_timeout: cfg.max_timeout,
             max_task_timeout: app::settings::defaults::MAX_TASK_TIMEOUT,
+            task_ttl: cfg.task_ttl,
             image: cfg
                 .backend
                 .image
@@ -93,6 +94,7 @@ impl ServeConfig {
                 cluster: config::serve::ClusterConfig::default(),
             },
             max_timeout: app::MAX_TIMEOUT,
+            task_ttl: app::TASK_TTL,
             max_concurrent: app::MAX_CONCURRENT,
             max_queue: app::MAX_QUEUE,
             tenant: defaults::TENANT.into(),

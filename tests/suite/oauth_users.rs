@@ -10,10 +10,12 @@
 mod support;
 
 use mcp_code_executor::tenancy::token;
-use serde_json::json;
+use std::time::Duration;
+
+use serde_json::{json, Value};
 
 use crate::mcp_support::{call, is_error, structured, text};
-use support::{text_of, tool, Hosted, Issuer, TempDir};
+use support::{rpc, text_of, tool, with_tasks, Hosted, Issuer, TempDir};
 
 /// Issue 42, finding 2: user B of the same organisation gets A's file_path (results show
 /// it, the info log records it) and tries to read A's file (which holds an API key), append
@@ -150,5 +152,187 @@ async fn stored_code_is_each_users_own() {
         assert_eq!(r["isError"], true, "{r}");
     }
     a.cancel().await.unwrap();
+    s.finish().await;
+}
+
+/// Poll `tasks/get` until the task is terminal.
+async fn wait_terminal(url: &str, token: &str, id: &str) -> Value {
+    let t0 = std::time::Instant::now();
+    loop {
+        let t = rpc(
+            url,
+            token,
+            "tasks/get",
+            json!({ "taskId": id }),
+            with_tasks(),
+        )
+        .await;
+        let status = t["status"].as_str().unwrap_or_else(|| panic!("{t}"));
+        if ["completed", "failed", "cancelled"].contains(&status) {
+            return t;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(300), "{id} still {t}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Start task-augmented `execute_code` runs of `code` as `token` until the tenant's bound
+/// refuses one (at most `max`), then wait for all to end: how many were started.
+async fn fill_with_tasks(url: &str, token: &str, code: &str, max: usize) -> usize {
+    let mut ids = Vec::new();
+    for _ in 0..max {
+        let r = rpc(
+            url,
+            token,
+            "tools/call",
+            json!({"name": "execute_code", "arguments": {"code": code, "timeout": 5}}),
+            with_tasks(),
+        )
+        .await;
+        match r["taskId"].as_str() {
+            Some(id) => ids.push(id.to_string()),
+            None => {
+                let why = r["error"]["message"].as_str().unwrap_or("");
+                assert!(
+                    why.contains("tasks kept"),
+                    "refused for another reason: {r}"
+                );
+                break;
+            }
+        }
+    }
+    for id in &ids {
+        let t = wait_terminal(url, token, id).await;
+        assert_eq!(t["status"], "completed", "{t}");
+    }
+    ids.len()
+}
+
+/// Output a result cannot carry whole: each task keeps about 640 KiB (the most a result
+/// holds) until it expires.
+const LONG_OUTPUT: &str = "print('x' * 900_000)";
+
+/// Issue 42, finding 3: user A fills the tenant's 64 MiB of kept task results; once they
+/// expired, user B fills it again, A never calling in between. The tenant's bound must be
+/// the real one: A's results are freed at the end of their lifetime, so B's take their
+/// place and the server's memory does not grow by a second cap. Before the fix rmcp kept A's
+/// results until A's next call while the ledger counted them gone (review: RSS 25 -> 94 MiB
+/// after A, 160 MiB after B).
+#[tokio::test]
+async fn expired_tasks_are_freed_so_the_tenants_cap_holds_for_all_its_users() {
+    let keys = TempDir::new("oauth-users-iss");
+    let issuer = Issuer::start(&keys.0.join("keys.json")).await;
+    let static_token = token::generate();
+    // Results kept 150 s (a task's TTL: its 5 s timeout and 150 s, which covers the queue
+    // of a hundred tasks on two cores).
+    let s = Hosted::start(
+        "t-users-tasks",
+        &issuer,
+        &static_token,
+        "",
+        &["--task-ttl", "150"],
+    )
+    .await;
+    let mcp = s.mcp();
+    let (ta, tb) = (
+        issuer.token("acme-ci", &s.resource()).await,
+        issuer.token("acme-ci-2", &s.resource()).await,
+    );
+    let rss0 = s.rss_mib();
+    let n_a = fill_with_tasks(&mcp, &ta, LONG_OUTPUT, 200).await;
+    let rss_a = s.rss_mib();
+    eprintln!("A: {n_a} tasks, RSS {rss0:.1} -> {rss_a:.1} MiB");
+    assert!(n_a >= 60, "A filled the cap with {n_a} tasks");
+    // A's results expire (155 s after each ended), and A does not call again.
+    tokio::time::sleep(Duration::from_secs(155 + 12)).await;
+    let rss_idle = s.rss_mib();
+    let n_b = fill_with_tasks(&mcp, &tb, LONG_OUTPUT, 200).await;
+    let rss_b = s.rss_mib();
+    eprintln!(
+        "B: {n_b} tasks, RSS {rss_idle:.1} (A's expired) -> {rss_b:.1} MiB (A's fill took {:.1} MiB)",
+        rss_a - rss0
+    );
+    assert!(n_b + 10 >= n_a, "B filled the cap as A did: {n_b} of {n_a}");
+    let grown = rss_b - rss_a;
+    assert!(
+        grown < (rss_a - rss0) / 2.0,
+        "a second user's tasks added {grown:.1} MiB on top of the first's {:.1} MiB: \
+         RSS {rss0:.1} -> {rss_a:.1} -> {rss_b:.1}",
+        rss_a - rss0
+    );
+    s.finish().await;
+}
+
+/// Issue 42, finding 3 (sessions): each of user A's task runs with long output kept it in
+/// a new session; with the tenant's `max_sessions = 2`, A's third run used the last one and
+/// user B got "no session could be opened" from `execute_python` until A's expired (ten
+/// minutes). Now what runs keep opens sessions of A's own that take none of the tenant's.
+#[tokio::test]
+async fn one_users_kept_outputs_leave_sessions_to_the_others() {
+    let keys = TempDir::new("oauth-users-iss");
+    let issuer = Issuer::start(&keys.0.join("keys.json")).await;
+    let static_token = token::generate();
+    let s = Hosted::start(
+        "t-users-sessions",
+        &issuer,
+        &static_token,
+        "max_sessions = 2",
+        &[],
+    )
+    .await;
+    let mcp = s.mcp();
+    let (ta, tb) = (
+        issuer.token("acme-ci", &s.resource()).await,
+        issuer.token("acme-ci-2", &s.resource()).await,
+    );
+    let mut kept = Vec::new();
+    for _ in 0..3 {
+        let r = rpc(
+            &mcp,
+            &ta,
+            "tools/call",
+            json!({"name": "execute_code", "arguments": {"code": LONG_OUTPUT}}),
+            with_tasks(),
+        )
+        .await;
+        let id = r["taskId"].as_str().unwrap_or_else(|| panic!("{r}"));
+        let t = wait_terminal(&mcp, &ta, id).await;
+        let r = &t["result"];
+        assert_eq!(
+            r["structuredContent"]["stdout_file"],
+            "last-run-stdout.txt",
+            "the whole output is kept: {}",
+            text_of(r)
+        );
+        kept.push(
+            r["structuredContent"]["session_id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    // B, then A, open sessions (stateless execute_python).
+    for (who, t) in [("B", &tb), ("A", &ta)] {
+        let r = tool(
+            &mcp,
+            t,
+            "execute_python",
+            json!({"code": "x = 1\nprint(x)"}),
+        )
+        .await;
+        assert!(
+            r["isError"] != true && r["structuredContent"]["stdout"] == "1\n",
+            "{who}: {r}"
+        );
+    }
+    // A reads its last output back with the handle the result gave.
+    let r = tool(
+        &mcp,
+        &ta,
+        "read_file",
+        json!({"path": "last-run-stdout.txt", "session_id": kept[2]}),
+    )
+    .await;
+    assert!(r["isError"] != true, "{r}");
     s.finish().await;
 }

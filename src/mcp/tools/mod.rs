@@ -141,7 +141,7 @@ impl CodeExecutor {
             .executor()
             .task_timeout(asked)
             .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
-        let tasks = self.tasks(&context);
+        let owner = self.conn.owner(principal_of(&context).as_ref());
         let mut ctx = context;
         // The request's token ends with the request (or its connection); the task's ends
         // with tasks/cancel or the server's shutdown.
@@ -150,10 +150,12 @@ impl CodeExecutor {
         ctx.meta = Default::default();
         ctx.extensions.insert(super::tasks::TaskRun);
         let this = self.clone();
-        let ttl_d = super::tasks::ttl(run_for);
+        let ttl_d = super::tasks::ttl(run_for, self.executor().settings().task_ttl);
         let ttl = ttl_d.as_millis() as u64;
-        // Counted in the tenant's bound on kept tasks before anything starts.
-        let admitted = super::task_caps::admit(self.executor(), ttl_d)?;
+        // Counted in the tenant's bound on kept tasks before anything starts, and before
+        // its manager is looked up (the sweep drops the manager of a principal with none).
+        let admitted = super::task_caps::admit(self.executor(), owner.as_deref(), ttl_d)?;
+        let tasks = super::tasks::manager_for(self.executor(), owner.as_deref());
         let options = TaskOptions::new()
             .with_ttl_ms(ttl)
             .with_poll_interval_ms(super::tasks::POLL_INTERVAL.as_millis() as u64)

@@ -42,6 +42,11 @@ pub struct ServeCmd {
     /// Longest timeout a tool call may ask for, seconds.
     #[arg(long, env = vars::MCP_EXECUTOR_MAX_TIMEOUT, default_value_t = Secs(mcp::defaults::MAX_TIMEOUT))]
     pub max_timeout: Secs,
+    /// How long a finished MCP task's result stays readable (tasks/get), at least: a task's
+    /// TTL is its timeout plus 5 minutes (or plus this, when shorter), and never less than
+    /// this (seconds; at least 1).
+    #[arg(long, env = vars::MCP_EXECUTOR_TASK_TTL, default_value_t = Secs(settings::TASK_TTL))]
+    pub task_ttl: Secs,
     /// Memory limit per run (swap included), e.g. 512m.
     #[arg(long, env = vars::MCP_EXECUTOR_MEMORY, default_value_t = Bytes(defaults::MEMORY_BYTES))]
     pub memory: Bytes,
@@ -223,6 +228,7 @@ impl ServeCmd {
                 ..Limits::default()
             },
             max_timeout: self.max_timeout.0,
+            task_ttl: self.task_ttl.0.max(std::time::Duration::from_secs(1)),
             max_concurrent: self.max_concurrent,
             max_queue: self.max_queue,
             tenant: self.tenant.clone(),
