@@ -7,7 +7,9 @@
 //!   that see them, and the limits of a run; and the tenants file's servers of one tenant
 //!   (`[[tenants.servers]]`, [`configure`]).
 //! - [`Manager`] (`upstream`): one official rmcp client per tenant and upstream, started at the first
-//!   request of that tenant's code, started again when it died, closed on shutdown.
+//!   request of that tenant's code, started again when it died, closed on shutdown. A stdio
+//!   upstream speaks through `stdio`: a message over 16 MiB ends its connection (the calls
+//!   in flight fail at once) rather than being dropped while its call waits.
 //! - A run's requests (`run`, [`crate::job::ToolRun`]): the runner relays each request of the
 //!   code as a `T` frame (see `images/sandbox/mcp_runner/toolrelay.py`); this module
 //!   checks it (the server and tool exist for the tenant and are allowed, consent for a
@@ -29,6 +31,7 @@ mod health;
 pub mod names;
 mod run;
 pub mod schema;
+mod stdio;
 mod upstream;
 
 use std::path::Path;

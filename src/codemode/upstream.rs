@@ -17,7 +17,7 @@ use rmcp::service::{Peer, RunningService};
 use rmcp::{RoleClient, ServiceExt};
 
 use super::health::Health;
-use super::{config, names, Caller, Config};
+use super::{config, names, stdio, Caller, Config};
 
 /// How long an upstream may take to start and list its tools.
 const START_LIMIT: Duration = Duration::from_secs(60);
@@ -48,6 +48,9 @@ pub(super) struct Upstream {
     health: Mutex<Health>,
     /// A ping after a timed-out call is under way.
     checking: AtomicBool,
+    /// The running stdio upstream sent a message over [`stdio::LINE_LIMIT`] (which ended
+    /// its connection); cleared when it starts again.
+    overlong: Arc<AtomicBool>,
 }
 
 struct Conn {
@@ -125,6 +128,7 @@ impl Manager {
                         listeners: Listeners::default(),
                         health: Mutex::new(Health::default()),
                         checking: AtomicBool::new(false),
+                        overlong: Arc::default(),
                     })
                 })
                 .clone(),
@@ -184,6 +188,7 @@ impl Manager {
                 Handler {
                     listeners: u.listeners.clone(),
                 },
+                u.overlong.clone(),
             ),
         )
         .await
@@ -207,6 +212,7 @@ impl Manager {
         &self,
         s: &config::Server,
         handler: Handler,
+        overlong: Arc<AtomicBool>,
     ) -> Result<RunningService<RoleClient, Handler>, String> {
         if let Some(program) = &s.command {
             let mut cmd = tokio::process::Command::new(program);
@@ -221,9 +227,8 @@ impl Manager {
             if let Some(d) = &s.cwd {
                 cmd.current_dir(d);
             }
-            let (transport, _stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
-                .stderr(std::process::Stdio::null())
-                .spawn()
+            overlong.store(false, Ordering::SeqCst);
+            let transport = stdio::spawn(cmd, overlong)
                 .map_err(|e| format!("could not start `{program}`: {e}"))?;
             handler
                 .serve(transport)
@@ -264,6 +269,27 @@ impl Upstream {
     /// runs (rmcp gives every request its own progress token: the one we listen for).
     /// Dropping the future (the run ended) sends `notifications/cancelled` upstream.
     pub(super) async fn call_tool(
+        &self,
+        peer: &Peer<RoleClient>,
+        params: CallToolRequestParams,
+        progress: Option<(String, Arc<dyn Caller>)>,
+    ) -> Result<CallToolResult, String> {
+        self.call_tool_inner(peer, params, progress)
+            .await
+            .map_err(|e| {
+                if self.overlong.load(Ordering::SeqCst) {
+                    tracing::warn!(tenant = %self.tenant, server = %self.server.name, limit = stdio::LINE_LIMIT, "code mode: the upstream server sent a message over the limit; its connection was closed and it starts again at the next call");
+                    format!(
+                        "the server sent a message over {} MiB, the most one message may be; it was stopped and starts again at the next call",
+                        stdio::LINE_LIMIT >> 20
+                    )
+                } else {
+                    e.to_string()
+                }
+            })
+    }
+
+    async fn call_tool_inner(
         &self,
         peer: &Peer<RoleClient>,
         params: CallToolRequestParams,

@@ -185,7 +185,8 @@ print(json.dumps({"forged": forged["error"]["type"], "named": named["error"], "k
     drop(client);
 }
 
-/// An upstream that crashes on `crash` and blocks its own loop on `wedge`.
+/// An upstream that crashes on `crash`, blocks its own loop on `wedge` and answers `big`
+/// with `n` bytes of text.
 const FLAKY: &str = r#"
 import os
 import time
@@ -213,14 +214,20 @@ async def echo(message: str) -> str:
     return message
 
 
+@app.tool()
+async def big(n: int) -> str:
+    """Answer with n bytes of text."""
+    return "x" * n
+
+
 app.run()
 "#;
 
-fn flaky_tools(dir: &TempDir) -> String {
+fn flaky_tools(dir: &TempDir, call_timeout_s: u64) -> String {
     let script = dir.0.join("flaky.py");
     std::fs::write(&script, FLAKY).unwrap();
     format!(
-        "[limits]\ncall_timeout_s = 3\n[[servers]]\nname = \"flaky\"\ncommand = \"{}\"\nargs = [\"{}\"]\n",
+        "[limits]\ncall_timeout_s = {call_timeout_s}\n[[servers]]\nname = \"flaky\"\ncommand = \"{}\"\nargs = [\"{}\"]\n",
         common::sdk_python().display(),
         script.display()
     )
@@ -234,7 +241,7 @@ fn flaky_tools(dir: &TempDir) -> String {
 #[tokio::test]
 async fn a_crashing_upstream_backs_off_and_a_hung_one_is_replaced() {
     let dir = TempDir::new("flaky");
-    let s = start("codemode-flaky", &flaky_tools(&dir), &dir.0, &[]).await;
+    let s = start("codemode-flaky", &flaky_tools(&dir, 3), &dir.0, &[]).await;
     let _clean = common::remove_on_drop(&s.tenant);
     let client = s.client().await;
     let peer = client.peer().clone();
@@ -292,6 +299,52 @@ print(json.dumps({"s": time.time() - t0, "msgs": msgs}))
     );
     assert!(
         s.stderr().contains("did not answer a ping"),
+        "{}",
+        s.log_tail(20)
+    );
+    drop(client);
+}
+
+/// Finding 7, the rest: an upstream's answer over rmcp's 16 MiB line limit was dropped by
+/// rmcp and the call waited out `call_timeout_s` (here 60 s). Now a message over the limit
+/// ends that upstream's connection: the call fails at once saying why, and the next call
+/// starts the upstream again.
+#[tokio::test]
+async fn an_answer_over_sixteen_mib_fails_at_once_and_the_upstream_starts_again() {
+    let dir = TempDir::new("big");
+    let s = start("codemode-big", &flaky_tools(&dir, 60), &dir.0, &[]).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let client = s.client().await;
+    let peer = client.peer().clone();
+    let code = r#"
+import json, time, tools
+from tools import flaky
+def size(a):
+    return len(a["result"] if isinstance(a, dict) else a)
+r = {"small": size(flaky.big(n=1000))}
+t0 = time.time()
+try:
+    flaky.big(n=17 * 1024 * 1024)
+    r["big"] = "answered"
+except tools.ToolError as e:
+    r["big"] = str(e)
+r["s"] = time.time() - t0
+r["again"] = size(flaky.big(n=10))
+print(json.dumps(r))
+"#;
+    let (out, err, _) = run_with(&peer, code, 120).await;
+    let v = last_json(&out, &err);
+    assert_eq!(v["small"], 1000, "{v}");
+    assert!(
+        v["big"].as_str().unwrap().contains("over 16 MiB"),
+        "{v}\n{}",
+        s.log_tail(20)
+    );
+    assert!(v["s"].as_f64().unwrap() < 20.0, "the call waited: {v}");
+    assert_eq!(v["again"], 10, "{v}");
+    assert_eq!(
+        s.stderr().matches("upstream server started").count(),
+        2,
         "{}",
         s.log_tail(20)
     );
