@@ -3,9 +3,11 @@
 //! transports that carry them ([`transports`]: stdio, Streamable HTTP at `/mcp`, legacy SSE
 //! at `/sse` + `/messages`). This layer only translates: it parses a request, makes one call
 //! into the application core ([`crate::app`]) and formats what comes back ([`report`],
-//! [`figures`], [`progress`]; what fits in one message: [`fit`]). Quotas, scheduling, sessions and metrics are the core's.
+//! [`figures`], [`progress`]; what fits in one message: [`fit`]; a question for the user as a
+//! 2026-07-28 `input_required` result: [`asking`]). Quotas, scheduling, sessions and metrics are the core's.
 
 pub mod args;
+pub(crate) mod asking;
 pub mod figures;
 pub mod fit;
 pub mod progress;

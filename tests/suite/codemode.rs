@@ -1055,7 +1055,7 @@ async fn a_dead_upstream_starts_again_and_none_outlives_the_server() {
 }
 
 /// everything + filesystem, the configuration of the SDK and gVisor tests.
-fn everything_and_filesystem(root: &Path) -> String {
+pub(crate) fn everything_and_filesystem(root: &Path) -> String {
     format!(
         r#"
 [[servers]]

@@ -26,6 +26,7 @@ mod codemode;
 mod codemode_limits;
 mod compose;
 mod conformance;
+mod consent;
 mod egress;
 mod egress_limits;
 mod engine;

@@ -2,7 +2,8 @@
 //! progress of the client's `execute_code` / `execute_python` call, and a destructive
 //! upstream tool the operator has not allowed is put to the client's user through MCP
 //! elicitation, when the client declared it (protocol revisions before 2026-07-28, which
-//! has no server-to-client requests).
+//! has no server-to-client requests), or as an `input_required` result for a 2026-07-28
+//! client that declared it ([`crate::mcp::asking`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +21,8 @@ use crate::mcp::progress::{Progress, ProgressLine};
 struct Client {
     peer: Peer<RoleServer>,
     line: Option<ProgressLine>,
+    /// For a 2026-07-28 client that can answer: questions go out as `input_required`.
+    asker: Option<crate::mcp::asking::Asker>,
 }
 
 /// The caller of the request in `ctx`, whose progress (if it asked) is `progress`.
@@ -30,6 +33,7 @@ pub(super) fn caller(
     Arc::new(Client {
         peer: ctx.peer.clone(),
         line: progress.map(Progress::line),
+        asker: crate::mcp::asking::asker(ctx),
     })
 }
 
@@ -42,6 +46,9 @@ impl Caller for Client {
     }
 
     fn consent(&self, message: String, limit: Duration) -> BoxFuture<'_, Option<bool>> {
+        if let Some(asker) = &self.asker {
+            return asker.ask(message, limit);
+        }
         async move {
             if !self
                 .peer

@@ -248,6 +248,35 @@ impl CodeExecutor {
                 rmcp::model::CreateTaskResult::new(self.spawn_task(request, context)?),
             ));
         }
+        let asks = super::tasks::TOOLS.contains(&request.name.as_ref());
+        if asks {
+            let who = super::asking::Caller {
+                executor: Arc::as_ptr(self.executor()) as usize,
+                owner: self.conn.owner(principal_of(&context).as_ref()),
+                tool: request.name.to_string(),
+            };
+            if let Some(state) = &request.request_state {
+                return super::asking::resume(
+                    who,
+                    state,
+                    request.input_responses.as_ref(),
+                    context.ct.clone(),
+                )
+                .await;
+            }
+            if super::asking::wanted(&context) {
+                let this = self.clone();
+                let shutdown = self.executor().shutdown_token();
+                return super::asking::start(who, context, &shutdown, move |ctx| {
+                    Box::pin(async move {
+                        let tcc =
+                            rmcp::handler::server::tool::ToolCallContext::new(&this, request, ctx);
+                        this.tool_router.call(tcc).await
+                    })
+                })
+                .await;
+            }
+        }
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
         self.tool_router.call(tcc).await
     }

@@ -1,0 +1,191 @@
+"""Consent for a destructive code-mode call through the official MCP Python SDK (PyPI
+`mcp`), against a server started with `--tools FILE` (server-filesystem as `filesystem`,
+its write_file not allowed by the operator). In the default mode (2026-07-28, no server
+requests) the server answers `input_required` and the SDK's driver answers it with the
+client's elicitation callback; in the legacy mode (2025-11-25) the server sends an
+elicitation request. Checks, printing one `ok:` line each:
+
+- default mode: accept writes the file; decline raises ToolDenied and writes nothing; two
+  writes in one run ask twice; an execute_python cell asks too;
+- the rounds driven by hand: a tampered state and another tool's use of the state are
+  refused and change nothing (the genuine state still works after), a replay is refused;
+- a client without the elicitation callback gets ToolDenied without being asked;
+- legacy mode: the same question through elicitation, accepted.
+
+    python consent.py http://127.0.0.1:PORT/mcp ROOT
+"""
+
+import asyncio
+import json
+import os
+import sys
+
+from mcp import types
+from mcp.client.client import Client
+from mcp.shared.exceptions import MCPError
+
+
+def check(cond, what, detail=""):
+    if not cond:
+        raise AssertionError(f"{what}: {detail}")
+
+
+def writer(path, text="approved"):
+    return (
+        "import tools\nfrom tools import filesystem\n"
+        "try:\n"
+        f"    filesystem.write_file(path={path!r}, content={text!r})\n"
+        "    print('written')\n"
+        "except tools.ToolDenied as e:\n"
+        "    print('ToolDenied', e)\n"
+    )
+
+
+class User:
+    """An elicitation callback that answers `approve` and records the questions."""
+
+    def __init__(self, approve=True):
+        self.approve = approve
+        self.asked = []
+
+    async def __call__(self, context, params):
+        self.asked.append(params.message)
+        if self.approve:
+            return types.ElicitResult(action="accept", content={"approve": True})
+        return types.ElicitResult(action="decline")
+
+
+def stdout(r):
+    return (r.structured_content or {}).get("stdout", "").strip()
+
+
+async def default_mode(url, root):
+    user = User(True)
+    async with Client(url, elicitation_callback=user) as c:
+        check(c.protocol_version == "2026-07-28", "default mode negotiates 2026-07-28", c.protocol_version)
+        path = os.path.join(root, "accepted.txt")
+        r = await c.call_tool("execute_code", {"code": writer(path)})
+        check(stdout(r) == "written", "accept writes", r)
+        check(open(path).read() == "approved", "the file is there")
+        check(len(user.asked) == 1 and "write_file" in user.asked[0] and "filesystem" in user.asked[0],
+              "asked once, naming the tool and server", user.asked)
+        print("ok: accept")
+
+        user.asked.clear()
+        two = (
+            "from tools import filesystem\n"
+            f"filesystem.write_file(path={os.path.join(root, 'one.txt')!r}, content='1')\n"
+            f"filesystem.write_file(path={os.path.join(root, 'two.txt')!r}, content='2')\n"
+            "print('both')\n"
+        )
+        r = await c.call_tool("execute_code", {"code": two})
+        check(stdout(r) == "both" and len(user.asked) == 2, "two writes ask twice", (r, user.asked))
+        print("ok: two writes, two questions")
+
+        user.asked.clear()
+        cell = writer(os.path.join(root, "cell.txt"))
+        r = await c.call_tool("execute_python", {"code": cell})
+        check(stdout(r) == "written" and len(user.asked) == 1, "a session's cell asks", r)
+        await c.call_tool("reset_session", {"session_id": r.structured_content["session_id"]})
+        print("ok: session cell")
+
+    user = User(False)
+    async with Client(url, elicitation_callback=user) as c:
+        path = os.path.join(root, "declined.txt")
+        r = await c.call_tool("execute_code", {"code": writer(path)})
+        out = stdout(r)
+        check(out.startswith("ToolDenied") and "declined" in out, "decline raises ToolDenied", out)
+        check(not os.path.exists(path) and len(user.asked) == 1, "nothing written", user.asked)
+        print("ok: decline")
+
+    async with Client(url) as c:
+        path = os.path.join(root, "unasked.txt")
+        r = await c.call_tool("execute_code", {"code": writer(path)})
+        out = stdout(r)
+        check(out.startswith("ToolDenied") and "cannot be asked" in out, "no callback: ToolDenied", out)
+        check(not os.path.exists(path), "nothing written")
+        print("ok: a client that cannot answer")
+
+
+async def by_hand(url, root):
+    """The rounds driven by hand: what a tampered, misused or replayed state gets."""
+    async with Client(url, elicitation_callback=User(True)) as c:
+        s = c.session
+        path = os.path.join(root, "by-hand.txt")
+        args = {"code": writer(path, "by hand")}
+        first = await s.call_tool("execute_code", args, allow_input_required=True)
+        check(isinstance(first, types.InputRequiredResult), "input_required", first)
+        state = first.request_state
+        check(state and "consent" in (first.input_requests or {}), "a state and the question", first)
+        yes = {"consent": types.ElicitResult(action="accept", content={"approve": True})}
+
+        for bad, tool, label in ((state[:-1] + ("0" if state[-1] != "0" else "1"), "execute_code", "tampered"),
+                                 (state, "execute_python", "another tool")):
+            try:
+                r = await s.call_tool(tool, args, input_responses=yes, request_state=bad,
+                                      allow_input_required=True)
+                raise AssertionError(f"{label} state accepted: {r}")
+            except MCPError as e:
+                check("requestState" in str(e), f"{label}: a clear refusal", str(e))
+        check(not os.path.exists(path), "nothing written by the refused states")
+        print("ok: tampered and misused states refused")
+
+        r = await s.call_tool("execute_code", args, input_responses=yes, request_state=state,
+                              allow_input_required=True)
+        check(isinstance(r, types.CallToolResult) and stdout(r) == "written", "the genuine state still works", r)
+        check(open(path).read() == "by hand", "written once")
+        try:
+            await s.call_tool("execute_code", args, input_responses=yes, request_state=state,
+                              allow_input_required=True)
+            raise AssertionError("a replayed state was accepted")
+        except MCPError as e:
+            check("requestState" in str(e), "replay: a clear refusal", str(e))
+        print("ok: replay refused")
+
+
+async def legacy(url, root):
+    user = User(True)
+    async with Client(url, mode="legacy", elicitation_callback=user) as c:
+        path = os.path.join(root, "legacy.txt")
+        r = await c.call_tool("execute_code", {"code": writer(path)})
+        check(stdout(r) == "written" and len(user.asked) == 1, "legacy: elicitation", (r, user.asked))
+        print("ok: legacy elicitation")
+
+
+async def abandon(url, root):
+    """A question left unanswered past the call's limit (the server's call_timeout_s is
+    3 s here): the run is stopped; a late answer gets the run's end, never a write."""
+    async with Client(url, elicitation_callback=User(True)) as c:
+        s = c.session
+        path = os.path.join(root, "abandoned.txt")
+        args = {"code": writer(path)}
+        first = await s.call_tool("execute_code", args, allow_input_required=True)
+        check(isinstance(first, types.InputRequiredResult), "input_required", first)
+        await asyncio.sleep(6)
+        yes = {"consent": types.ElicitResult(action="accept", content={"approve": True})}
+        try:
+            r = await s.call_tool("execute_code", args, input_responses=yes,
+                                  request_state=first.request_state, allow_input_required=True)
+            late = json.dumps(r.model_dump(mode="json"))[:400]
+            check(isinstance(r, types.CallToolResult) and stdout(r) != "written", "a late answer", late)
+        except MCPError as e:
+            late = str(e)
+        check(not os.path.exists(path), "nothing written after the question was abandoned")
+        r = await c.call_tool("execute_code", {"code": "print(6 * 7)"})
+        check(stdout(r) == "42", "the next call runs", r)
+        print("ok: abandoned", late)
+
+
+async def main():
+    url, root = sys.argv[1:3]
+    if sys.argv[3:] == ["abandon"]:
+        await abandon(url, root)
+        return
+    await default_mode(url, root)
+    await by_hand(url, root)
+    await legacy(url, root)
+    print(json.dumps({"done": True}))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,80 @@
+//! Consent the 2026-07-28 way (#46): a destructive code-mode call the operator has not
+//! allowed is put to the client's user as an `input_required` result, answered by the
+//! official Python SDK's own driver with its elicitation callback
+//! (`tests/sdk/consent.py`), against the real server-filesystem upstream.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::codemode::{everything_and_filesystem, start, TempDir};
+use crate::common;
+use crate::process::Server;
+
+/// `tests/sdk/consent.py` against `s` with `root` as the filesystem server's root.
+async fn sdk(s: &Server, root: &Path, extra: &[&str]) -> String {
+    let out = tokio::process::Command::new(common::sdk_python())
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/consent.py"))
+        .arg(s.url("/mcp"))
+        .arg(root)
+        .args(extra)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(300), out)
+        .await
+        .expect("the SDK client ends within 5 minutes")
+        .expect("python starts");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "the SDK client failed: {stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.log_tail(30)
+    );
+    stdout
+}
+
+/// Accept writes, decline raises ToolDenied and writes nothing, two writes ask twice, a
+/// session cell asks; tampered, misused and replayed states are refused and change
+/// nothing; a client without the callback is not asked; legacy mode keeps elicitation.
+#[tokio::test]
+async fn a_destructive_call_asks_through_input_required() {
+    let dir = TempDir::new("consent");
+    let root = dir.0.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let s = start("consent", &everything_and_filesystem(&root), &dir.0, &[]).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let out = sdk(&s, &root, &[]).await;
+    for line in [
+        "ok: accept",
+        "ok: two writes, two questions",
+        "ok: session cell",
+        "ok: decline",
+        "ok: a client that cannot answer",
+        "ok: tampered and misused states refused",
+        "ok: replay refused",
+        "ok: legacy elicitation",
+    ] {
+        assert!(out.contains(line), "{line} missing:\n{out}");
+    }
+}
+
+/// A question nobody answers within the call's limit stops the run: nothing written, the
+/// server says so, and the next call runs.
+#[tokio::test]
+async fn an_abandoned_question_ends_the_run() {
+    let dir = TempDir::new("abandon");
+    let root = dir.0.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let conf = format!(
+        "[limits]\ncall_timeout_s = 3\n{}",
+        everything_and_filesystem(&root)
+    );
+    let s = start("consent-abandon", &conf, &dir.0, &[]).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let out = sdk(&s, &root, &["abandon"]).await;
+    assert!(
+        out.contains("ok: abandoned") && out.contains("was not answered within 3s"),
+        "{out}"
+    );
+}
