@@ -402,6 +402,46 @@ async fn every_tool_argument_at_its_boundaries_answers_and_the_server_stays_up()
             break;
         }
     }
+    // The retry of a 2026-07-28 call that asked the user (#46): `requestState` and
+    // `inputResponses` of every shape, on every tool that may ask. None names a run
+    // waiting here: each must be refused at once with a short protocol error.
+    if !dead {
+        let states: Vec<(String, Value)> = universal
+            .iter()
+            .filter(|(_, v)| v.is_string())
+            .cloned()
+            .chain([(
+                "a well-formed state".to_string(),
+                json!(format!("q_{}_{}", "0".repeat(8), "f".repeat(32))),
+            )])
+            .collect();
+        for tool in ["execute_code", "execute_code_file", "execute_python"] {
+            for (slabel, state) in &states {
+                for (rlabel, response) in universal.iter().take(12) {
+                    cases += 1;
+                    let case = format!("{tool}(requestState={slabel}, consent={rlabel})");
+                    let mut params = CallToolRequestParams::new(tool.to_string())
+                        .with_arguments(json!({"code": "pass"}).as_object().unwrap().clone());
+                    params.request_state = Some(state.as_str().unwrap().to_string());
+                    params.input_responses =
+                        Some([("consent".to_string(), response.clone())].into());
+                    let t0 = Instant::now();
+                    match tokio::time::timeout(CALL_LIMIT, peer.call_tool(params)).await {
+                        Ok(Err(rmcp::ServiceError::McpError(e)))
+                            if e.message.len() <= ERROR_MESSAGE_MAX => {}
+                        Ok(other) => problems.push(format!(
+                            "{case}: not a short protocol error: {}",
+                            format!("{other:?}").chars().take(300).collect::<String>()
+                        )),
+                        Err(_) => problems.push(format!("{case}: no answer within {CALL_LIMIT:?}")),
+                    }
+                    if t0.elapsed() > slowest.0 {
+                        slowest = (t0.elapsed(), case);
+                    }
+                }
+            }
+        }
+    }
     let peak = peak.get();
     let took = t_start.elapsed();
     println!(
