@@ -15,12 +15,15 @@
 //!   change nothing).
 //! - A question nobody answers within the call's own limit ends the run (its sandbox is
 //!   removed) and is forgotten.
+//! - A task's run ([`for_task`]) asks through the tasks extension instead: the task's status
+//!   is `input_required` with the question in `tasks/get`, and `tasks/update` answers it.
 //!
 //! The state is an unguessable handle naming this replica ([`crate::cluster::ids`]); what
 //! it stands for stays here, in memory.
 
 use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -54,28 +57,50 @@ enum Event {
 /// ([`super::tools`]' caller uses it when the request carries one).
 #[derive(Clone)]
 pub(crate) struct Asker {
-    events: mpsc::Sender<Event>,
+    to: To,
     run: CancellationToken,
     /// Why the run was stopped, when a question stopped it.
     stopped: Stopped,
 }
 
-type Stopped = std::sync::Arc<Mutex<Option<String>>>;
+/// Where a question goes.
+#[derive(Clone)]
+enum To {
+    /// The request waiting on the run (which answers `input_required`).
+    Call(mpsc::Sender<Event>),
+    /// The run's task: its status turns `input_required` until `tasks/update` answers;
+    /// each question under a key of its own.
+    Task(rmcp::task_manager::TaskContext, Arc<AtomicUsize>),
+}
+
+type Stopped = Arc<Mutex<Option<String>>>;
 
 impl Asker {
     /// Put `question` to the user and wait up to `limit` for the answer: `None` when the
     /// call is no longer waited on. Past `limit` the run is stopped (the user went away).
     pub(crate) fn ask(&self, question: String, limit: Duration) -> BoxFuture<'_, Option<bool>> {
         Box::pin(async move {
-            let (tx, rx) = oneshot::channel();
-            let ask = Event::Ask {
-                question,
-                answer: tx,
+            let answered = match &self.to {
+                To::Call(events) => {
+                    let (tx, rx) = oneshot::channel();
+                    let ask = Event::Ask {
+                        question,
+                        answer: tx,
+                    };
+                    events.send(ask).await.ok()?;
+                    tokio::time::timeout(limit, rx).await.map(|r| r.ok())
+                }
+                To::Task(task, n) => {
+                    let key = format!("{KEY}-{}", n.fetch_add(1, Ordering::Relaxed) + 1);
+                    let ask = task.request_input(key, InputRequest::Elicitation(elicit(question)));
+                    tokio::time::timeout(limit, ask)
+                        .await
+                        .map(|r| r.ok().map(|v| approved(&v)))
+                }
             };
-            self.events.send(ask).await.ok()?;
-            match tokio::time::timeout(limit, rx).await {
-                Ok(Ok(yes)) => Some(yes),
-                Ok(Err(_)) | Err(_) => {
+            match answered {
+                Ok(Some(yes)) => Some(yes),
+                Ok(None) | Err(_) => {
                     tracing::info!(
                         seconds = limit.as_secs(),
                         "code mode: the user's answer did not come in time; the run is stopped"
@@ -156,7 +181,7 @@ where
     let request_ct = std::mem::replace(&mut ctx.ct, run.clone());
     let stopped = Stopped::default();
     ctx.extensions.insert(Asker {
-        events: tx.clone(),
+        to: To::Call(tx.clone()),
         run: run.clone(),
         stopped: stopped.clone(),
     });
@@ -282,18 +307,36 @@ async fn wait(
 }
 
 fn question_for(question: String, state: String) -> InputRequiredResult {
+    let mut requests = InputRequests::new();
+    requests.insert(KEY.to_string(), InputRequest::Elicitation(elicit(question)));
+    InputRequiredResult::new(Some(requests), Some(state))
+}
+
+/// The question as a form elicitation: one optional boolean `approve`, true by default.
+fn elicit(question: String) -> ElicitRequest {
     let schema = ElicitationSchema::builder()
         .optional_bool("approve", true)
         .build()
         .unwrap_or_else(|_| ElicitationSchema::builder().build().expect("empty schema"));
-    let ask = ElicitRequest::new(ElicitRequestParams::FormElicitationParams {
+    ElicitRequest::new(ElicitRequestParams::FormElicitationParams {
         meta: None,
         message: question,
         requested_schema: schema,
+    })
+}
+
+/// The asker of a task's run (`ctx` its context, `task` its task) when the request that
+/// made the task takes `input_required` ([`wanted`]): a question turns the task's status to
+/// `input_required`, and `tasks/update` answers it.
+pub(crate) fn for_task(
+    ctx: &mut RequestContext<RoleServer>,
+    task: rmcp::task_manager::TaskContext,
+) {
+    ctx.extensions.insert(Asker {
+        to: To::Task(task, Arc::default()),
+        run: ctx.ct.clone(),
+        stopped: Stopped::default(),
     });
-    let mut requests = InputRequests::new();
-    requests.insert(KEY.to_string(), InputRequest::Elicitation(ask));
-    InputRequiredResult::new(Some(requests), Some(state))
 }
 
 /// The run's asker, when its request is one that takes `input_required`.

@@ -10,7 +10,10 @@ elicitation request. Checks, printing one `ok:` line each:
 - the rounds driven by hand: a tampered state and another tool's use of the state are
   refused and change nothing (the genuine state still works after), a replay is refused;
 - a client without the elicitation callback gets ToolDenied without being asked;
-- legacy mode: the same question through elicitation, accepted.
+- legacy mode: the same question through elicitation, accepted;
+- a task (raw 2026-07-28 requests, as the SDK has no task client): its status turns
+  `input_required` with the question, `tasks/update` answers (accept, then decline); a
+  task cancelled while it asks ends `cancelled` and writes nothing.
 
     python consent.py http://127.0.0.1:PORT/mcp ROOT
 """
@@ -19,6 +22,9 @@ import asyncio
 import json
 import os
 import sys
+import time
+
+import httpx2 as httpx  # the HTTP client the SDK itself uses
 
 from mcp import types
 from mcp.client.client import Client
@@ -152,6 +158,84 @@ async def legacy(url, root):
         print("ok: legacy elicitation")
 
 
+TASKS = "io.modelcontextprotocol/tasks"
+
+
+def raw(http, url, method, params):
+    """One JSON-RPC request at 2026-07-28 declaring tasks and elicitation: its `result`,
+    or {"error": ...}."""
+    params = dict(params)
+    params["_meta"] = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "consent", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS: {}},
+                                                       "elicitation": {"form": {}}},
+    }
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+               "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": method}
+    name = params.get("name") or params.get("taskId")
+    if name:
+        headers["Mcp-Name"] = name
+    resp = http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
+                     headers=headers, timeout=120)
+    try:
+        msg = json.loads(resp.text)
+    except ValueError:
+        msg = next((json.loads(l[5:]) for l in resp.text.splitlines()
+                    if l.startswith("data:") and '"id"' in l), None)
+        check(msg is not None, f"a response to {method}", (resp.status_code, resp.text[:400]))
+    return {"error": msg["error"]} if "error" in msg else msg["result"]
+
+
+def task_until(http, url, tid, statuses, limit=90):
+    t0 = time.time()
+    while True:
+        t = raw(http, url, "tasks/get", {"taskId": tid})
+        if t.get("status") in statuses:
+            return t
+        check(t.get("status") == "working" and time.time() - t0 < limit,
+              f"task {tid} reaches {statuses}", t)
+        time.sleep(0.2)
+
+
+def tasks(url, root):
+    with httpx.Client() as http:
+        one, two = os.path.join(root, "task-one.txt"), os.path.join(root, "task-two.txt")
+        code = writer(one, "1") + writer(two, "2")
+        t = raw(http, url, "tools/call", {"name": "execute_code", "arguments": {"code": code}})
+        tid = t.get("taskId")
+        check(tid, "a task", t)
+        answers = []
+        for answer in ("accept", "decline"):
+            t = task_until(http, url, tid, ("input_required",))
+            keys = list(t.get("inputRequests") or {})
+            check(len(keys) == 1, "one question at a time", t)
+            q = t["inputRequests"][keys[0]]
+            check(q.get("method") == "elicitation/create" and "write_file" in q["params"]["message"],
+                  "the question", q)
+            answers.append(keys[0])
+            content = {"approve": True} if answer == "accept" else None
+            reply = {"action": answer} | ({"content": content} if content else {})
+            u = raw(http, url, "tasks/update", {"taskId": tid, "inputResponses": {keys[0]: reply}})
+            check("error" not in u, "tasks/update", u)
+        check(answers[0] != answers[1], "each question its own key", answers)
+        done = task_until(http, url, tid, ("completed", "failed", "cancelled"))
+        out = (done.get("result") or {}).get("structuredContent", {}).get("stdout", "")
+        check(done["status"] == "completed" and out.startswith("written") and "ToolDenied" in out,
+              "accepted then declined", done)
+        check(open(one).read() == "1" and not os.path.exists(two), "one written, one not")
+        print("ok: task asks through input_required")
+
+        three = os.path.join(root, "task-cancelled.txt")
+        t = raw(http, url, "tools/call", {"name": "execute_code", "arguments": {"code": writer(three)}})
+        tid = t["taskId"]
+        task_until(http, url, tid, ("input_required",))
+        check("error" not in raw(http, url, "tasks/cancel", {"taskId": tid}), "tasks/cancel")
+        done = task_until(http, url, tid, ("completed", "failed", "cancelled"))
+        check(done["status"] == "cancelled" and not os.path.exists(three), "cancelled while asking", done)
+        print("ok: task cancelled while asking")
+
+
 async def abandon(url, root):
     """A question left unanswered past the call's limit (the server's call_timeout_s is
     3 s here): the run is stopped; a late answer gets the run's end, never a write."""
@@ -184,6 +268,7 @@ async def main():
     await default_mode(url, root)
     await by_hand(url, root)
     await legacy(url, root)
+    tasks(url, root)
     print(json.dumps({"done": True}))
 
 

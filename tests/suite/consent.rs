@@ -36,7 +36,9 @@ async fn sdk(s: &Server, root: &Path, extra: &[&str]) -> String {
 
 /// Accept writes, decline raises ToolDenied and writes nothing, two writes ask twice, a
 /// session cell asks; tampered, misused and replayed states are refused and change
-/// nothing; a client without the callback is not asked; legacy mode keeps elicitation.
+/// nothing; a client without the callback is not asked; legacy mode keeps elicitation; a
+/// task asks through its `input_required` status and `tasks/update`, and cancelling it
+/// while it asks ends it.
 #[tokio::test]
 async fn a_destructive_call_asks_through_input_required() {
     let dir = TempDir::new("consent");
@@ -54,6 +56,8 @@ async fn a_destructive_call_asks_through_input_required() {
         "ok: tampered and misused states refused",
         "ok: replay refused",
         "ok: legacy elicitation",
+        "ok: task asks through input_required",
+        "ok: task cancelled while asking",
     ] {
         assert!(out.contains(line), "{line} missing:\n{out}");
     }

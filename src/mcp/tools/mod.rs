@@ -142,6 +142,9 @@ impl CodeExecutor {
             .task_timeout(asked)
             .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
         let owner = self.conn.owner(principal_of(&context).as_ref());
+        // A client that can answer is asked through the task (`input_required`, then
+        // `tasks/update`).
+        let asks = super::asking::wanted(&context);
         let mut ctx = context;
         // The request's token ends with the request (or its connection); the task's ends
         // with tasks/cancel or the server's shutdown.
@@ -163,6 +166,10 @@ impl CodeExecutor {
         let mut task = tasks.spawn(options, move |tc| {
             // A task may run for 30 minutes: its runs take the slots long runs may hold.
             Box::pin(crate::app::executor::as_long_run(async move {
+                let mut ctx = ctx;
+                if asks {
+                    super::asking::for_task(&mut ctx, tc.clone());
+                }
                 let ct = ctx.ct.clone();
                 let tcc = rmcp::handler::server::tool::ToolCallContext::new(&this, request, ctx);
                 let run = this.tool_router.call(tcc);
@@ -323,15 +330,17 @@ impl ServerHandler for CodeExecutor {
             .cancel_task(super::tasks::internal_id(&request.task_id))
     }
 
-    /// The tools ask no input mid-task: answers are accepted and ignored, as the spec
-    /// says for keys the server does not wait on.
+    /// The answers to a task's questions (code mode's consent, [`super::asking`]); answers
+    /// to keys the task does not wait on are ignored, as the spec says.
     async fn update_task(
         &self,
         request: rmcp::model::UpdateTaskParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.tasks(&ctx)
-            .update_task(super::tasks::internal_id(&request.task_id), Vec::new())
+        self.tasks(&ctx).update_task(
+            super::tasks::internal_id(&request.task_id),
+            request.input_responses,
+        )
     }
 
     fn get_info(&self) -> ServerConfig {
