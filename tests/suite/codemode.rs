@@ -1077,13 +1077,20 @@ args = ["{fs}", "{root}"]
 /// `tests/sdk/codemode.py` against `s`: the official Python SDK in its default
 /// (2026-07-28) and legacy modes.
 async fn sdk_client(s: &Server, missing: &Path) -> String {
+    sdk_script(s, "codemode.py", &[missing.as_os_str()]).await
+}
+
+/// `tests/sdk/SCRIPT URL ARGS...` with the official Python SDK's interpreter, against `s`:
+/// its standard output, after asserting that it exited 0 within 5 minutes.
+pub(crate) async fn sdk_script(s: &Server, script: &str, args: &[&std::ffi::OsStr]) -> String {
     let out = tokio::process::Command::new(common::sdk_python())
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/sdk/codemode.py"
-        ))
+        .arg(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/sdk")
+                .join(script),
+        )
         .arg(s.url("/mcp"))
-        .arg(missing)
+        .args(args)
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output();
@@ -1094,7 +1101,7 @@ async fn sdk_client(s: &Server, missing: &Path) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
-        "the SDK client failed: {stdout}\n{}\nserver log:\n{}",
+        "the SDK client {script} failed: {stdout}\n{}\nserver log:\n{}",
         String::from_utf8_lossy(&out.stderr),
         s.log_tail(30)
     );

@@ -4,34 +4,16 @@
 //! (`tests/sdk/consent.py`), against the real server-filesystem upstream.
 
 use std::path::Path;
-use std::time::Duration;
 
-use crate::codemode::{everything_and_filesystem, start, TempDir};
+use crate::codemode::{everything_and_filesystem, sdk_script, start, TempDir};
 use crate::common;
 use crate::process::Server;
 
 /// `tests/sdk/consent.py` against `s` with `root` as the filesystem server's root.
 async fn sdk(s: &Server, root: &Path, extra: &[&str]) -> String {
-    let out = tokio::process::Command::new(common::sdk_python())
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/consent.py"))
-        .arg(s.url("/mcp"))
-        .arg(root)
-        .args(extra)
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(300), out)
-        .await
-        .expect("the SDK client ends within 5 minutes")
-        .expect("python starts");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "the SDK client failed: {stdout}\n{}\nserver log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        s.log_tail(30)
-    );
-    stdout
+    let mut args = vec![root.as_os_str()];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    sdk_script(s, "consent.py", &args).await
 }
 
 /// Accept writes, decline raises ToolDenied and writes nothing, two writes ask twice, a
