@@ -10,7 +10,7 @@
 //!
 //! Pure file reading, no Docker, no server: its own test binary, built in seconds.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// A module path: `["backend", "engine", "live"]`.
@@ -333,7 +333,12 @@ fn describe(what: &str, graph: &Graph, cycle: &[String]) -> String {
 /// files (edges into a `mod.rs` left out).
 fn graphs(src: &Path) -> (Graph, Graph) {
     let files = library_files(src);
-    let rel = |p: &Path| p.strip_prefix(src.parent().unwrap()).unwrap().display().to_string();
+    let rel = |p: &Path| {
+        p.strip_prefix(src.parent().unwrap())
+            .unwrap()
+            .display()
+            .to_string()
+    };
     let mut modules = Graph::new();
     let mut leaves = Graph::new();
     for (here, file) in &files {
@@ -387,7 +392,10 @@ fn top_level_modules_point_one_way() {
         modules.len()
     );
     if let Some(cycle) = first_cycle(&modules) {
-        panic!("{}", describe("top-level modules of src/", &modules, &cycle));
+        panic!(
+            "{}",
+            describe("top-level modules of src/", &modules, &cycle)
+        );
     }
 }
 
@@ -416,7 +424,10 @@ fn a_cycle_is_found_and_named() {
         "a/x.rs",
         "// use super::y; (a comment)\nlet s = \"super::y\"; use super::y::{self, Z as W};",
     );
-    write("a/y.rs", "fn f<'a>() -> char { let _ = '\"'; super::x::g() }");
+    write(
+        "a/y.rs",
+        "fn f<'a>() -> char { let _ = '\"'; super::x::g() }",
+    );
     write("b.rs", "pub struct Thing; fn f() { r#\"crate::a\"#; }");
     write("c.rs", "fn f() { crate::b::Thing; }");
     let (modules, leaves) = graphs(&src);
