@@ -3,8 +3,11 @@
 //!
 //! # Layout
 //!
-//! From the leaves up; each layer calls only the ones above it in this list.
+//! From the leaves up; each layer calls only the ones above it in this list, and no two
+//! files of a module use each other (`tests/layering.rs` fails naming the first cycle).
 //!
+//! - [`ids`]: the replica id and the handles that carry it, a leaf that storage, the core
+//!   and the MCP layer use.
 //! - [`job`]: the job model. What to run ([`job::JobSpec`], [`job::Limits`], the
 //!   environment's [`job::Source`]s) and what came of it ([`job::Outcome`]). No
 //!   dependencies: every layer speaks these types.
@@ -58,6 +61,11 @@
 //!   shutdown; a tenant's [`app::Executor`] admits a run (rate), holds its environment,
 //!   takes its share of the memory budget and a run slot and calls the backend, racing cancellation and shutdown; a client's
 //!   [`app::Connection`] owns its `execute_python` session and workspace.
+//! - [`cluster`]: this replica among its peers behind a balancer without affinity: the
+//!   shared secret, the peer table, draining on SIGTERM. It knows no MCP: the router that
+//!   forwards a request on another replica's handle to its owner is in the HTTP transport
+//!   ([`mcp::transports::http::route`]), the one layer that reads `Mcp-Session-Id`,
+//!   `/messages` and the JSON-RPC body a handle is read from.
 //! - [`mcp`]: the MCP server, which only translates. [`mcp::tools`] holds the fifteen
 //!   tools (the nine of the code-executor servers we replace, `execute_python`,
 //!   `install_package`, `reset_session` and the three workspace file tools): each parses its arguments, makes
@@ -80,13 +88,9 @@
 //!   binary's `serve` and the MCP tests call the same function): the front that answers at
 //!   once, start-up (backend, self-test, one executor per tenant, each made from the
 //!   configuration by conversions: [`server::settings`]), serving, shutdown.
-//! - [`cluster`]: more than one replica behind a balancer without affinity: handles that
-//!   name their replica ([`cluster::ids`]), the router the HTTP front calls after its
-//!   checks to forward a request to the replica owning its handle ([`cluster::route`]),
-//!   the peer table, draining on SIGTERM.
 //! - [`commands`]: one function per command of the binary (`serve`, `run`, `doctor`,
-//!   `bench`, `image`, `tenant`, `healthcheck`); [`commands::backend`] is the one place
-//!   that names the concrete backends.
+//!   `bench`, `image`, `tenant`, `healthcheck`). They and the server get their backend from
+//!   [`backend::connect`], the one place that names the concrete backends.
 //!
 //! The binary (`src/bin/mcp-code-executor/`) only parses the command line (`args.rs`, which
 //! turns it into the library's types), sets up logging to stderr and calls one function of
@@ -111,9 +115,12 @@ pub mod commands;
 pub mod config;
 pub mod egress;
 pub mod env;
+pub mod ids;
 pub mod job;
 pub mod mcp;
 pub mod ops;
+#[cfg(test)]
+pub(crate) mod scratch;
 pub mod server;
 pub mod storage;
 pub mod tenancy;

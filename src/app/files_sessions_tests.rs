@@ -31,7 +31,7 @@ fn executor(tenant: &str, max_sessions: usize) -> (Service, Arc<Executor>) {
     let settings = Settings {
         tenant: tenant.into(),
         sessions: SessionOptions {
-            workspace_root: crate::env::testing::scratch_root()
+            workspace_root: crate::scratch::scratch_root()
                 .join(format!("app-{}", crate::job::new_job_id())),
             max_sessions,
             ..SessionOptions::default()

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 
+use crate::codemode::metrics::{tool_calls, ToolCalls, TOOL_LATENCY_BUCKETS};
 use crate::job::Outcome;
 
 /// Upper bounds (seconds) of the run-latency histogram.
@@ -215,55 +216,10 @@ impl Metrics {
     }
 }
 
-/// Upper bounds (seconds) of code mode's tool-call latency histogram.
-pub const TOOL_LATENCY_BUCKETS: [f64; 12] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
-];
-
-/// Code mode's calls from sandboxed code to upstream MCP servers (#26): by tenant,
-/// upstream, tool and outcome, and their latency by tenant and upstream. Process-wide
-/// (code mode's upstream clients are the process's: `crate::codemode`), rendered with
-/// every [`Metrics::render`].
-#[derive(Debug, Default)]
-pub struct ToolCalls {
-    c: Mutex<ToolCounters>,
-}
-
-#[derive(Debug, Default)]
-struct ToolCounters {
-    calls: BTreeMap<(String, String, String, &'static str), u64>,
-    latency: BTreeMap<(String, String), ([u64; TOOL_LATENCY_BUCKETS.len()], u64, f64)>,
-}
-
-/// The process's [`ToolCalls`].
-pub fn tool_calls() -> &'static ToolCalls {
-    static CALLS: std::sync::OnceLock<ToolCalls> = std::sync::OnceLock::new();
-    CALLS.get_or_init(ToolCalls::default)
-}
-
 impl ToolCalls {
-    /// A call of `tenant`'s code to `tool` of `upstream` ended with `outcome` (`ok`,
-    /// `ToolError`, `ToolDenied`, `ToolTimeout`, `BudgetExceeded`, `cancelled`) after `secs`.
-    pub fn call(&self, tenant: &str, upstream: &str, tool: &str, outcome: &'static str, secs: f64) {
-        let mut c = self.c.lock().unwrap_or_else(|e| e.into_inner());
-        *c.calls
-            .entry((tenant.into(), upstream.into(), tool.into(), outcome))
-            .or_default() += 1;
-        let h = c
-            .latency
-            .entry((tenant.into(), upstream.into()))
-            .or_insert(([0; TOOL_LATENCY_BUCKETS.len()], 0, 0.0));
-        for (b, le) in h.0.iter_mut().zip(TOOL_LATENCY_BUCKETS) {
-            if secs <= le {
-                *b += 1;
-            }
-        }
-        h.1 += 1;
-        h.2 += secs;
-    }
-
+    /// Code mode's counters ([`crate::codemode::metrics`]) in the text format.
     fn render(&self, out: &mut String) {
-        let c = self.c.lock().unwrap_or_else(|e| e.into_inner());
+        let c = self.counters();
         let name = "mcp_executor_tool_calls_total";
         family(
             out,

@@ -122,7 +122,7 @@ impl SessionRef {
 }
 
 /// A new handle: 128 bits from two random (v4) UUIDs, as 32 hex digits after `s_` and this
-/// replica's id (`s_REPLICA_HEX`, [`crate::cluster::ids`]: a call on it that lands on
+/// replica's id (`s_REPLICA_HEX`, [`crate::ids`]: a call on it that lands on
 /// another replica is forwarded here).
 pub fn new_handle() -> String {
     use sha2::Digest as _;
@@ -131,7 +131,7 @@ pub fn new_handle() -> String {
     h.update(uuid::Uuid::new_v4().as_bytes());
     let d = h.finalize();
     let hex: String = d[..16].iter().map(|b| format!("{b:02x}")).collect();
-    crate::cluster::ids::mint('s', &hex)
+    crate::ids::mint('s', &hex)
 }
 
 /// The answer for a handle this tenant does not know, whatever the reason (never made,

@@ -16,7 +16,7 @@ fn settings(tenant: &str) -> Settings {
     Settings {
         tenant: tenant.into(),
         sessions: SessionOptions {
-            workspace_root: crate::env::testing::scratch_root()
+            workspace_root: crate::scratch::scratch_root()
                 .join(format!("app-{}", crate::job::new_job_id())),
             ..SessionOptions::default()
         },
@@ -482,8 +482,9 @@ mod env_lock {
     use crate::backend::{BackendError, Events};
     use crate::env::manager::EnvManager;
     use crate::env::state::{EnvState, Environments};
-    use crate::env::testing::{tempdir, Recorder};
+    use crate::env::testing::Recorder;
     use crate::job::Outcome;
+    use crate::scratch::tempdir;
     use tokio::sync::watch;
 
     /// The environment fake, whose install phase waits at a gate.

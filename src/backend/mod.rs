@@ -9,6 +9,7 @@
 
 pub mod archive;
 pub(crate) mod collect;
+pub mod connect;
 pub mod docker;
 pub mod engine;
 pub mod fake;

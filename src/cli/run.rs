@@ -50,7 +50,7 @@ pub struct RunOptions {
     /// Start no new file after the first failure.
     pub fail_fast: bool,
     /// What each file passes before it takes a sandbox: the pool made for the run's files
-    /// (see [`crate::commands::backend::connect_for_runs`]); `None`: it takes what waits.
+    /// (see [`crate::backend::connect::connect_for_runs`]); `None`: it takes what waits.
     pub gate: Option<RunGate>,
 }
 

@@ -3,8 +3,9 @@
 //! A replica holds live state that cannot move: an `execute_python` session (its sandbox
 //! attached to this process), an MCP task (its run and result), a protocol session of the
 //! 2025 revisions, a legacy SSE stream. Every handle to such state names the replica that
-//! owns it ([`ids`]); a request that lands on another replica is forwarded whole to the
-//! owner ([`route`]: the raw HTTP request, the response streamed back unchanged, SSE and
+//! owns it ([`crate::ids`], a leaf every layer may use); a request that lands on another replica is forwarded whole to the
+//! owner (by the router of the HTTP transport, [`crate::mcp::transports::http::route`], the one
+//! layer that reads `Mcp-Session-Id`, `/messages` and JSON-RPC bodies: the raw HTTP request, the response streamed back unchanged, SSE and
 //! cancellation included), over the same port, marked by a shared secret header that a
 //! client cannot forge (a wrong one is refused; the header never reaches the MCP layer).
 //! Routing comes after the `Host` check, authentication and the stream caps, and reads the
@@ -18,7 +19,7 @@
 //! every address is a replica (`dns+http://NAME:PORT`: a headless Service, compose's service
 //! name). Each answers `GET /internal/replica` (secret required) with its id; the table of
 //! ids is learned on a miss, so a replica that restarted or died is simply not found, and a
-//! call on its handle gets an answer that says what was lost ([`answers`]), the same
+//! call on its handle gets an answer that says what was lost (the router's `answers.rs`), the same
 //! whichever way it was found gone (a refused connection, an answer broken off, a table
 //! that no longer lists it). A peer that hangs is not waited for again and again ([`peers`]).
 //!
@@ -26,18 +27,17 @@
 //! that name no handle are forwarded to a peer that is not draining (or refused with 503
 //! and `Retry-After` without one), calls on its own handles are still served, and runs in
 //! progress get `--drain-grace` to finish before the shutdown stops them.
+//!
+//! This module is the replica's state among its peers (the secret, the peer table, draining,
+//! the counters); it knows no MCP. The router above it reads requests and asks it.
 
-mod answers;
-pub mod handle;
-pub mod ids;
-mod peers;
-pub mod route;
+pub mod peers;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use peers::Peers;
+pub use peers::{Peer, Peers};
 
 use crate::config::serve::ClusterConfig;
 
@@ -61,7 +61,7 @@ pub struct Cluster {
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cluster")
-            .field("replica", &ids::replica())
+            .field("replica", &crate::ids::replica())
             .field("peers", &self.peers.configured())
             .field("draining", &self.draining())
             .finish()

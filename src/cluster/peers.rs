@@ -19,7 +19,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::{ids, FORWARDED, REPLICA_PATH};
+use super::{FORWARDED, REPLICA_PATH};
+use crate::ids;
 
 /// A table older than this is asked again on a miss; younger, a miss means gone.
 pub const REFRESH_EVERY: Duration = Duration::from_millis(500);
@@ -119,12 +120,12 @@ impl Peers {
     }
 
     /// The client requests to peers go through (pooled connections).
-    pub(super) fn client(&self) -> &Client<HttpConnector, Body> {
+    pub(crate) fn client(&self) -> &Client<HttpConnector, Body> {
         &self.client
     }
 
     /// The secret forwarded requests carry.
-    pub(super) fn secret(&self) -> &str {
+    pub(crate) fn secret(&self) -> &str {
         self.secret.as_deref().unwrap_or_default()
     }
 

@@ -28,6 +28,7 @@ mod caller;
 pub mod config;
 mod frame;
 mod health;
+pub mod metrics;
 pub mod names;
 mod run;
 pub mod schema;
@@ -51,24 +52,23 @@ pub fn install(manager: Arc<Manager>) {
 
 /// The code mode of `serve`: the tools file's servers (every tenant's, or those its
 /// `tenants` names) and the tenants file's (`[[tenants.servers]]`, each its tenant's
-/// alone). `None` when neither declares code mode: no tools file, no tenant with servers.
+/// alone: `tenant_servers`, each tenant's id and servers). `None` when neither declares code mode: no tools file, no tenant with servers.
 /// A tenant's server with the Python name of a tools-file server it sees is an error.
 /// Without a tools file the limits are its defaults.
 pub fn configure(
     tools_file: Option<&Path>,
-    tenants: Option<&[crate::tenancy::Tenant]>,
+    tenant_servers: &[(&str, &[config::Server])],
     path: Option<std::ffi::OsString>,
     home: Option<std::path::PathBuf>,
 ) -> Result<Option<Arc<Manager>>, String> {
-    let tenants = tenants.unwrap_or_default();
     let mut config = match tools_file {
         Some(p) => Config::load(p)?,
-        None if tenants.iter().all(|t| t.limits.servers.is_empty()) => return Ok(None),
+        None if tenant_servers.iter().all(|(_, s)| s.is_empty()) => return Ok(None),
         None => Config::default(),
     };
-    for t in tenants {
+    for (tenant, servers) in tenant_servers {
         config
-            .add_tenant(&t.id, &t.limits.servers)
+            .add_tenant(tenant, servers)
             .map_err(|e| format!("code mode: the tenants file: {e}"))?;
     }
     Ok(Some(Manager::new(config, path, home)))

@@ -97,7 +97,7 @@ impl Drop for Cancelled<'_> {
         if self.armed {
             tracing::info!(tenant = %self.tenant, server = %Shown(self.server), tool = %Shown(self.tool), "code mode: tool call cancelled (the run ended)");
             let (s, t) = labels(self.known.get(), self.server, self.tool);
-            crate::app::metrics::tool_calls().call(
+            crate::codemode::metrics::tool_calls().call(
                 self.tenant,
                 s,
                 t,
@@ -274,7 +274,7 @@ impl Run {
                     "code mode: the run has used its tool-call budget; its further calls are refused and counted, not logged"
                 );
             }
-            crate::app::metrics::tool_calls().call(
+            crate::codemode::metrics::tool_calls().call(
                 &self.tenant,
                 "(other)",
                 "(other)",
@@ -310,7 +310,7 @@ impl Run {
             "code mode: tool call"
         );
         let (s, t) = labels(known.get(), server, tool);
-        crate::app::metrics::tool_calls().call(
+        crate::codemode::metrics::tool_calls().call(
             &self.tenant,
             s,
             t,

@@ -5,7 +5,9 @@ use super::backend::{self, image};
 use super::{fail, Exit};
 use crate::cli::run::exit;
 use crate::config::BackendConfig;
-use crate::ops::bench;
+use crate::job::Limits;
+use crate::ops::bench::{self, Connect};
+use std::sync::Arc;
 
 /// What `bench` measures.
 pub struct BenchRequest {
@@ -32,7 +34,7 @@ pub async fn bench(req: BenchRequest) -> Exit {
             .clone()
             .unwrap_or_else(image::default_image),
         runtime: req.backend.runtime.clone(),
-        connect: backend::bench_connect(req.backend),
+        connect: bench_connect(req.backend),
         samples: req.samples,
         pool_size: req.pool_size,
         throughput_runs: req.throughput_runs,
@@ -48,4 +50,18 @@ pub async fn bench(req: BenchRequest) -> Exit {
         Ok(_) => 0,
         Err(e) => fail(format!("bench failed: {e}"), 1),
     }
+}
+
+/// The bench's way to get a backend with a warm pool of a given size (0: none).
+fn bench_connect(cfg: BackendConfig) -> Connect {
+    Arc::new(move |pool_size| {
+        let cfg = BackendConfig {
+            pool_size,
+            ..cfg.clone()
+        };
+        Box::pin(async move {
+            backend::connect_with_pool(&cfg, Limits::default(), false, &mut backend::print_build)
+                .await
+        })
+    })
 }

@@ -1,9 +1,10 @@
 //! One function per command of the binary, each taking what the command line resolved to
 //! (library types, never clap's) and returning the process's exit status: the binary only
-//! parses, sets up logging and calls one of these. [`backend`] is the one place that names
-//! the concrete backends.
+//! parses, sets up logging and calls one of these. They get their sandboxes from
+//! [`crate::backend::connect`], the one place that names the concrete backends (the server
+//! gets its own there too, which is why it is not here: `server` stays below `commands`).
 
-pub mod backend;
+use crate::backend::connect as backend;
 mod bench;
 mod doctor;
 mod image;

@@ -539,5 +539,5 @@ mod tests {
         assert!(EnvKind::parse("pipenv").is_err());
     }
 
-    use super::testing::tempdir;
+    use crate::scratch::tempdir;
 }

@@ -205,14 +205,13 @@ pub fn held_by(executor: &Arc<Executor>, owner: Option<&str>) -> usize {
 
 /// Count a new task of principal `owner` of `executor`'s tenant, kept by rmcp until `ttl`
 /// after it ends; past [`MAX_TASKS`] or [`MAX_TASK_BYTES`] (over all the tenant's
-/// principals, after a sweep of what expired) the call is refused (a JSON-RPC error,
+/// principals; the caller sweeps what expired first: [`super::tasks::admit`]) the call is refused (a JSON-RPC error,
 /// -32000, that says which bound), counted in `mcp_executor_rejected_total{reason="tasks"}`.
 pub fn admit(
     executor: &Arc<Executor>,
     owner: Option<&str>,
     ttl: Duration,
 ) -> Result<Admitted, ErrorData> {
-    super::tasks::sweep(executor);
     let ledger = ledger(executor);
     let key = lock(&ledger)
         .admit(owner, Instant::now(), MAX_TASKS, MAX_TASK_BYTES, ttl)

@@ -62,16 +62,16 @@ pub fn ttl(timeout: Duration, keep: Duration) -> Duration {
     (timeout + TTL_MARGIN.min(keep)).max(keep)
 }
 
-/// The task id clients see: rmcp's id with this replica's mark ([`crate::cluster::ids`]),
+/// The task id clients see: rmcp's id with this replica's mark ([`crate::ids`]),
 /// so that a call landing on another replica finds the one that runs the task.
 pub fn external_id(id: &str) -> String {
-    crate::cluster::ids::mint('t', id)
+    crate::ids::mint('t', id)
 }
 
 /// rmcp's id of a task id a client sends (one of another replica, or of no replica, stays
 /// as it is and is unknown here).
 pub fn internal_id(id: &str) -> &str {
-    crate::cluster::ids::unwrap_mine(id)
+    crate::ids::unwrap_mine(id)
 }
 
 /// The managers by (executor, principal).
@@ -120,6 +120,17 @@ pub fn manager_for(executor: &Arc<Executor>, owner: Option<&str>) -> TaskManager
     };
     start_sweeper(executor);
     manager
+}
+
+/// Count a new task of principal `owner` in its tenant's bound ([`super::task_caps::admit`])
+/// after a sweep of what expired: what rmcp forgets is no longer counted.
+pub fn admit(
+    executor: &Arc<Executor>,
+    owner: Option<&str>,
+    ttl: Duration,
+) -> Result<super::task_caps::Admitted, rmcp::ErrorData> {
+    sweep(executor);
+    super::task_caps::admit(executor, owner, ttl)
 }
 
 /// Have every manager of `executor`'s tenant forget the tasks whose lifetime ended (rmcp
@@ -225,7 +236,7 @@ mod tests {
     async fn an_expired_task_is_freed_without_a_call_by_its_user() {
         let (_s, ex) = executor("t-task-sweep");
         let ttl = Duration::from_millis(300);
-        let admitted = super::super::task_caps::admit(&ex, Some("0a"), ttl).unwrap();
+        let admitted = admit(&ex, Some("0a"), ttl).unwrap();
         let manager = manager_for(&ex, Some("0a"));
         let (gone_tx, gone_rx) = tokio::sync::oneshot::channel::<()>();
         let opts = TaskOptions::new().with_ttl_ms(ttl.as_millis() as u64);

@@ -9,7 +9,7 @@
 //! Start-up is told on stderr: the listener (or the stdio handler) answers first; then the
 //! image is built if missing ([`progress`]); then the self-test; then "serving ...".
 //! `/readyz` says which phase it is in meanwhile. [`start`] wires the pieces: the backend
-//! ([`crate::commands::backend`], the one place that names it), one executor per tenant,
+//! ([`crate::backend::connect`], the one place that names it), one executor per tenant,
 //! each built from the configuration by conversions ([`settings`]).
 
 mod progress;
@@ -112,9 +112,14 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
     };
     // Code mode (#26): the tools file's servers and the tenants file's ([[tenants.servers]]);
     // upstream clients start at the first call of each tenant's code.
+    let tenant_servers: Vec<(&str, &[crate::codemode::config::Server])> = tenants
+        .iter()
+        .flatten()
+        .map(|t| (t.id.as_str(), t.limits.servers.as_slice()))
+        .collect();
     let code_mode = crate::codemode::configure(
         cfg.tools_file.as_deref(),
-        tenants.as_deref(),
+        &tenant_servers,
         cfg.host.path.clone(),
         cfg.host.home.clone(),
     );

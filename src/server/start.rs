@@ -156,7 +156,7 @@ async fn connect(
                 .insert(t.id.clone(), list.clone());
         }
     }
-    crate::commands::backend::connect_with_pool(
+    crate::backend::connect::connect_with_pool(
         &backend_cfg,
         cfg.limits.clone(),
         tenants.is_some(),

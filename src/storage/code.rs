@@ -1,6 +1,6 @@
 //! The storage directory and its files: create, append, replace, read and list, each file
 //! under its own reader-writer lock. Stored code is created, appended to and read through
-//! one principal's part of it ([`CodeStorage::scope`], [`super::scope`]).
+//! one principal's part of it (`CodeStorage::scope`, in `scope.rs`, which builds on this file).
 
 use std::io;
 use std::os::unix::fs::DirBuilderExt as _;
@@ -11,7 +11,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::error::io_err;
 use super::locks::{FileLock, FileLocks};
-use super::scope::Scope;
 use super::sweep::{sweep_older_tree, sweep_partial};
 use super::{defaults, paths, printable, StorageError, StorageQuota, TEMP_PREFIX};
 
@@ -134,37 +133,6 @@ impl CodeStorage {
     /// Pure: looks only at the string (symlinks are refused when the file is opened).
     pub fn resolve(&self, file_path: &str) -> Result<PathBuf, StorageError> {
         paths::resolve(&self.canonical, &self.root, file_path)
-    }
-
-    /// The part of the directory whose code `owner` sees ([`Scope`]): the directory itself
-    /// for the tenant's static token (and a server without sign-in), `users/<owner>/`
-    /// inside it for a signed-in user ([`crate::tenancy::oauth::Principal::owner`]).
-    pub fn scope(&self, owner: Option<&str>) -> Scope<'_> {
-        Scope::new(self, owner)
-    }
-
-    /// Store new code in the directory itself: [`Scope::create`] for the tenant's static
-    /// token.
-    pub async fn create(
-        &self,
-        filename: Option<&str>,
-        content: &str,
-    ) -> Result<PathBuf, StorageError> {
-        self.scope(None).create(filename, content).await
-    }
-
-    /// [`Scope::append`] for the tenant's static token.
-    pub async fn append(
-        &self,
-        file_path: &str,
-        content: &str,
-    ) -> Result<(PathBuf, u64), StorageError> {
-        self.scope(None).append(file_path, content).await
-    }
-
-    /// [`Scope::read`] for the tenant's static token.
-    pub async fn read(&self, file_path: &str) -> Result<(PathBuf, String), StorageError> {
-        self.scope(None).read(file_path).await
     }
 
     /// The same checks with another per-file cap (the workspace's).

@@ -210,7 +210,7 @@ mod tests {
     /// in the background replaces it, keeping the write granted while it walked.
     #[tokio::test]
     async fn a_stale_figure_answers_at_once_and_is_walked_again_in_the_background() {
-        let dir = crate::env::testing::scratch_root()
+        let dir = crate::scratch::scratch_root()
             .join(format!("quota-stale-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("a"), vec![0u8; 600]).unwrap();

@@ -141,7 +141,7 @@ impl<'a> Scope<'a> {
         self.make_dirs()?;
         loop {
             let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
-            let replica = crate::cluster::ids::replica();
+            let replica = crate::ids::replica();
             let path = self.canonical.join(format!("{stem}_{replica}_{suffix}.py"));
             let opened = tokio::fs::OpenOptions::new()
                 .write(true)
@@ -207,6 +207,41 @@ impl<'a> Scope<'a> {
             path: file_path.to_string(),
         })?;
         Ok((path, text))
+    }
+}
+
+/// A principal's part, and the directory itself for the tenant's static token. Here, not in
+/// `code.rs`: a scope is built on the storage, and the storage does not know it.
+impl CodeStorage {
+    /// The part of the directory whose code `owner` sees ([`Scope`]): the directory itself
+    /// for the tenant's static token (and a server without sign-in), `users/<owner>/`
+    /// inside it for a signed-in user ([`crate::tenancy::oauth::Principal::owner`]).
+    pub fn scope(&self, owner: Option<&str>) -> Scope<'_> {
+        Scope::new(self, owner)
+    }
+
+    /// Store new code in the directory itself: [`Scope::create`] for the tenant's static
+    /// token.
+    pub async fn create(
+        &self,
+        filename: Option<&str>,
+        content: &str,
+    ) -> Result<PathBuf, StorageError> {
+        self.scope(None).create(filename, content).await
+    }
+
+    /// [`Scope::append`] for the tenant's static token.
+    pub async fn append(
+        &self,
+        file_path: &str,
+        content: &str,
+    ) -> Result<(PathBuf, u64), StorageError> {
+        self.scope(None).append(file_path, content).await
+    }
+
+    /// [`Scope::read`] for the tenant's static token.
+    pub async fn read(&self, file_path: &str) -> Result<(PathBuf, String), StorageError> {
+        self.scope(None).read(file_path).await
     }
 }
 

@@ -445,8 +445,8 @@ mod tests {
     /// The hosts file is written once, names `localhost`, and is left as it is when right.
     #[test]
     fn the_hosts_file_is_written_once() {
-        let dir = crate::env::testing::scratch_root()
-            .join(format!("hosts-{}", uuid::Uuid::new_v4().simple()));
+        let dir =
+            crate::scratch::scratch_root().join(format!("hosts-{}", uuid::Uuid::new_v4().simple()));
         let path = super::super::write_hosts_file(&dir).expect("written");
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.starts_with("127.0.0.1\tlocalhost\n"), "{text:?}");

@@ -332,7 +332,7 @@ pub fn pod(
     }
     let deadline = match lifetime {
         Lifetime::Run(timeout) => {
-            timeout + super::live::START_DEADLINE + protocol::BACKSTOP_GRACE * 2
+            timeout + crate::backend::engine::live::START_DEADLINE + protocol::BACKSTOP_GRACE * 2
         }
         Lifetime::Long => config.long_deadline,
     };

@@ -157,7 +157,7 @@ impl CodeExecutor {
         let ttl = ttl_d.as_millis() as u64;
         // Counted in the tenant's bound on kept tasks before anything starts, and before
         // its manager is looked up (the sweep drops the manager of a principal with none).
-        let admitted = super::task_caps::admit(self.executor(), owner.as_deref(), ttl_d)?;
+        let admitted = super::tasks::admit(self.executor(), owner.as_deref(), ttl_d)?;
         let tasks = super::tasks::manager_for(self.executor(), owner.as_deref());
         let options = TaskOptions::new()
             .with_ttl_ms(ttl)

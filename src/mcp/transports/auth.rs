@@ -85,7 +85,7 @@ impl Refusals {
 pub fn resource_suffix(path: &str) -> &'static str {
     if path == "/mcp" || path.starts_with("/mcp/") {
         "/mcp"
-    } else if path == "/sse" || path == super::sse::MESSAGES_PATH {
+    } else if path == "/sse" || path == super::paths::MESSAGES_PATH {
         "/sse"
     } else {
         ""

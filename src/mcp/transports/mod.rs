@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod bounds;
 pub mod http;
+pub mod paths;
 pub mod sessions;
 pub mod sse;
 pub mod stdio;

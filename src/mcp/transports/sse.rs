@@ -26,12 +26,10 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use super::bounds::Conn;
+use super::paths::MESSAGES_PATH;
 use crate::app::Executor;
 use crate::mcp::CodeExecutor;
 use crate::tenancy::oauth::Principal;
-
-/// Path a client POSTs its messages to (announced in the `endpoint` event).
-pub const MESSAGES_PATH: &str = "/messages";
 
 /// A session's way in, and the [`Principal::owner`] of the principal that opened it.
 type ToServer = (
@@ -82,7 +80,7 @@ pub async fn open(
     request: axum::extract::Request,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     // Named with this replica's id: a POST /messages that lands elsewhere is forwarded here.
-    let id = crate::cluster::ids::mint('m', &uuid::Uuid::new_v4().simple().to_string());
+    let id = crate::ids::mint('m', &uuid::Uuid::new_v4().simple().to_string());
     let conn = request.extensions().get::<Arc<Conn>>().cloned();
     let principal = request.extensions().get::<Principal>().cloned();
     let owner = principal.as_ref().and_then(Principal::owner);

@@ -12,10 +12,13 @@
 //!
 //! The parts: `starting` (the routes while the server starts up), `routes` (one tenant's
 //! MCP routes and the protocol-session caps), `body` (how request bodies are read and
-//! refused) and `guard` (the `Host` and `Origin` checks).
+//! refused), `guard` (the `Host` and `Origin` checks) and [`route`], the router that forwards a
+//! request on another replica's handle to its owner: it lives here because this is the one
+//! layer that reads `Mcp-Session-Id`, `/messages` and the JSON-RPC body it routes by.
 
 mod body;
 mod guard;
+pub mod route;
 mod routes;
 mod starting;
 
@@ -36,12 +39,12 @@ pub use super::bounds::Bounds;
 use super::bounds::{Conn, Metered};
 use super::sessions::SessionBook;
 use crate::app::Service;
-use crate::cluster::route::Routed;
 use crate::tenancy::oauth::Principal;
 use crate::tenancy::token::Authenticator;
 use body::BodyRules;
 use guard::{check_host, header_str, host_refusal, origin_ok};
 pub use guard::{host_allowed, origin_allowed};
+use route::Routed;
 use routes::tenant_routes;
 pub(super) use routes::too_large_initialize;
 pub use routes::MAX_INITIALIZE_BYTES;
@@ -139,7 +142,7 @@ pub fn hosted(service: Arc<Service>, auth: Option<Authenticator>, opts: &HttpOpt
         .with_state(front)
         .layer(middleware::from_fn_with_state(
             opts.cluster.clone(),
-            crate::cluster::route::gate,
+            route::gate,
         ))
 }
 
@@ -199,7 +202,7 @@ impl Front {
 /// Hand the request to its tenant's routes, in this order: the `Host` and `Origin` checks,
 /// its token when there are tenants ([`auth::authenticate`]; the caller's [`Principal`]
 /// goes with the request), the protocol session's owner, the stream caps, and with peers
-/// the replica that owns its handle ([`crate::cluster::route`], the body read under the
+/// the replica that owns its handle ([`route`], the body read under the
 /// body rules): nothing of a request is read or forwarded before it passed the checks
 /// every request passes. With OAuth, the Protected Resource Metadata is served first,
 /// without a token, and browser clients of an allowed `Origin` get CORS answers.
@@ -283,13 +286,13 @@ async fn dispatch(State(front): State<Arc<Front>>, mut request: Request) -> Resp
         None => None,
     };
     let cluster = &front.opts.cluster;
-    let request = if crate::cluster::route::wanted(cluster, &request) {
+    let request = if route::wanted(cluster, &request) {
         let (parts, body) = request.into_parts();
         let body = match body::read(body, front.body_rules(), conn.as_deref()).await {
             Ok(b) => b,
             Err(refused) => return refused,
         };
-        match crate::cluster::route::route(cluster, parts, body).await {
+        match route::route(cluster, parts, body).await {
             Routed::Here(request) => request,
             Routed::Answered(mut answer) => {
                 // A forwarded answer has its owner's CORS headers already.
@@ -370,7 +373,7 @@ async fn readyz(State(front): State<Arc<Front>>) -> Response {
         body["problem"] =
             "shutting down: runs in progress finish, new calls go to other replicas".into();
     }
-    body["replica"] = crate::cluster::ids::replica().into();
+    body["replica"] = crate::ids::replica().into();
     let status = if ready {
         StatusCode::OK
     } else {

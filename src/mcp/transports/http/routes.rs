@@ -51,7 +51,10 @@ pub(super) fn tenant_routes(
     );
     let legacy = Router::new()
         .route("/sse", get(sse::open))
-        .route(sse::MESSAGES_PATH, post(sse::post))
+        .route(
+            crate::mcp::transports::paths::MESSAGES_PATH,
+            post(sse::post),
+        )
         .with_state(SseState::new(executor, shutdown));
     let streamable = Router::new()
         .nest_service("/mcp", streamable)

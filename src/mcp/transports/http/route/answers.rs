@@ -34,7 +34,7 @@ pub(super) fn silent(owner: &str, id: &Value, waited: std::time::Duration) -> Re
          (no answer after {:.0} s, and none to a liveness check within {} s): the call may or may not have run. \
          Its sessions are not known to be lost: retry in a while; if it stays so, start a new session.",
         waited.as_secs_f64(),
-        super::peers::ASK_TIMEOUT.as_secs()
+        crate::cluster::peers::ASK_TIMEOUT.as_secs()
     );
     (
         StatusCode::GATEWAY_TIMEOUT,
@@ -107,7 +107,7 @@ pub fn gone(owner: &str, handle: &Handle, id: &Value, method: &str) -> Response 
 /// task or resource of `owner`, another replica that lives: a protocol session reaches only
 /// its own replica's state, and forwarding the call would lose the protocol session.
 pub fn elsewhere(owner: &str, handle: &Handle, id: &Value, method: &str) -> Response {
-    let here = super::ids::replica();
+    let here = crate::ids::replica();
     let (what, name) = match handle {
         Handle::Session(h) => ("session", h),
         Handle::Task(t) => ("task", t),

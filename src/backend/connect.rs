@@ -171,16 +171,3 @@ async fn kubernetes(
             .to_string(),
     )
 }
-
-/// The bench's way to get a backend with a warm pool of a given size (0: none).
-pub fn bench_connect(cfg: BackendConfig) -> crate::ops::bench::Connect {
-    Arc::new(move |pool_size| {
-        let cfg = BackendConfig {
-            pool_size,
-            ..cfg.clone()
-        };
-        Box::pin(async move {
-            connect_with_pool(&cfg, Limits::default(), false, &mut print_build).await
-        })
-    })
-}

@@ -5,7 +5,7 @@
 //! - [`gate`], the outermost layer, reads only the request head: the replicas' own header
 //!   (a wrong secret is refused, the header never reaches the MCP layer; the peer is marked
 //!   [`FromPeer`] and served here), their `/internal/` path, and the protocol-session ids
-//!   this replica wraps with its id ([`super::ids`]).
+//!   this replica wraps with its id ([`crate::ids`]).
 //! - [`route`], called by the HTTP front only after the `Host` and `Origin` checks,
 //!   authentication and the stream caps, with the body already read under the server's body
 //!   rules (its limit, 413; `--body-timeout`, 408): nothing about a request is read, held or
@@ -14,7 +14,7 @@
 //! Where the request goes is one pure function, [`plan`]; a request on a handle of this
 //! replica, or on none, is served here. A forwarded request waits for its answer as long as
 //! the owner is alive: every [`PROBE_EVERY`] without an answer the owner is asked its id, and
-//! one that does not say it within [`super::peers::ASK_TIMEOUT`] ends the wait (504).
+//! one that does not say it within [`crate::cluster::peers::ASK_TIMEOUT`] ends the wait (504).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -28,10 +28,14 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use super::answers::{bad_gateway, draining_refusal, elsewhere, gone, silent};
-use super::handle::{inspect, Handle};
-use super::peers::Peer;
-use super::{ids, Cluster, FORWARDED, REPLICA_PATH};
+mod answers;
+pub mod handle;
+
+use answers::{bad_gateway, draining_refusal, elsewhere, gone, silent};
+use handle::{inspect, Handle};
+
+use crate::cluster::{Cluster, Peer, FORWARDED, REPLICA_PATH};
+use crate::ids;
 
 /// How long a forwarded request waits for its answer before the owner is asked whether it
 /// is alive (and again after each check it passes).
@@ -101,7 +105,7 @@ pub fn in_head(parts: &Parts) -> Option<Handle> {
     {
         return Some(Handle::Protocol(v.to_string()));
     }
-    if parts.uri.path() != crate::mcp::transports::sse::MESSAGES_PATH {
+    if parts.uri.path() != crate::mcp::transports::paths::MESSAGES_PATH {
         return None;
     }
     parts

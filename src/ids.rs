@@ -3,6 +3,9 @@
 //! resource URI carries its session's handle) reads `KIND_REPLICA_REST`, where `REPLICA` is
 //! this process's replica id: 8 random characters `[0-9a-f]`, new at every start, so that a
 //! handle of a replica that restarted names a replica that is gone, not a stranger.
+//!
+//! A leaf (no other module of the crate): storage names its files with it, the core its
+//! sessions, the MCP layer its tasks and protocol sessions, the router reads it.
 
 use std::sync::OnceLock;
 

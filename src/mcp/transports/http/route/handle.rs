@@ -5,11 +5,11 @@
 //! body: `session_id` in a `tools/call`'s arguments, `taskId` of `tasks/*`, the session in a
 //! `resources/read` URI, a stored file's `file_path`. The body is parsed once into a few
 //! borrowed fields (serde skips the rest). Pure functions, no I/O: the router
-//! ([`super::route`]) decides with them.
+//! ([`super`]) decides with them.
 
 use serde_json::Value;
 
-use super::ids;
+use crate::ids;
 
 /// What a request names, for the answer when its owner is gone.
 #[derive(Debug, Clone, PartialEq)]
