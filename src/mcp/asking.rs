@@ -18,7 +18,7 @@
 //! - A task's run ([`for_task`]) asks through the tasks extension instead: the task's status
 //!   is `input_required` with the question in `tasks/get`, and `tasks/update` answers it.
 //!
-//! The state is an unguessable handle naming this replica ([`crate::cluster::ids`]); what
+//! The state is an unguessable handle naming this replica ([`crate::ids`]); what
 //! it stands for stays here, in memory.
 
 use std::collections::HashMap;
@@ -275,7 +275,7 @@ async fn wait(
             }
         }
         Some(Event::Ask { question, answer }) => {
-            let state = crate::cluster::ids::mint('q', &uuid::Uuid::new_v4().simple().to_string());
+            let state = crate::ids::mint('q', &uuid::Uuid::new_v4().simple().to_string());
             let forget = state.clone();
             let run = w.run.clone();
             parked().insert(

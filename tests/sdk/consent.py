@@ -260,10 +260,27 @@ async def abandon(url, root):
         print("ok: abandoned", late)
 
 
+async def replicas(url, root):
+    """Through a balancer without affinity in front of two replicas: each retry with the
+    answer must reach the replica whose run asked (round robin sends it to the other)."""
+    user = User(True)
+    async with Client(url, elicitation_callback=user) as c:
+        for i in range(4):
+            path = os.path.join(root, f"replica-{i}.txt")
+            r = await c.call_tool("execute_code", {"code": writer(path)})
+            check(stdout(r) == "written" and open(path).read() == "approved",
+                  f"round {i}: the answer reached the run that asked", r)
+        check(len(user.asked) == 4, "asked four times", user.asked)
+    print("ok: replicas")
+
+
 async def main():
     url, root = sys.argv[1:3]
     if sys.argv[3:] == ["abandon"]:
         await abandon(url, root)
+        return
+    if sys.argv[3:] == ["replicas"]:
+        await replicas(url, root)
         return
     await default_mode(url, root)
     await by_hand(url, root)

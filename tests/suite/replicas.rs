@@ -19,6 +19,7 @@
 //!
 //! `scripts/test.sh` installs nginx; without it these tests fail and say so.
 
+mod consent;
 mod flows;
 mod gone;
 mod hostile;

@@ -82,6 +82,13 @@ pub fn gone(owner: &str, handle: &Handle, id: &Value, method: &str) -> Response 
             );
             axum::Json(rpc_error(id, -32602, &message)).into_response()
         }
+        Handle::Question(_) => {
+            let message = format!(
+                "the run that asked this question is gone: the server replica that ran it (`{owner}`) stopped or restarted. \
+                 Call the tool again without requestState."
+            );
+            axum::Json(rpc_error(id, -32602, &message)).into_response()
+        }
         Handle::Resource(u) => {
             let message = format!(
                 "resource `{u}` is gone: the server replica that held its session (`{owner}`) stopped or restarted, \
@@ -112,6 +119,7 @@ pub fn elsewhere(owner: &str, handle: &Handle, id: &Value, method: &str) -> Resp
         Handle::Session(h) => ("session", h),
         Handle::Task(t) => ("task", t),
         Handle::Resource(u) => ("resource", u),
+        Handle::Question(q) => ("requestState", q),
         Handle::Protocol(h) | Handle::File(h) => ("handle", h),
     };
     let text = format!(

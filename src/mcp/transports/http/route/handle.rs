@@ -3,7 +3,8 @@
 //! Where the handle is: the `Mcp-Session-Id` header (a protocol session of the 2025
 //! revisions), `sessionId` in the query of a legacy SSE `POST /messages`, or in the JSON-RPC
 //! body: `session_id` in a `tools/call`'s arguments, `taskId` of `tasks/*`, the session in a
-//! `resources/read` URI, a stored file's `file_path`. The body is parsed once into a few
+//! `resources/read` URI, a stored file's `file_path`, the `requestState` of a retry that
+//! answers a question. The body is parsed once into a few
 //! borrowed fields (serde skips the rest). Pure functions, no I/O: the router
 //! ([`super`]) decides with them.
 
@@ -22,6 +23,9 @@ pub enum Handle {
     Task(String),
     /// A resource URI (of a session's workspace).
     Resource(String),
+    /// The `requestState` of a retry answering a question (`input_required`,
+    /// [`crate::mcp::asking`]): the run that asked waits on the replica it names.
+    Question(String),
     /// A stored code file's `file_path`: served by the replica that stored it while it
     /// lives (its storage may be its own), else here (a shared storage has it too).
     File(String),
@@ -46,6 +50,8 @@ struct Params<'a> {
     task_id: Option<std::borrow::Cow<'a, str>>,
     #[serde(default, borrow)]
     uri: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, rename = "requestState", borrow)]
+    request_state: Option<std::borrow::Cow<'a, str>>,
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -64,11 +70,15 @@ pub fn inspect(body: &[u8]) -> (Option<Handle>, Value, String) {
     let method = m.method.as_deref().unwrap_or_default().to_string();
     let p = m.params.unwrap_or_default();
     let handle = match method.as_str() {
-        "tools/call" => p.arguments.and_then(|a| match (a.session_id, a.file_path) {
-            (Some(s), _) => Some(Handle::Session(s.into_owned())),
-            (None, Some(f)) => Some(Handle::File(f.into_owned())),
-            (None, None) => None,
-        }),
+        // A retry with an answer goes where its run waits, whatever else it names.
+        "tools/call" => match p.request_state {
+            Some(q) => Some(Handle::Question(q.into_owned())),
+            None => p.arguments.and_then(|a| match (a.session_id, a.file_path) {
+                (Some(s), _) => Some(Handle::Session(s.into_owned())),
+                (None, Some(f)) => Some(Handle::File(f.into_owned())),
+                (None, None) => None,
+            }),
+        },
         m if m.starts_with("tasks/") => p.task_id.map(|t| Handle::Task(t.into_owned())),
         "resources/read" => p.uri.map(|u| Handle::Resource(u.into_owned())),
         _ => None,
@@ -80,7 +90,7 @@ impl Handle {
     /// The replica that owns it, when it names one.
     pub fn owner(&self) -> Option<String> {
         match self {
-            Handle::Protocol(h) | Handle::Session(h) | Handle::Task(h) => {
+            Handle::Protocol(h) | Handle::Session(h) | Handle::Task(h) | Handle::Question(h) => {
                 ids::owner(h).map(str::to_string)
             }
             Handle::Resource(u) => crate::mcp::resources::parse(u)
@@ -109,6 +119,11 @@ mod tests {
             .to_string();
         let (h, _, _) = inspect(b.as_bytes());
         assert_eq!(h.unwrap().owner().as_deref(), Some("0123abcd"));
+        // A retry answering a question goes where the run waits, not where its session is.
+        let b = br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"execute_python","arguments":{"code":"1","session_id":"s_0123abcd_ff"},"requestState":"q_89abcdef_00ff","inputResponses":{}}}"#;
+        let (h, _, _) = inspect(b);
+        assert_eq!(h, Some(Handle::Question("q_89abcdef_00ff".into())));
+        assert_eq!(h.unwrap().owner().as_deref(), Some("89abcdef"));
         for b in [
             &b"not json"[..],
             br#"{"method":"tools/call","params":{"arguments":{"code":"1"}}}"#,
