@@ -161,14 +161,14 @@ async def legacy(url, root):
 TASKS = "io.modelcontextprotocol/tasks"
 
 
-def raw(http, url, method, params):
-    """One JSON-RPC request at 2026-07-28 declaring tasks and elicitation: its `result`,
-    or {"error": ...}."""
+def raw(http, url, method, params, token=None, tasks=True):
+    """One JSON-RPC request at 2026-07-28 declaring tasks and elicitation (and with
+    `token`, a bearer token): its `result`, or {"error": ...}."""
     params = dict(params)
     params["_meta"] = {
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientInfo": {"name": "consent", "version": "0"},
-        "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS: {}},
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS: {}} if tasks else {},
                                                        "elicitation": {"form": {}}},
     }
     headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
@@ -176,6 +176,8 @@ def raw(http, url, method, params):
     name = params.get("name") or params.get("taskId")
     if name:
         headers["Mcp-Name"] = name
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     resp = http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
                      headers=headers, timeout=120)
     try:
@@ -260,6 +262,26 @@ async def abandon(url, root):
         print("ok: abandoned", late)
 
 
+def tenants(url, root, token_a, token_b):
+    """Tenant A's question answered with tenant B's token: refused, nothing written, and
+    A's own answer still works. Raw requests without the tasks extension."""
+    with httpx.Client() as http:
+        path = os.path.join(root, "tenant-a.txt")
+        call = {"name": "execute_code", "arguments": {"code": writer(path)}}
+        first = raw(http, url, "tools/call", call, token_a, tasks=False)
+        check(first.get("resultType") == "input_required" and first.get("requestState"),
+              "input_required for tenant A", first)
+        answer = call | {"requestState": first["requestState"],
+                         "inputResponses": {"consent": {"action": "accept", "content": {"approve": True}}}}
+        b = raw(http, url, "tools/call", answer, token_b, tasks=False)
+        check("error" in b and "requestState" in b["error"]["message"], "tenant B is refused", b)
+        check(not os.path.exists(path), "nothing written by B's answer")
+        a = raw(http, url, "tools/call", answer, token_a, tasks=False)
+        out = (a.get("structuredContent") or {}).get("stdout", "")
+        check(out.strip() == "written" and open(path).read() == "approved", "A's answer works", a)
+        print("ok: another tenant's answer refused")
+
+
 async def replicas(url, root):
     """Through a balancer without affinity in front of two replicas: each retry with the
     answer must reach the replica whose run asked (round robin sends it to the other)."""
@@ -278,6 +300,9 @@ async def main():
     url, root = sys.argv[1:3]
     if sys.argv[3:] == ["abandon"]:
         await abandon(url, root)
+        return
+    if sys.argv[3:4] == ["tenants"]:
+        tenants(url, root, *sys.argv[4:6])
         return
     if sys.argv[3:] == ["replicas"]:
         await replicas(url, root)

@@ -546,7 +546,7 @@ async fn client_with_token(s: &Server, token: &str) -> RunningService<RoleClient
 
 /// A tenants file of two tenants with these entries' extra lines (`[[tenants.servers]]`
 /// tables): (the file, a's id, b's id, a's token, b's token).
-fn two_tenants(
+pub(crate) fn two_tenants(
     dir: &Path,
     tag: &str,
     a_extra: &str,

@@ -64,3 +64,24 @@ async fn an_abandoned_question_ends_the_run() {
         "{out}"
     );
 }
+
+/// Tenant A's question, answered with tenant B's token: refused like any bad state,
+/// nothing written, and A's own answer still works (raw 2026-07-28 requests).
+#[tokio::test]
+async fn another_tenants_answer_is_refused() {
+    let dir = TempDir::new("consent-tenants");
+    let root = dir.0.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let (tenants, a, b, ta, tb) = crate::codemode::two_tenants(&dir.0, "ct", "", "");
+    let s = start(
+        "consent-tenants",
+        &everything_and_filesystem(&root),
+        &dir.0,
+        &["--tenants", tenants.to_str().unwrap()],
+    )
+    .await;
+    let _clean_a = common::remove_on_drop(&a);
+    let _clean_b = common::remove_on_drop(&b);
+    let out = sdk(&s, &root, &["tenants", &ta, &tb]).await;
+    assert!(out.contains("ok: another tenant's answer refused"), "{out}");
+}
