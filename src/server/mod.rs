@@ -186,6 +186,11 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
             startup.set(Phase::Serving);
             say!("mcp-code-executor: serving Streamable HTTP at http://{addr}/mcp and legacy SSE at http://{addr}/sse; health at /healthz and /readyz{}",
                 if cfg.http.metrics { ", metrics at /metrics" } else { "" });
+            if tenants.is_some() && cfg.backend.pool_size > 0 {
+                // No shared pool to wait for: say what the documented default means here.
+                say!("mcp-code-executor: ready: each tenant's warm pool ({} sandboxes, --pool-size) is made at its first run",
+                    cfg.backend.pool_size);
+            }
             tell_when_pool_ready(&service, shutdown.clone());
             task.await
         }

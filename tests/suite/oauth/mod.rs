@@ -15,6 +15,7 @@
 mod bounds;
 mod hardening;
 mod matrix;
+mod quickstart;
 mod signin;
 
 use crate::mcp_support;
