@@ -27,6 +27,7 @@ pub mod connection;
 pub mod error;
 pub mod execute;
 pub mod executor;
+pub mod health_metrics;
 pub mod metrics;
 pub mod packages;
 pub mod pip;

@@ -137,6 +137,7 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
         );
     }
     let code_root = crate::storage::CodeStorage::open(&cfg.code_storage_dir)?;
+    crate::app::health_metrics::set_storage_dir(code_root.dir().to_path_buf());
     say!(
         "mcp-code-executor: code storage {}{}",
         code_root.dir().display(),

@@ -160,7 +160,9 @@ async fn the_oauth_quick_start_runs_as_written_and_signs_in() {
     );
     // The start-up says what the documented default pool size (2) means with a tenants file.
     assert!(
-        stderr.contains("each tenant's warm pool (2 sandboxes, --pool-size) is made at its first run"),
+        stderr.contains(
+            "each tenant's warm pool (2 sandboxes, --pool-size) is made at its first run"
+        ),
         "{stderr}"
     );
     assert!(left.is_empty(), "sandboxes of tenant acme left: {left:?}");
