@@ -35,6 +35,7 @@ pub mod service;
 pub mod sessions;
 pub mod settings;
 mod timeouts;
+pub mod usage;
 pub mod workspaces;
 
 pub use connection::{Connection, RunDone, Wanted};

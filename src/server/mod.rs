@@ -138,6 +138,9 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
     }
     let code_root = crate::storage::CodeStorage::open(&cfg.code_storage_dir)?;
     crate::app::health_metrics::set_storage_dir(code_root.dir().to_path_buf());
+    let usage_dir = crate::app::usage::dir_of(&cfg.data_dir);
+    crate::app::usage::open(&usage_dir)
+        .with_context(|| format!("usage records at {}", usage_dir.display()))?;
     say!(
         "mcp-code-executor: code storage {}{}",
         code_root.dir().display(),

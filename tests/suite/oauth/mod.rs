@@ -17,6 +17,7 @@ mod hardening;
 mod matrix;
 mod quickstart;
 mod signin;
+mod usage;
 
 use crate::mcp_support;
 
