@@ -1,7 +1,7 @@
 //! Usage per tenant and principal (issue 45 item 2), against the real binary and the real
 //! issuer: a known workload for two tenants (acme, globex) and two users of acme (the
 //! client-credentials clients `acme-ci` and `acme-ci-2`: two `sub`s), with one run killed
-//! by its memory limit and one timed out; the server killed with SIGKILL between runs and
+//! by its memory limit, one timed out and one cancelled by its client; the server killed with SIGKILL between runs and
 //! started again on the same data directory; then every figure checked against what ran,
 //! through `mcp-code-executor usage` (the operator: every tenant) and `GET /usage` (a
 //! tenant: itself only).
@@ -51,7 +51,7 @@ async fn usage_counts_every_finished_run_once_across_a_kill_9() {
     let bob = issuer.token("acme-ci-2", "mcp", &resource).await;
     let gus = issuer.token("globex-ci", "mcp", &resource).await;
 
-    // First life: alice 2 ok + 1 OOM; bob 1 timeout; gus 1 ok.
+    // First life: alice 2 ok + 1 OOM; bob 1 timeout + 1 cancelled; gus 1 ok.
     let s = Hosted::start(Some(&file), &ids, &flags(&data)).await;
     let mcp = s.url("/mcp");
     for _ in 0..2 {
@@ -69,6 +69,45 @@ async fn usage_counts_every_finished_run_once_across_a_kill_9() {
     let r = run(&mcp, &bob, "import time\ntime.sleep(30)", 2).await;
     assert_eq!(r["isError"], true, "{r}");
     run(&mcp, &gus, "print(1)", 30).await;
+    // bob's client (rmcp, a protocol session) gives up on a call: notifications/cancelled.
+    let client = ()
+        .serve(StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(mcp.clone()).auth_header(bob.clone()),
+        ))
+        .await
+        .expect("rmcp's client connects with the token");
+    let args = json!({"code": "import time\ntime.sleep(30)", "timeout": 60});
+    let params = rmcp::model::CallToolRequestParams::new("execute_code")
+        .with_arguments(args.as_object().unwrap().clone());
+    assert!(
+        tokio::time::timeout(Duration::from_secs(3), client.call_tool(params))
+            .await
+            .is_err(),
+        "the call was still running when its client gave up"
+    );
+    let usage = |data: &Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
+            .args(["usage", "--data-dir"])
+            .arg(data)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let t0 = Instant::now();
+    while !usage(&data).to_string().contains("\"cancelled\":1") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the cancelled run was not recorded: {}",
+            usage(&data)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = client.cancel().await;
     // kill -9 between runs: every run above was answered, so recorded.
     let pid = s.child.id().unwrap() as i32;
     // SAFETY: kill(2) of the server this test spawned and still holds.
@@ -82,27 +121,17 @@ async fn usage_counts_every_finished_run_once_across_a_kill_9() {
     run(&mcp, &gus, "print(3)", 30).await;
 
     // The operator: every tenant.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
-        .args(["usage", "--data-dir"])
-        .arg(&data)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let all = usage(&data);
     eprintln!("{}", serde_json::to_string_pretty(&all).unwrap());
     let days = all.as_object().unwrap();
     assert_eq!(days.len(), 1, "one day: {all}");
     let day = days.values().next().unwrap();
     let a = &day[acme("usage")];
     let g = &day[globex("usage")];
-    assert_eq!(a["runs"], 5, "{a}");
+    assert_eq!(a["runs"], 6, "{a}");
     assert_eq!(
         a["outcomes"],
-        json!({"ok": 3, "oom": 1, "timeout": 1}),
+        json!({"ok": 3, "oom": 1, "timeout": 1, "cancelled": 1}),
         "{a}"
     );
     assert_eq!(g["runs"], 2, "{g}");
@@ -114,7 +143,7 @@ async fn usage_counts_every_finished_run_once_across_a_kill_9() {
         .map(|p| (p["runs"].as_u64().unwrap(), p["outcomes"].clone()))
         .collect();
     per.sort_by_key(|p| p.0);
-    assert_eq!(per[0], (1, json!({"timeout": 1})));
+    assert_eq!(per[0], (2, json!({"timeout": 1, "cancelled": 1})));
     assert_eq!(per[1], (4, json!({"ok": 3, "oom": 1})));
     assert!(principals.keys().all(|k| k.starts_with("user:")));
     // Figures: the timeout held its limit for about 2 s, the memory limit (512 MiB) times
