@@ -150,7 +150,8 @@ async fn the_oauth_quick_start_runs_as_written_and_signs_in() {
     assert!(
         stderr.lines().any(|l| l.contains("WARN")
             && l.contains("refused: authentication")
-            && l.contains("no_tenant")),
+            && l.contains("no_tenant")
+            && l.contains(r#"org=\"globex\""#)),
         "the refusal's reason at the default log level: {stderr}"
     );
     // ...and counted by reason.
