@@ -57,7 +57,10 @@
 //!   backend, the run slots shared fairly by every tenant, the metrics, readiness and
 //!   shutdown; a tenant's [`app::Executor`] admits a run (rate), holds its environment,
 //!   takes its share of the memory budget and a run slot and calls the backend, racing cancellation and shutdown; a client's
-//!   [`app::Connection`] owns its `execute_python` session and workspace.
+//!   [`app::Connection`] owns its `execute_python` session and workspace. [`app::usage`]
+//!   appends a record per finished run (usage by day, tenant and principal);
+//!   [`app::health_metrics`] holds what the alert rules of `deploy/prometheus/` watch
+//!   beside the per-tenant metrics.
 //! - [`mcp`]: the MCP server, which only translates. [`mcp::tools`] holds the fifteen
 //!   tools (the nine of the code-executor servers we replace, `execute_python`,
 //!   `install_package`, `reset_session` and the three workspace file tools): each parses its arguments, makes
