@@ -16,6 +16,12 @@ if ! [ -x /usr/sbin/nginx ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null \
     || { echo "test.sh: nginx is missing and could not be installed (apt-get install nginx): tests/suite/replicas.rs needs it" >&2; exit 1; }
 fi
+# prometheus (Debian's package: promtool and the server), for the shipped alert rules
+# (tests/suite/prometheus_rules.rs). Missing and not installable: stop here, loudly.
+if ! [ -x /usr/bin/promtool ] || ! [ -x /usr/bin/prometheus ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
+    || { echo "test.sh: prometheus is missing and could not be installed (apt-get install prometheus): tests/suite/prometheus_rules.rs needs it" >&2; exit 1; }
+fi
 # uv (from PyPI) makes the uv venv of the environment tests.
 if ! python3 -m uv --version >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check uv 2>/dev/null \

@@ -60,7 +60,10 @@
 //!   backend, the run slots shared fairly by every tenant, the metrics, readiness and
 //!   shutdown; a tenant's [`app::Executor`] admits a run (rate), holds its environment,
 //!   takes its share of the memory budget and a run slot and calls the backend, racing cancellation and shutdown; a client's
-//!   [`app::Connection`] owns its `execute_python` session and workspace.
+//!   [`app::Connection`] owns its `execute_python` session and workspace. [`app::usage`]
+//!   appends a record per finished run (usage by day, tenant and principal);
+//!   [`app::health_metrics`] holds what the alert rules of `deploy/prometheus/` watch
+//!   beside the per-tenant metrics.
 //! - [`cluster`]: this replica among its peers behind a balancer without affinity: the
 //!   shared secret, the peer table, draining on SIGTERM. It knows no MCP: the router that
 //!   forwards a request on another replica's handle to its owner is in the HTTP transport

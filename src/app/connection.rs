@@ -195,7 +195,9 @@ impl Connection {
             "run requested"
         );
         let workspace = session.as_ref().map(|s| s.workspace().to_string());
-        let outcome = x
+        let (job_id, memory) = (job.id.clone(), job.limits.memory_bytes);
+        let started = std::time::Instant::now();
+        let result = x
             .run_with_workspace(
                 job,
                 x.current_env().await,
@@ -203,7 +205,27 @@ impl Connection {
                 events,
                 cancel,
             )
-            .await?;
+            .await;
+        // Usage: a finished (or stopped) run is recorded before it is answered.
+        let label = match &result {
+            Ok(o) => Some(super::metrics::outcome_label(o)),
+            Err(e) => e.run_label(),
+        };
+        if let Some(label) = label {
+            let principal = self
+                .owner(None)
+                .map_or("static-token".to_string(), |d| format!("user:{d}"));
+            super::usage::record(&super::usage::Record::of(
+                &job_id,
+                x.tenant(),
+                &principal,
+                result.as_ref().ok(),
+                label,
+                started.elapsed().as_secs_f64(),
+                memory,
+            ));
+        }
+        let outcome = result?;
         let mut session = session;
         let mut notes: Vec<String> = note.into_iter().collect();
         let wrote = !outcome.files.is_empty() || outcome.files_dropped > 0;

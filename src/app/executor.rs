@@ -245,8 +245,13 @@ impl Executor {
     /// Wait for one of the run slots, fairly shared between tenants and capped by the
     /// tenant's `max_concurrent_runs`: one-shot runs and execute_python cells alike.
     pub(super) async fn acquire_slot(&self) -> Result<Permit, AppError> {
+        let waited = Instant::now();
         let place = self.reserve_place()?;
-        place.acquire().await.map_err(|e| self.queue_error(e))
+        let permit = place.acquire().await.map_err(|e| self.queue_error(e))?;
+        self.shared
+            .metrics
+            .queue_wait(self.tenant(), waited.elapsed().as_secs_f64());
+        Ok(permit)
     }
 
     /// A place in the tenant's queue (`--max-queue`), taken before a call holds anything:
@@ -339,6 +344,7 @@ impl Executor {
     ) -> Result<Outcome, AppError> {
         // A place in the queue before anything is held: a call past `--max-queue` is
         // refused at once, whatever it would wait for.
+        let waited = Instant::now();
         let place = self.reserve_place()?;
         // The environment first: a run waiting for an install holds no run slot meanwhile.
         let _env_lock = match &env {
@@ -350,6 +356,9 @@ impl Executor {
             .hold_memory(Holder::Run, job.limits.memory_bytes)
             .await?;
         let _slot = place.acquire().await.map_err(|e| self.queue_error(e))?;
+        self.shared
+            .metrics
+            .queue_wait(self.tenant(), waited.elapsed().as_secs_f64());
         if let Some(key) = workspace {
             self.add_workspace_files(key, &mut job).await;
         }

@@ -52,6 +52,7 @@ impl Histogram {
 struct Counters {
     runs: BTreeMap<(String, &'static str), u64>,
     latency: BTreeMap<String, Histogram>,
+    queue_wait: BTreeMap<String, Histogram>,
     rejected: BTreeMap<(String, &'static str), u64>,
     installs: BTreeMap<(String, &'static str), u64>,
 }
@@ -86,6 +87,15 @@ impl Metrics {
         let mut c = self.lock();
         *c.runs.entry((tenant.to_string(), outcome)).or_default() += 1;
         c.latency
+            .entry(tenant.to_string())
+            .or_default()
+            .observe(secs);
+    }
+
+    /// A call of `tenant` waited `secs` for its run slot (its environment and memory too).
+    pub fn queue_wait(&self, tenant: &str, secs: f64) {
+        self.lock()
+            .queue_wait
             .entry(tenant.to_string())
             .or_default()
             .observe(secs);
@@ -127,30 +137,14 @@ impl Metrics {
             "histogram",
             "Wall time of runs from the call to the result, queueing included.",
         );
-        for (tenant, h) in &c.latency {
-            let t = escape(tenant);
-            for (le, n) in LATENCY_BUCKETS.iter().zip(h.buckets) {
-                let _ = writeln!(
-                    out,
-                    "mcp_executor_run_duration_seconds_bucket{{tenant=\"{t}\",le=\"{le}\"}} {n}"
-                );
-            }
-            let _ = writeln!(
-                out,
-                "mcp_executor_run_duration_seconds_bucket{{tenant=\"{t}\",le=\"+Inf\"}} {}",
-                h.count
-            );
-            let _ = writeln!(
-                out,
-                "mcp_executor_run_duration_seconds_sum{{tenant=\"{t}\"}} {}",
-                h.sum
-            );
-            let _ = writeln!(
-                out,
-                "mcp_executor_run_duration_seconds_count{{tenant=\"{t}\"}} {}",
-                h.count
-            );
-        }
+        histograms(&mut out, "mcp_executor_run_duration_seconds", &c.latency);
+        family(
+            &mut out,
+            "mcp_executor_queue_wait_seconds",
+            "histogram",
+            "Time runs and cells waited for a run slot (their environment and memory too), by tenant.",
+        );
+        histograms(&mut out, "mcp_executor_queue_wait_seconds", &c.queue_wait);
         counter(
             &mut out,
             "mcp_executor_rejected_total",
@@ -212,7 +206,25 @@ impl Metrics {
         }
         tool_calls().render(&mut out);
         egress().render(&mut out);
+        super::health_metrics::render(&mut out);
         out
+    }
+}
+
+/// The lines of one histogram per tenant.
+fn histograms(out: &mut String, name: &str, by_tenant: &BTreeMap<String, Histogram>) {
+    for (tenant, h) in by_tenant {
+        let t = escape(tenant);
+        for (le, n) in LATENCY_BUCKETS.iter().zip(h.buckets) {
+            let _ = writeln!(out, "{name}_bucket{{tenant=\"{t}\",le=\"{le}\"}} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{tenant=\"{t}\",le=\"+Inf\"}} {}",
+            h.count
+        );
+        let _ = writeln!(out, "{name}_sum{{tenant=\"{t}\"}} {}", h.sum);
+        let _ = writeln!(out, "{name}_count{{tenant=\"{t}\"}} {}", h.count);
     }
 }
 

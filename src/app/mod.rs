@@ -27,6 +27,7 @@ pub mod connection;
 pub mod error;
 pub mod execute;
 pub mod executor;
+pub mod health_metrics;
 pub mod metrics;
 pub mod packages;
 pub mod pip;
@@ -34,6 +35,7 @@ pub mod service;
 pub mod sessions;
 pub mod settings;
 mod timeouts;
+pub mod usage;
 pub mod workspaces;
 
 pub use connection::{Connection, RunDone, Wanted};

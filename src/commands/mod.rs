@@ -17,7 +17,7 @@ pub use doctor::doctor;
 pub use image::{image, image_build, image_name, image_server, ImageBuild, ImageRequest};
 pub use run::{run, RunRequest};
 pub use serve::{serve, SHUTDOWN_LIMIT};
-pub use tenant::{healthcheck, tenant_token};
+pub use tenant::{healthcheck, tenant_token, usage};
 
 /// An exit status; `0` is success.
 pub type Exit = i32;

@@ -1,4 +1,4 @@
-//! `tenant token` and `healthcheck`: the two commands that need no sandbox.
+//! `tenant token`, `healthcheck` and `usage`: the commands that need no sandbox.
 
 use super::{fail, Exit};
 use crate::cli::run::exit;
@@ -30,5 +30,26 @@ pub async fn healthcheck(url: &str) -> Exit {
             eprintln!("unhealthy: {url}: {e}");
             1
         }
+    }
+}
+
+/// `usage`: the usage records under `data_dir`, summed by day, tenant and principal, as
+/// JSON on stdout.
+pub fn usage(
+    data_dir: &std::path::Path,
+    tenant: Option<&str>,
+    from: Option<&str>,
+    to: Option<&str>,
+) -> Exit {
+    let dir = crate::app::usage::dir_of(data_dir);
+    match crate::app::usage::read(&dir, tenant, from, to) {
+        Ok(report) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).unwrap_or_default()
+            );
+            0
+        }
+        Err(e) => fail(format!("usage records at {}: {e}", dir.display()), 1),
     }
 }

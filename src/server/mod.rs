@@ -142,6 +142,10 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
         );
     }
     let code_root = crate::storage::CodeStorage::open(&cfg.code_storage_dir)?;
+    crate::app::health_metrics::set_storage_dir(code_root.dir().to_path_buf());
+    let usage_dir = crate::app::usage::dir_of(&cfg.data_dir);
+    crate::app::usage::open(&usage_dir)
+        .with_context(|| format!("usage records at {}", usage_dir.display()))?;
     say!(
         "mcp-code-executor: code storage {}{}",
         code_root.dir().display(),
@@ -191,6 +195,11 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
             startup.set(Phase::Serving);
             say!("mcp-code-executor: serving Streamable HTTP at http://{addr}/mcp and legacy SSE at http://{addr}/sse; health at /healthz and /readyz{}",
                 if cfg.http.metrics { ", metrics at /metrics" } else { "" });
+            if tenants.is_some() && cfg.backend.pool_size > 0 {
+                // No shared pool to wait for: say what the documented default means here.
+                say!("mcp-code-executor: ready: each tenant's warm pool ({} sandboxes, --pool-size) is made at its first run",
+                    cfg.backend.pool_size);
+            }
             tell_when_pool_ready(&service, shutdown.clone());
             task.await
         }

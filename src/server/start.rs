@@ -175,6 +175,7 @@ async fn self_test(
 ) -> anyhow::Result<()> {
     startup.set(Phase::SelfTest);
     let report = doctor::diagnose(&**sandbox).await;
+    crate::app::health_metrics::set_self_test(report.ok());
     if report.ok() {
         say!(
             "mcp-code-executor: isolation self-test passed ({} checks)",

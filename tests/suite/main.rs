@@ -52,6 +52,7 @@ mod mcp_stdio;
 mod mcp_tasks;
 mod oauth;
 mod oauth_users;
+mod prometheus_rules;
 mod python_sdk;
 mod replicas;
 mod session;

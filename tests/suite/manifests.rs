@@ -113,11 +113,17 @@ fn base_renders_and_validates_against_the_schemas() {
         "Deployment",
         "Service",
         "PodDisruptionBudget",
+        "ConfigMap",
     ]
     .into_iter()
     .map(String::from)
     .collect();
     assert_eq!(kinds(&objs), expected);
+    // The shipped alert rules, for the operator's Prometheus (docs/hosting.md "Operating").
+    let rules = find(&objs, "ConfigMap", "mcp-code-executor-prometheus-rules");
+    assert!(rules["data"]["rules.yml"]
+        .as_str()
+        .is_some_and(|r| r.contains("alert: McpExecutorPoolDry")));
     // More than one replica (docs/hosting.md "Scale"): two, one kept up in a disruption,
     // peers found through a headless Service that lists draining replicas too.
     let server = find(&objs, "Deployment", "mcp-code-executor");

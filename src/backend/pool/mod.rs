@@ -31,6 +31,15 @@ mod tests;
 pub use pools::POOL_IDLE;
 pub use runs::RunGate;
 
+/// Sandboxes the warm pools of this process could not make, since start: every refill
+/// failure counts (the retries with back-off too), for `/metrics`.
+static REFILL_FAILURES: AtomicU64 = AtomicU64::new(0);
+
+/// [`REFILL_FAILURES`]' value.
+pub fn refill_failures() -> u64 {
+    REFILL_FAILURES.load(Ordering::Relaxed)
+}
+
 /// The warm pool a backend keeps: both drivers take the same settings.
 #[derive(Debug, Clone, Default)]
 pub struct PoolConfig {

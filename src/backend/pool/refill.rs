@@ -55,6 +55,7 @@ where
                 }
                 Err(e) => {
                     pool.made(&kind, None);
+                    super::REFILL_FAILURES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     failures = failures.saturating_add(1);
                     let backoff = Duration::from_millis(100 << failures.min(7));
                     // One warning per streak of failures, not one per retry; the retries

@@ -40,6 +40,24 @@ pub enum Command {
     /// Tenants of a hosted server: make tokens.
     #[command(subcommand)]
     Tenant(TenantCmd),
+    /// Usage by day, tenant and principal, as JSON: runs, outcomes, wall and CPU seconds,
+    /// memory held x time, peak memory, output bytes, figures (what every replica sharing
+    /// the data directory recorded; docs/hosting.md "Usage").
+    Usage {
+        /// The data directory the servers use (default: MCP_EXECUTOR_DATA_DIR, else the
+        /// default data directory).
+        #[arg(long)]
+        data_dir: Option<std::path::PathBuf>,
+        /// Only this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// First day, YYYY-MM-DD (UTC).
+        #[arg(long)]
+        from: Option<String>,
+        /// Last day, YYYY-MM-DD (UTC).
+        #[arg(long)]
+        to: Option<String>,
+    },
     /// Serve the MCP tools: over stdio (`--stdio`) or HTTP (Streamable HTTP at /mcp, legacy
     /// SSE at /sse). Reads a `.env` file in the working directory if there is one.
     Serve(Box<ServeCmd>),

@@ -60,5 +60,17 @@ async fn dispatch(command: Command) -> cmd::Exit {
         Command::Image(image) => cmd::image(image.into()).await,
         Command::Healthcheck { url } => cmd::healthcheck(&url).await,
         Command::Tenant(TenantCmd::Token { id }) => cmd::tenant_token(&id),
+        Command::Usage {
+            data_dir,
+            tenant,
+            from,
+            to,
+        } => cmd::usage(
+            &data_dir
+                .unwrap_or_else(|| mcp_code_executor::config::data_dir(|k| std::env::var(k).ok())),
+            tenant.as_deref(),
+            from.as_deref(),
+            to.as_deref(),
+        ),
     }
 }

@@ -140,7 +140,7 @@ pub fn challenge_header(settings: &Settings, path: &str, r: &Refusal) -> String 
         settings.scope
     );
     let error = match r {
-        Refusal::Missing | Refusal::NoTenant => None,
+        Refusal::Missing | Refusal::NoTenant(_) => None,
         Refusal::Scope => Some((
             "insufficient_scope",
             "the access token lacks the scope this server needs",
@@ -167,7 +167,7 @@ fn refuse(settings: &Settings, path: &str, r: &Refusal) -> Response {
             "insufficient_scope",
             format!("this server needs the scope `{}`", settings.scope),
         ),
-        Refusal::NoTenant => (
+        Refusal::NoTenant(_) => (
             StatusCode::FORBIDDEN,
             "forbidden",
             "signed in, but no tenant of this server admits you: ask its operator to map your organisation, client or user to a tenant".to_string(),
@@ -185,7 +185,7 @@ fn refuse(settings: &Settings, path: &str, r: &Refusal) -> Response {
     };
     let body = serde_json::json!({"error": error, "message": message});
     let mut resp = (status, axum::Json(body)).into_response();
-    if !matches!(r, Refusal::NoTenant) {
+    if !matches!(r, Refusal::NoTenant(_)) {
         if let Ok(v) = HeaderValue::from_str(&challenge_header(settings, path, r)) {
             resp.headers_mut().insert(header::WWW_AUTHENTICATE, v);
         }
@@ -302,6 +302,7 @@ async fn check(
         Err(r) => {
             let detail = match &r {
                 Refusal::Invalid(why) => why.clone(),
+                Refusal::NoTenant(seen) => format!("no [[oauth_rules]] entry matches: {seen}"),
                 other => other.reason().to_string(),
             };
             refused(r.clone(), &detail);

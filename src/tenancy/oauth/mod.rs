@@ -234,7 +234,8 @@ impl OAuth {
             .ok_or_else(|| Refusal::Invalid("no sub claim".into()))?;
         let client_id = validate::claim_text(&claims, "client_id")
             .or_else(|| validate::claim_text(&claims, "azp"));
-        let tenant = tenant_of(&self.rules, &issuer.url, &claims).ok_or(Refusal::NoTenant)?;
+        let tenant = tenant_of(&self.rules, &issuer.url, &claims)
+            .ok_or_else(|| Refusal::NoTenant(looked_at(&self.rules, &issuer.url, &claims)))?;
         Ok(Principal {
             tenant,
             user: Some(User {
@@ -265,6 +266,34 @@ pub fn tenant_of(rules: &[Rule], issuer: &str, claims: &validate::Claims) -> Opt
             Match::Subject(s) => validate::claim_text(claims, "sub").as_deref() == Some(s.as_str()),
         })
         .map(|r| r.tenant.clone())
+}
+
+/// For the log of a token no rule maps: the values of what the rules of `issuer` look at
+/// (`org="globex"`, `client_id="..."`), quoted and cut; a subject is never shown.
+fn looked_at(rules: &[Rule], issuer: &str, claims: &validate::Claims) -> String {
+    let mut names: Vec<&str> = Vec::new();
+    for r in rules.iter().filter(|r| r.issuer == issuer) {
+        let n = match &r.matches {
+            Match::Claim { name, .. } => name.as_str(),
+            Match::ClientId(_) => "client_id",
+            Match::Subject(_) => "sub",
+        };
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    }
+    if names.is_empty() {
+        return "no rule names this issuer".into();
+    }
+    names
+        .iter()
+        .map(|n| match (*n, validate::claim_text(claims, n)) {
+            ("sub", _) => "sub (not shown)".to_string(),
+            (n, Some(v)) => format!("{n}={}", validate::shown(&v)),
+            (n, None) => format!("{n} absent"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]

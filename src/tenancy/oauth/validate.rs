@@ -68,8 +68,9 @@ pub enum Refusal {
     Expired,
     /// A valid token without the scope the server needs.
     Scope,
-    /// A valid token that no rule of the tenants file maps to a tenant.
-    NoTenant,
+    /// A valid token that no rule of the tenants file maps to a tenant: what the rules of
+    /// its issuer looked at, quoted and cut ([`shown`]), for the log.
+    NoTenant(String),
 }
 
 impl Refusal {
@@ -81,7 +82,7 @@ impl Refusal {
             Refusal::Audience => "audience",
             Refusal::Expired => "expired",
             Refusal::Scope => "scope",
-            Refusal::NoTenant => "no_tenant",
+            Refusal::NoTenant(_) => "no_tenant",
         }
     }
 

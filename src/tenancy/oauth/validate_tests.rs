@@ -167,7 +167,7 @@ fn reasons_are_the_metric_labels() {
         Refusal::Audience,
         Refusal::Expired,
         Refusal::Scope,
-        Refusal::NoTenant,
+        Refusal::NoTenant(String::new()),
     ];
     let got: Vec<_> = all.iter().map(Refusal::reason).collect();
     assert_eq!(got, Refusal::REASONS);

@@ -15,7 +15,9 @@
 mod bounds;
 mod hardening;
 mod matrix;
+mod quickstart;
 mod signin;
+mod usage;
 
 use crate::mcp_support;
 

@@ -49,6 +49,9 @@ pub(super) fn tenant_routes(
         sessions.clone(),
         config,
     );
+    let usage = Router::new()
+        .route("/usage", get(usage_of_tenant))
+        .with_state(executor.tenant().to_string());
     let legacy = Router::new()
         .route("/sse", get(sse::open))
         .route(
@@ -62,6 +65,7 @@ pub(super) fn tenant_routes(
         .layer(middleware::from_fn(end_session_with_204));
     streamable
         .merge(legacy)
+        .merge(usage)
         .layer(middleware::from_fn_with_state(
             BodyRules {
                 limit: opts.max_body_bytes,
@@ -157,4 +161,27 @@ pub(in crate::mcp::transports) fn too_large_initialize(id: Option<serde_json::Va
         },
     });
     (StatusCode::BAD_REQUEST, axum::Json(error)).into_response()
+}
+
+/// `GET /usage[?from=YYYY-MM-DD&to=YYYY-MM-DD]`: the calling tenant's own usage by day
+/// and principal (the request reached this tenant's routes with its token), JSON.
+async fn usage_of_tenant(
+    State(tenant): State<String>,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let Some(dir) = crate::app::usage::recording_dir() else {
+        return (
+            StatusCode::NOT_FOUND,
+            "usage is not recorded by this server",
+        )
+            .into_response();
+    };
+    let day = |k: &str| q.get(k).map(String::as_str);
+    match crate::app::usage::read(dir, Some(&tenant), day("from"), day("to")) {
+        Ok(r) => axum::Json(r).into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "usage records unreadable");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
 }

@@ -1,0 +1,283 @@
+//! Usage per tenant and principal, durable (issue 45 item 2): one JSON line per finished
+//! run, appended to `<data dir>/usage/<replica>.jsonl` by the replica that ran it (a file
+//! per server process: replicas sharing the directory never write the same file), and read
+//! back summed by day, tenant and principal, whichever replicas wrote them.
+//!
+//! Counted once: a record is one `write(2)` of one line with the run's unique job id,
+//! made after the run ended and before its result is answered. A server killed (even
+//! `kill -9`) after that write keeps the line (the kernel holds it); killed before it, the
+//! run was not finished. The reader skips a torn last line and counts each job id once.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::Outcome;
+
+/// One finished run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Record {
+    /// The run's job id (unique): what makes a record count once.
+    pub id: String,
+    /// UTC day of the end of the run, `YYYY-MM-DD`.
+    pub day: String,
+    /// Seconds since the Unix epoch at its end.
+    pub ts: u64,
+    pub tenant: String,
+    /// `static-token` (the tenant's token, or stdio) or `user:<digest>` (a signed-in user).
+    pub principal: String,
+    /// `ok`, `error`, `timeout`, `oom`, `killed`, `cancelled`, `failed`.
+    pub outcome: String,
+    pub wall_s: f64,
+    /// CPU seconds of the code, where the runner measured them.
+    pub cpu_s: f64,
+    /// The memory limit the run held.
+    pub memory_limit_bytes: u64,
+    /// The limit held times the wall time.
+    pub memory_byte_s: f64,
+    pub peak_memory_bytes: u64,
+    /// stdout and stderr returned.
+    pub output_bytes: u64,
+    pub figures: u64,
+}
+
+impl Record {
+    /// The record of a run of `tenant` by `principal` that ended with `result` after
+    /// `wall_s`, having held `memory_limit_bytes`.
+    pub fn of(
+        id: &str,
+        tenant: &str,
+        principal: &str,
+        outcome: Option<&Outcome>,
+        label: &str,
+        wall_s: f64,
+        memory_limit_bytes: u64,
+    ) -> Record {
+        let ts = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Record {
+            id: id.to_string(),
+            day: day_of(ts),
+            ts,
+            tenant: tenant.to_string(),
+            principal: principal.to_string(),
+            outcome: label.to_string(),
+            wall_s,
+            cpu_s: outcome.and_then(|o| o.cpu_ms).unwrap_or(0) as f64 / 1000.0,
+            memory_limit_bytes,
+            memory_byte_s: memory_limit_bytes as f64 * wall_s,
+            peak_memory_bytes: outcome.and_then(|o| o.peak_memory_bytes).unwrap_or(0),
+            output_bytes: outcome.map_or(0, |o| (o.stdout.len() + o.stderr.len()) as u64),
+            figures: outcome.map_or(0, |o| o.artifacts.len() as u64),
+        }
+    }
+}
+
+/// `YYYY-MM-DD` (UTC) of a Unix time (civil-from-days, proleptic Gregorian).
+pub fn day_of(ts: u64) -> String {
+    let z = (ts / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// The append-only file of this process.
+struct Log {
+    dir: PathBuf,
+    file: Mutex<std::fs::File>,
+}
+
+static LOG: OnceLock<Log> = OnceLock::new();
+
+/// The usage directory under a data directory.
+pub fn dir_of(data_dir: &Path) -> PathBuf {
+    data_dir.join("usage")
+}
+
+/// Open this process's usage file in `dir` (once, at start-up): a new file per process.
+pub fn open(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let name = format!("{}-{}.jsonl", std::process::id(), crate::job::new_job_id());
+    let file = std::fs::OpenOptions::new()
+        .create_new(true)
+        .append(true)
+        .open(dir.join(name))?;
+    let _ = LOG.set(Log {
+        dir: dir.to_path_buf(),
+        file: Mutex::new(file),
+    });
+    Ok(())
+}
+
+/// The directory usage is recorded in, when it is.
+pub fn recording_dir() -> Option<&'static Path> {
+    LOG.get().map(|l| l.dir.as_path())
+}
+
+/// Append `r` (a no-op when usage is not recorded, e.g. in library tests).
+pub fn record(r: &Record) {
+    let Some(log) = LOG.get() else { return };
+    let mut line = match serde_json::to_vec(r) {
+        Ok(l) => l,
+        Err(_) => return,
+    };
+    line.push(b'\n');
+    let mut f = log.file.lock().unwrap_or_else(|e| e.into_inner());
+    // One write of one line (an O_APPEND file): whole or, if the process dies inside the
+    // call, a torn last line the reader skips.
+    if let Err(e) = f.write_all(&line) {
+        tracing::warn!(error = %e, "usage record not written");
+    }
+}
+
+/// Sums of a set of runs.
+#[derive(Debug, Default, Clone, Serialize, PartialEq)]
+pub struct Totals {
+    pub runs: u64,
+    pub outcomes: BTreeMap<String, u64>,
+    pub wall_s: f64,
+    pub cpu_s: f64,
+    pub memory_byte_s: f64,
+    pub peak_memory_bytes: u64,
+    pub output_bytes: u64,
+    pub figures: u64,
+}
+
+impl Totals {
+    fn add(&mut self, r: &Record) {
+        self.runs += 1;
+        *self.outcomes.entry(r.outcome.clone()).or_default() += 1;
+        self.wall_s += r.wall_s;
+        self.cpu_s += r.cpu_s;
+        self.memory_byte_s += r.memory_byte_s;
+        self.peak_memory_bytes = self.peak_memory_bytes.max(r.peak_memory_bytes);
+        self.output_bytes += r.output_bytes;
+        self.figures += r.figures;
+    }
+}
+
+/// A tenant's usage of one day: its totals and each principal's.
+#[derive(Debug, Default, Clone, Serialize, PartialEq)]
+pub struct TenantDay {
+    #[serde(flatten)]
+    pub totals: Totals,
+    pub principals: BTreeMap<String, Totals>,
+}
+
+/// What [`read`] returns: day -> tenant -> usage.
+pub type Report = BTreeMap<String, BTreeMap<String, TenantDay>>;
+
+/// Every record in the `*.jsonl` files of `dir`, each job id once, optionally of one
+/// tenant and within days `from..=to` (`YYYY-MM-DD`, compared as text), summed.
+pub fn read(
+    dir: &Path,
+    tenant: Option<&str>,
+    from: Option<&str>,
+    to: Option<&str>,
+) -> std::io::Result<Report> {
+    let mut out = Report::new();
+    let mut seen = HashSet::new();
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(d) => d
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![],
+        Err(e) => return Err(e),
+    };
+    files.sort();
+    for f in files {
+        let text = std::fs::read_to_string(&f)?;
+        // Only whole lines: a line without its newline is torn.
+        let whole = text.rfind('\n').map_or("", |i| &text[..i]);
+        for line in whole.lines() {
+            let Ok(r) = serde_json::from_str::<Record>(line) else {
+                continue;
+            };
+            if tenant.is_some_and(|t| t != r.tenant)
+                || from.is_some_and(|f| r.day.as_str() < f)
+                || to.is_some_and(|t| r.day.as_str() > t)
+                || !seen.insert(r.id.clone())
+            {
+                continue;
+            }
+            let day = out
+                .entry(r.day.clone())
+                .or_default()
+                .entry(r.tenant.clone())
+                .or_default();
+            day.totals.add(&r);
+            day.principals
+                .entry(r.principal.clone())
+                .or_default()
+                .add(&r);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn days_are_utc_calendar_days() {
+        assert_eq!(day_of(0), "1970-01-01");
+        assert_eq!(day_of(951_782_400), "2000-02-29");
+        assert_eq!(day_of(1_795_842_383), "2026-11-28");
+    }
+
+    #[test]
+    fn torn_lines_are_skipped_and_ids_count_once() {
+        let dir = std::env::temp_dir().join(format!("usage-test-{}", crate::job::new_job_id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let r = |id: &str, tenant: &str, p: &str| {
+            let mut r = Record::of(id, tenant, p, None, "ok", 2.0, 100);
+            r.day = "2026-11-28".into();
+            serde_json::to_string(&r).unwrap()
+        };
+        std::fs::write(
+            dir.join("a.jsonl"),
+            format!(
+                "{}\n{}\n{}",
+                r("1", "acme", "user:x"),
+                r("2", "acme", "user:y"),
+                &r("3", "acme", "user:y")[..20]
+            ),
+        )
+        .unwrap();
+        // The same run in another file (a copy): counted once.
+        std::fs::write(
+            dir.join("b.jsonl"),
+            format!(
+                "{}\n{}\n",
+                r("1", "acme", "user:x"),
+                r("4", "globex", "static-token")
+            ),
+        )
+        .unwrap();
+        let all = read(&dir, None, None, None).unwrap();
+        let acme = &all["2026-11-28"]["acme"];
+        assert_eq!(acme.totals.runs, 2);
+        assert_eq!(acme.totals.memory_byte_s, 400.0);
+        assert_eq!(acme.principals["user:y"].runs, 1);
+        assert_eq!(all["2026-11-28"]["globex"].totals.runs, 1);
+        let only = read(&dir, Some("globex"), None, None).unwrap();
+        assert!(!only["2026-11-28"].contains_key("acme"));
+        assert!(read(&dir, None, Some("2026-11-29"), None)
+            .unwrap()
+            .is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,182 @@
+//! Usage per tenant and principal (issue 45 item 2), against the real binary and the real
+//! issuer: a known workload for two tenants (acme, globex) and two users of acme (the
+//! client-credentials clients `acme-ci` and `acme-ci-2`: two `sub`s), with one run killed
+//! by its memory limit, one timed out and one cancelled by its client; the server killed with SIGKILL between runs and
+//! started again on the same data directory; then every figure checked against what ran,
+//! through `mcp-code-executor usage` (the operator: every tenant) and `GET /usage` (a
+//! tenant: itself only).
+
+use super::*;
+
+async fn run(url: &str, token: &str, code: &str, timeout: u64) -> Value {
+    tool(
+        url,
+        token,
+        "execute_code",
+        json!({"code": code, "timeout": timeout}),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn usage_counts_every_finished_run_once_across_a_kill_9() {
+    let dir = tempdir();
+    let issuer = Issuer::start(free_port(), &dir.join("keys.json"), false).await;
+    let data = dir.join("data");
+    let port = free_port();
+    let resource = format!("http://127.0.0.1:{port}/mcp");
+    let flags = |data: &Path| -> Vec<String> {
+        vec![
+            "--port".into(),
+            port.to_string(),
+            "--public-url".into(),
+            format!("http://127.0.0.1:{port}"),
+            "--oauth-issuer".into(),
+            issuer.url(),
+            "--data-dir".into(),
+            data.display().to_string(),
+        ]
+    };
+    let file = format!(
+        "[[tenants]]\nid = \"{a}\"\n\n[[tenants]]\nid = \"{g}\"\n\n\
+         [[oauth_rules]]\nissuer = \"{i}\"\nclaim = \"org\"\nvalue = \"acme\"\ntenant = \"{a}\"\n\n\
+         [[oauth_rules]]\nissuer = \"{i}\"\nclaim = \"org\"\nvalue = \"globex\"\ntenant = \"{g}\"\n",
+        a = acme("usage"),
+        g = globex("usage"),
+        i = issuer.url()
+    );
+    let ids = [acme("usage"), globex("usage")];
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let alice = issuer.token("acme-ci", "mcp", &resource).await;
+    let bob = issuer.token("acme-ci-2", "mcp", &resource).await;
+    let gus = issuer.token("globex-ci", "mcp", &resource).await;
+
+    // First life: alice 2 ok + 1 OOM; bob 1 timeout + 1 cancelled; gus 1 ok.
+    let s = Hosted::start(Some(&file), &ids, &flags(&data)).await;
+    let mcp = s.url("/mcp");
+    for _ in 0..2 {
+        let r = run(&mcp, &alice, "print('x' * 99)", 30).await;
+        assert!(tool_text(&r).contains(&"x".repeat(99)), "{r}");
+    }
+    let r = run(
+        &mcp,
+        &alice,
+        "chunks = []\nwhile True:\n    chunks.append('x' * (8 << 20))\n",
+        60,
+    )
+    .await;
+    assert_eq!(r["isError"], true, "{r}");
+    let r = run(&mcp, &bob, "import time\ntime.sleep(30)", 2).await;
+    assert_eq!(r["isError"], true, "{r}");
+    run(&mcp, &gus, "print(1)", 30).await;
+    // bob's client (rmcp, a protocol session) gives up on a call: notifications/cancelled.
+    let client = ()
+        .serve(StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(mcp.clone()).auth_header(bob.clone()),
+        ))
+        .await
+        .expect("rmcp's client connects with the token");
+    let args = json!({"code": "import time\ntime.sleep(30)", "timeout": 60});
+    let params = rmcp::model::CallToolRequestParams::new("execute_code")
+        .with_arguments(args.as_object().unwrap().clone());
+    assert!(
+        tokio::time::timeout(Duration::from_secs(3), client.call_tool(params))
+            .await
+            .is_err(),
+        "the call was still running when its client gave up"
+    );
+    let usage = |data: &Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
+            .args(["usage", "--data-dir"])
+            .arg(data)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let t0 = Instant::now();
+    while !usage(&data).to_string().contains("\"cancelled\":1") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the cancelled run was not recorded: {}",
+            usage(&data)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = client.cancel().await;
+    // kill -9 between runs: every run above was answered, so recorded.
+    let pid = s.child.id().unwrap() as i32;
+    // SAFETY: kill(2) of the server this test spawned and still holds.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    drop(s);
+
+    // Second life, same data directory: alice 1 ok, gus 1 ok.
+    let s = Hosted::start(Some(&file), &ids, &flags(&data)).await;
+    let mcp = s.url("/mcp");
+    run(&mcp, &alice, "print(2)", 30).await;
+    run(&mcp, &gus, "print(3)", 30).await;
+
+    // The operator: every tenant.
+    let all = usage(&data);
+    eprintln!("{}", serde_json::to_string_pretty(&all).unwrap());
+    let days = all.as_object().unwrap();
+    assert_eq!(days.len(), 1, "one day: {all}");
+    let day = days.values().next().unwrap();
+    let a = &day[acme("usage")];
+    let g = &day[globex("usage")];
+    assert_eq!(a["runs"], 6, "{a}");
+    assert_eq!(
+        a["outcomes"],
+        json!({"ok": 3, "oom": 1, "timeout": 1, "cancelled": 1}),
+        "{a}"
+    );
+    assert_eq!(g["runs"], 2, "{g}");
+    assert_eq!(g["outcomes"], json!({"ok": 2}), "{g}");
+    let principals = a["principals"].as_object().unwrap();
+    assert_eq!(principals.len(), 2, "alice and bob: {a}");
+    let mut per: Vec<(u64, Value)> = principals
+        .values()
+        .map(|p| (p["runs"].as_u64().unwrap(), p["outcomes"].clone()))
+        .collect();
+    per.sort_by_key(|p| p.0);
+    assert_eq!(per[0], (2, json!({"timeout": 1, "cancelled": 1})));
+    assert_eq!(per[1], (4, json!({"ok": 3, "oom": 1})));
+    assert!(principals.keys().all(|k| k.starts_with("user:")));
+    // Figures: the timeout held its limit for about 2 s, the memory limit (512 MiB) times
+    // wall time; output bytes: alice's 2 x 100 bytes plus "2\n".
+    let limit = 512.0 * 1024.0 * 1024.0;
+    let wall = a["wall_s"].as_f64().unwrap();
+    assert!(wall >= 2.0, "{a}");
+    let mem = a["memory_byte_s"].as_f64().unwrap();
+    assert!(
+        (mem - limit * wall).abs() < limit * 0.01,
+        "{mem} vs {}",
+        limit * wall
+    );
+    assert!(a["output_bytes"].as_u64().unwrap() >= 202, "{a}");
+    assert!(a["cpu_s"].as_f64().unwrap() > 0.0, "{a}");
+    assert!(
+        a["peak_memory_bytes"].as_u64().unwrap() > 100 << 20,
+        "the OOM run's peak: {a}"
+    );
+
+    // A tenant: itself only.
+    let r = reqwest::Client::new()
+        .get(s.url("/usage"))
+        .bearer_auth(&gus)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mine: Value = r.json().await.unwrap();
+    let day = mine.as_object().unwrap().values().next().unwrap();
+    assert_eq!(day.as_object().unwrap().len(), 1, "only globex: {mine}");
+    assert_eq!(day[globex("usage")]["runs"], 2);
+    let r = reqwest::get(s.url("/usage")).await.unwrap();
+    assert_eq!(r.status(), 401, "no token, no usage");
+    s.finish().await;
+}
