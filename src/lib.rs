@@ -27,7 +27,7 @@
 //!   [`backend::engine`] is what every backend does the same way, written once over a
 //!   small `Driver` trait: warm take (from a dry pool, a sandbox being made), cold launch
 //!   and its retry, the one frame loop with a runner (and its hook for frames it does not
-//!   handle), sessions, the removal guard, stats, sweeps and shutdown. The two drivers keep only what differs:
+//!   handle; code mode's is `engine/tools.rs`), sessions, the removal guard, stats, sweeps and shutdown. The two drivers keep only what differs:
 //!   [`backend::docker`] (the container spec, launch and attach, the verdict, listing for
 //!   the sweep, the image build; the only place the Docker client crate is used) and
 //!   `backend::kubernetes` (the `kubernetes` cargo feature, on by default: a hardened pod

@@ -230,44 +230,6 @@ pub fn tool_unavailable(request: &[u8]) -> Vec<u8> {
     }))
 }
 
-/// Code mode's [`FrameHook`](super::engine::live::FrameHook) for one run or one session
-/// cell: `T` requests go to the job's tools (a fresh [`crate::job::ToolRun`]: its own
-/// budget); in a session without tools (its stdin stays open, so its runner relays) they
-/// are answered that no tools are there. A one-shot run without tools gets no hook: its
-/// stdin is closed after the job and the runner answers by itself. The loop owns the
-/// replies: those still pending when the conversation ends are dropped, which cancels
-/// their upstream calls.
-pub(crate) fn tool_hook(
-    tools: &Option<crate::job::Tools>,
-    session: bool,
-) -> super::engine::live::Hook {
-    struct ToolHook(Option<std::sync::Arc<dyn crate::job::ToolRun>>);
-    impl super::engine::live::FrameHook for ToolHook {
-        fn frame(&self, frame: Frame) -> Result<super::engine::live::Reply, super::BackendError> {
-            let Frame::Tool(request) = frame else {
-                return Err(super::BackendError::Runner(format!(
-                    "the runner sent a frame this conversation does not take: {frame:?}"
-                )));
-            };
-            Ok(match &self.0 {
-                Some(run) => {
-                    let run = run.clone();
-                    Box::pin(async move { Some(run.answer(request).await) })
-                }
-                None => {
-                    let answer = tool_unavailable(&request);
-                    Box::pin(async move { Some(answer) })
-                }
-            })
-        }
-    }
-    match tools {
-        Some(t) => Some(std::sync::Arc::new(ToolHook(Some(t.0.start())))),
-        None if session => Some(std::sync::Arc::new(ToolHook(None))),
-        None => None,
-    }
-}
-
 /// Why the runner's stream cannot be understood.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ProtocolError {

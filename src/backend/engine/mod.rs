@@ -14,6 +14,7 @@
 pub(crate) mod guard;
 pub mod live;
 mod session;
+mod tools;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -271,7 +272,7 @@ impl<D: Driver> Engine<D> {
     }
 
     /// [`Backend::open_session`]: each cell's frames the engine does not handle go to a
-    /// hook of the job's tools made for that cell (see [`protocol::tool_hook`]).
+    /// hook of the job's tools made for that cell (see [`tools::tool_hook`]).
     async fn open_session_with_tools(
         &self,
         job: JobSpec,
@@ -323,7 +324,7 @@ impl<D: Driver> Backend for Engine<D> {
     async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, BackendError> {
         // Code mode (#26): the code's tool requests go to the job's tools.
         let hook = match D::PROFILE.tools {
-            true => protocol::tool_hook(&job.tools, false),
+            true => tools::tool_hook(&job.tools, false),
             false => None,
         };
         self.run_with_hook(job, events, hook).await

@@ -84,7 +84,7 @@ impl<D: Driver> session::Sandbox for EngineSession<D> {
     ) -> Result<Ended, BackendError> {
         // Code mode (#26): each cell gets its own tool budget; without tools, a cell's tool
         // requests are answered that no tools are there (instead of failing the cell).
-        let hook = crate::backend::protocol::tool_hook(&self.tools, true);
+        let hook = super::tools::tool_hook(&self.tools, true);
         self.live
             .execute(message, false, limits, events, &hook)
             .await
