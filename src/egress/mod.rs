@@ -19,8 +19,10 @@
 //! - [`refusal`]: what a refused connection tells the code; [`record`]: the log line and
 //!   the metrics of each connection.
 //!
-//! What is not here yet (docs/egress.md): the sandbox's channel to the proxy, and TLS
-//! interception with injected credentials.
+//! - [`sandbox`]: the proxy installed for the sandboxes: each run's scope, serving the
+//!   streams the backend relays from the runner (`crate::backend::relay`).
+//!
+//! What is not here yet (docs/egress.md): TLS interception with injected credentials.
 
 pub mod address;
 pub mod limits;
@@ -29,6 +31,7 @@ pub mod proxy;
 pub mod record;
 pub mod refusal;
 pub mod resolve;
+pub mod sandbox;
 pub mod tls;
 
 pub use policy::Policy;

@@ -28,6 +28,7 @@ mod compose;
 mod conformance;
 mod egress;
 mod egress_limits;
+mod egress_sandbox;
 mod engine;
 mod env;
 mod first_run;
