@@ -29,6 +29,7 @@ mod conformance;
 mod egress;
 mod egress_limits;
 mod egress_sandbox;
+mod egress_sandbox_limits;
 mod engine;
 mod env;
 mod first_run;
