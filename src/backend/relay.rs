@@ -223,3 +223,89 @@ impl Relay {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::stream::BoxStream;
+    use std::time::Duration;
+
+    /// A proxy that sends back what it gets.
+    struct Echo;
+    impl EgressRun for Echo {
+        fn serve(&self, io: tokio::io::DuplexStream) -> futures::future::BoxFuture<'static, ()> {
+            Box::pin(async move {
+                let (mut r, mut w) = tokio::io::split(io);
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            })
+        }
+    }
+
+    fn net(stream: u32, op: NetOp, data: &[u8]) -> Frame {
+        Frame::Net {
+            stream,
+            op,
+            data: data.to_vec(),
+        }
+    }
+
+    /// The messages for the runner that arrive within `wait`: (op, k, bytes).
+    async fn drain(
+        out: &mut BoxStream<'static, Vec<u8>>,
+        wait: Duration,
+    ) -> Vec<(String, u64, usize)> {
+        let mut got = vec![];
+        while let Ok(Some(m)) = tokio::time::timeout(wait, out.next()).await {
+            let n = u32::from_be_bytes(m[..4].try_into().unwrap()) as usize;
+            let v: serde_json::Value = serde_json::from_slice(&m[4..4 + n]).unwrap();
+            assert_eq!(v["len"].as_u64().unwrap() as usize, m.len() - 4 - n);
+            got.push((
+                v["op"].as_str().unwrap().to_string(),
+                v["k"].as_u64().unwrap(),
+                m.len() - 4 - n,
+            ));
+        }
+        got
+    }
+
+    fn sent(got: &[(String, u64, usize)]) -> usize {
+        got.iter().filter(|g| g.0 == "data").map(|g| g.2).sum()
+    }
+
+    #[tokio::test]
+    async fn a_stream_is_credited_and_sends_no_more_than_the_runners_window() {
+        let h = hook(Arc::new(Echo), None).unwrap();
+        let mut out = h.outgoing().unwrap();
+        h.frame(net(1, NetOp::Open, b"")).unwrap();
+        let chunk = vec![7u8; CHUNK];
+        for _ in 0..2 * WINDOW / CHUNK {
+            h.frame(net(1, NetOp::Data, &chunk)).unwrap();
+            // Each chunk is credited back once the proxy has it.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let got = drain(&mut out, Duration::from_millis(300)).await;
+        let credited: u64 = got.iter().filter(|g| g.0 == "credit").map(|g| g.1).sum();
+        assert!(credited as usize >= WINDOW, "{credited}");
+        // The echo has it all back, but only a window went to the runner.
+        assert_eq!(sent(&got), WINDOW);
+        h.frame(net(1, NetOp::Credit, &(CHUNK as u32).to_be_bytes()))
+            .unwrap();
+        let more = drain(&mut out, Duration::from_millis(300)).await;
+        assert_eq!(sent(&more), CHUNK);
+    }
+
+    #[tokio::test]
+    async fn a_runner_that_overruns_its_window_loses_the_stream() {
+        let h = hook(Arc::new(Echo), None).unwrap();
+        let mut out = h.outgoing().unwrap();
+        h.frame(net(3, NetOp::Open, b"")).unwrap();
+        let big = vec![1u8; WINDOW + 1];
+        h.frame(net(3, NetOp::Data, &big)).unwrap();
+        let got = drain(&mut out, Duration::from_millis(300)).await;
+        assert!(got.iter().any(|g| g.0 == "close"), "{got:?}");
+        // Bytes for a stream that is gone are answered with a close.
+        h.frame(net(3, NetOp::Data, b"x")).unwrap();
+        let got = drain(&mut out, Duration::from_millis(300)).await;
+        assert!(got.iter().any(|g| g.0 == "close"), "{got:?}");
+    }
+}
