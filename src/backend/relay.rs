@@ -241,12 +241,14 @@ mod tests {
         }
     }
 
-    fn net(stream: u32, op: NetOp, data: &[u8]) -> Frame {
-        Frame::Net {
+    /// Hand the hook a frame `N` (its reply is always empty).
+    fn give(h: &Arc<dyn FrameHook>, stream: u32, op: NetOp, data: &[u8]) {
+        let frame = Frame::Net {
             stream,
             op,
             data: data.to_vec(),
-        }
+        };
+        assert!(h.frame(frame).unwrap().now_or_never().unwrap().is_none());
     }
 
     /// The messages for the runner that arrive within `wait`: (op, k, bytes).
@@ -276,10 +278,10 @@ mod tests {
     async fn a_stream_is_credited_and_sends_no_more_than_the_runners_window() {
         let h = hook(Arc::new(Echo), None).unwrap();
         let mut out = h.outgoing().unwrap();
-        h.frame(net(1, NetOp::Open, b"")).unwrap();
+        give(&h, 1, NetOp::Open, b"");
         let chunk = vec![7u8; CHUNK];
         for _ in 0..2 * WINDOW / CHUNK {
-            h.frame(net(1, NetOp::Data, &chunk)).unwrap();
+            give(&h, 1, NetOp::Data, &chunk);
             // Each chunk is credited back once the proxy has it.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -288,8 +290,7 @@ mod tests {
         assert!(credited as usize >= WINDOW, "{credited}");
         // The echo has it all back, but only a window went to the runner.
         assert_eq!(sent(&got), WINDOW);
-        h.frame(net(1, NetOp::Credit, &(CHUNK as u32).to_be_bytes()))
-            .unwrap();
+        give(&h, 1, NetOp::Credit, &(CHUNK as u32).to_be_bytes());
         let more = drain(&mut out, Duration::from_millis(300)).await;
         assert_eq!(sent(&more), CHUNK);
     }
@@ -298,13 +299,13 @@ mod tests {
     async fn a_runner_that_overruns_its_window_loses_the_stream() {
         let h = hook(Arc::new(Echo), None).unwrap();
         let mut out = h.outgoing().unwrap();
-        h.frame(net(3, NetOp::Open, b"")).unwrap();
+        give(&h, 3, NetOp::Open, b"");
         let big = vec![1u8; WINDOW + 1];
-        h.frame(net(3, NetOp::Data, &big)).unwrap();
+        give(&h, 3, NetOp::Data, &big);
         let got = drain(&mut out, Duration::from_millis(300)).await;
         assert!(got.iter().any(|g| g.0 == "close"), "{got:?}");
         // Bytes for a stream that is gone are answered with a close.
-        h.frame(net(3, NetOp::Data, b"x")).unwrap();
+        give(&h, 3, NetOp::Data, b"x");
         let got = drain(&mut out, Duration::from_millis(300)).await;
         assert!(got.iter().any(|g| g.0 == "close"), "{got:?}");
     }

@@ -246,3 +246,58 @@ print(json.dumps({'env': env, 'listener': listener}))
     );
     drop(client);
 }
+
+#[tokio::test]
+async fn run_with_a_policy_file_reaches_an_allowed_host() {
+    let up = TlsUpstream::start(&["data.example.test"]).await;
+    let port = up.port;
+    let ca = std::fs::read_to_string(&up.ca).unwrap();
+    let dir = TempDir::new("egress-run");
+    let file = dir.0.join("egress.toml");
+    std::fs::write(&file, policy(port)).unwrap();
+    let script = dir.0.join("fetch.py");
+    let code = format!(
+        "{}import requests\nprint(requests.get('https://data.example.test:{port}/ci', timeout=20).text)\n\
+         try:\n    requests.get('https://other.example.test:{port}/', timeout=20)\nexcept Exception as e:\n    print(e)\n",
+        trusting(&ca)
+    );
+    std::fs::write(&script, code).unwrap();
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
+            .args([
+                "run",
+                "--egress",
+                file.to_str().unwrap(),
+                script.to_str().unwrap(),
+            ])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("run ends within 120 s")
+    .expect("the binary starts");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "host=data.example.test:{port} sni=data.example.test"
+        )),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains(&format!("other.example.test:{port} not in the policy")),
+        "{stdout}\n{stderr}"
+    );
+    // Without the flag the same file has no way out.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-code-executor"))
+        .args(["run", script.to_str().unwrap()])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+}
