@@ -32,13 +32,19 @@ ports = [{port}]
     )
 }
 
-/// `serve --egress FILE` with the egress log at info.
+/// `serve --egress FILE` with the egress log at info, its sandboxes under the suite's
+/// runtime (`MCP_TEST_RUNTIME`: the gVisor pass of scripts/test.sh runs these again).
 pub(crate) async fn start(name: &str, policy: &str, dir: &TempDir) -> Server {
     let file = dir.0.join("egress.toml");
     std::fs::write(&file, policy).unwrap();
+    let runtime = common::runtime();
+    let mut args = vec!["--egress", file.to_str().unwrap()];
+    if let Some(r) = &runtime {
+        args.extend(["--runtime", r.as_str()]);
+    }
     Server::start(
         name,
-        &["--egress", file.to_str().unwrap()],
+        &args,
         &[(
             "RUST_LOG",
             "mcp_code_executor=warn,mcp_code_executor::egress=info",
