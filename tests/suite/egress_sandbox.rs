@@ -307,3 +307,47 @@ async fn run_with_a_policy_file_reaches_an_allowed_host() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+/// Figures (`--nocapture`): a fresh HTTPS GET (new session: connection and handshake each
+/// time) from the sandbox through the runner's channel and the proxy, against the same GET
+/// from the host's Python straight to the server.
+#[tokio::test]
+async fn a_fresh_https_get_from_the_sandbox_and_from_the_host() {
+    let up = TlsUpstream::start(&["data.example.test"]).await;
+    let port = up.port;
+    let ca = std::fs::read_to_string(&up.ca).unwrap();
+    let dir = TempDir::new("egress-lat");
+    let s = start("egress-lat", &policy(port), &dir).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let client = s.client().await;
+    let peer = client.peer().clone();
+    let timing = |host: &str| {
+        format!(
+            r#"
+import json, time, requests
+ms = []
+for _ in range(40):
+    t = time.perf_counter()
+    with requests.Session() as s:
+        assert s.get('https://{host}:{port}/t', timeout=20).status_code == 200
+    ms.append((time.perf_counter() - t) * 1000)
+ms.sort()
+print(json.dumps({{'p50': ms[len(ms) // 2], 'p95': ms[int(len(ms) * 0.95)]}}))
+"#
+        )
+    };
+    let code = format!("{}{}", trusting(&ca), timing("data.example.test"));
+    let (out, err, _) = run_with(&peer, &code, 120).await;
+    let sandbox = last_json(&out, &err);
+    let (ok, out, err) = crate::egress::python(&timing("127.0.0.1"), "", &up.ca).await;
+    assert!(ok, "{out}\n{err}");
+    let host = last_json(&out, &err);
+    println!(
+        "fresh HTTPS GET, 40 rounds: sandbox through the proxy p50 {:.1} ms p95 {:.1} ms; host direct p50 {:.1} ms p95 {:.1} ms",
+        sandbox["p50"].as_f64().unwrap(),
+        sandbox["p95"].as_f64().unwrap(),
+        host["p50"].as_f64().unwrap(),
+        host["p95"].as_f64().unwrap()
+    );
+    drop(client);
+}
