@@ -88,7 +88,7 @@ in_run cargo test --no-fail-fast -- --test-threads=2 || status=$?
 # truncation, figures, files), sessions (also over MCP), the warm pool, environments and installs.
 # (`env::` also matches `mcp_env::`, which is skipped: it is not an isolation test.)
 in_run env MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast --test suite -- --test-threads=2 \
-  engine:: session:: session_files:: env:: mcp_sessions:: --skip mcp_env:: || status=$?
+  engine:: session:: session_files:: env:: mcp_sessions:: egress_sandbox --skip mcp_env:: || status=$?
 in_run env MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast --test pool -- --test-threads=2 || status=$?
 
 # Only what this run's tests made (owner label $run_host/...); other servers' and other

@@ -40,6 +40,35 @@ pub struct JobSpec {
     /// Code mode (#26): the tools of other MCP servers the code may call through the
     /// runner's channel; `None`: the runner answers every call itself that none is there.
     pub tools: Option<Tools>,
+    /// Egress by policy (#41): the proxy the code reaches through the runner's channel
+    /// (`HTTP_PROXY` in the sandbox); `None`: no network at all, as always.
+    pub egress: Option<Egress>,
+}
+
+/// Egress's side of a run, as a backend sees it: each run (or each session cell) gets a
+/// fresh [`EgressRun`] (its budget; dropped, it ends every connection of the run), which
+/// serves each stream the sandbox opens. Made by `crate::egress`; the backend only relays
+/// bytes.
+#[derive(Clone)]
+pub struct Egress(pub std::sync::Arc<dyn EgressHost>);
+
+impl std::fmt::Debug for Egress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Egress")
+    }
+}
+
+/// Where a run's connections go.
+pub trait EgressHost: Send + Sync {
+    /// The scope of one run (or one cell), named `run` in the egress log.
+    fn start(&self, run: &str) -> std::sync::Arc<dyn EgressRun>;
+}
+
+/// One run's connections.
+pub trait EgressRun: Send + Sync {
+    /// Serve one connection the code opened, as the proxy's client stream `io`, until it
+    /// ends or the run does.
+    fn serve(&self, io: tokio::io::DuplexStream) -> futures::future::BoxFuture<'static, ()>;
 }
 
 /// Code mode's side of a run, as a backend sees it: each run (or each session cell) gets
@@ -169,6 +198,7 @@ impl JobSpec {
             return_files: false,
             keep_warm: false,
             tools: None,
+            egress: None,
         }
     }
 }

@@ -19,7 +19,8 @@
 //! - [`backend`]: the seam. The [`backend::Backend`] and [`backend::Session`] traits (run,
 //!   sessions and putting files into them, prewarm, stats, sweep, shutdown, info; no
 //!   default methods: a wrapper implements `Wrap` and overrides only what it changes), the
-//!   runner protocol ([`backend::protocol`], with code mode's tool frames), tar packing
+//!   runner protocol ([`backend::protocol`], with code mode's tool frames; egress's streams
+//!   over it in `backend::relay`), tar packing
 //!   ([`backend::archive`]), the gathering of what a runner sends (`backend::collect`), the
 //!   warm pools (`backend::pool`), preloading's report and learner ([`backend::preload`]),
 //!   the neutral description of the sandbox image ([`backend::image`]), the labels every
@@ -46,7 +47,8 @@
 //!   refused whatever a name resolves to, the resolver, and the HTTP proxy over any byte
 //!   stream (`CONNECT` tunnels, plain HTTP forwarded) that resolves once, connects to the
 //!   address it checked, streams under per-run and per-tenant limits and logs and counts
-//!   each connection. Not yet reachable from sandboxes (docs/egress.md).
+//!   each connection; sandboxes reach it through their runner's channel
+//!   (`backend::relay`, docs/egress.md).
 //! - [`env`](mod@env): which Python environment (venv, uv venv, conda, the managed
 //!   default) and installs into it in sandboxed installer jobs; the backend decides how an
 //!   environment reaches the sandbox.

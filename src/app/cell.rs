@@ -246,6 +246,7 @@ async fn open(
     let mut job = JobSpec::python("", x.limits.clone());
     job.tenant = x.tenant.clone();
     job.tools = crate::codemode::tools_for(&job.tenant);
+    job.egress = crate::egress::sandbox::for_tenant(&job.tenant);
     job.files = files.to_vec();
     job.return_files = true;
     job.keep_warm = true;

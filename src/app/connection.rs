@@ -180,6 +180,7 @@ impl Connection {
         job.tenant = x.tenant().to_string();
         job.keep_warm = true;
         job.tools = crate::codemode::tools_for(&job.tenant);
+        job.egress = crate::egress::sandbox::for_tenant(&job.tenant);
         if let Some(name) = entry_name(path) {
             job.files[0].path = name.clone();
             job.entry = name;

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use std::sync::Mutex;
 
 use crate::codemode::metrics::{tool_calls, ToolCalls, TOOL_LATENCY_BUCKETS};
+use crate::egress::metrics::{egress, Egress};
 use crate::job::Outcome;
 
 /// Upper bounds (seconds) of the run-latency histogram.
@@ -205,7 +206,7 @@ impl Metrics {
             );
         }
         tool_calls().render(&mut out);
-        egress().render(&mut out);
+        render_egress(egress(), &mut out);
         super::health_metrics::render(&mut out);
         out
     }
@@ -271,67 +272,31 @@ impl ToolCalls {
     }
 }
 
-/// Egress (#41): connections through the egress proxy by tenant, host and outcome, and
-/// their bytes by tenant and direction. The host label is the policy rule that allowed
-/// the connection, as the operator wrote it (`-` when none did): bounded by the policy,
-/// whatever names sandboxed code asks for. Process-wide, rendered with every
-/// [`Metrics::render`].
-#[derive(Debug, Default)]
-pub struct Egress {
-    c: Mutex<EgressCounters>,
-}
-
-#[derive(Debug, Default)]
-struct EgressCounters {
-    connections: BTreeMap<(String, String, &'static str), u64>,
-    bytes: BTreeMap<(String, &'static str), u64>,
-}
-
-/// The process's [`Egress`] counters.
-pub fn egress() -> &'static Egress {
-    static EGRESS: std::sync::OnceLock<Egress> = std::sync::OnceLock::new();
-    EGRESS.get_or_init(Egress::default)
-}
-
-impl Egress {
-    /// A connection of `tenant`'s code, allowed by the rule `host` (`-`: refused before a
-    /// rule allowed it), ended with `outcome` (`ok`, `error`, `limit`, `idle_timeout`,
-    /// `not_tls`, `sni_mismatch`, `cancelled`, `not_in_policy`, `private_address`, `bad_request`,
-    /// `upstream_failed`, `connect_timeout`) after `up` bytes sent and `down` received.
-    pub fn connection(&self, tenant: &str, host: &str, outcome: &'static str, up: u64, down: u64) {
-        let mut c = self.c.lock().unwrap_or_else(|e| e.into_inner());
-        *c.connections
-            .entry((tenant.into(), host.into(), outcome))
-            .or_default() += 1;
-        *c.bytes.entry((tenant.into(), "up")).or_default() += up;
-        *c.bytes.entry((tenant.into(), "down")).or_default() += down;
-    }
-
-    fn render(&self, out: &mut String) {
-        let c = self.c.lock().unwrap_or_else(|e| e.into_inner());
-        let name = "mcp_executor_egress_connections_total";
-        family(
+/// The egress proxy's counters ([`crate::egress::metrics`]) in the text format.
+fn render_egress(e: &Egress, out: &mut String) {
+    let c = e.counters();
+    let name = "mcp_executor_egress_connections_total";
+    family(
+        out,
+        name,
+        "counter",
+        "Egress: connections from sandboxed code through the proxy, by tenant, the rule that allowed them (- for none) and outcome.",
+    );
+    for ((tenant, host, outcome), n) in &c.connections {
+        let _ = writeln!(
             out,
-            name,
-            "counter",
-            "Egress: connections from sandboxed code through the proxy, by tenant, the rule that allowed them (- for none) and outcome.",
-        );
-        for ((tenant, host, outcome), n) in &c.connections {
-            let _ = writeln!(
-                out,
-                "{name}{{tenant=\"{}\",host=\"{}\",outcome=\"{outcome}\"}} {n}",
-                escape(tenant),
-                escape(host)
-            );
-        }
-        counter(
-            out,
-            "mcp_executor_egress_bytes_total",
-            "Egress: bytes through the proxy by tenant and direction (up: sent upstream, down: received).",
-            "direction",
-            &c.bytes,
+            "{name}{{tenant=\"{}\",host=\"{}\",outcome=\"{outcome}\"}} {n}",
+            escape(tenant),
+            escape(host)
         );
     }
+    counter(
+        out,
+        "mcp_executor_egress_bytes_total",
+        "Egress: bytes through the proxy by tenant and direction (up: sent upstream, down: received).",
+        "direction",
+        &c.bytes,
+    );
 }
 
 /// A counter family labelled by tenant and one more label.
@@ -412,7 +377,7 @@ mod tests {
         e.connection("alice", "data.example.test", "ok", 5, 1);
         e.connection("alice", "-", "not_in_policy", 0, 0);
         let mut text = String::new();
-        e.render(&mut text);
+        render_egress(&e, &mut text);
         for line in [
             "# TYPE mcp_executor_egress_connections_total counter",
             "mcp_executor_egress_connections_total{tenant=\"alice\",host=\"data.example.test\",outcome=\"ok\"} 2",

@@ -45,6 +45,7 @@ pub const RUNNER_FILES: &[(&str, &str)] = &[
     runner_file!("mcp_runner/workspace.py"),
     // Code mode (#26): the relay, and the `tools` package the code imports.
     runner_file!("mcp_runner/toolrelay.py"),
+    runner_file!("mcp_runner/netrelay.py"),
     runner_file!("tools/__init__.py"),
 ];
 /// The matplotlib backend that turns figures into PNG artifacts.

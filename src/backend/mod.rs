@@ -22,6 +22,7 @@ pub use pool::PoolConfig;
 pub use pool::RunGate;
 pub mod preload;
 pub mod protocol;
+pub(crate) mod relay;
 mod sources;
 pub(crate) use sources::publish_file;
 mod wrap;

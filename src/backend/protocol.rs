@@ -63,6 +63,10 @@ pub struct JobHeader {
     /// ([`RETURN_BYTES`]): what does not fit is left out and said in the report's `notes`.
     #[serde(default)]
     pub return_limit: Option<u64>,
+    /// Egress (#41): the runner listens on loopback, gives the code the proxy variables and
+    /// relays each connection as a stream (frames `N`, stdin messages of kind `net`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub egress: bool,
 }
 
 /// What one run (or one cell) may return besides its output: figures and workspace files
@@ -130,6 +134,7 @@ fn encode(job: &JobSpec, python: &str, mode: &str) -> Result<Vec<u8>, ArchiveErr
         mode: mode.to_string(),
         deadline_s: (mode == "run").then(|| (job.limits.timeout + BACKSTOP_GRACE).as_secs_f64()),
         return_limit: Some(RETURN_BYTES),
+        egress: job.egress.is_some(),
     };
     let header = serde_json::to_vec(&header).expect("header serializes");
     let mut out = Vec::with_capacity(4 + header.len() + tar.len());
@@ -199,9 +204,69 @@ pub enum Frame {
     Exit(Report),
     /// `F`: the runner could not run the job.
     Failed(String),
+    /// `N`: egress (#41): stream `stream` of the code's connections to the proxy, see
+    /// [`crate::backend::relay`].
+    Net {
+        stream: u32,
+        op: NetOp,
+        data: Vec<u8>,
+    },
     /// `T`: code mode: a request of the code (JSON, as the code wrote it: unchecked) for
     /// the server, answered by a [`encode_tool_answer`] message on stdin.
     Tool(Vec<u8>),
+}
+
+/// What an `N` frame (runner to server) or a `net` message (server to runner) does to its
+/// stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetOp {
+    /// The code connected (runner to server only).
+    Open,
+    /// Bytes of the stream.
+    Data,
+    /// No more bytes this way (a half-close).
+    Eof,
+    /// The stream is gone, both ways.
+    Close,
+    /// The reader took this many more bytes (`u32` payload): the sender may send them.
+    Credit,
+}
+
+impl NetOp {
+    fn of(byte: u8) -> Option<NetOp> {
+        Some(match byte {
+            b'o' => NetOp::Open,
+            b'd' => NetOp::Data,
+            b'e' => NetOp::Eof,
+            b'c' => NetOp::Close,
+            b'k' => NetOp::Credit,
+            _ => return None,
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            NetOp::Open => "open",
+            NetOp::Data => "data",
+            NetOp::Eof => "eof",
+            NetOp::Close => "close",
+            NetOp::Credit => "credit",
+        }
+    }
+}
+
+/// A `net` message for the runner: `u32` length, JSON `{"kind": "net", "s", "op", "len"}`,
+/// then `len` bytes of `data` (a credit's amount is its `k`).
+pub fn encode_net(stream: u32, op: NetOp, data: &[u8], credit: u32) -> Vec<u8> {
+    let mut out = message(&serde_json::json!({
+        "kind": "net",
+        "s": stream,
+        "op": op.name(),
+        "len": data.len(),
+        "k": credit,
+    }));
+    out.extend_from_slice(data);
+    out
 }
 
 /// Code mode's answer to a `T` request: a session-style message of kind `tool` (the runner
@@ -294,6 +359,19 @@ impl FrameDecoder {
                 Frame::Failed(f.error)
             }
             b'T' => Frame::Tool(payload),
+            b'N' => {
+                if payload.len() < 5 {
+                    return Err(ProtocolError::BadReport("short net frame".into()));
+                }
+                let stream = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]);
+                let op = NetOp::of(payload[4])
+                    .ok_or_else(|| ProtocolError::BadReport("unknown net operation".into()))?;
+                Frame::Net {
+                    stream,
+                    op,
+                    data: payload[5..].to_vec(),
+                }
+            }
             other => return Err(ProtocolError::UnknownKind(other)),
         };
         Ok(Some(frame))

@@ -25,10 +25,12 @@ pub struct RunRequest {
     pub backend: BackendConfig,
     /// Code mode's tools file (`--tools`): the upstream MCP servers the files may call.
     pub tools: Option<PathBuf>,
+    /// The egress policy file (`--egress`): the hosts the files may reach (docs/egress.md).
+    pub egress: Option<PathBuf>,
 }
 
-/// The backend of `run` with code mode: every run gets the tools of its tenant (the one
-/// local tenant), as the server's runs do.
+/// The backend of `run` with code mode or egress: every run gets the tools and the egress
+/// proxy of its tenant (the one local tenant), as the server's runs do.
 struct WithTools(std::sync::Arc<dyn crate::backend::Backend>);
 
 #[async_trait::async_trait]
@@ -44,6 +46,9 @@ impl crate::backend::Wrap for WithTools {
     ) -> Result<crate::job::Outcome, crate::backend::BackendError> {
         if job.tools.is_none() {
             job.tools = crate::codemode::tools_for(&job.tenant);
+        }
+        if job.egress.is_none() {
+            job.egress = crate::egress::sandbox::for_tenant(&job.tenant);
         }
         self.0.run(job, events).await
     }
@@ -88,6 +93,16 @@ pub async fn run(cmd: RunRequest) -> Exit {
                 let host = config::HostEnv::from_process();
                 crate::codemode::install(crate::codemode::Manager::new(conf, host.path, host.home));
             }
+            Err(e) => {
+                eprintln!("mcp-code-executor: {e}");
+                return run::exit::USAGE;
+            }
+        }
+    }
+    // Egress (#41): the policy is checked before anything runs.
+    if let Some(path) = &cmd.egress {
+        match crate::egress::Policy::load(path) {
+            Ok(policy) => crate::egress::sandbox::install(crate::egress::Proxy::new(policy)),
             Err(e) => {
                 eprintln!("mcp-code-executor: {e}");
                 return run::exit::USAGE;
@@ -157,7 +172,7 @@ pub async fn run(cmd: RunRequest) -> Exit {
         other => other.map(|s| (s, None)),
     };
     let (sandbox, gate) = match sandbox {
-        Ok((s, gate)) if cmd.tools.is_some() => (
+        Ok((s, gate)) if cmd.tools.is_some() || cmd.egress.is_some() => (
             std::sync::Arc::new(WithTools(s)) as std::sync::Arc<dyn crate::backend::Backend>,
             gate,
         ),

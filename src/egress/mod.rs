@@ -17,18 +17,22 @@
 //! - [`tls`]: the first record of a tunnel: a ClientHello, whose server name (if any) is
 //!   the host the tunnel was opened to.
 //! - [`refusal`]: what a refused connection tells the code; [`record`]: the log line and
-//!   the metrics of each connection.
+//!   the metrics of each connection, counted in [`metrics`] (rendered by `app::metrics`).
 //!
-//! What is not here yet (docs/egress.md): the sandbox's channel to the proxy, and TLS
-//! interception with injected credentials.
+//! - [`sandbox`]: the proxy installed for the sandboxes: each run's scope, serving the
+//!   streams the backend relays from the runner (`crate::backend::relay`).
+//!
+//! What is not here yet (docs/egress.md): TLS interception with injected credentials.
 
 pub mod address;
 pub mod limits;
+pub mod metrics;
 pub mod policy;
 pub mod proxy;
 pub mod record;
 pub mod refusal;
 pub mod resolve;
+pub mod sandbox;
 pub mod tls;
 
 pub use policy::Policy;

@@ -76,7 +76,7 @@ impl Record {
     pub fn finish(self, outcome: &'static str, up: u64, down: u64) {
         let ms = self.started.elapsed().as_millis() as u64;
         let host_label = self.rule.as_deref().unwrap_or("-");
-        crate::app::metrics::egress().connection(&self.tenant, host_label, outcome, up, down);
+        super::metrics::egress().connection(&self.tenant, host_label, outcome, up, down);
         if !self.connected {
             let Some(suppressed) = refusal_log_allowed() else {
                 return;

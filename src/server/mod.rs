@@ -136,10 +136,11 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
     if let Some(path) = &cfg.egress_file {
         let policy = crate::egress::Policy::load(path).map_err(anyhow::Error::msg)?;
         say!(
-            "mcp-code-executor: egress policy {}: {}; not yet offered to sandboxes (docs/egress.md)",
+            "mcp-code-executor: egress policy {}: {}",
             path.display(),
             policy.summary()
         );
+        crate::egress::sandbox::install(crate::egress::Proxy::new(policy));
     }
     let code_root = crate::storage::CodeStorage::open(&cfg.code_storage_dir)?;
     crate::app::health_metrics::set_storage_dir(code_root.dir().to_path_buf());

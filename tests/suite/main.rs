@@ -29,6 +29,8 @@ mod conformance;
 mod consent;
 mod egress;
 mod egress_limits;
+mod egress_sandbox;
+mod egress_sandbox_limits;
 mod engine;
 mod env;
 mod first_run;

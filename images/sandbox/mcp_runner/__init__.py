@@ -26,6 +26,7 @@ Protocol (all integers big-endian; the server's side is `src/backend/protocol.rs
                   artifacts_dropped, files_dropped, notes (what was left out and why), and
                   `ended` for a session's cell
             b"F"  the runner could not run the job, JSON: {"error": "..."}
+            b"T"  code mode's requests, b"N" egress's streams (see `toolrelay`, `netrelay`)
 
 The user's code runs as a child process whose stdout/stderr are pipes read here, so
 nothing it writes can forge a frame (a session's status channel, fd 4 of the
@@ -66,6 +67,8 @@ The modules, one concern each:
   session    a session: cells and files, one message after another, until stdin closes
   preload    a waiting interpreter's preloaded modules, and the import scan of a run's code
   toolrelay  code mode: the code's tool requests out as `T` frames, the answers back in
+  netrelay   egress: the code's connections to 127.0.0.1:3128 out as `N` streams, with
+             per-stream windows, the proxy's bytes back in as `net` messages
 
 Written for the image's Python 3 and the standard library only, started with -I -S
 through `../runner.py`; the stubs run in the user's interpreter and are kept to Python

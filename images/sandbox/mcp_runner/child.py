@@ -58,12 +58,16 @@ class Child:
             os.close(fd)
         tools_child.close()
 
-    def go(self, path, nonce, source=None):
+    def go(self, path, nonce, source=None, env=None):
         """Run the file `path` (a one-shot run): the stub reads it, the run's `nonce`
-        (which its done line names on the status channel, see `run`) and, when given and
-        small enough for the pipe, the file's bytes (`source`, so that it need not open and
-        read the file: five system calls) up to EOF."""
-        msg = (path + "\0" + nonce).encode()
+        (which its done line names on the status channel, see `run`), the variables to
+        set first (`env`: egress's proxy, `NAME=VALUE` lines; `-NAME` unsets) and, when
+        given and small enough for the pipe, the file's bytes (`source`, so that it need
+        not open and read the file: five system calls) up to EOF."""
+        lines = "".join("%s=%s\n" % kv for kv in (env or {}).items())
+        if env:
+            lines += "-NO_PROXY\n-no_proxy\n"
+        msg = (path + "\0" + nonce + "\0" + lines).encode()
         if source is not None and len(source) <= GO_SOURCE_MAX:
             msg += b"\0" + source
         os.write(self.go_w, msg)

@@ -52,12 +52,15 @@ class Inbox:
     select on the fd never misses bytes already read (a `BufferedReader` would hide them).
     `read(n)` behaves like a raw stream (`read_exact` and `read_message` take it); while
     code runs, `fill` takes what the server sent (code mode's answers, see `toolrelay`)
-    and `take_tool_answers` the complete ones at the front."""
+    and `take_tool_answers` the complete ones at the front (egress's `net` messages go
+    to `on_net` on the way)."""
 
     def __init__(self, fd=0):
         self.fd = fd
         self.buf = bytearray()
         self.eof = False
+        # Egress's streams (see `netrelay`): called with each `net` message and its bytes.
+        self.on_net = None
 
     def fileno(self):
         return self.fd
@@ -101,6 +104,15 @@ class Inbox:
                 msg = json.loads(bytes(self.buf[4 : 4 + n]).decode())
             except ValueError:
                 msg = None
+            if isinstance(msg, dict) and msg.get("kind") == "net":
+                size = int(msg.get("len", 0))
+                if len(self.buf) < 4 + n + size:
+                    break
+                data = bytes(self.buf[4 + n : 4 + n + size])
+                del self.buf[: 4 + n + size]
+                if self.on_net is not None:
+                    self.on_net(msg, data)
+                continue
             if not isinstance(msg, dict) or msg.get("kind") != "tool":
                 return answers, True
             del self.buf[: 4 + n]

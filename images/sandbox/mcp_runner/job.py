@@ -22,6 +22,10 @@ class Job:
         self.return_files = bool(header.get("return_files"))
         # Seconds after which the runner kills the code itself (None: never).
         self.deadline_s = header.get("deadline_s")
+        # Egress (#41): listen for the code's connections and relay them (`netrelay`).
+        self.egress = bool(header.get("egress"))
+        # The variables the code is given for it (set by `netrelay.start`).
+        self.env = {}
         # Set once the archive is unpacked: the workspace as the code finds it (None unless
         # files are returned), and the OOM kills counted before the code started.
         self.files_before = None

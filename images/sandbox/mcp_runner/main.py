@@ -5,7 +5,7 @@ import os
 import signal
 import sys
 
-from mcp_runner import cgroup, figures, frames, preload, run, session
+from mcp_runner import cgroup, figures, frames, netrelay, preload, run, session
 from mcp_runner.job import read_job
 from mcp_runner.stubs import REPL_STUB, STUB
 from mcp_runner.workspace import WORKDIR, Refused, snapshot, unpack
@@ -142,9 +142,16 @@ def main():
     job.oom_before = cgroup.oom_kills() or 0
     job.wake_r = wake_r
     job.preload = state
+    # Egress (#41): listening before the code runs; the proxy variables it is given.
+    job.env = netrelay.start(job)
 
     if job.session:
         child.discard()
+        # The session's interpreter starts now, with the variables in its environment.
+        os.environ.update(job.env)
+        if job.env:
+            os.environ.pop("NO_PROXY", None)
+            os.environ.pop("no_proxy", None)
         try:
             again = preload.State(preload.again(state), percent)
             repl = preload.start(job.python, job.workdir, REPL_STUB, again)

@@ -7,7 +7,7 @@ import resource
 import signal
 import time
 
-from mcp_runner import cgroup, frames, limits, output, preload, toolrelay
+from mcp_runner import cgroup, frames, limits, netrelay, output, preload, toolrelay
 from mcp_runner.watch import Watch
 
 
@@ -22,7 +22,7 @@ def run(child, job):
     preload.dispatching(child, job)
     nonce = job.nonce or os.urandom(8).hex()
     try:
-        child.go(os.path.join(job.workdir, job.entry), nonce, job.source)
+        child.go(os.path.join(job.workdir, job.entry), nonce, job.source, job.env)
     except OSError:
         pass  # the interpreter died at start-up: its stderr and status say why
     preload.scan(job)
@@ -37,6 +37,9 @@ def run(child, job):
     sel.register(relay.fd, "tools")
     if not frames.INBOX.eof:
         sel.register(frames.INBOX.fileno(), "stdin")
+    # Egress: the code's connections, relayed as streams (see `netrelay`).
+    if netrelay.NET is not None:
+        netrelay.NET.attach(sel)
     # The stub's done line (see `Done`): the run ends there, or when the child is reaped.
     done = Done(nonce, pid)
     sel.register(child.st_r, "done")
@@ -81,6 +84,8 @@ def run(child, job):
                     sel.unregister(fd)
                 elif done.said is not None and exited_at is None:
                     exited_at = time.monotonic()
+            elif tag == "net":
+                netrelay.NET.event(fd)
             elif tag == "tools":
                 if not relay.from_code():
                     sel.unregister(fd)

@@ -17,7 +17,7 @@ import os
 import signal
 import struct
 
-from mcp_runner import cgroup, frames, limits, output, toolrelay
+from mcp_runner import cgroup, frames, limits, netrelay, output, toolrelay
 from mcp_runner.watch import Watch
 from mcp_runner.workspace import Refused, note_written, unpack, why
 
@@ -33,12 +33,19 @@ def serve(child, job):
     sel.register(child.err_r, (b"E", 1))
     sel.register(child.st_r, "status")
     sel.register(job.wake_r, None)
+    # Egress: the code's connections, relayed while a cell runs (see `netrelay`).
+    if netrelay.NET is not None:
+        netrelay.NET.attach(sel)
     while True:
         try:
             msg = frames.read_message(stdin)
             kind = msg.get("kind", "cell")
             if kind == "files":
                 tar = frames.read_exact(stdin, int(msg["tar_len"]))
+            elif kind == "net":
+                # A stream's bytes sent before the last cell ended: its stream is gone.
+                frames.read_exact(stdin, int(msg.get("len", 0)))
+                continue
         except (EOFError, ValueError, KeyError, TypeError, AttributeError):
             child.discard()
             return
@@ -148,6 +155,9 @@ def run_cell(stdin, sel, child, job, cell, relay):
                 if not relay.from_code():
                     sel.unregister(fd)
                 continue
+            if tag == "net":
+                netrelay.NET.event(fd)
+                continue
             if tag is None:
                 job.woken()
             elif tag == "status":
@@ -178,6 +188,9 @@ def run_cell(stdin, sel, child, job, cell, relay):
             exited = reaped
     if watching:
         sel.unregister(stdin.fileno())
+    if netrelay.NET is not None:
+        # The server ends the cell's streams with its scope: so does the runner.
+        netrelay.NET.reset()
     # What the cell printed before its status is already in the pipes: take it.
     out.drain(child.out_r, b"O", 0)
     out.drain(child.err_r, b"E", 1)

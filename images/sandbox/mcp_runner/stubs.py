@@ -30,7 +30,8 @@ def _mcp_run(save_open_figures):
     # `resource` (an extension module: files opened and mapped) is loaded while the
     # sandbox waits, not for the done line: 2-4 ms of the report's path under gVisor.
     import os, sys, builtins, resource
-    # `PATH\0NONCE`, then `\0` and the file's bytes when the runner had them.
+    # `PATH\0NONCE\0ENV`, then `\0` and the file's bytes when the runner had them; ENV
+    # is `NAME=VALUE` lines to set (`-NAME`: unset), egress's proxy variables.
     chunks = []
     while True:
         c = os.read(3, 65536)
@@ -40,10 +41,16 @@ def _mcp_run(save_open_figures):
     os.close(3)
     if not chunks:
         os._exit(0)
-    parts = b''.join(chunks).split(b'\0', 2)
+    parts = b''.join(chunks).split(b'\0', 3)
     chunks = None
     path, nonce = os.path.abspath(parts[0].decode()), parts[1].decode()
-    source = parts[2] if len(parts) > 2 else None
+    for line in (parts[2].decode() if len(parts) > 2 else '').splitlines():
+        if line.startswith('-'):
+            os.environ.pop(line[1:], None)
+        elif '=' in line:
+            k, v = line.split('=', 1)
+            os.environ[k] = v
+    source = parts[3] if len(parts) > 3 else None
     parts = None
     sys.argv = [path]
     sys.path[0] = os.path.dirname(path)

@@ -15,12 +15,17 @@ class Watch:
         self._poll.register(fd, select.POLLIN)
         self.tags[fd] = tag
 
+    def want(self, fd, read, write):
+        """Wait for `fd` to be readable, writable, both or neither (a hang-up or an
+        error is reported whatever is asked)."""
+        self._poll.modify(fd, (select.POLLIN if read else 0) | (select.POLLOUT if write else 0))
+
     def unregister(self, fd):
         self._poll.unregister(fd)
         del self.tags[fd]
 
     def select(self, timeout=None):
-        """`(fd, tag)` of each fd that is readable, at its end or in error, waiting at most
+        """`(fd, tag)` of each fd that is ready as asked, at its end or in error, waiting at most
         `timeout` seconds (None: until one is)."""
         ms = None if timeout is None else max(0.0, timeout) * 1000
         return [(fd, self.tags[fd]) for fd, _ in self._poll.poll(ms) if fd in self.tags]

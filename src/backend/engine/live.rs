@@ -54,6 +54,13 @@ pub type Reply = BoxFuture<'static, Option<Vec<u8>>>;
 pub trait FrameHook: Send + Sync {
     /// `frame` arrived; an error ends the conversation with that error.
     fn frame(&self, frame: Frame) -> Result<Reply, BackendError>;
+
+    /// What the hook sends into the runner's stdin on its own, not as the reply to one
+    /// frame (egress's streams, see [`crate::backend::relay`]); taken once per
+    /// conversation. Its sender bounds what it queues (the streams' windows).
+    fn outgoing(&self) -> Option<futures::stream::BoxStream<'static, Vec<u8>>> {
+        None
+    }
 }
 
 /// The hook of one conversation, if any.
@@ -84,6 +91,19 @@ impl<G: Send + 'static> crate::backend::pool::Waiting for Live<G> {
 
     fn claimed(&mut self) -> bool {
         self.on_claim.take().is_none_or(|f| f())
+    }
+}
+
+/// The next of a hook's own messages; pending forever once they ended.
+async fn next_pushed(
+    pushed: &mut Option<futures::stream::BoxStream<'static, Vec<u8>>>,
+) -> Option<Vec<u8>> {
+    match pushed.as_mut()?.next().await {
+        Some(bytes) => Some(bytes),
+        None => {
+            *pushed = None;
+            None
+        }
     }
 }
 
@@ -240,6 +260,7 @@ impl<G> Live<G> {
         let mut runner_stderr = Vec::new();
         let mut replies: FuturesUnordered<Reply> = FuturesUnordered::new();
         let mut outbox: VecDeque<Vec<u8>> = VecDeque::new();
+        let mut pushed = hook.as_ref().and_then(|h| h.outgoing());
         loop {
             let chunk = tokio::select! {
                 (r, stdin) = &mut writer, if !writer.is_terminated() => {
@@ -250,6 +271,14 @@ impl<G> Live<G> {
                     match (stdin, outbox.pop_front()) {
                         (Some(s), Some(bytes)) => writer = write_reply(s, bytes),
                         (s, _) => *idle = s,
+                    }
+                    continue;
+                }
+                Some(bytes) = next_pushed(&mut pushed), if pushed.is_some() => {
+                    match idle.take() {
+                        Some(s) => writer = write_reply(s, bytes),
+                        None if !writer.is_terminated() => outbox.push_back(bytes),
+                        None => tracing::debug!("a stream's bytes for the sandbox found its input closed"),
                     }
                     continue;
                 }

@@ -275,8 +275,11 @@ impl<D: Driver> Engine<D> {
     /// hook of the job's tools made for that cell (see [`tools::tool_hook`]).
     async fn open_session_with_tools(
         &self,
-        job: JobSpec,
+        mut job: JobSpec,
     ) -> Result<Box<dyn Session>, BackendError> {
+        if !D::PROFILE.tools {
+            job.egress = None;
+        }
         let python = self.driver.python(&job.env)?;
         let input = protocol::encode_session(&job, &python)
             .map_err(|e| BackendError::Rejected(e.to_string()))?;
@@ -287,16 +290,17 @@ impl<D: Driver> Engine<D> {
         live.wait_ready().await?;
         live.send(&input).await?;
         tracing::debug!(job_id = %job.id, tenant = %job.tenant, sandbox = %live.guard.id(), "session opened");
-        let tools = if D::PROFILE.tools {
-            job.tools.clone()
+        let (tools, egress) = if D::PROFILE.tools {
+            (job.tools.clone(), job.egress.clone())
         } else {
-            None
+            (None, None)
         };
         Ok(Box::new(session::EngineSession::new(
             self.driver.clone(),
             live,
             job.limits,
             tools,
+            egress.map(|e| (e, job.id.clone())),
         )))
     }
 }
@@ -321,11 +325,19 @@ pub(crate) async fn outcome_of<D: Driver>(
 
 #[async_trait]
 impl<D: Driver> Backend for Engine<D> {
-    async fn run(&self, job: JobSpec, events: Events) -> Result<Outcome, BackendError> {
-        // Code mode (#26): the code's tool requests go to the job's tools.
-        let hook = match D::PROFILE.tools {
-            true => tools::tool_hook(&job.tools, false),
-            false => None,
+    async fn run(&self, mut job: JobSpec, events: Events) -> Result<Outcome, BackendError> {
+        // Code mode (#26): the code's tool requests go to the job's tools; egress (#41):
+        // the code's connections to the proxy, over the same channel.
+        let hook = match (D::PROFILE.tools, &job.egress) {
+            (true, Some(egress)) => {
+                let tools = tools::tool_hook(&job.tools, true);
+                crate::backend::relay::hook(egress.0.start(&job.id), tools)
+            }
+            (true, None) => tools::tool_hook(&job.tools, false),
+            (false, _) => {
+                job.egress = None;
+                None
+            }
         };
         self.run_with_hook(job, events, hook).await
     }

@@ -20,6 +20,10 @@ pub(super) struct EngineSession<D: Driver> {
     limits: Limits,
     /// Code mode (#26): what the session's code may call.
     tools: Option<crate::job::Tools>,
+    /// Egress (#41) and the session's job id: each cell gets its own scope (its byte
+    /// budget; its connections end with the cell), named `<job id>-<cell>`.
+    egress: Option<(crate::job::Egress, String)>,
+    cells: u64,
     alive: bool,
     /// The sandbox is held still (between cells).
     frozen: bool,
@@ -32,12 +36,15 @@ impl<D: Driver> EngineSession<D> {
         live: Live,
         limits: Limits,
         tools: Option<crate::job::Tools>,
+        egress: Option<(crate::job::Egress, String)>,
     ) -> Self {
         EngineSession {
             driver,
             live,
             limits,
             tools,
+            egress,
+            cells: 0,
             alive: true,
             frozen: false,
         }
@@ -84,7 +91,12 @@ impl<D: Driver> session::Sandbox for EngineSession<D> {
     ) -> Result<Ended, BackendError> {
         // Code mode (#26): each cell gets its own tool budget; without tools, a cell's tool
         // requests are answered that no tools are there (instead of failing the cell).
-        let hook = super::tools::tool_hook(&self.tools, true);
+        let mut hook = super::tools::tool_hook(&self.tools, true);
+        if let Some((egress, id)) = &self.egress {
+            self.cells += 1;
+            let run = egress.0.start(&format!("{id}-{}", self.cells));
+            hook = crate::backend::relay::hook(run, hook);
+        }
         self.live
             .execute(message, false, limits, events, &hook)
             .await

@@ -171,6 +171,11 @@ pub struct RunCmd {
     /// files call as Python functions (`from tools import NAME`), started by this command.
     #[arg(long, env = vars::MCP_EXECUTOR_TOOLS)]
     pub tools: Option<PathBuf>,
+    /// The egress policy file (TOML, see docs/egress.md): the hosts and ports the files
+    /// may reach through this command's proxy (`HTTP_PROXY` / `HTTPS_PROXY` in the
+    /// sandbox), default deny; unset: no network.
+    #[arg(long, env = vars::MCP_EXECUTOR_EGRESS)]
+    pub egress: Option<PathBuf>,
     /// How results are printed: `text` (output, then a status line), `json` (one JSON
     /// outcome per file on stdout) or `github` (output in collapsible groups, failures as
     /// GitHub Actions `::error` annotations at the traceback's line).

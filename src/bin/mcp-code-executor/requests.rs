@@ -39,6 +39,7 @@ impl From<RunCmd> for RunRequest {
             backend: BackendConfig::from(&cmd.sandbox),
             files: cmd.files,
             tools: cmd.tools,
+            egress: cmd.egress,
         }
     }
 }

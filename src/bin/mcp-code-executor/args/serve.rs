@@ -129,8 +129,8 @@ pub struct ServeCmd {
     #[arg(long, env = vars::MCP_EXECUTOR_TOOLS)]
     pub tools: Option<PathBuf>,
     /// The egress policy file (TOML, see docs/egress.md): the hosts and ports sandboxed
-    /// code may reach through this server, default deny. Checked at start-up; sandboxes
-    /// cannot use it yet (#41).
+    /// code may reach through this server, default deny. Checked at start-up; the code
+    /// gets the proxy as `HTTP_PROXY` / `HTTPS_PROXY` (#41).
     #[arg(long, env = vars::MCP_EXECUTOR_EGRESS)]
     pub egress: Option<PathBuf>,
     /// Calls of one tenant that may wait for a run slot; further calls are refused with a

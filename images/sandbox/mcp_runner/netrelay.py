@@ -1,0 +1,218 @@
+"""Egress (#41): the code's only way out. When the job says `egress`, the runner listens
+on 127.0.0.1:PORT (the sandbox has no other interface), the code is given the proxy
+variables, and each connection it makes there is relayed as a numbered stream over the
+runner's own channel to the server, whose egress proxy decides (see
+`src/backend/relay.rs`):
+
+  runner -> server   frame `N`: u32 stream id, 1 byte op, bytes
+                       o open, d data, e eof (no more bytes this way), c close,
+                       k credit (u32: the runner wrote that many more bytes to the code)
+  server -> runner   stdin message `u32 length, JSON {"kind": "net", "s", "op", "len",
+                     "k"}` then `len` bytes (op: data, eof, close, credit)
+
+Each direction of a stream has a window of WINDOW bytes: the runner reads from the code
+only while it has credit, and grants the server credit as it writes to the code, so a
+stream holds at most a window here whatever the server or the code does.
+"""
+
+import _socket
+import struct
+
+from mcp_runner import frames
+
+PORT = 3128
+WINDOW = 256 << 10
+CHUNK = 65536
+# Credit is granted back in batches of at least this (or when the buffer empties).
+GRANT = 64 << 10
+
+PROXY = "http://127.0.0.1:%d" % PORT
+
+
+def proxy_env():
+    """The variables the code's clients (requests, httpx, urllib, pip, curl) honour."""
+    env = {}
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        env[name] = PROXY
+    return env
+
+
+def frame(sid, op, data=b""):
+    frames.frame(b"N", struct.pack(">I", sid) + op + data)
+
+
+class Stream:
+    def __init__(self, sid, sock):
+        self.sid = sid
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.out = bytearray()  # from the server, for the code
+        self.credit = WINDOW  # bytes the server will still take
+        self.owed = 0  # bytes written to the code, not yet granted back
+        self.code_eof = False  # the code will send no more
+        self.server_eof = False  # the server will send no more (shut down once `out` is out)
+
+
+class Net:
+    """The listener and the streams; `attach` puts them in a select loop's Watch."""
+
+    def __init__(self):
+        s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        s.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", PORT))
+        s.listen(128)
+        s.setblocking(False)
+        self.listener = s
+        self.streams = {}
+        self.by_fd = {}
+        self.next_id = 1
+        self.sel = None
+
+    def attach(self, sel):
+        self.sel = sel
+        sel.register(self.listener.fileno(), "net")
+        frames.INBOX.on_net = self.from_server
+
+    def reset(self):
+        """The cell (or run) ended: the server ended its streams; drop ours."""
+        for st in list(self.streams.values()):
+            self.drop(st, tell=False)
+
+    # The select loop calls this for every fd tagged "net".
+    def event(self, fd):
+        if fd == self.listener.fileno():
+            self.accept()
+            return
+        st = self.by_fd.get(fd)
+        if st is None:
+            return
+        self.flush(st)
+        if st.sid in self.streams:
+            self.read(st)
+
+    def accept(self):
+        while True:
+            try:
+                fd, _ = self.listener._accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            # `_socket`'s accept gives the fd (its Python layer is not loaded, see `child`).
+            sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM, 0, fd)
+            sock.setblocking(False)
+            st = Stream(self.next_id, sock)
+            self.next_id += 1
+            self.streams[st.sid] = st
+            self.by_fd[st.fd] = st
+            self.sel.register(st.fd, "net")
+            frame(st.sid, b"o")
+
+    def interest(self, st):
+        read = st.credit > 0 and not st.code_eof
+        write = bool(st.out)
+        if not read and not write and st.code_eof:
+            # Nothing to wait for from the code; a hang-up would wake the loop in vain.
+            if st.fd in self.sel.tags:
+                self.sel.unregister(st.fd)
+            return
+        if st.fd not in self.sel.tags:
+            self.sel.register(st.fd, "net")
+        self.sel.want(st.fd, read, write)
+
+    def read(self, st):
+        if st.code_eof or st.credit <= 0:
+            self.interest(st)
+            return
+        try:
+            data = st.sock.recv(min(CHUNK, st.credit))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = None
+        if data is None:
+            frame(st.sid, b"c")
+            self.drop(st, tell=False)
+            return
+        if not data:
+            st.code_eof = True
+            frame(st.sid, b"e")
+        else:
+            st.credit -= len(data)
+            frame(st.sid, b"d", data)
+        self.interest(st)
+
+    def flush(self, st):
+        if st.out:
+            try:
+                n = st.sock.send(st.out, _socket.MSG_NOSIGNAL)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError:
+                frame(st.sid, b"c")
+                self.drop(st, tell=False)
+                return
+            del st.out[:n]
+            st.owed += n
+        if st.owed and (st.owed >= GRANT or not st.out):
+            frame(st.sid, b"k", struct.pack(">I", st.owed))
+            st.owed = 0
+        if st.server_eof and not st.out:
+            try:
+                st.sock.shutdown(_socket.SHUT_WR)
+            except OSError:
+                pass
+            st.server_eof = False
+            if st.code_eof:
+                self.drop(st, tell=True)
+                return
+        self.interest(st)
+
+    def drop(self, st, tell):
+        if tell:
+            frame(st.sid, b"c")
+        self.streams.pop(st.sid, None)
+        self.by_fd.pop(st.fd, None)
+        if self.sel is not None and st.fd in self.sel.tags:
+            self.sel.unregister(st.fd)
+        try:
+            st.sock.close()
+        except OSError:
+            pass
+
+    def from_server(self, msg, data):
+        st = self.streams.get(msg.get("s"))
+        if st is None:
+            return
+        op = msg.get("op")
+        if op == "data":
+            if len(st.out) + len(data) > WINDOW:
+                # The server overran the window it was given: the stream goes.
+                self.drop(st, tell=True)
+                return
+            st.out += data
+            self.flush(st)
+        elif op == "credit":
+            st.credit = min(WINDOW, st.credit + int(msg.get("k", 0)))
+            self.interest(st)
+        elif op == "eof":
+            st.server_eof = True
+            self.flush(st)
+        elif op == "close":
+            self.drop(st, tell=False)
+
+
+NET = None
+
+
+def start(job):
+    """Listen when the job asks for egress (before the code runs); the variables to give
+    the code, or an empty dict."""
+    global NET
+    if not job.egress:
+        return {}
+    try:
+        NET = Net()
+    except OSError as e:
+        frames.fail("could not listen for the code's connections on 127.0.0.1:%d: %s" % (PORT, e))
+    return proxy_env()

@@ -1,0 +1,66 @@
+//! The proxy as the sandboxes reach it (stage 2): installed once by `serve --egress FILE`
+//! (or `run --egress FILE`), it gives each run of a tenant a [`crate::job::Egress`], whose
+//! run scope serves the streams the backend relays from the sandbox's runner
+//! (`crate::backend::relay`).
+
+use std::sync::{Arc, OnceLock};
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+
+use super::proxy::{Proxy, RunScope};
+use crate::job::{Egress, EgressHost, EgressRun};
+
+static INSTALLED: OnceLock<Arc<Proxy>> = OnceLock::new();
+
+/// Make `proxy` the one the sandboxes of this process reach. A second call is ignored.
+pub fn install(proxy: Arc<Proxy>) {
+    let _ = INSTALLED.set(proxy);
+}
+
+/// What the runs of `tenant` reach: `None` without a policy (no network, as always).
+/// With one, every tenant gets the proxy: a tenant no rule names gets its refusals.
+pub fn for_tenant(tenant: &str) -> Option<Egress> {
+    let proxy = INSTALLED.get()?.clone();
+    Some(with_proxy(proxy, tenant))
+}
+
+/// `tenant`'s side of `proxy` (tests build their own proxy).
+pub fn with_proxy(proxy: Arc<Proxy>, tenant: &str) -> Egress {
+    Egress(Arc::new(Tenant {
+        proxy,
+        tenant: tenant.to_string(),
+    }))
+}
+
+struct Tenant {
+    proxy: Arc<Proxy>,
+    tenant: String,
+}
+
+impl EgressHost for Tenant {
+    fn start(&self, run: &str) -> Arc<dyn EgressRun> {
+        Arc::new(Run {
+            proxy: self.proxy.clone(),
+            scope: self.proxy.run_scope(&self.tenant, run),
+        })
+    }
+}
+
+/// One run's scope; dropped (the run or cell ended), it ends every connection of the run.
+struct Run {
+    proxy: Arc<Proxy>,
+    scope: Arc<RunScope>,
+}
+
+impl EgressRun for Run {
+    fn serve(&self, io: tokio::io::DuplexStream) -> BoxFuture<'static, ()> {
+        self.proxy.clone().serve(io, self.scope.clone()).boxed()
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        self.scope.close();
+    }
+}
