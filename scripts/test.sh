@@ -10,6 +10,11 @@ cd "$(dirname "$0")/.."
 
 # --gvisor: runsc installed and registered, for the second pass below (the gVisor tier).
 scripts/setup-docker.sh --gvisor
+# The build (CPU bound) goes on while the tools below are installed (network and disk
+# bound); a failed build fails the run at its `wait` below.
+cargo build --all-targets &
+build=$!
+trap 'kill "$build" 2>/dev/null || true' EXIT
 # nginx (Debian's package): the load balancer without affinity in front of two replicas
 # (tests/suite/replicas.rs). Missing and not installable: stop here, loudly.
 if ! [ -x /usr/sbin/nginx ]; then
@@ -71,7 +76,8 @@ if ! target/py-lint/bin/flake8 --version >/dev/null 2>&1; then
   python3 -m venv target/py-lint
   target/py-lint/bin/pip install --quiet --disable-pip-version-check flake8==7.1.1
 fi
-cargo build --all-targets
+wait "$build"
+trap - EXIT
 # This run's host name: every test process, and every server a test starts, runs under it.
 run_host=$(scripts/test-owner.sh name $$)
 in_run() { scripts/test-owner.sh enter "$run_host" "$@"; }
