@@ -40,6 +40,10 @@ pub struct JobSpec {
     /// Code mode (#26): the tools of other MCP servers the code may call through the
     /// runner's channel; `None`: the runner answers every call itself that none is there.
     pub tools: Option<Tools>,
+    /// A session's first cell, when the session opens for one: its imports choose the
+    /// waiting sandbox (plain, or preloaded with what it imports) as a one-shot run's
+    /// entry file's do. Never sent to the sandbox; `None` for runs.
+    pub first_cell: Option<String>,
 }
 
 /// Code mode's side of a run, as a backend sees it: each run (or each session cell) gets
@@ -169,6 +173,7 @@ impl JobSpec {
             return_files: false,
             keep_warm: false,
             tools: None,
+            first_cell: None,
         }
     }
 }

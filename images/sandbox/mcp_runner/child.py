@@ -63,11 +63,16 @@ class Child:
         (which its done line names on the status channel, see `run`) and, when given and
         small enough for the pipe, the file's bytes (`source`, so that it need not open and
         read the file: five system calls) up to EOF."""
-        msg = (path + "\0" + nonce).encode()
+        msg = b"R" + (path + "\0" + nonce).encode()
         if source is not None and len(source) <= GO_SOURCE_MAX:
             msg += b"\0" + source
         os.write(self.go_w, msg)
         os.close(self.go_w)
+
+    def serve(self):
+        """Make the waiting interpreter a session's (its cells follow on `go_w`, see
+        `session.run_cell`), with what it preloaded still loaded."""
+        os.write(self.go_w, b"S")
 
     def discard(self):
         for fd in (self.go_w, self.out_r, self.err_r, self.st_r):

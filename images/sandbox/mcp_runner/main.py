@@ -144,9 +144,18 @@ def main():
     job.preload = state
 
     if job.session:
+        if job.python == child.python and job.workdir == WORKDIR:
+            # The waiting interpreter becomes the session's, what it preloaded loaded.
+            try:
+                child.serve()
+            except OSError:
+                pass  # it died waiting: the first cell finds it gone and says so
+            session.serve(child, job)
+            return
         child.discard()
         try:
             again = preload.State(preload.again(state), percent)
+            job.preload = again
             repl = preload.start(job.python, job.workdir, REPL_STUB, again)
         except OSError as e:
             frames.fail("could not start %s: %s" % (job.python, e))

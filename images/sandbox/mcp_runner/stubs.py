@@ -21,15 +21,22 @@ def _mcp_figures():
     return save_open
 """
 
-# Runs in the child interpreter: wait for the entry file's path (and its bytes, see
-# `Child.go`) on fd 3, then run it in the real `__main__` module, as `python FILE` does
-# (so pickling functions defined there works), with tracebacks that start at the user's
-# file.
+# Runs in the child interpreter: wait on fd 3 for what it is for. `S` (see
+# `Child.serve`): it becomes a session's interpreter (`_mcp_repl`, below), with what it
+# preloaded still loaded. `R` (see `Child.go`): the entry file's path (and its bytes)
+# follow; it runs the file in the real `__main__` module, as `python FILE` does (so
+# pickling functions defined there works), with tracebacks that start at the user's file.
+# A waiting sandbox so serves a one-shot run or a session alike: a session no longer
+# starts a second interpreter and imports the preload list again on its first cell.
 RUN_CODE = r"""
 def _mcp_run(save_open_figures):
     # `resource` (an extension module: files opened and mapped) is loaded while the
-    # sandbox waits, not for the done line: 2-4 ms of the report's path under gVisor.
+    # sandbox waits, not for the done line: 2-4 ms of the report's path under gVisor; so
+    # is what a session's interpreter needs (`ast`, `json`, `linecache`, `struct`).
     import os, sys, builtins, resource
+    import ast, json, linecache, struct
+    if os.read(3, 1) == b'S':
+        return _mcp_repl(save_open_figures)
     # `PATH\0NONCE`, then `\0` and the file's bytes when the runner had them.
     chunks = []
     while True:
@@ -132,10 +139,9 @@ def _mcp_run(save_open_figures):
     except Exception:
         pass
     os._exit(status)
-_mcp_run(_mcp_figures())
 """
 
-# A session's interpreter: cells arrive on fd 3 (u32 length, source), run REPL-style in
+# A session's interpreter (after `S`, or from the start): cells arrive on fd 3 (u32 length, source), run REPL-style in
 # one persistent `__main__` (the value of a final expression is displayed), and each ends
 # with a status line on fd 4.
 REPL_CODE = r"""
@@ -195,9 +201,9 @@ def _mcp_repl(save_open_figures):
         except Exception:
             pass
         os.write(4, ('\n' + json.dumps({'ok': ok, 'cell': nonce}) + '\n').encode())
-_mcp_repl(_mcp_figures())
 """
 
-# A one-shot run; a session.
-STUB = FIGURES_CODE + RUN_CODE
-REPL_STUB = FIGURES_CODE + REPL_CODE
+# A waiting interpreter (a one-shot run, or a session once told `S`); a session's
+# interpreter from the start (a session whose sandbox could not give it the waiting one).
+STUB = FIGURES_CODE + REPL_CODE + RUN_CODE + "_mcp_run(_mcp_figures())\n"
+REPL_STUB = FIGURES_CODE + REPL_CODE + "_mcp_repl(_mcp_figures())\n"

@@ -31,12 +31,12 @@ pub use self::pool::{KindStats, PoolStats};
 pub use self::spec::{docker_run_flags, is_gvisor, GVISOR_RUNTIME};
 use super::collect::Collected;
 use super::engine::guard::{Guard, Guards};
-use super::engine::{Driver, Engine, Freeze, Live, Pool, Profile, Shape};
+use super::engine::{Driver, Engine, Freeze, Live, Pool, Profile, Seen, Shape};
 pub use super::labels::{LABEL_JOB, LABEL_MANAGED, LABEL_OWNER, LABEL_TENANT};
 use super::pool::{PoolHandle, Pools};
 use super::protocol::Report;
 use super::{BackendError, BackendInfo, LifecycleFigures, PoolConfig};
-use crate::job::{JobSpec, Outcome, RunEnv};
+use crate::job::{Outcome, RunEnv};
 
 mod guard;
 pub mod image;
@@ -215,8 +215,8 @@ impl Driver for DockerDriver {
         outcome::vanished(self, guard, out).await
     }
 
-    fn observe(&self, pools: &Pools<Live>, job: &JobSpec, pooled: bool, report: &Report) {
-        self.observe_preload(pools, job, pooled, report)
+    fn observe(&self, pools: &Pools<Live>, seen: Seen<'_>, report: &Report) {
+        self.observe_preload(pools, seen, report)
     }
 
     async fn info(&self) -> Result<BackendInfo, BackendError> {
@@ -264,12 +264,12 @@ impl Driver for DockerDriver {
         Some(lifecycle::ceiling(self, total, concurrency).await)
     }
 
-    async fn freeze(&self, guard: &Guard) -> Freeze {
-        pause::freeze(&self.docker, guard.id()).await
+    async fn freeze(&self, id: &str) -> Freeze {
+        pause::freeze(&self.docker, id).await
     }
 
-    async fn thaw(&self, guard: &Guard) -> Result<(), BackendError> {
-        pause::thaw(&self.docker, guard.id()).await
+    async fn thaw(&self, id: &str) -> Result<(), BackendError> {
+        pause::thaw(&self.docker, id).await
     }
 }
 

@@ -2,16 +2,32 @@
 //! a timeout, an OOM kill or a dead interpreter ends it; dropping it removes the sandbox.
 //! Between cells a driver that can holds the sandbox still (Docker: paused with the cgroup
 //! freezer), so that what a cell left running gets no CPU outside its run slot.
+//!
+//! What a session's cells import is learned as a run's imports are (the driver's
+//! [`Driver::observe`]), and each module a session imports after its first cell counts once
+//! in its pool's demand (the first cell's counted when the session took its sandbox): so a
+//! tenant's pools keep the sandboxes its sessions end up needing.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::task::JoinHandle;
 
-use super::{outcome_of, Driver, Freeze, Live};
+use super::{outcome_of, Driver, Freeze, Live, Seen};
 use crate::backend::collect::{session, Ended};
+use crate::backend::pool::Pools;
+use crate::backend::protocol::Report;
 use crate::backend::{BackendError, Events, Session};
-use crate::job::{InputFile, Limits, Outcome};
+use crate::job::{InputFile, Limits, Outcome, RunEnv};
+
+/// Where a session's imports are learned: its engine's pools, its tenant and environment.
+pub(super) struct Learn {
+    pub(super) pools: Arc<Pools<Live>>,
+    pub(super) tenant: String,
+    pub(super) env: RunEnv,
+}
 
 /// A session: one sandbox, one interpreter, cell after cell.
 pub(super) struct EngineSession<D: Driver> {
@@ -23,6 +39,13 @@ pub(super) struct EngineSession<D: Driver> {
     alive: bool,
     /// The sandbox is held still (between cells).
     frozen: bool,
+    /// The hold after the last message, made off its answer's path: the next message
+    /// waits for it first.
+    freezing: Option<JoinHandle<Freeze>>,
+    learn: Learn,
+    /// The modules its cells imported so far, and the cells that ran.
+    imported: BTreeSet<String>,
+    cells: u64,
 }
 
 impl<D: Driver> EngineSession<D> {
@@ -32,6 +55,7 @@ impl<D: Driver> EngineSession<D> {
         live: Live,
         limits: Limits,
         tools: Option<crate::job::Tools>,
+        learn: Learn,
     ) -> Self {
         EngineSession {
             driver,
@@ -40,16 +64,62 @@ impl<D: Driver> EngineSession<D> {
             tools,
             alive: true,
             frozen: false,
+            freezing: None,
+            learn,
+            imported: BTreeSet::new(),
+            cells: 0,
         }
     }
 
-    /// Hold the sandbox still until the next message; a failure ends the session (its
-    /// sandbox could not be held still, so it may not stay).
-    async fn freeze(&mut self) {
-        if !self.alive || self.frozen {
+    /// A cell's report: the modules it imported for the first time in this session are
+    /// learned, and (after the first cell) counted in the pool's demand.
+    fn learn_from(&mut self, report: &Report) {
+        let fresh: Vec<String> = report
+            .imported
+            .iter()
+            .filter(|n| !self.imported.contains(*n))
+            .cloned()
+            .collect();
+        if fresh.is_empty() {
             return;
         }
-        match self.driver.freeze(&self.live.guard).await {
+        self.imported.extend(fresh.iter().cloned());
+        let l = &self.learn;
+        let seen = Seen {
+            tenant: &l.tenant,
+            env: &l.env,
+            pooled: false,
+        };
+        let fresh_report = Report {
+            imported: fresh.clone(),
+            ..Report::default()
+        };
+        self.driver.observe(&l.pools, seen, &fresh_report);
+        if self.cells > 1 {
+            if let Some(pool) = l.pools.pool_of(&l.tenant, &self.limits, &l.env) {
+                pool.note(&fresh);
+            }
+        }
+    }
+
+    /// Hold the sandbox still until the next message, in the background: the answer to
+    /// this one goes out now (a pause is some 10-40 ms of the daemon's), and the next
+    /// message waits for the hold to be made before it lets the sandbox go on.
+    fn freeze(&mut self) {
+        if !self.alive || self.frozen || self.freezing.is_some() {
+            return;
+        }
+        let (driver, id) = (self.driver.clone(), self.live.guard.id().to_string());
+        self.freezing = Some(tokio::spawn(async move { driver.freeze(&id).await }));
+    }
+
+    /// The hold made after the last message, once made; a failure ends the session (its
+    /// sandbox could not be held still, so it may not stay).
+    async fn settle(&mut self) {
+        let Some(task) = self.freezing.take() else {
+            return;
+        };
+        match task.await.unwrap_or(Freeze::Failed) {
             Freeze::Frozen => self.frozen = true,
             Freeze::Running => {}
             Freeze::Failed => self.alive = false,
@@ -58,10 +128,14 @@ impl<D: Driver> EngineSession<D> {
 
     /// Let it go on for the next message.
     async fn thaw(&mut self) -> Result<(), BackendError> {
+        self.settle().await;
+        if !self.alive {
+            return Err(session::ended());
+        }
         if !self.frozen {
             return Ok(());
         }
-        if let Err(e) = self.driver.thaw(&self.live.guard).await {
+        if let Err(e) = self.driver.thaw(self.live.guard.id()).await {
             self.alive = false;
             return Err(e);
         }
@@ -91,6 +165,9 @@ impl<D: Driver> session::Sandbox for EngineSession<D> {
     }
 
     async fn outcome(&mut self, ended: Ended) -> Result<Outcome, BackendError> {
+        if let Ended::Report(report, _) = &ended {
+            self.learn_from(report);
+        }
         outcome_of(&*self.driver, ended, &self.live.guard).await
     }
 }
@@ -107,10 +184,11 @@ impl<D: Driver> Session for EngineSession<D> {
             return Err(session::ended());
         }
         self.thaw().await?;
+        self.cells += 1;
         let limits = self.limits.clone();
         let (outcome, goes_on) = session::run_cell(self, &limits, code, timeout, &events).await;
         self.alive = goes_on;
-        self.freeze().await;
+        self.freeze();
         outcome
     }
 
@@ -128,8 +206,8 @@ impl<D: Driver> Session for EngineSession<D> {
         self.thaw().await?;
         let limits = self.limits.clone();
         let (put, goes_on) = session::put(self, &limits, files, timeout).await;
-        self.freeze().await;
         self.alive &= goes_on;
+        self.freeze();
         put
     }
 
