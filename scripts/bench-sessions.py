@@ -8,7 +8,8 @@ p95 of each, and each p50 as a ratio to the one-shot `print(1)` of the same run.
         [--flow] [-- extra serve args]
 
 Rows: a one-shot `execute_code` `print(1)`; a new session's first cell `print(1)`; a new
-session's first cell that imports pandas and makes a frame; a histogram cell in a session
+session's first cell that imports pandas and makes a frame; a later cell `print(1)` in a
+session; a histogram cell in a session
 (its wall less its own drawing, timed inside the cell: `plt.hist` and a canvas draw) and
 the same histogram one-shot. Each new session is closed (`reset_session`, not timed) before
 the next call (the server gets `--max-sessions 500`: a handle keeps its place until it
@@ -74,7 +75,8 @@ def stats(xs):
 
 
 async def bench(url, samples, gap):
-    rows = {k: [] for k in ("oneshot", "open_plain", "open_pandas", "hist_session", "hist_oneshot")}
+    rows = {k: [] for k in ("oneshot", "open_plain", "open_pandas", "later_plain", "hist_session",
+                            "hist_oneshot")}
     async with Client(url) as client:
         # A session kept for the histogram cells, with matplotlib imported once.
         _, r = await call(client, "execute_python", {"code": HIST_SETUP})
@@ -92,6 +94,9 @@ async def bench(url, samples, gap):
             first or rows["open_pandas"].append(ms)
             await close(client, r)
             await asyncio.sleep(gap)
+            ms, r = await call(client, "execute_python", {"code": PLAIN, "session_id": keep})
+            first or rows["later_plain"].append(ms)
+            await asyncio.sleep(gap)
             ms, r = await call(client, "execute_python", {"code": HIST, "session_id": keep})
             first or rows["hist_session"].append(ms - drawn_ms(r))
             await asyncio.sleep(gap)
@@ -104,6 +109,7 @@ async def bench(url, samples, gap):
         "oneshot": "one-shot execute_code print(1)",
         "open_plain": "new session, first cell print(1)",
         "open_pandas": "new session, first cell import pandas + a frame",
+        "later_plain": "a later cell print(1) in a session",
         "hist_session": "histogram cell in a session, wall less its drawing",
         "hist_oneshot": "histogram one-shot, wall less its drawing",
     }
