@@ -613,7 +613,11 @@ async fn a_session_s_first_cell_chooses_its_sandbox_and_counts_in_the_demand() {
     wait_kind(&s, tenant, &["pandas"]).await;
     let t = Instant::now();
     while ready_of(&s, tenant, &[]) == 0 {
-        assert!(t.elapsed() < Duration::from_secs(60), "{:?}", s.pool_mix(tenant));
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{:?}",
+            s.pool_mix(tenant)
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // A plain first cell: a plain sandbox, although a pandas one waits (a session without
@@ -646,7 +650,9 @@ print(round(up - start / os.sysconf('SC_CLK_TCK'), 2))\n";
 }
 
 /// Issue 43: what a session's later cells import is learned as a run's imports are: two
-/// sessions that import `scipy.stats` after a plain first cell put it on the pool's list.
+/// sessions that import `scipy.stats` after a plain first cell put it on the pool's list,
+/// the next session asks for it with its first cell's imports (so the pool makes such a
+/// sandbox), and the one after opens with `scipy.stats` already imported.
 #[tokio::test]
 async fn what_sessions_import_after_their_first_cell_is_learned() {
     let tenant = "t-preload-session-later";
@@ -663,6 +669,12 @@ async fn what_sessions_import_after_their_first_cell_is_learned() {
     }
     let list = s.preload_list(tenant).expect("the tenant's pool");
     assert!(list.contains(&"scipy.stats".to_string()), "{list:?}");
+    let sys = "import sys\nprint('scipy.stats' in sys.modules)";
+    drop(open_for(&s, tenant, sys, &limits).await);
+    wait_kind(&s, tenant, &["scipy.stats"]).await;
+    let mut p = open_for(&s, tenant, sys, &limits).await;
+    assert_eq!(cell(&mut p, sys).await, "True");
+    drop(p);
     s.shutdown().await;
     common::assert_clean(&s, tenant).await;
 }

@@ -156,12 +156,7 @@ impl DockerDriver {
     /// missing from the environment, or dropped because they failed or did not fit under
     /// the memory budget, are left out of that pool's list from now on, said once in the
     /// log), and the modules the run imported (learned for its tenant and environment).
-    pub(super) fn observe_preload(
-        &self,
-        pools: &Pools<Live>,
-        seen: Seen<'_>,
-        report: &Report,
-    ) {
+    pub(super) fn observe_preload(&self, pools: &Pools<Live>, seen: Seen<'_>, report: &Report) {
         let (tenant, env, pooled) = (seen.tenant, seen.env, seen.pooled);
         let config = &self.config.preload;
         if self.config.pool.size == 0 || !config.enabled() {

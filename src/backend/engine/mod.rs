@@ -193,13 +193,24 @@ impl<D: Driver> Engine<D> {
 
     /// A waiting sandbox for `job`, if its pool has one of its shape: on a preloading
     /// driver, the kind its code's imports need (see [`crate::backend::preload::choose`]),
-    /// the code being a run's entry file or a session's first cell; for a session opened
-    /// without one, the most preloaded. The pool's demand counts what was asked. A pool
+    /// the code being a run's entry file or a session's first cell (with what the pool's
+    /// sessions commonly import later); for a session opened without one, the most
+    /// preloaded. The pool's demand counts what was asked. A pool
     /// found dry while plain sandboxes are being made gives one of those once made (see
     /// [`Pool::take_late`]), rather than the job starting a cold one.
     async fn take_warm(&self, job: &JobSpec, run: bool) -> Option<Live> {
         let (tenant, limits, env) = (&job.tenant, &job.limits, &job.env);
-        let imports = D::PROFILE.preloads.then(|| imports_of(job, run)).flatten();
+        let mut imports = D::PROFILE.preloads.then(|| imports_of(job, run)).flatten();
+        if let (false, Some(asked)) = (run, imports.as_mut()) {
+            // A session also asks for what the pool's sessions commonly import later.
+            if let Some(pool) = self.pools.pool_of(tenant, limits, env) {
+                for m in pool.later_imports() {
+                    if !asked.contains(&m) {
+                        asked.push(m);
+                    }
+                }
+            }
+        }
         let warm = match &imports {
             None => self.pools.take(tenant, limits, env, job.keep_warm),
             Some(i) => self

@@ -4,9 +4,11 @@
 //! freezer), so that what a cell left running gets no CPU outside its run slot.
 //!
 //! What a session's cells import is learned as a run's imports are (the driver's
-//! [`Driver::observe`]), and each module a session imports after its first cell counts once
-//! in its pool's demand (the first cell's counted when the session took its sandbox): so a
-//! tenant's pools keep the sandboxes its sessions end up needing.
+//! [`Driver::observe`]), and each module a session imports after its first cell is noted
+//! once in its pool ([`crate::backend::pool::Pool::note_later`]): what the pool's sessions
+//! commonly import later is then asked for by each session that opens, with its first
+//! cell's imports, so sessions open on sandboxes that have it loaded and the pool's demand
+//! follows.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -72,7 +74,7 @@ impl<D: Driver> EngineSession<D> {
     }
 
     /// A cell's report: the modules it imported for the first time in this session are
-    /// learned, and (after the first cell) counted in the pool's demand.
+    /// learned, and (after the first cell) noted in the pool.
     fn learn_from(&mut self, report: &Report) {
         let fresh: Vec<String> = report
             .imported
@@ -97,7 +99,7 @@ impl<D: Driver> EngineSession<D> {
         self.driver.observe(&l.pools, seen, &fresh_report);
         if self.cells > 1 {
             if let Some(pool) = l.pools.pool_of(&l.tenant, &self.limits, &l.env) {
-                pool.note(&fresh);
+                pool.note_later(&fresh);
             }
         }
     }
