@@ -21,7 +21,6 @@ files). The server's data and code directories are temporary and removed at the 
 import asyncio
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
