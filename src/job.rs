@@ -43,6 +43,10 @@ pub struct JobSpec {
     /// Egress by policy (#41): the proxy the code reaches through the runner's channel
     /// (`HTTP_PROXY` in the sandbox); `None`: no network at all, as always.
     pub egress: Option<Egress>,
+    /// A session's first cell, when the session opens for one: its imports choose the
+    /// waiting sandbox (plain, or preloaded with what it imports) as a one-shot run's
+    /// entry file's do. Never sent to the sandbox; `None` for runs.
+    pub first_cell: Option<String>,
 }
 
 /// Egress's side of a run, as a backend sees it: each run (or each session cell) gets a
@@ -199,6 +203,7 @@ impl JobSpec {
             keep_warm: false,
             tools: None,
             egress: None,
+            first_cell: None,
         }
     }
 }

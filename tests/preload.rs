@@ -571,3 +571,110 @@ async fn the_pool_mix_follows_each_tenant_s_demand() {
     common::assert_clean(&s, plain_t).await;
     common::assert_clean(&s, data_t).await;
 }
+
+/// Open a session of `tenant` for its first cell `first` (whose imports choose the sandbox).
+async fn open_for(
+    s: &DockerBackend,
+    tenant: &str,
+    first: &str,
+    limits: &Limits,
+) -> Box<dyn mcp_code_executor::backend::Session> {
+    let mut job = JobSpec::python("", limits.clone());
+    job.files.clear();
+    job.tenant = tenant.to_string();
+    job.keep_warm = true;
+    job.first_cell = Some(first.to_string());
+    s.open_session(job).await.expect("session")
+}
+
+async fn cell(session: &mut Box<dyn mcp_code_executor::backend::Session>, code: &str) -> String {
+    let o = session
+        .exec(code, Duration::from_secs(60), None)
+        .await
+        .expect("cell");
+    ok(&o).trim().to_string()
+}
+
+/// Issue 43: a session's first cell chooses its sandbox as a run's code does (plain code a
+/// plain one while a preloaded one waits; pandas the one that preloaded it, whose
+/// interpreter, waiting since before the session, runs the cells: nothing is imported
+/// again), and sessions' first cells alone make the pool keep what they import.
+#[tokio::test]
+async fn a_session_s_first_cell_chooses_its_sandbox_and_counts_in_the_demand() {
+    let tenant = "t-preload-session-first";
+    let _clean = common::remove_on_drop(tenant);
+    let limits = Limits::default();
+    let s = backend(PreloadConfig::server_default(), 2).await;
+    // No run at all: a session whose first cell imports pandas starts the tenant's pool
+    // (cold: nothing waited yet), and its demand makes the pool preload pandas.
+    let mut first = open_for(&s, tenant, &probe("pandas"), &limits).await;
+    assert_eq!(cell(&mut first, &probe("pandas")).await, "COLD");
+    drop(first);
+    wait_kind(&s, tenant, &["pandas"]).await;
+    let t = Instant::now();
+    while ready_of(&s, tenant, &[]) == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{:?}",
+            s.pool_mix(tenant)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A plain first cell: a plain sandbox, although a pandas one waits (a session without
+    // a first cell takes the most preloaded).
+    let plain = "import sys, json, os\nprint('pandas' in sys.modules, 'numpy' in sys.modules)\n";
+    let hits = s.pool_stats().expect("pool on").hits;
+    let mut p = open_for(&s, tenant, plain, &limits).await;
+    assert_eq!(s.pool_stats().expect("pool on").hits, hits + 1);
+    assert_eq!(cell(&mut p, plain).await, "False False");
+    drop(p);
+    // A pandas first cell: the pandas sandbox. Its cells run in the interpreter that
+    // preloaded pandas while the sandbox waited: one started seconds before the session
+    // opened (a second interpreter started for the session would be younger than the
+    // wait), with pandas in sys.modules before the cell.
+    wait_kind(&s, tenant, &["pandas"]).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let hits = s.pool_stats().expect("pool on").hits;
+    let age = "import os\nif False:\n    import pandas\n\
+up = float(open('/proc/uptime').read().split()[0])\n\
+start = int(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19])\n\
+print(round(up - start / os.sysconf('SC_CLK_TCK'), 2))\n";
+    let mut p = open_for(&s, tenant, age, &limits).await;
+    assert_eq!(s.pool_stats().expect("pool on").hits, hits + 1);
+    let age: f64 = cell(&mut p, age).await.parse().expect("an age");
+    assert!(age > 2.5, "the session's interpreter is {age} s old");
+    assert_eq!(cell(&mut p, &probe("pandas")).await, "PRELOADED");
+    drop(p);
+    s.shutdown().await;
+    common::assert_clean(&s, tenant).await;
+}
+
+/// Issue 43: what a session's later cells import is learned as a run's imports are: two
+/// sessions that import `scipy.stats` after a plain first cell put it on the pool's list,
+/// the next session asks for it with its first cell's imports (so the pool makes such a
+/// sandbox), and the one after opens with `scipy.stats` already imported.
+#[tokio::test]
+async fn what_sessions_import_after_their_first_cell_is_learned() {
+    let tenant = "t-preload-session-later";
+    let _clean = common::remove_on_drop(tenant);
+    let limits = Limits::default();
+    let s = backend(PreloadConfig::server_default(), 1).await;
+    for _ in 0..2 {
+        let mut p = open_for(&s, tenant, "x = 1", &limits).await;
+        assert_eq!(cell(&mut p, "x = 1").await, "");
+        assert_eq!(
+            cell(&mut p, "import scipy.stats\nprint(scipy.stats.norm.cdf(0))").await,
+            "0.5"
+        );
+    }
+    let list = s.preload_list(tenant).expect("the tenant's pool");
+    assert!(list.contains(&"scipy.stats".to_string()), "{list:?}");
+    let sys = "import sys\nprint('scipy.stats' in sys.modules)";
+    drop(open_for(&s, tenant, sys, &limits).await);
+    wait_kind(&s, tenant, &["scipy.stats"]).await;
+    let mut p = open_for(&s, tenant, sys, &limits).await;
+    assert_eq!(cell(&mut p, sys).await, "True");
+    drop(p);
+    s.shutdown().await;
+    common::assert_clean(&s, tenant).await;
+}

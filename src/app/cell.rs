@@ -150,7 +150,7 @@ pub(super) async fn cell(
         .map_err(AppError::Failed)?;
     let mut notes: Vec<String> = note.into_iter().collect();
     if let Some(memory) = memory {
-        *cell = Some(open(ex, slot, &files, env, memory, &waits).await?);
+        *cell = Some(open(ex, slot, code, &files, env, memory, &waits).await?);
         notes.push("a new session was started".into());
     }
     let live = cell.as_mut().expect("opened above");
@@ -218,11 +218,13 @@ pub(super) async fn cell(
     })
 }
 
-/// Open session `slot`'s sandbox with the workspace's `files`, in `env`, holding `memory`
-/// and its place among `max_sessions` for its life.
+/// Open session `slot`'s sandbox for its first cell `code` (whose imports choose the
+/// warm sandbox) with the workspace's `files`, in `env`, holding `memory` and its place
+/// among `max_sessions` for its life.
 async fn open(
     ex: &Executor,
     slot: &Arc<Slot>,
+    code: &str,
     files: &[crate::job::InputFile],
     env: Option<crate::env::Environment>,
     memory: crate::tenancy::memory::MemoryHold,
@@ -250,6 +252,7 @@ async fn open(
     job.files = files.to_vec();
     job.return_files = true;
     job.keep_warm = true;
+    job.first_cell = Some(code.to_string());
     job.env = env.as_ref().map(|e| e.run_env()).unwrap_or_default();
     let synced = files
         .iter()

@@ -349,7 +349,7 @@ async fn one_run_returns_at_most_its_return_limit() {
 
 // ---- item 4: a session does not compute between cells --------------------------------------
 
-pub(crate) fn docker_paused(id: &str) -> bool {
+fn docker_paused_now(id: &str) -> bool {
     let out = std::process::Command::new("docker")
         .args(["inspect", "-f", "{{.State.Paused}}", id])
         .output()
@@ -358,9 +358,41 @@ pub(crate) fn docker_paused(id: &str) -> bool {
     String::from_utf8_lossy(&out.stdout).trim() == "true"
 }
 
+/// The container's cgroup freezer file (v1, cgroupfs driver: this host's), where the server
+/// freezes a session's container itself under runc.
+fn freezer_state(id: &str) -> std::path::PathBuf {
+    let out = std::process::Command::new("docker")
+        .args(["inspect", "-f", "{{.Id}}", id])
+        .output()
+        .expect("docker inspect runs");
+    let full = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    format!("/sys/fs/cgroup/freezer/docker/{full}/freezer.state").into()
+}
+
+fn frozen_now(id: &str) -> bool {
+    std::fs::read_to_string(freezer_state(id)).is_ok_and(|s| s.trim() == "FROZEN")
+        || docker_paused_now(id)
+}
+
+/// Is the session's container held still, by its freezer (the server's own write under
+/// runc) or the daemon's pause? The hold is made just after a cell's answer, off its path:
+/// looked at for up to 5 s.
+pub(crate) fn docker_paused(id: &str) -> bool {
+    let t = std::time::Instant::now();
+    while t.elapsed() < Duration::from_secs(5) {
+        if frozen_now(id) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
 /// A cell that leaves a thread spinning returns, and the session's container is then
 /// frozen (paused) until the next cell, which finds its state intact.
-#[tokio::test]
+// Multi-threaded: the freeze after a cell is a task of the runtime's, made while the
+// test looks (blocking) at the container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_is_frozen_between_cells() {
     let tenant = "t-hs-freeze";
     let (_clean, sb, mut s) = open(tenant, true).await;
@@ -395,7 +427,9 @@ async fn a_session_is_frozen_between_cells() {
 
 /// A session whose container is found running when the next cell thaws it (a pause that
 /// did not take, here undone by hand) goes on with its state; it is frozen again after.
-#[tokio::test]
+// Multi-threaded: the freeze after a cell is a task of the runtime's, made while the
+// test looks (blocking) at the container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_found_running_at_its_thaw_goes_on() {
     let tenant = "t-hs-thaw";
     let (_clean, sb, mut s) = open(tenant, false).await;
@@ -404,12 +438,17 @@ async fn a_session_found_running_at_its_thaw_goes_on() {
     let ids = common::own_containers_of(tenant);
     assert_eq!(ids.len(), 1, "{ids:?}");
     assert!(docker_paused(&ids[0]));
-    let unpaused = std::process::Command::new("docker")
-        .args(["unpause", &ids[0]])
-        .status()
-        .expect("docker unpause runs");
-    assert!(unpaused.success());
-    assert!(!docker_paused(&ids[0]));
+    // Thawed by hand as it was frozen: by its freezer file, or the daemon.
+    if docker_paused_now(&ids[0]) {
+        let unpaused = std::process::Command::new("docker")
+            .args(["unpause", &ids[0]])
+            .status()
+            .expect("docker unpause runs");
+        assert!(unpaused.success());
+    } else {
+        std::fs::write(freezer_state(&ids[0]), "THAWED").expect("the freezer file");
+    }
+    assert!(!frozen_now(&ids[0]));
     let o = cell(&mut s, "print(x)").await;
     assert_eq!(o.stdout_text(), "5\n", "{o:?}");
     assert!(s.alive(), "the session goes on");

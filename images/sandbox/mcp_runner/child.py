@@ -4,6 +4,7 @@ status line come back through pipes only the runner reads."""
 
 import os
 import signal
+import struct
 
 # The C module: `socket`'s Python layer (with `selectors`, `enum` and `array` behind it) cost
 # every sandbox 10-20 ms before it was ready under gVisor, for a socket pair.
@@ -15,6 +16,15 @@ from mcp_runner.stubs import STUB
 # The most of the entry file's bytes sent with it (see `Child.go`): what one write to an
 # empty pipe takes whole on Linux and gVisor (64 KiB), less the name and nonce.
 GO_SOURCE_MAX = 60000
+
+
+def env_lines(env):
+    """The variables a run or session sets first (egress's proxy: `NAME=VALUE` lines; with
+    any, `NO_PROXY` is unset, so that no host bypasses the proxy)."""
+    lines = "".join("%s=%s\n" % kv for kv in (env or {}).items())
+    if env:
+        lines += "-NO_PROXY\n-no_proxy\n"
+    return lines.encode()
 
 
 class Child:
@@ -61,17 +71,21 @@ class Child:
     def go(self, path, nonce, source=None, env=None):
         """Run the file `path` (a one-shot run): the stub reads it, the run's `nonce`
         (which its done line names on the status channel, see `run`), the variables to
-        set first (`env`: egress's proxy, `NAME=VALUE` lines; `-NAME` unsets) and, when
-        given and small enough for the pipe, the file's bytes (`source`, so that it need
-        not open and read the file: five system calls) up to EOF."""
-        lines = "".join("%s=%s\n" % kv for kv in (env or {}).items())
-        if env:
-            lines += "-NO_PROXY\n-no_proxy\n"
-        msg = (path + "\0" + nonce + "\0" + lines).encode()
+        set first (`env`: egress's proxy, see `env_lines`) and, when given and small
+        enough for the pipe, the file's bytes (`source`, so that it need not open and read
+        the file: five system calls) up to EOF."""
+        msg = b"R" + (path + "\0" + nonce + "\0").encode() + env_lines(env)
         if source is not None and len(source) <= GO_SOURCE_MAX:
             msg += b"\0" + source
         os.write(self.go_w, msg)
         os.close(self.go_w)
+
+    def serve(self, env=None):
+        """Make the waiting interpreter a session's (its cells follow on `go_w`, see
+        `session.run_cell`), with what it preloaded still loaded, and the variables `env`
+        set (see `env_lines`)."""
+        lines = env_lines(env)
+        os.write(self.go_w, b"S" + struct.pack(">I", len(lines)) + lines)
 
     def discard(self):
         for fd in (self.go_w, self.out_r, self.err_r, self.st_r):

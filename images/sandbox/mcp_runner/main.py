@@ -146,6 +146,14 @@ def main():
     job.env = netrelay.start(job)
 
     if job.session:
+        if job.python == child.python and job.workdir == WORKDIR:
+            # The waiting interpreter becomes the session's, what it preloaded loaded.
+            try:
+                child.serve(job.env)
+            except OSError:
+                pass  # it died waiting: the first cell finds it gone and says so
+            session.serve(child, job)
+            return
         child.discard()
         # The session's interpreter starts now, with the variables in its environment.
         os.environ.update(job.env)
@@ -154,6 +162,7 @@ def main():
             os.environ.pop("no_proxy", None)
         try:
             again = preload.State(preload.again(state), percent)
+            job.preload = again
             repl = preload.start(job.python, job.workdir, REPL_STUB, again)
         except OSError as e:
             frames.fail("could not start %s: %s" % (job.python, e))

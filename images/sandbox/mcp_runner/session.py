@@ -4,8 +4,9 @@ interpreter dies:
 
   {"kind": "cell", "code": ..., "output_limit": ...}   (no `kind`: a cell)
       runs in the session's interpreter (see `stubs.REPL_CODE`): its output, figures and
-      changed files, then a report with exit_code 0, or 1 when the cell raised; `ended`
-      when the interpreter exited, after which no further message is served.
+      changed files, then a report with exit_code 0, or 1 when the cell raised, and the
+      modules its source imports (`imported`, as a one-shot run's); `ended` when the
+      interpreter exited, after which no further message is served.
   {"kind": "files", "tar_len": N} then N bytes of tar
       unpacked into the workspace by the runner itself, as safely as the job's archive;
       the interpreter does not run and its state is untouched. Exit code 0, or 1 with the
@@ -17,7 +18,7 @@ import os
 import signal
 import struct
 
-from mcp_runner import cgroup, frames, limits, netrelay, output, toolrelay
+from mcp_runner import cgroup, frames, limits, netrelay, output, preload, toolrelay
 from mcp_runner.watch import Watch
 from mcp_runner.workspace import Refused, note_written, unpack, why
 
@@ -128,6 +129,10 @@ def run_cell(stdin, sel, child, job, cell, relay):
             msg = msg[os.write(child.go_w, msg) :]
     except OSError:
         pass
+    # What the cell imports (as a one-shot run's report says it, see `preload.scan`), read
+    # while it runs: the server learns what its sessions need from it.
+    state = getattr(job, "preload", None)
+    imported = preload.imports_of(code, state.site_dirs) if state is not None else []
     status, exited = None, None
     pending = b""
     # While the cell runs, stdin is watched too: the server never sends a message before
@@ -206,6 +211,8 @@ def run_cell(stdin, sel, child, job, cell, relay):
         peak_memory_bytes=cgroup.peak_memory(),
         oom_kills=max(0, (cgroup.oom_kills() or 0) - oom0),
     )
+    if imported:
+        report["imported"] = imported
     if exited is not None:
         # The interpreter is gone (exit(), sys.exit(), a crash): so is the session.
         report.update(output.exit_fields(exited))

@@ -21,15 +21,47 @@ def _mcp_figures():
     return save_open
 """
 
-# Runs in the child interpreter: wait for the entry file's path (and its bytes, see
-# `Child.go`) on fd 3, then run it in the real `__main__` module, as `python FILE` does
-# (so pickling functions defined there works), with tracebacks that start at the user's
-# file.
+# Runs in the child interpreter: wait on fd 3 for what it is for. `S` (see
+# `Child.serve`): it becomes a session's interpreter (`_mcp_repl`, below), with what it
+# preloaded still loaded. `R` (see `Child.go`): the entry file's path (and its bytes)
+# follow; it runs the file in the real `__main__` module, as `python FILE` does (so
+# pickling functions defined there works), with tracebacks that start at the user's file.
+# A waiting sandbox so serves a one-shot run or a session alike: a session no longer
+# starts a second interpreter and imports the preload list again on its first cell.
 RUN_CODE = r"""
+def _mcp_read(n):
+    import os
+    b = b''
+    while len(b) < n:
+        c = os.read(3, n - len(b))
+        if not c:
+            os._exit(0)
+        b += c
+    return b
+
+
+def _mcp_env(text):
+    # `NAME=VALUE` lines to set, `-NAME` to unset.
+    import os
+    for line in text.splitlines():
+        if line.startswith('-'):
+            os.environ.pop(line[1:], None)
+        elif '=' in line:
+            k, v = line.split('=', 1)
+            os.environ[k] = v
+
+
 def _mcp_run(save_open_figures):
     # `resource` (an extension module: files opened and mapped) is loaded while the
-    # sandbox waits, not for the done line: 2-4 ms of the report's path under gVisor.
+    # sandbox waits, not for the done line: 2-4 ms of the report's path under gVisor; so
+    # is what a session's interpreter needs (`ast`, `json`, `linecache`, `struct`).
     import os, sys, builtins, resource
+    import ast, json, linecache, struct
+    if os.read(3, 1) == b'S':
+        # `S`, the variables to set (a 4-byte length, then ENV), then the cells.
+        n = struct.unpack('>I', _mcp_read(4))[0]
+        _mcp_env(_mcp_read(n).decode())
+        return _mcp_repl(save_open_figures)
     # `PATH\0NONCE\0ENV`, then `\0` and the file's bytes when the runner had them; ENV
     # is `NAME=VALUE` lines to set (`-NAME`: unset), egress's proxy variables.
     chunks = []
@@ -44,12 +76,7 @@ def _mcp_run(save_open_figures):
     parts = b''.join(chunks).split(b'\0', 3)
     chunks = None
     path, nonce = os.path.abspath(parts[0].decode()), parts[1].decode()
-    for line in (parts[2].decode() if len(parts) > 2 else '').splitlines():
-        if line.startswith('-'):
-            os.environ.pop(line[1:], None)
-        elif '=' in line:
-            k, v = line.split('=', 1)
-            os.environ[k] = v
+    _mcp_env(parts[2].decode() if len(parts) > 2 else '')
     source = parts[3] if len(parts) > 3 else None
     parts = None
     sys.argv = [path]
@@ -139,10 +166,9 @@ def _mcp_run(save_open_figures):
     except Exception:
         pass
     os._exit(status)
-_mcp_run(_mcp_figures())
 """
 
-# A session's interpreter: cells arrive on fd 3 (u32 length, source), run REPL-style in
+# A session's interpreter (after `S`, or from the start): cells arrive on fd 3 (u32 length, source), run REPL-style in
 # one persistent `__main__` (the value of a final expression is displayed), and each ends
 # with a status line on fd 4.
 REPL_CODE = r"""
@@ -202,9 +228,9 @@ def _mcp_repl(save_open_figures):
         except Exception:
             pass
         os.write(4, ('\n' + json.dumps({'ok': ok, 'cell': nonce}) + '\n').encode())
-_mcp_repl(_mcp_figures())
 """
 
-# A one-shot run; a session.
-STUB = FIGURES_CODE + RUN_CODE
-REPL_STUB = FIGURES_CODE + REPL_CODE
+# A waiting interpreter (a one-shot run, or a session once told `S`); a session's
+# interpreter from the start (a session whose sandbox could not give it the waiting one).
+STUB = FIGURES_CODE + REPL_CODE + RUN_CODE + "_mcp_run(_mcp_figures())\n"
+REPL_STUB = FIGURES_CODE + REPL_CODE + "_mcp_repl(_mcp_figures())\n"

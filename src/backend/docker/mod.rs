@@ -31,13 +31,14 @@ pub use self::pool::{KindStats, PoolStats};
 pub use self::spec::{docker_run_flags, is_gvisor, GVISOR_RUNTIME};
 use super::collect::Collected;
 use super::engine::guard::{Guard, Guards};
-use super::engine::{Driver, Engine, Freeze, Live, Pool, Profile, Shape};
+use super::engine::{Driver, Engine, Freeze, Live, Pool, Profile, Seen, Shape};
 pub use super::labels::{LABEL_JOB, LABEL_MANAGED, LABEL_OWNER, LABEL_TENANT};
 use super::pool::{PoolHandle, Pools};
 use super::protocol::Report;
 use super::{BackendError, BackendInfo, LifecycleFigures, PoolConfig};
-use crate::job::{JobSpec, Outcome, RunEnv};
+use crate::job::{Outcome, RunEnv};
 
+mod freezer;
 mod guard;
 pub mod image;
 mod launch;
@@ -129,6 +130,9 @@ pub struct DockerDriver {
     owner: String,
     /// Preloading refills at once over all pools, and what was learned (see `pool`).
     preloads: pool::Preloads,
+    /// Sessions' containers paused by the daemon (their freezer file could not be used):
+    /// the daemon resumes them too.
+    daemon_paused: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// The Docker backend: the [`Engine`] over Docker.
@@ -176,10 +180,17 @@ impl DockerBackend {
             owner: super::labels::own_id(),
             guards,
             preloads: pool::Preloads::new(&config.preload),
+            daemon_paused: Default::default(),
             config,
         });
         let pool = driver.config.pool.clone();
         Ok(Engine::new(driver, cleanup, &pool))
+    }
+}
+
+impl DockerDriver {
+    fn paused_by_daemon(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.daemon_paused.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -215,8 +226,8 @@ impl Driver for DockerDriver {
         outcome::vanished(self, guard, out).await
     }
 
-    fn observe(&self, pools: &Pools<Live>, job: &JobSpec, pooled: bool, report: &Report) {
-        self.observe_preload(pools, job, pooled, report)
+    fn observe(&self, pools: &Pools<Live>, seen: Seen<'_>, report: &Report) {
+        self.observe_preload(pools, seen, report)
     }
 
     async fn info(&self) -> Result<BackendInfo, BackendError> {
@@ -264,12 +275,24 @@ impl Driver for DockerDriver {
         Some(lifecycle::ceiling(self, total, concurrency).await)
     }
 
-    async fn freeze(&self, guard: &Guard) -> Freeze {
-        pause::freeze(&self.docker, guard.id()).await
+    /// Under runc, through the freezer file when the server can write it (see
+    /// [`freezer`]); else the daemon's pause.
+    async fn freeze(&self, id: &str) -> Freeze {
+        if !is_gvisor(self.config.runtime.as_deref()) && freezer::freeze(id).await {
+            return Freeze::Frozen;
+        }
+        let frozen = pause::freeze(&self.docker, id).await;
+        if let Freeze::Frozen = frozen {
+            self.paused_by_daemon().insert(id.to_string());
+        }
+        frozen
     }
 
-    async fn thaw(&self, guard: &Guard) -> Result<(), BackendError> {
-        pause::thaw(&self.docker, guard.id()).await
+    async fn thaw(&self, id: &str) -> Result<(), BackendError> {
+        if self.paused_by_daemon().remove(id) || !freezer::thaw(id) {
+            return pause::thaw(&self.docker, id).await;
+        }
+        Ok(())
     }
 }
 

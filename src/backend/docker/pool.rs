@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{DockerBackend, DockerDriver};
-use crate::backend::engine::{Live, Pool};
+use crate::backend::engine::{Live, Pool, Seen};
 use crate::backend::pool::Pools;
 use crate::backend::preload::{Learner, PreloadConfig};
 use crate::backend::protocol::Report;
-use crate::job::{JobSpec, RunEnv};
+use crate::job::RunEnv;
 
 pub use crate::backend::pool::{KindStats, PoolStats};
 
@@ -156,19 +156,14 @@ impl DockerDriver {
     /// missing from the environment, or dropped because they failed or did not fit under
     /// the memory budget, are left out of that pool's list from now on, said once in the
     /// log), and the modules the run imported (learned for its tenant and environment).
-    pub(super) fn observe_preload(
-        &self,
-        pools: &Pools<Live>,
-        job: &JobSpec,
-        pooled: bool,
-        report: &Report,
-    ) {
+    pub(super) fn observe_preload(&self, pools: &Pools<Live>, seen: Seen<'_>, report: &Report) {
+        let (tenant, env, pooled) = (seen.tenant, seen.env, seen.pooled);
         let config = &self.config.preload;
         if self.config.pool.size == 0 || !config.enabled() {
             return;
         }
-        let key = pools.key(&job.tenant).to_string();
-        let k = (key.clone(), job.env.clone());
+        let key = pools.key(tenant).to_string();
+        let k = (key.clone(), env.clone());
         let mut changed = false;
         if let (true, Some(p)) = (pooled, report.preload.as_deref()) {
             let mut learner = self.preloads.learner();
@@ -213,13 +208,13 @@ impl DockerDriver {
             && !imported.is_empty()
             && self.preloads.learner().observe(&k, &imported).is_some()
         {
-            tracing::info!(pool = %key, learned = ?self.preloads.learned(&key, &job.env), "preload: learned modules changed");
+            tracing::info!(pool = %key, learned = ?self.preloads.learned(&key, env), "preload: learned modules changed");
             changed = true;
         }
         if changed {
-            let list = self.preloads.list_for(config, &key, &job.env);
+            let list = self.preloads.list_for(config, &key, env);
             pools.with_pool(&key, |pool| {
-                if pool.env == job.env {
+                if pool.env == *env {
                     pool.set_preload(list);
                 }
             });

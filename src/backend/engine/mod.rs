@@ -60,6 +60,15 @@ pub(crate) struct Shape<'a> {
     pub(crate) lifetime: Lifetime,
 }
 
+/// Whose report the driver observes (see [`Driver::observe`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Seen<'a> {
+    pub(crate) tenant: &'a str,
+    pub(crate) env: &'a RunEnv,
+    /// A run that took a waiting sandbox (its report says what that sandbox preloaded).
+    pub(crate) pooled: bool,
+}
+
 /// A session's sandbox between cells.
 pub(crate) enum Freeze {
     /// Held still: nothing the code left running computes until the next cell.
@@ -122,8 +131,9 @@ pub(crate) trait Driver: Send + Sync + Sized + 'static {
     /// sent before): the OOM killer, a deadline, or an error saying it was stopped from
     /// outside.
     async fn vanished(&self, guard: &Guard, out: Collected) -> Result<Outcome, BackendError>;
-    /// What a run's report says about the pools (preloading learns from it).
-    fn observe(&self, pools: &Pools<Live>, job: &JobSpec, pooled: bool, report: &Report);
+    /// What the report of a run, or of a session's cell, of `tenant` in `env` says about
+    /// the pools (preloading learns from it); `pooled`: a run that took a waiting sandbox.
+    fn observe(&self, pools: &Pools<Live>, seen: Seen<'_>, report: &Report);
     /// Is the backend reachable, and what is it?
     async fn info(&self) -> Result<BackendInfo, BackendError>;
     /// Remove what processes that are gone left behind; how many.
@@ -134,17 +144,17 @@ pub(crate) trait Driver: Send + Sync + Sized + 'static {
         total: usize,
         concurrency: usize,
     ) -> Option<Result<LifecycleFigures, BackendError>>;
-    /// Hold a session's sandbox still between cells.
-    async fn freeze(&self, guard: &Guard) -> Freeze;
+    /// Hold a session's sandbox (named `id`) still between cells.
+    async fn freeze(&self, id: &str) -> Freeze;
     /// Let a frozen session's sandbox go on for the next cell; an error ends the session.
-    async fn thaw(&self, guard: &Guard) -> Result<(), BackendError>;
+    async fn thaw(&self, id: &str) -> Result<(), BackendError>;
 }
 
 /// A backend: the engine over driver `D`.
 pub struct Engine<D: Driver> {
     driver: Arc<D>,
     /// Warm pools: one shared, or one per tenant (see [`crate::backend::pool::Pools`]).
-    pools: Pools<Live>,
+    pools: Arc<Pools<Live>>,
     /// The periodic sweep of a long-lived server, stopped at shutdown.
     sweeper: std::sync::Mutex<Option<JoinHandle<()>>>,
     /// What the driver's guards hold (drain and shutdown wait on it).
@@ -161,7 +171,7 @@ impl<D: Driver> Engine<D> {
         let starter = driver.clone();
         let start = move |pool: Pool| starter.start_pool(pool);
         Engine {
-            pools: Pools::new(size, per_tenant, shared, Box::new(start)),
+            pools: Arc::new(Pools::new(size, per_tenant, shared, Box::new(start))),
             driver,
             sweeper: std::sync::Mutex::default(),
             cleanup,
@@ -182,20 +192,26 @@ impl<D: Driver> Engine<D> {
         self.pools.stats()
     }
 
-    /// A waiting sandbox for `job`, if its pool has one of its shape: for a run on a
-    /// preloading driver, the kind its code's imports need (see
-    /// [`crate::backend::preload::choose`]); for a session (`run` false), the most
-    /// preloaded. A pool found dry while plain sandboxes are being made gives one of those
-    /// once made (see [`Pool::take_late`]), rather than the job starting a cold one.
+    /// A waiting sandbox for `job`, if its pool has one of its shape: on a preloading
+    /// driver, the kind its code's imports need (see [`crate::backend::preload::choose`]),
+    /// the code being a run's entry file or a session's first cell (with what the pool's
+    /// sessions commonly import later); for a session opened without one, the most
+    /// preloaded. The pool's demand counts what was asked. A pool
+    /// found dry while plain sandboxes are being made gives one of those once made (see
+    /// [`Pool::take_late`]), rather than the job starting a cold one.
     async fn take_warm(&self, job: &JobSpec, run: bool) -> Option<Live> {
         let (tenant, limits, env) = (&job.tenant, &job.limits, &job.env);
-        let imports = (run && D::PROFILE.preloads).then(|| {
-            job.files
-                .iter()
-                .find(|f| f.path == job.entry)
-                .map(|f| crate::backend::preload::imports_in(&f.contents))
-                .unwrap_or_default()
-        });
+        let mut imports = D::PROFILE.preloads.then(|| imports_of(job, run)).flatten();
+        if let (false, Some(asked)) = (run, imports.as_mut()) {
+            // A session also asks for what the pool's sessions commonly import later.
+            if let Some(pool) = self.pools.pool_of(tenant, limits, env) {
+                for m in pool.later_imports() {
+                    if !asked.contains(&m) {
+                        asked.push(m);
+                    }
+                }
+            }
+        }
         let warm = match &imports {
             None => self.pools.take(tenant, limits, env, job.keep_warm),
             Some(i) => self
@@ -261,7 +277,12 @@ impl<D: Driver> Engine<D> {
             }
         }
         if let Ended::Report(report, _) = &ended {
-            self.driver.observe(&self.pools, &job, pooled, report);
+            let seen = Seen {
+                tenant: &job.tenant,
+                env: &job.env,
+                pooled,
+            };
+            self.driver.observe(&self.pools, seen, report);
             live.guard.exiting();
         }
         let mut outcome = outcome_of(&*self.driver, ended, &live.guard).await?;
@@ -295,14 +316,35 @@ impl<D: Driver> Engine<D> {
         } else {
             (None, None)
         };
+        let learn = session::Learn {
+            pools: self.pools.clone(),
+            tenant: job.tenant,
+            env: job.env,
+        };
         Ok(Box::new(session::EngineSession::new(
             self.driver.clone(),
             live,
             job.limits,
             tools,
             egress.map(|e| (e, job.id.clone())),
+            learn,
         )))
     }
+}
+
+/// What the code `job` opens with imports: a run's entry file's, a session's first
+/// cell's; `None` for a session opened without one (it takes the most preloaded sandbox).
+fn imports_of(job: &JobSpec, run: bool) -> Option<Vec<String>> {
+    let code = match run {
+        true => job
+            .files
+            .iter()
+            .find(|f| f.path == job.entry)
+            .map(|f| f.contents.as_slice())
+            .unwrap_or_default(),
+        false => job.first_cell.as_deref()?.as_bytes(),
+    };
+    Some(crate::backend::preload::imports_in(code))
 }
 
 /// Turn how a conversation ended into the user's outcome: the runner's report, a timeout

@@ -2,16 +2,34 @@
 //! a timeout, an OOM kill or a dead interpreter ends it; dropping it removes the sandbox.
 //! Between cells a driver that can holds the sandbox still (Docker: paused with the cgroup
 //! freezer), so that what a cell left running gets no CPU outside its run slot.
+//!
+//! What a session's cells import is learned as a run's imports are (the driver's
+//! [`Driver::observe`]), and each module a session imports after its first cell is noted
+//! once in its pool ([`crate::backend::pool::Pool::note_later`]): what the pool's sessions
+//! commonly import later is then asked for by each session that opens, with its first
+//! cell's imports, so sessions open on sandboxes that have it loaded and the pool's demand
+//! follows.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::task::JoinHandle;
 
-use super::{outcome_of, Driver, Freeze, Live};
+use super::{outcome_of, Driver, Freeze, Live, Seen};
 use crate::backend::collect::{session, Ended};
+use crate::backend::pool::Pools;
+use crate::backend::protocol::Report;
 use crate::backend::{BackendError, Events, Session};
-use crate::job::{InputFile, Limits, Outcome};
+use crate::job::{InputFile, Limits, Outcome, RunEnv};
+
+/// Where a session's imports are learned: its engine's pools, its tenant and environment.
+pub(super) struct Learn {
+    pub(super) pools: Arc<Pools<Live>>,
+    pub(super) tenant: String,
+    pub(super) env: RunEnv,
+}
 
 /// A session: one sandbox, one interpreter, cell after cell.
 pub(super) struct EngineSession<D: Driver> {
@@ -23,10 +41,16 @@ pub(super) struct EngineSession<D: Driver> {
     /// Egress (#41) and the session's job id: each cell gets its own scope (its byte
     /// budget; its connections end with the cell), named `<job id>-<cell>`.
     egress: Option<(crate::job::Egress, String)>,
-    cells: u64,
     alive: bool,
     /// The sandbox is held still (between cells).
     frozen: bool,
+    /// The hold after the last message, made off its answer's path: the next message
+    /// waits for it first.
+    freezing: Option<JoinHandle<Freeze>>,
+    learn: Learn,
+    /// The modules its cells imported so far, and the cells that ran.
+    imported: BTreeSet<String>,
+    cells: u64,
 }
 
 impl<D: Driver> EngineSession<D> {
@@ -37,6 +61,7 @@ impl<D: Driver> EngineSession<D> {
         limits: Limits,
         tools: Option<crate::job::Tools>,
         egress: Option<(crate::job::Egress, String)>,
+        learn: Learn,
     ) -> Self {
         EngineSession {
             driver,
@@ -44,19 +69,64 @@ impl<D: Driver> EngineSession<D> {
             limits,
             tools,
             egress,
-            cells: 0,
             alive: true,
             frozen: false,
+            freezing: None,
+            learn,
+            imported: BTreeSet::new(),
+            cells: 0,
         }
     }
 
-    /// Hold the sandbox still until the next message; a failure ends the session (its
-    /// sandbox could not be held still, so it may not stay).
-    async fn freeze(&mut self) {
-        if !self.alive || self.frozen {
+    /// A cell's report: the modules it imported for the first time in this session are
+    /// learned, and (after the first cell) noted in the pool.
+    fn learn_from(&mut self, report: &Report) {
+        let fresh: Vec<String> = report
+            .imported
+            .iter()
+            .filter(|n| !self.imported.contains(*n))
+            .cloned()
+            .collect();
+        if fresh.is_empty() {
             return;
         }
-        match self.driver.freeze(&self.live.guard).await {
+        self.imported.extend(fresh.iter().cloned());
+        let l = &self.learn;
+        let seen = Seen {
+            tenant: &l.tenant,
+            env: &l.env,
+            pooled: false,
+        };
+        let fresh_report = Report {
+            imported: fresh.clone(),
+            ..Report::default()
+        };
+        self.driver.observe(&l.pools, seen, &fresh_report);
+        if self.cells > 1 {
+            if let Some(pool) = l.pools.pool_of(&l.tenant, &self.limits, &l.env) {
+                pool.note_later(&fresh);
+            }
+        }
+    }
+
+    /// Hold the sandbox still until the next message, in the background: the answer to
+    /// this one goes out now (a pause is some 10-40 ms of the daemon's), and the next
+    /// message waits for the hold to be made before it lets the sandbox go on.
+    fn freeze(&mut self) {
+        if !self.alive || self.frozen || self.freezing.is_some() {
+            return;
+        }
+        let (driver, id) = (self.driver.clone(), self.live.guard.id().to_string());
+        self.freezing = Some(tokio::spawn(async move { driver.freeze(&id).await }));
+    }
+
+    /// The hold made after the last message, once made; a failure ends the session (its
+    /// sandbox could not be held still, so it may not stay).
+    async fn settle(&mut self) {
+        let Some(task) = self.freezing.take() else {
+            return;
+        };
+        match task.await.unwrap_or(Freeze::Failed) {
             Freeze::Frozen => self.frozen = true,
             Freeze::Running => {}
             Freeze::Failed => self.alive = false,
@@ -65,10 +135,14 @@ impl<D: Driver> EngineSession<D> {
 
     /// Let it go on for the next message.
     async fn thaw(&mut self) -> Result<(), BackendError> {
+        self.settle().await;
+        if !self.alive {
+            return Err(session::ended());
+        }
         if !self.frozen {
             return Ok(());
         }
-        if let Err(e) = self.driver.thaw(&self.live.guard).await {
+        if let Err(e) = self.driver.thaw(self.live.guard.id()).await {
             self.alive = false;
             return Err(e);
         }
@@ -93,7 +167,6 @@ impl<D: Driver> session::Sandbox for EngineSession<D> {
         // requests are answered that no tools are there (instead of failing the cell).
         let mut hook = super::tools::tool_hook(&self.tools, true);
         if let Some((egress, id)) = &self.egress {
-            self.cells += 1;
             let run = egress.0.start(&format!("{id}-{}", self.cells));
             hook = crate::backend::relay::hook(run, hook);
         }
@@ -103,6 +176,9 @@ impl<D: Driver> session::Sandbox for EngineSession<D> {
     }
 
     async fn outcome(&mut self, ended: Ended) -> Result<Outcome, BackendError> {
+        if let Ended::Report(report, _) = &ended {
+            self.learn_from(report);
+        }
         outcome_of(&*self.driver, ended, &self.live.guard).await
     }
 }
@@ -119,10 +195,11 @@ impl<D: Driver> Session for EngineSession<D> {
             return Err(session::ended());
         }
         self.thaw().await?;
+        self.cells += 1;
         let limits = self.limits.clone();
         let (outcome, goes_on) = session::run_cell(self, &limits, code, timeout, &events).await;
         self.alive = goes_on;
-        self.freeze().await;
+        self.freeze();
         outcome
     }
 
@@ -140,8 +217,8 @@ impl<D: Driver> Session for EngineSession<D> {
         self.thaw().await?;
         let limits = self.limits.clone();
         let (put, goes_on) = session::put(self, &limits, files, timeout).await;
-        self.freeze().await;
         self.alive &= goes_on;
+        self.freeze();
         put
     }
 

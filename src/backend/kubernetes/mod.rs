@@ -32,12 +32,12 @@ pub use self::spec::OwnerPod;
 use self::spec::{LABEL_MANAGED, LABEL_OWNER};
 use super::collect::Collected;
 use super::engine::guard::{Guard, Guards};
-use super::engine::{Driver, Engine, Freeze, Live, Pool, Profile, Shape};
+use super::engine::{Driver, Engine, Freeze, Live, Pool, Profile, Seen, Shape};
 pub use super::pool::PoolStats;
 use super::pool::{PoolHandle, Pools};
 use super::protocol::Report;
 use super::{BackendError, BackendInfo, LifecycleFigures, PoolConfig};
-use crate::job::{JobSpec, Outcome, RunEnv};
+use crate::job::{Outcome, RunEnv};
 
 mod guard;
 mod live;
@@ -222,7 +222,7 @@ impl Driver for KubeDriver {
     }
 
     /// Warm pods preload nothing: nothing to learn.
-    fn observe(&self, _: &Pools<Live>, _: &JobSpec, _: bool, _: &Report) {}
+    fn observe(&self, _: &Pools<Live>, _: Seen<'_>, _: &Report) {}
 
     async fn info(&self) -> Result<BackendInfo, BackendError> {
         self.pods
@@ -270,11 +270,11 @@ impl Driver for KubeDriver {
     }
 
     /// A session's pod is not held still between cells.
-    async fn freeze(&self, _: &Guard) -> Freeze {
+    async fn freeze(&self, _: &str) -> Freeze {
         Freeze::Running
     }
 
-    async fn thaw(&self, _: &Guard) -> Result<(), BackendError> {
+    async fn thaw(&self, _: &str) -> Result<(), BackendError> {
         Ok(())
     }
 }

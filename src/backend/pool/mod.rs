@@ -166,6 +166,10 @@ struct State<L> {
     /// The imports of the pool's recent calls, oldest first (at most
     /// [`preload::DEMAND_WINDOW`]).
     demand: VecDeque<Vec<String>>,
+    /// What the pool's recent sessions imported after their first cell, one entry per
+    /// cell that imported something new to its session, oldest first (at most
+    /// [`preload::DEMAND_WINDOW`]; see [`Pool::later_imports`]).
+    later: VecDeque<Vec<String>>,
     /// The modules its sandboxes may preload (configured, then learned; what was found
     /// missing or too big is left out). Empty where nothing is preloaded.
     candidates: Vec<String>,
@@ -224,6 +228,7 @@ impl<L: Waiting> Pool<L> {
                 making: Vec::new(),
                 plan: preload::plan(size, &[], &[]),
                 demand: VecDeque::new(),
+                later: VecDeque::new(),
                 candidates: Vec::new(),
                 plain_at_once: MAKING_PER_KIND,
                 runs: None,
@@ -289,6 +294,35 @@ impl<L: Waiting> Pool<L> {
         if changed {
             self.wake.notify_one();
         }
+    }
+
+    /// A session of this pool imported `modules` after its first cell, none of them before.
+    pub(crate) fn note_later(&self, modules: &[String]) {
+        let mut st = self.state();
+        st.later.push_back(modules.to_vec());
+        while st.later.len() > preload::DEMAND_WINDOW {
+            st.later.pop_front();
+        }
+    }
+
+    /// What the pool's sessions commonly import after their first cell: the modules at
+    /// least [`preload::LEARN_MIN_RUNS`] of its recent sessions did. A session opens on a
+    /// sandbox that preloaded them as well as what its first cell imports, so that its
+    /// later cells find them loaded (and the pool's demand, so its plan, follows).
+    pub(crate) fn later_imports(&self) -> Vec<String> {
+        let st = self.state();
+        let mut counts: Vec<(&String, usize)> = Vec::new();
+        for m in st.later.iter().flatten() {
+            match counts.iter_mut().find(|(n, _)| *n == m) {
+                Some(c) => c.1 += 1,
+                None => counts.push((m, 1)),
+            }
+        }
+        counts
+            .into_iter()
+            .filter(|(_, c)| *c >= preload::LEARN_MIN_RUNS)
+            .map(|(m, _)| m.clone())
+            .collect()
     }
 
     /// Its kinds: what each preloads, how many it aims to keep, how many wait.
