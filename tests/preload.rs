@@ -560,7 +560,12 @@ async fn the_pool_mix_follows_each_tenant_s_demand() {
         .iter()
         .find(|k| k.modules.is_empty())
         .expect("a plain kind");
-    assert!(pandas.target >= 2 && plain.target == 1, "{mix:?}");
+    // One plain as the cover; two when a burst found the pool dry on a loaded machine
+    // (a dry pool refills deeper), never more plain than pandas.
+    assert!(
+        pandas.target >= 2 && (1..=pandas.target).contains(&plain.target),
+        "{mix:?}"
+    );
     assert!(
         common::own_containers_of(data_t)
             .iter()

@@ -175,7 +175,15 @@ impl CodeExecutor {
                 let run = this.tool_router.call(tcc);
                 tokio::pin!(run);
                 let done = tokio::select! {
-                    r = &mut run => r,
+                    // A cancel can end the run first (a question waiting for an answer
+                    // ends with it): the task is still `cancelled`.
+                    r = &mut run => {
+                        if tc.is_cancel_requested() {
+                            drop(admitted);
+                            return Err(TaskExit::Cancelled);
+                        }
+                        r
+                    }
                     _ = tc.cancelled() => {
                         // The core races every run against this token: the container is
                         // killed and removed; wait for that before settling.
