@@ -39,7 +39,8 @@ use tokio_util::sync::CancellationToken;
 /// The key of the one question in an `input_required` result (and of its answer).
 pub(crate) const KEY: &str = "consent";
 
-/// How long a parked run that has ended stays for a retry to collect its result.
+/// How long, at most, a parked run that has ended stays for a retry to collect its result:
+/// no longer than its question was open (the call's limit), and never over a minute.
 const KEEP_ENDED: Duration = Duration::from_secs(60);
 
 /// What a run tells the request waiting on it.
@@ -48,6 +49,8 @@ enum Event {
     Ask {
         question: String,
         answer: oneshot::Sender<bool>,
+        /// How long the question stays open.
+        limit: Duration,
     },
     /// The call's result.
     Done(Result<CallToolResponse, ErrorData>),
@@ -86,6 +89,7 @@ impl Asker {
                     let ask = Event::Ask {
                         question,
                         answer: tx,
+                        limit,
                     };
                     events.send(ask).await.ok()?;
                     tokio::time::timeout(limit, rx).await.map(|r| r.ok())
@@ -274,7 +278,11 @@ async fn wait(
                 None => r,
             }
         }
-        Some(Event::Ask { question, answer }) => {
+        Some(Event::Ask {
+            question,
+            answer,
+            limit,
+        }) => {
             let state = crate::ids::mint('q', &uuid::Uuid::new_v4().simple().to_string());
             let forget = state.clone();
             let run = w.run.clone();
@@ -289,10 +297,11 @@ async fn wait(
                 },
             );
             // Once the run has ended (an unanswered question stops it; so does its own
-            // timeout), a retry may still collect its result for a while, then it is gone.
+            // timeout), a retry may still collect its result for a while, then the state
+            // has expired.
             tokio::spawn(async move {
                 run.cancelled().await;
-                tokio::time::sleep(KEEP_ENDED).await;
+                tokio::time::sleep(limit.min(KEEP_ENDED)).await;
                 parked().remove(&forget);
             });
             Ok(CallToolResponse::InputRequired(question_for(

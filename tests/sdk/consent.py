@@ -240,15 +240,17 @@ def tasks(url, root):
 
 async def abandon(url, root):
     """A question left unanswered past the call's limit (the server's call_timeout_s is
-    3 s here): the run is stopped; a late answer gets the run's end, never a write."""
+    5 s here): the run is stopped; a late answer gets the run's end, never a write; once
+    the state has expired (as long again as the question was open), an answer is refused
+    like an unknown state."""
     async with Client(url, elicitation_callback=User(True)) as c:
         s = c.session
+        yes = {"consent": types.ElicitResult(action="accept", content={"approve": True})}
         path = os.path.join(root, "abandoned.txt")
         args = {"code": writer(path)}
         first = await s.call_tool("execute_code", args, allow_input_required=True)
         check(isinstance(first, types.InputRequiredResult), "input_required", first)
-        await asyncio.sleep(6)
-        yes = {"consent": types.ElicitResult(action="accept", content={"approve": True})}
+        await asyncio.sleep(7)
         try:
             r = await s.call_tool("execute_code", args, input_responses=yes,
                                   request_state=first.request_state, allow_input_required=True)
@@ -257,29 +259,44 @@ async def abandon(url, root):
         except MCPError as e:
             late = str(e)
         check(not os.path.exists(path), "nothing written after the question was abandoned")
+        print("ok: abandoned", late)
+
+        second = await s.call_tool("execute_code", args, allow_input_required=True)
+        check(isinstance(second, types.InputRequiredResult), "input_required again", second)
+        await asyncio.sleep(13)
+        try:
+            r = await s.call_tool("execute_code", args, input_responses=yes,
+                                  request_state=second.request_state, allow_input_required=True)
+            check(False, "an expired state is refused", r)
+        except MCPError as e:
+            check("unknown, expired" in str(e), "the expired state's refusal", str(e))
+        check(not os.path.exists(path), "nothing written by an expired state")
+        print("ok: expired state refused")
+
         r = await c.call_tool("execute_code", {"code": "print(6 * 7)"})
         check(stdout(r) == "42", "the next call runs", r)
-        print("ok: abandoned", late)
+        print("ok: the next call runs")
 
 
 def tenants(url, root, token_a, token_b):
-    """Tenant A's question answered with tenant B's token: refused, nothing written, and
-    A's own answer still works. Raw requests without the tasks extension."""
+    """A's question answered with B's token (another tenant's, or another signed-in user's
+    of the same tenant): refused, nothing written, and A's own answer still works. Raw
+    requests without the tasks extension."""
     with httpx.Client() as http:
         path = os.path.join(root, "tenant-a.txt")
         call = {"name": "execute_code", "arguments": {"code": writer(path)}}
         first = raw(http, url, "tools/call", call, token_a, tasks=False)
         check(first.get("resultType") == "input_required" and first.get("requestState"),
-              "input_required for tenant A", first)
+              "input_required for A", first)
         answer = call | {"requestState": first["requestState"],
                          "inputResponses": {"consent": {"action": "accept", "content": {"approve": True}}}}
         b = raw(http, url, "tools/call", answer, token_b, tasks=False)
-        check("error" in b and "requestState" in b["error"]["message"], "tenant B is refused", b)
+        check("error" in b and "requestState" in b["error"]["message"], "B is refused", b)
         check(not os.path.exists(path), "nothing written by B's answer")
         a = raw(http, url, "tools/call", answer, token_a, tasks=False)
         out = (a.get("structuredContent") or {}).get("stdout", "")
         check(out.strip() == "written" and open(path).read() == "approved", "A's answer works", a)
-        print("ok: another tenant's answer refused")
+        print("ok: another caller's answer refused")
 
 
 async def replicas(url, root):

@@ -45,24 +45,40 @@ async fn a_destructive_call_asks_through_input_required() {
     }
 }
 
-/// A question nobody answers within the call's limit stops the run: nothing written, the
-/// server says so, and the next call runs.
+/// A question nobody answers within the call's limit stops the run: nothing written, its
+/// sandbox removed, a late answer told so; once as long again has passed, the state has
+/// expired and is refused; the next call runs.
 #[tokio::test]
-async fn an_abandoned_question_ends_the_run() {
+async fn an_abandoned_question_ends_the_run_and_its_state_expires() {
     let dir = TempDir::new("abandon");
     let root = dir.0.join("root");
     std::fs::create_dir_all(&root).unwrap();
     let conf = format!(
-        "[limits]\ncall_timeout_s = 3\n{}",
+        "[limits]\ncall_timeout_s = 5\n{}",
         everything_and_filesystem(&root)
     );
     let s = start("consent-abandon", &conf, &dir.0, &[]).await;
     let _clean = common::remove_on_drop(&s.tenant);
     let out = sdk(&s, &root, &["abandon"]).await;
-    assert!(
-        out.contains("ok: abandoned") && out.contains("was not answered within 3s"),
-        "{out}"
-    );
+    for line in [
+        "was not answered within 5s",
+        "ok: abandoned",
+        "ok: expired state refused",
+        "ok: the next call runs",
+    ] {
+        assert!(out.contains(line), "{line} missing:\n{out}");
+    }
+    // The stopped runs' sandboxes (the pool is empty: each run's own, labelled with the
+    // tenant) are gone once the last call has answered.
+    let t0 = std::time::Instant::now();
+    while !common::containers_of(&s.tenant).is_empty() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(15),
+            "sandboxes left: {:?}",
+            common::containers_of(&s.tenant)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
 }
 
 /// Tenant A's question, answered with tenant B's token: refused like any bad state,
@@ -83,5 +99,5 @@ async fn another_tenants_answer_is_refused() {
     let _clean_a = common::remove_on_drop(&a);
     let _clean_b = common::remove_on_drop(&b);
     let out = sdk(&s, &root, &["tenants", &ta, &tb]).await;
-    assert!(out.contains("ok: another tenant's answer refused"), "{out}");
+    assert!(out.contains("ok: another caller's answer refused"), "{out}");
 }

@@ -5,8 +5,10 @@
 //! `execute_code_file`, the files `execute_code` keeps) is per user; a user's tasks are
 //! freed at the end of their lifetime, so the tenant's bound on kept tasks holds whatever
 //! the number of its users; one user's outputs kept for runs without a session do not take
-//! the tenant's sessions from the others.
+//! the tenant's sessions from the others; a consent question is answered by its asker
+//! only (issue 46, `consent.rs`).
 
+mod consent;
 mod support;
 
 use mcp_code_executor::tenancy::token;
