@@ -23,6 +23,8 @@ pub const DEFAULT_AGE: Duration = Duration::from_secs(300);
 const MAX_DOC_BYTES: usize = 256 * 1024;
 /// Time allowed for one fetch.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often an issuer that never gave a key set is tried again (one fetch at a time).
+pub const KEYLESS_COOLDOWN: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct State {
@@ -174,9 +176,15 @@ impl Issuer {
         }
     }
 
+    /// The cooldown, or [`KEYLESS_COOLDOWN`] while no key set was ever had (an issuer
+    /// started after the server: its first tokens work within a second of it answering).
     fn may_fetch(&self) -> bool {
         let s = self.state();
-        s.attempted.is_none_or(|t| t.elapsed() >= self.cooldown)
+        let cooldown = match s.keys {
+            Some(_) => self.cooldown,
+            None => self.cooldown.min(KEYLESS_COOLDOWN),
+        };
+        s.attempted.is_none_or(|t| t.elapsed() >= cooldown)
     }
 
     /// Fetch the metadata (once) and the key set now. The cache is replaced only by a
@@ -425,11 +433,20 @@ mod tests {
     #[tokio::test]
     async fn an_unreachable_issuer_is_tried_once_per_cooldown() {
         // Nothing listens on port 9 of loopback here.
+        // Never had keys: tried again after KEYLESS_COOLDOWN, not the long cooldown.
         let i = Issuer::new("http://127.0.0.1:9", Duration::from_secs(3600));
         let e = i.key(Some("k"), Algorithm::RS256).await.unwrap_err();
         assert!(e.contains("no keys of the issuer"), "{e}");
         let _ = i.key(Some("k"), Algorithm::RS256).await;
         let _ = i.key(Some("other"), Algorithm::RS256).await;
         assert_eq!(i.fetches(), 1, "one fetch per cooldown, whatever the kid");
+        tokio::time::sleep(KEYLESS_COOLDOWN + Duration::from_millis(100)).await;
+        let _ = i.key(Some("k"), Algorithm::RS256).await;
+        let _ = i.key(Some("k"), Algorithm::RS256).await;
+        assert_eq!(
+            i.fetches(),
+            2,
+            "a keyless issuer is tried again a second later, once"
+        );
     }
 }

@@ -85,16 +85,18 @@ async fn keys_rotate_after_one_refetch_and_the_last_good_keys_outlive_the_issuer
         }
     };
     let t1 = issuer.token("acme-ci", "mcp", &resource).await;
-    // Within the cooldown of the failed start-up fetch, keys are not fetched again.
-    if started.elapsed() < Duration::from_secs(8) {
-        assert_eq!(ok(t1.clone()).await, 401, "no refetch within the cooldown");
-        assert_eq!(issuer.jwks_fetches().await, 0);
+    // The server never had this issuer's keys: it tries again at most once a second (not
+    // every 10 s, as before), so the first tokens after the issuer answers work.
+    let mut code = ok(t1.clone()).await;
+    while code != 200 && started.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        code = ok(t1.clone()).await;
     }
-    tokio::time::sleep(Duration::from_secs(11).saturating_sub(started.elapsed())).await;
     assert_eq!(
-        ok(t1.clone()).await,
+        code,
         200,
-        "the issuer answers: its keys are fetched"
+        "the issuer answers: its keys are fetched within a second or so ({:?} after it started)",
+        started.elapsed()
     );
     assert_eq!(issuer.jwks_fetches().await, 1);
     let fetched_at = Instant::now();
