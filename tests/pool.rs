@@ -280,14 +280,21 @@ async fn a_pool_container_killed_just_before_dispatch_still_gives_the_right_resu
         s.drain().await;
         // Kill every waiting one: a round whose job found the pool without a live one (the
         // pool saw the death first) leaves the pool deeper (two) for the next.
+        // (One the pool is still making may not run yet, on a loaded machine: `docker kill`
+        // refuses it, and it is left to the pool.)
         let waiting = pool_containers();
         assert!(!waiting.is_empty(), "round {i}: {:?}", s.pool_stats());
-        let killed = Command::new("docker")
-            .arg("kill")
-            .args(&waiting)
-            .output()
-            .unwrap();
-        assert!(killed.status.success(), "{killed:?}");
+        let mut killed = 0;
+        for id in &waiting {
+            let k = Command::new("docker").args(["kill", id]).output().unwrap();
+            let err = String::from_utf8_lossy(&k.stderr);
+            assert!(
+                k.status.success() || err.contains("is not running"),
+                "{k:?}"
+            );
+            killed += usize::from(k.status.success());
+        }
+        assert!(killed >= 1, "round {i}: none of {waiting:?} was running");
         // No pause: the pool may not have seen the deaths yet. Either it replaces the
         // containers, or the job finds its one dead and runs again in a fresh one; never
         // a result of a dead one.
