@@ -248,28 +248,31 @@ async def abandon(url, root):
         yes = {"consent": types.ElicitResult(action="accept", content={"approve": True})}
         path = os.path.join(root, "abandoned.txt")
         args = {"code": writer(path)}
+
+        async def answer(question):
+            """The retry answering `question`: its result, or the error's text."""
+            try:
+                return await s.call_tool("execute_code", args, input_responses=yes,
+                                         request_state=question.request_state,
+                                         allow_input_required=True)
+            except MCPError as e:
+                return str(e)
+
         first = await s.call_tool("execute_code", args, allow_input_required=True)
         check(isinstance(first, types.InputRequiredResult), "input_required", first)
         await asyncio.sleep(7)
-        try:
-            r = await s.call_tool("execute_code", args, input_responses=yes,
-                                  request_state=first.request_state, allow_input_required=True)
-            late = json.dumps(r.model_dump(mode="json"))[:400]
-            check(isinstance(r, types.CallToolResult) and stdout(r) != "written", "a late answer", late)
-        except MCPError as e:
-            late = str(e)
+        r = await answer(first)
+        late = r if isinstance(r, str) else json.dumps(r.model_dump(mode="json"))[:400]
+        check(isinstance(r, str) or (isinstance(r, types.CallToolResult) and stdout(r) != "written"),
+              "a late answer", late)
         check(not os.path.exists(path), "nothing written after the question was abandoned")
         print("ok: abandoned", late)
 
         second = await s.call_tool("execute_code", args, allow_input_required=True)
         check(isinstance(second, types.InputRequiredResult), "input_required again", second)
         await asyncio.sleep(13)
-        try:
-            r = await s.call_tool("execute_code", args, input_responses=yes,
-                                  request_state=second.request_state, allow_input_required=True)
-            check(False, "an expired state is refused", r)
-        except MCPError as e:
-            check("unknown, expired" in str(e), "the expired state's refusal", str(e))
+        r = await answer(second)
+        check(isinstance(r, str) and "unknown, expired" in r, "the expired state's refusal", r)
         check(not os.path.exists(path), "nothing written by an expired state")
         print("ok: expired state refused")
 

@@ -1083,21 +1083,7 @@ async fn sdk_client(s: &Server, missing: &Path) -> String {
 /// `tests/sdk/SCRIPT URL ARGS...` with the official Python SDK's interpreter, against `s`:
 /// its standard output, after asserting that it exited 0 within 5 minutes.
 pub(crate) async fn sdk_script(s: &Server, script: &str, args: &[&std::ffi::OsStr]) -> String {
-    let out = tokio::process::Command::new(common::sdk_python())
-        .arg(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/sdk")
-                .join(script),
-        )
-        .arg(s.url("/mcp"))
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(300), out)
-        .await
-        .expect("the SDK client ends within 5 minutes")
-        .expect("python starts");
+    let out = sdk_output(&s.url("/mcp"), script, args).await;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -1106,6 +1092,29 @@ pub(crate) async fn sdk_script(s: &Server, script: &str, args: &[&std::ffi::OsSt
         s.log_tail(30)
     );
     stdout
+}
+
+/// `tests/sdk/SCRIPT URL ARGS…` with the official SDK's Python, ended within 5 minutes.
+pub(crate) async fn sdk_output(
+    url: &str,
+    script: &str,
+    args: &[&std::ffi::OsStr],
+) -> std::process::Output {
+    let out = tokio::process::Command::new(common::sdk_python())
+        .arg(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/sdk")
+                .join(script),
+        )
+        .arg(url)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(Duration::from_secs(300), out)
+        .await
+        .expect("the SDK client ends within 5 minutes")
+        .expect("python starts")
 }
 
 #[tokio::test]

@@ -4,11 +4,8 @@
 //! still works. The raw requests are `tests/sdk/consent.py`'s (mode `tenants`, which takes
 //! any two bearer tokens).
 
-use std::path::Path;
-use std::time::Duration;
-
 use super::support::{Hosted, Issuer, TempDir};
-use crate::codemode::everything_and_filesystem;
+use crate::codemode::{everything_and_filesystem, sdk_output};
 use crate::common;
 
 #[tokio::test]
@@ -33,19 +30,13 @@ async fn another_users_answer_is_refused() {
         issuer.token("acme-ci", &s.resource()).await,
         issuer.token("acme-ci-2", &s.resource()).await,
     );
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/consent.py");
-    let out = tokio::process::Command::new(common::sdk_python())
-        .arg(script)
-        .arg(s.mcp())
-        .arg(&root)
-        .args(["tenants", &ta, &tb])
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(180), out)
-        .await
-        .expect("the script ends within 3 minutes")
-        .expect("python starts");
+    let args = [
+        root.as_os_str(),
+        "tenants".as_ref(),
+        ta.as_ref(),
+        tb.as_ref(),
+    ];
+    let out = sdk_output(&s.mcp(), "consent.py", &args).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("ok: another caller's answer refused"),
