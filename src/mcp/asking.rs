@@ -49,8 +49,11 @@ enum Event {
     Ask {
         question: String,
         answer: oneshot::Sender<bool>,
-        /// How long the question stays open.
+        /// How long the question stays open, from the moment it is put to the client.
         limit: Duration,
+        /// Told when the question is put to the client (its clock starts then: a question
+        /// pending behind another is not yet seen).
+        seen: oneshot::Sender<()>,
     },
     /// The call's result.
     Done(Result<CallToolResponse, ErrorData>),
@@ -86,12 +89,17 @@ impl Asker {
             let answered = match &self.to {
                 To::Call(events) => {
                     let (tx, rx) = oneshot::channel();
+                    let (seen_tx, seen) = oneshot::channel();
                     let ask = Event::Ask {
                         question,
                         answer: tx,
                         limit,
+                        seen: seen_tx,
                     };
                     events.send(ask).await.ok()?;
+                    // Unseen, it waits behind another question (bounded by that one's clock)
+                    // or for the request to come back; never put, it is never answered.
+                    seen.await.ok()?;
                     tokio::time::timeout(limit, rx).await.map(|r| r.ok())
                 }
                 To::Task(task, n) => {
@@ -123,8 +131,8 @@ impl Asker {
 
 /// A run waiting for an answer, under its `requestState`.
 struct Parked {
-    /// Whose it is: the tenant's executor and the principal ([`crate::app::Connection::owner`]).
-    executor: usize,
+    /// Whose it is: the tenant and the principal ([`crate::app::Connection::owner`]).
+    tenant: String,
     owner: Option<String>,
     tool: String,
     answer: oneshot::Sender<bool>,
@@ -157,7 +165,7 @@ pub(crate) fn wanted(ctx: &RequestContext<RoleServer>) -> bool {
 
 /// Whose call this is, for binding a parked run to its caller.
 pub(crate) struct Caller {
-    pub executor: usize,
+    pub tenant: String,
     pub owner: Option<String>,
     pub tool: String,
 }
@@ -193,8 +201,10 @@ where
     let ended = run.clone();
     tokio::spawn(async move {
         let done = fut.await;
-        let _ = tx.send(Event::Done(done)).await;
+        // Ended first: a question still pending in the channel is then dropped by the
+        // waiting side, and a parked one is forgotten in time, even while this send waits.
         ended.cancel();
+        let _ = tx.send(Event::Done(done)).await;
     });
     wait(
         who,
@@ -227,9 +237,9 @@ pub(crate) async fn resume(
     };
     let waiting = {
         let mut map = parked();
-        let mine = map.get(state).is_some_and(|p| {
-            p.executor == who.executor && p.owner == who.owner && p.tool == who.tool
-        });
+        let mine = map
+            .get(state)
+            .is_some_and(|p| p.tenant == who.tenant && p.owner == who.owner && p.tool == who.tool);
         if !mine {
             return Err(refused());
         }
@@ -263,11 +273,18 @@ async fn wait(
     mut w: Waiting,
     request_ct: CancellationToken,
 ) -> Result<CallToolResponse, ErrorData> {
-    let ev = tokio::select! {
-        ev = w.events.recv() => ev,
-        _ = request_ct.cancelled() => {
-            w.run.cancel();
-            w.events.recv().await
+    let ev = loop {
+        let ev = tokio::select! {
+            ev = w.events.recv() => ev,
+            _ = request_ct.cancelled() => {
+                w.run.cancel();
+                w.events.recv().await
+            }
+        };
+        match ev {
+            // A question of a run that has ended (its result follows): nobody to ask.
+            Some(Event::Ask { .. }) if w.run.is_cancelled() => continue,
+            ev => break ev,
         }
     };
     match ev {
@@ -282,6 +299,7 @@ async fn wait(
             question,
             answer,
             limit,
+            seen,
         }) => {
             let state = crate::ids::mint('q', &uuid::Uuid::new_v4().simple().to_string());
             let forget = state.clone();
@@ -289,7 +307,7 @@ async fn wait(
             parked().insert(
                 state.clone(),
                 Parked {
-                    executor: who.executor,
+                    tenant: who.tenant,
                     owner: who.owner,
                     tool: who.tool,
                     answer,
@@ -304,6 +322,7 @@ async fn wait(
                 tokio::time::sleep(limit.min(KEEP_ENDED)).await;
                 parked().remove(&forget);
             });
+            let _ = seen.send(());
             Ok(CallToolResponse::InputRequired(question_for(
                 question, state,
             )))

@@ -302,6 +302,31 @@ def tenants(url, root, token_a, token_b):
         print("ok: another caller's answer refused")
 
 
+def two_pending(url, root):
+    """Two writes asked together (two threads), the first question left unanswered until the
+    run's own timeout (3 s) has passed: the late answer gets the run's end, not the second
+    question of a run that is over (before, the run's end waited behind that question
+    forever, and its state with it)."""
+    with httpx.Client() as http:
+        paths = [os.path.join(root, f"pending-{i}.txt") for i in range(2)]
+        code = ("import threading\n" + "".join(
+            f"def w{i}():\n" + "".join("    " + line + "\n" for line in writer(p).splitlines())
+            for i, p in enumerate(paths))
+            + "ts = [threading.Thread(target=w0), threading.Thread(target=w1)]\n"
+            + "[t.start() for t in ts]\n[t.join() for t in ts]\n")
+        call = {"name": "execute_code", "arguments": {"code": code, "timeout": 10}}
+        first = raw(http, url, "tools/call", call, tasks=False)
+        check(first.get("resultType") == "input_required", "the first question", first)
+        time.sleep(12)
+        answer = call | {"requestState": first["requestState"],
+                         "inputResponses": {"consent": {"action": "accept", "content": {"approve": True}}}}
+        late = raw(http, url, "tools/call", answer, tasks=False)
+        check(late.get("resultType") != "input_required" and "error" not in late,
+              "the run's end, not a question of a run that is over", late)
+        check(not any(os.path.exists(p) for p in paths), "nothing written")
+        print("ok: two pending questions and the run's timeout")
+
+
 async def replicas(url, root):
     """Through a balancer without affinity in front of two replicas: each retry with the
     answer must reach the replica whose run asked (round robin sends it to the other)."""
@@ -323,6 +348,9 @@ async def main():
         return
     if sys.argv[3:4] == ["tenants"]:
         tenants(url, root, *sys.argv[4:6])
+        return
+    if sys.argv[3:] == ["two-pending"]:
+        two_pending(url, root)
         return
     if sys.argv[3:] == ["replicas"]:
         await replicas(url, root)

@@ -101,3 +101,26 @@ async fn another_tenants_answer_is_refused() {
     let out = sdk(&s, &root, &["tenants", &ta, &tb]).await;
     assert!(out.contains("ok: another caller's answer refused"), "{out}");
 }
+
+/// Two questions pending together and the run's own timeout: a late answer gets the run's
+/// end (before: the second question of a run that was over, and the run's result and
+/// state held until shutdown, its end waiting behind that question).
+#[tokio::test]
+async fn a_run_that_ends_with_two_questions_pending_answers_its_end() {
+    let dir = TempDir::new("consent-two");
+    let root = dir.0.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let s = start(
+        "consent-two",
+        &everything_and_filesystem(&root),
+        &dir.0,
+        &[],
+    )
+    .await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let out = sdk(&s, &root, &["two-pending"]).await;
+    assert!(
+        out.contains("ok: two pending questions and the run's timeout"),
+        "{out}"
+    );
+}

@@ -266,7 +266,7 @@ impl CodeExecutor {
         let asks = super::tasks::TOOLS.contains(&request.name.as_ref());
         if asks {
             let who = super::asking::Caller {
-                executor: Arc::as_ptr(self.executor()) as usize,
+                tenant: self.executor().tenant().to_string(),
                 owner: self.conn.owner(principal_of(&context).as_ref()),
                 tool: request.name.to_string(),
             };
