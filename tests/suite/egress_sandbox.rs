@@ -435,3 +435,20 @@ print(json.dumps(res))
         );
     }
 }
+
+/// Through the official Python SDK (`tests/sdk/egress.py`), in its default mode (2026-07-28,
+/// no protocol session) and its legacy mode: execute_code reaches the allowed host
+/// (tunnelled: the server saw the client's own SNI) and is refused another, and an
+/// execute_python session reaches it cell after cell.
+#[tokio::test]
+async fn the_official_python_sdk_reaches_an_allowed_host_in_both_modes() {
+    let up = TlsUpstream::start(&["data.example.test"]).await;
+    let dir = TempDir::new("egress-sdk");
+    let s = start("egress-sdk", &policy(up.port), &dir).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let port = up.port.to_string();
+    let out =
+        crate::codemode::sdk_script(&s, "egress.py", &[port.as_ref(), up.ca.as_os_str()]).await;
+    assert!(out.contains("ok: auto 2026-07-28"), "{out}");
+    assert!(out.contains("ok: legacy 2025-11-25"), "{out}");
+}
