@@ -349,6 +349,32 @@ print(json.dumps({{'p50': ms[len(ms) // 2], 'p95': ms[int(len(ms) * 0.95)]}}))
         host["p50"].as_f64().unwrap(),
         host["p95"].as_f64().unwrap()
     );
+    // A 200 MB download, streamed (the issue's goal: at least half the host's throughput).
+    let download = |host: &str| {
+        format!(
+            r#"
+import json, time, requests
+n, got = 200_000_000, 0
+t = time.perf_counter()
+with requests.get('https://{host}:{port}/big={{}}'.format(n), stream=True, timeout=60) as r:
+    for chunk in r.iter_content(1 << 20):
+        got += len(chunk)
+s = time.perf_counter() - t
+assert got >= n, got
+print(json.dumps({{'mb_s': got / s / 1e6}}))
+"#
+        )
+    };
+    let code = format!("{}{}", trusting(&ca), download("data.example.test"));
+    let (out, err, _) = run_with(&peer, &code, 300).await;
+    let sandbox = last_json(&out, &err)["mb_s"].as_f64().unwrap();
+    let (ok, out, err) = crate::egress::python(&download("127.0.0.1"), "", &up.ca).await;
+    assert!(ok, "{out}\n{err}");
+    let host = last_json(&out, &err)["mb_s"].as_f64().unwrap();
+    println!(
+        "200 MB HTTPS download: sandbox through the proxy {sandbox:.0} MB/s; host direct {host:.0} MB/s ({:.0} %)",
+        100.0 * sandbox / host
+    );
     drop(client);
 }
 
