@@ -93,12 +93,8 @@ in_run cargo test --no-fail-fast -- --test-threads=2 || status=$?
 # battery (bombs, network, read-only root, capabilities, limits, cancellation, timeouts,
 # truncation, figures, files), sessions (also over MCP), the warm pool, environments and installs.
 # (`env::` also matches `mcp_env::`, which is skipped: it is not an isolation test.)
-# KNOWN DEFECT, skipped here only: under gVisor an execute_python session with egress fails
-# its cell ("the sandbox's input is already closed"), seen 2026-11-28 after sessions began
-# reusing the waiting interpreter; it passes under runc (the first pass). Issue #41.
 in_run env MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast --test suite -- --test-threads=2 \
-  engine:: session:: session_files:: env:: mcp_sessions:: egress_sandbox --skip mcp_env:: \
-  --skip egress_sandbox::an_execute_python_session_reaches_an_allowed_host_cell_after_cell || status=$?
+  engine:: session:: session_files:: env:: mcp_sessions:: egress_sandbox --skip mcp_env:: || status=$?
 in_run env MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast --test pool -- --test-threads=2 || status=$?
 
 # Only what this run's tests made (owner label $run_host/...); other servers' and other

@@ -22,7 +22,9 @@
 //! - [`sandbox`]: the proxy installed for the sandboxes: each run's scope, serving the
 //!   streams the backend relays from the runner (`crate::backend::relay`).
 //!
-//! What is not here yet (docs/egress.md): TLS interception with injected credentials.
+//! Rules come from the policy file and the tenants file (`[[tenants.egress]]`, see
+//! [`policy::TenantRule`]). What is not here yet (docs/egress.md): TLS interception with
+//! injected credentials.
 
 pub mod address;
 pub mod limits;

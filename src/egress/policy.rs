@@ -254,6 +254,13 @@ impl Policy {
         file.into_policy()
     }
 
+    /// The tenants file's rules (`[[tenants.egress]]`, each serving its tenant alone) after
+    /// this policy's server-wide ones.
+    pub fn with_tenant_rules(mut self, rules: impl IntoIterator<Item = Rule>) -> Policy {
+        self.rules.extend(rules);
+        self
+    }
+
     /// One line for the start-up log: how many rules, the hosts.
     pub fn summary(&self) -> String {
         let hosts: Vec<&str> = self.rules.iter().map(|r| r.host.as_str()).collect();
@@ -324,6 +331,34 @@ struct RuleFile {
     paths: Option<Vec<String>>,
     #[serde(default)]
     tenants: Option<Vec<String>>,
+}
+
+/// A tenant's own rule (`[[tenants.egress]]` in the tenants file): a `[[rules]]` entry of
+/// the policy file less `tenants`; it serves that tenant alone.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantRule {
+    host: String,
+    #[serde(default)]
+    ports: Option<Vec<u16>>,
+    #[serde(default)]
+    methods: Option<Vec<String>>,
+    #[serde(default)]
+    paths: Option<Vec<String>>,
+}
+
+impl TenantRule {
+    /// Checked as a policy file's rule is, for `tenant` alone.
+    pub fn into_rule(self, tenant: &str) -> Result<Rule, String> {
+        RuleFile {
+            host: self.host,
+            ports: self.ports,
+            methods: self.methods,
+            paths: self.paths,
+            tenants: Some(vec![tenant.to_string()]),
+        }
+        .into_rule()
+    }
 }
 
 fn seconds(key: &str, v: Option<f64>, default: Duration) -> Result<Duration, String> {
@@ -701,6 +736,21 @@ mod tests {
             let e = Policy::parse(text).unwrap_err();
             assert!(e.contains(want), "{text:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_tenants_rule_serves_that_tenant_alone() {
+        let rule: TenantRule = toml::from_str("host = \"data.example.test\"").unwrap();
+        let p = Policy::parse("")
+            .unwrap()
+            .with_tenant_rules([rule.into_rule("alice").unwrap()]);
+        let host = name("data.example.test");
+        assert!(p.allow_target("alice", &host, 443, Ask::Tunnel).is_ok());
+        assert!(p.allow_target("bob", &host, 443, Ask::Tunnel).is_err());
+        // A tenant's rule cannot name other tenants.
+        assert!(toml::from_str::<TenantRule>("host = \"a.test\"\ntenants = [\"bob\"]").is_err());
+        let bad: TenantRule = toml::from_str("host = \"*.test\"").unwrap();
+        assert!(bad.into_rule("alice").is_err());
     }
 
     #[test]

@@ -132,12 +132,27 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
         crate::codemode::install(m);
     }
     // Egress (#41): the policy is read and checked at start-up, so that a wrong file stops
-    // the server now rather than the first run that needs it.
-    if let Some(path) = &cfg.egress_file {
-        let policy = crate::egress::Policy::load(path).map_err(anyhow::Error::msg)?;
+    // the server now rather than the first run that needs it. The tenants file's own rules
+    // ([[tenants.egress]]) join it, and turn egress on by themselves (default limits).
+    let tenant_egress: Vec<crate::egress::policy::Rule> = tenants
+        .iter()
+        .flatten()
+        .flat_map(|t| t.limits.egress.iter().cloned())
+        .collect();
+    if cfg.egress_file.is_some() || !tenant_egress.is_empty() {
+        let (from, policy) = match &cfg.egress_file {
+            Some(path) => (
+                path.display().to_string(),
+                crate::egress::Policy::load(path).map_err(anyhow::Error::msg)?,
+            ),
+            None => (
+                "(none: the tenants file's rules, default limits)".to_string(),
+                crate::egress::Policy::parse("").map_err(anyhow::Error::msg)?,
+            ),
+        };
+        let policy = policy.with_tenant_rules(tenant_egress);
         say!(
-            "mcp-code-executor: egress policy {}: {}",
-            path.display(),
+            "mcp-code-executor: egress policy {from}: {}",
             policy.summary()
         );
         crate::egress::sandbox::install(crate::egress::Proxy::new(policy));

@@ -69,6 +69,9 @@ pub struct TenantLimits {
     /// Code mode: upstream MCP servers only this tenant's code sees, beside the tools
     /// file's (`[[tenants.servers]]`; docs/code-mode.md).
     pub servers: Vec<crate::codemode::config::Server>,
+    /// Egress: hosts only this tenant's code may reach, beside the policy file's rules
+    /// (`[[tenants.egress]]`; docs/egress.md), each serving this tenant alone.
+    pub egress: Vec<crate::egress::policy::Rule>,
 }
 
 impl TenantLimits {
@@ -156,6 +159,8 @@ struct Entry {
     preload: Option<Vec<String>>,
     #[serde(default)]
     servers: Vec<crate::codemode::config::Server>,
+    #[serde(default)]
+    egress: Vec<crate::egress::policy::TenantRule>,
 }
 
 fn yes() -> bool {
@@ -354,6 +359,15 @@ fn parse_tenants(entries: Vec<Entry>) -> Result<Vec<Tenant>, String> {
             env_paths: e.env_paths,
             preload: e.preload,
             servers: e.servers,
+            egress: e
+                .egress
+                .into_iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    r.into_rule(&id)
+                        .map_err(|d| at(&format!("egress entry {}: {d}", i + 1)))
+                })
+                .collect::<Result<_, _>>()?,
         };
         crate::codemode::config::check_tenant_servers(&limits.servers).map_err(|d| at(&d))?;
         if let Some(bad) = limits

@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RUNNER_DIR = os.path.join(HERE, "..", "..", "images", "sandbox")
 sys.path.insert(0, RUNNER_DIR)
 
-from mcp_runner import cgroup, figures, frames, limits, output, preload, run, workspace  # noqa: E402
+from mcp_runner import cgroup, figures, frames, limits, netrelay, output, preload, run, workspace  # noqa: E402
 from mcp_runner.watch import Watch  # noqa: E402
 from mcp_runner.child import Child  # noqa: E402
 from mcp_runner.job import read_job  # noqa: E402
@@ -522,6 +522,58 @@ class WatchTest(unittest.TestCase):
             for fd in (r1, w1, r2, w2):
                 if fd is not None:
                     os.close(fd)
+
+
+class NetRelayTest(unittest.TestCase):
+    def test_a_hang_up_on_a_stream_without_credit_does_not_wake_the_loop(self):
+        """The code resets a connection whose stream has used its window: the relay waits
+        for the server's credit, not in a loop woken by the hang-up for ever."""
+        import socket
+
+        saved = netrelay.PORT
+        netrelay.PORT = 0  # any free port on the host running the test
+        client = None
+        try:
+            with CapturedFrames() as cap:
+                net = netrelay.Net()
+                watch = Watch()
+                net.attach(watch)
+                port = net.listener.getsockname()[1]
+                client = socket.create_connection(("127.0.0.1", port))
+                for fd, _ in watch.select(2):
+                    net.event(fd)
+                self.assertEqual(len(net.streams), 1)
+                st = next(iter(net.streams.values()))
+                st.credit = 0  # the window is used up: the server has not granted more
+                net.interest(st)
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                client.close()  # a reset: a hang-up on the relay's side
+                client = None
+                wakes = 0
+                for _ in range(20):
+                    ready = watch.select(0.01)
+                    wakes += len(ready)
+                    for fd, _ in ready:
+                        net.event(fd)
+                self.assertEqual(wakes, 0, "the loop spun on a hang-up it could not act on")
+                # Credit arrives: the relay reads the end of the stream and tells the server.
+                net.from_server({"s": st.sid, "op": "credit", "k": 1024}, b"")
+                for _ in range(5):
+                    for fd, _ in watch.select(0.2):
+                        net.event(fd)
+                    if st.sid not in net.streams:
+                        break
+                self.assertNotIn(st.sid, net.streams)
+                net.reset()
+                net.listener.close()
+            ops = [p[4:5] for k, p in parse_frames(cap.raw) if k == b"N"]
+            self.assertEqual(ops[0], b"o")
+            self.assertIn(b"c", ops[1:], ops)
+        finally:
+            netrelay.PORT = saved
+            frames.INBOX.on_net = None
+            if client is not None:
+                client.close()
 
 
 class StartUpTest(unittest.TestCase):

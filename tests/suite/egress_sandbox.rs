@@ -349,5 +349,132 @@ print(json.dumps({{'p50': ms[len(ms) // 2], 'p95': ms[int(len(ms) * 0.95)]}}))
         host["p50"].as_f64().unwrap(),
         host["p95"].as_f64().unwrap()
     );
+    // A 200 MB download, streamed (the issue's goal: at least half the host's throughput).
+    let download = |host: &str| {
+        format!(
+            r#"
+import json, time, requests
+n, got = 200_000_000, 0
+t = time.perf_counter()
+with requests.get('https://{host}:{port}/big={{}}'.format(n), stream=True, timeout=60) as r:
+    for chunk in r.iter_content(1 << 20):
+        got += len(chunk)
+s = time.perf_counter() - t
+assert got >= n, got
+print(json.dumps({{'mb_s': got / s / 1e6}}))
+"#
+        )
+    };
+    let code = format!("{}{}", trusting(&ca), download("data.example.test"));
+    let (out, err, _) = run_with(&peer, &code, 300).await;
+    let sandbox = last_json(&out, &err)["mb_s"].as_f64().unwrap();
+    let (ok, out, err) = crate::egress::python(&download("127.0.0.1"), "", &up.ca).await;
+    assert!(ok, "{out}\n{err}");
+    let host = last_json(&out, &err)["mb_s"].as_f64().unwrap();
+    println!(
+        "200 MB HTTPS download: sandbox through the proxy {sandbox:.0} MB/s; host direct {host:.0} MB/s ({:.0} %)",
+        100.0 * sandbox / host
+    );
     drop(client);
+}
+
+/// Rules of the tenants file (`[[tenants.egress]]`) serve their tenant alone: the first
+/// tenant reaches its host (by name and by the loopback address its rule names), the
+/// second, on the same server with the same policy file, is refused both.
+#[tokio::test]
+async fn a_tenants_own_rules_are_not_another_tenants() {
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::ServiceExt;
+
+    let up = TlsUpstream::start(&["data.example.test"]).await;
+    let port = up.port;
+    let ca = std::fs::read_to_string(&up.ca).unwrap();
+    let dir = TempDir::new("egress-ten");
+    // The server-wide file says where the name lives and allows nothing.
+    let file = dir.0.join("egress.toml");
+    std::fs::write(&file, "[resolve]\n\"data.example.test\" = \"127.0.0.1\"\n").unwrap();
+    let own = format!(
+        "[[tenants.egress]]\nhost = \"data.example.test\"\nports = [{port}]\n\
+         [[tenants.egress]]\nhost = \"127.0.0.1\"\nports = [{port}]\n"
+    );
+    let (tenants, a, b, ta, tb) = crate::codemode::two_tenants(&dir.0, "eg", &own, "");
+    let runtime = common::runtime();
+    let mut args = vec![
+        "--egress",
+        file.to_str().unwrap(),
+        "--tenants",
+        tenants.to_str().unwrap(),
+    ];
+    if let Some(r) = &runtime {
+        args.extend(["--runtime", r.as_str()]);
+    }
+    let s = Server::start(
+        "egress-ten",
+        &args,
+        &[(
+            "RUST_LOG",
+            "mcp_code_executor=warn,mcp_code_executor::egress=info",
+        )],
+    )
+    .await;
+    let _clean_a = common::remove_on_drop(&a);
+    let _clean_b = common::remove_on_drop(&b);
+    let log = s.stderr();
+    assert!(log.contains("egress policy"), "{log}");
+    let code = format!(
+        r#"{trust}
+import json, requests
+res = {{}}
+for name, url in [('name', 'https://data.example.test:{port}/t'), ('address', 'https://127.0.0.1:{port}/t')]:
+    try:
+        r = requests.get(url, timeout=20, verify=False if name == 'address' else True)
+        res[name] = 'status %d' % r.status_code
+    except Exception as e:
+        res[name] = str(e)
+print(json.dumps(res))
+"#,
+        trust = trusting(&ca)
+    );
+    let mut seen = vec![];
+    for token in [&ta, &tb] {
+        let t = StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(s.url("/mcp"))
+                .auth_header(token.to_string()),
+        );
+        let client = ().serve(t).await.expect("connects");
+        let (out, err, _) = run_with(client.peer(), &code, 60).await;
+        seen.push(last_json(&out, &err));
+        drop(client);
+    }
+    assert_eq!(seen[0]["name"], "status 200", "{:?}", seen[0]);
+    assert_eq!(seen[0]["address"], "status 200", "{:?}", seen[0]);
+    for (what, host) in [
+        ("name", format!("data.example.test:{port}")),
+        ("address", format!("127.0.0.1:{port}")),
+    ] {
+        let said = seen[1][what].as_str().unwrap_or_default();
+        assert!(
+            said.contains(&format!("{host} not in the policy")),
+            "{what}: {:?}",
+            seen[1]
+        );
+    }
+}
+
+/// Through the official Python SDK (`tests/sdk/egress.py`), in its default mode (2026-07-28,
+/// no protocol session) and its legacy mode: execute_code reaches the allowed host
+/// (tunnelled: the server saw the client's own SNI) and is refused another, and an
+/// execute_python session reaches it cell after cell.
+#[tokio::test]
+async fn the_official_python_sdk_reaches_an_allowed_host_in_both_modes() {
+    let up = TlsUpstream::start(&["data.example.test"]).await;
+    let dir = TempDir::new("egress-sdk");
+    let s = start("egress-sdk", &policy(up.port), &dir).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let port = up.port.to_string();
+    let out =
+        crate::codemode::sdk_script(&s, "egress.py", &[port.as_ref(), up.ca.as_os_str()]).await;
+    assert!(out.contains("ok: auto 2026-07-28"), "{out}");
+    assert!(out.contains("ok: legacy 2025-11-25"), "{out}");
 }

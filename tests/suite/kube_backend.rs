@@ -2,7 +2,8 @@
 //! real API's pods subset, attach over WebSocket v5, each pod a real Docker container):
 //! a run, the hardening the stand-in received, the pool, a session, cancellation, a
 //! timeout, OOM, the deadline from the pod status, the sweep by label, owner references
-//! (and the garbage collection they give), and `serve --backend kubernetes --kubeconfig`
+//! (and the garbage collection they give), egress relayed over the attach (#41), and
+//! `serve --backend kubernetes --kubeconfig`
 //! serving `execute_code` to the official Python SDK.
 #![cfg(feature = "kubernetes")]
 
@@ -901,5 +902,65 @@ async fn oom_of_the_whole_pod_comes_from_the_pod_status() {
         (None, None),
         "no report from the runner: the verdict came from the pod status"
     );
+    assert_no_pods_left(&k, &b).await;
+}
+
+/// Egress from a pod (#41): the runner's channel is `pods/attach` here, and the code's
+/// connections are relayed over it to the proxy as on Docker: a run and a session's cells
+/// reach the allowed loopback HTTPS host (tunnelled: the server saw the client's own SNI),
+/// and a host not in the policy is refused with the clear error.
+#[tokio::test(flavor = "multi_thread")]
+async fn egress_reaches_an_allowed_host_from_a_pod() {
+    use mcp_code_executor::egress::{sandbox::with_proxy, Policy, Proxy};
+    let up = crate::egress::TlsUpstream::start(&["data.example.test"]).await;
+    let port = up.port;
+    let ca = std::fs::read_to_string(&up.ca).unwrap();
+    let policy = Policy::parse(&crate::egress_sandbox::policy(port)).unwrap();
+    let proxy = Proxy::new(policy);
+    let tenant = "t-kube-egress";
+    let k = standin().await;
+    let b = connect(config(&k)).await;
+    let trust = crate::egress_sandbox::trusting(&ca);
+    let code = format!(
+        "{trust}import requests\nprint(requests.get('https://data.example.test:{port}/k', timeout=20).text)\n\
+         try:\n    requests.get('https://other.example.test:{port}/', timeout=20)\nexcept Exception as e:\n    print(e)\n"
+    );
+    let mut j = job(&code, tenant);
+    j.limits.timeout = Duration::from_secs(60);
+    j.egress = Some(with_proxy(proxy.clone(), tenant));
+    let o = b.run(j, None).await.unwrap();
+    let out = o.stdout_text();
+    assert!(
+        out.contains(&format!(
+            "host=data.example.test:{port} sni=data.example.test"
+        )),
+        "{o:?}"
+    );
+    assert!(
+        out.contains(&format!("other.example.test:{port} not in the policy")),
+        "{o:?}"
+    );
+
+    let mut j = job("", tenant);
+    j.egress = Some(with_proxy(proxy, tenant));
+    let mut s = b.open_session(j).await.unwrap();
+    let t = Duration::from_secs(60);
+    let o = s
+        .exec(&format!("{trust}import requests"), t, None)
+        .await
+        .unwrap();
+    assert!(o.success(), "{o:?}");
+    for n in 2..=3 {
+        let o = s
+            .exec(
+                &format!("print(requests.get('https://data.example.test:{port}/c{n}', timeout=20).status_code)"),
+                t,
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(o.stdout_text(), "200\n", "cell {n}: {o:?}");
+    }
+    drop(s);
     assert_no_pods_left(&k, &b).await;
 }

@@ -111,8 +111,11 @@ class Net:
     def interest(self, st):
         read = st.credit > 0 and not st.code_eof
         write = bool(st.out)
-        if not read and not write and st.code_eof:
-            # Nothing to wait for from the code; a hang-up would wake the loop in vain.
+        if not read and not write:
+            # Nothing to wait for from the code now (it is done, or its window is used up
+            # until the server grants credit): a hang-up would wake the loop in vain, over
+            # and over (poll reports one whatever is asked). Credit or data registers it
+            # again.
             if st.fd in self.sel.tags:
                 self.sel.unregister(st.fd)
             return

@@ -26,6 +26,9 @@ use crate::job::{Limits, RunEvent};
 /// user's timeout: a slow daemon (or cluster) must not eat the code's time.
 pub(crate) const START_DEADLINE: Duration = Duration::from_secs(30);
 
+/// How long a message still being written when the report arrives may take to finish.
+const FINISH_WRITE: Duration = Duration::from_secs(5);
+
 /// A piece of what the sandbox's runner wrote: on its stdout (frames) or its stderr (the
 /// runner's own, never the user's).
 pub(crate) enum Chunk {
@@ -232,18 +235,33 @@ impl<G> Live<G> {
             .take()
             .ok_or_else(|| BackendError::Runner("the sandbox's input is already closed".into()))?;
         let close = close_input && hook.is_none();
-        let writer: Writing<'_> = write_input(stdin, input, close).boxed().fuse();
+        let mut writer: Writing<'_> = write_input(stdin, input, close).boxed().fuse();
         let mut idle = None;
-        let result = self.converse(writer, &mut idle, limits, events, hook).await;
+        let result = self
+            .converse(&mut writer, &mut idle, limits, events, hook)
+            .await;
+        if idle.is_none() && !writer.is_terminated() && matches!(result, Ok(Ended::Report(..))) {
+            // The report came while a message was still being written (a stream's bytes,
+            // a reply): finish it, so that the input stays whole and open for the next
+            // message of a session (the runner reads and drops what a finished cell was
+            // sent). Dropped half-written, the input was lost: the next cell failed with
+            // "already closed" (seen under gVisor, whose runner is slower to read).
+            if let Ok((r, stdin)) = tokio::time::timeout(FINISH_WRITE, &mut writer).await {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "writing into the sandbox failed");
+                }
+                idle = stdin;
+            }
+        }
         self.input = idle;
         result
     }
 
     /// The frame loop of [`Live::execute`]: `writer` writes into the runner's stdin and
     /// hands it back into `idle` when done.
-    async fn converse(
+    async fn converse<'a>(
         &mut self,
-        mut writer: Writing<'_>,
+        writer: &mut Writing<'a>,
         idle: &mut Option<Input>,
         limits: &Limits,
         events: &Events,
@@ -263,20 +281,20 @@ impl<G> Live<G> {
         let mut pushed = hook.as_ref().and_then(|h| h.outgoing());
         loop {
             let chunk = tokio::select! {
-                (r, stdin) = &mut writer, if !writer.is_terminated() => {
+                (r, stdin) = &mut *writer, if !writer.is_terminated() => {
                     tracing::trace!("input written");
                     if let Err(e) = r {
                         tracing::debug!(error = %e, "writing into the sandbox failed");
                     }
                     match (stdin, outbox.pop_front()) {
-                        (Some(s), Some(bytes)) => writer = write_reply(s, bytes),
+                        (Some(s), Some(bytes)) => *writer = write_reply(s, bytes),
                         (s, _) => *idle = s,
                     }
                     continue;
                 }
                 Some(bytes) = next_pushed(&mut pushed), if pushed.is_some() => {
                     match idle.take() {
-                        Some(s) => writer = write_reply(s, bytes),
+                        Some(s) => *writer = write_reply(s, bytes),
                         None if !writer.is_terminated() => outbox.push_back(bytes),
                         None => tracing::debug!("a stream's bytes for the sandbox found its input closed"),
                     }
@@ -285,7 +303,7 @@ impl<G> Live<G> {
                 Some(reply) = replies.next(), if !replies.is_empty() => {
                     if let Some(bytes) = reply {
                         match idle.take() {
-                            Some(s) => writer = write_reply(s, bytes),
+                            Some(s) => *writer = write_reply(s, bytes),
                             None if !writer.is_terminated() => outbox.push_back(bytes),
                             None => tracing::debug!("a reply for the sandbox found its input closed"),
                         }
@@ -351,5 +369,76 @@ impl<G> Live<G> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::protocol::Frame;
+    use std::sync::Mutex;
+    use tokio::io::AsyncReadExt;
+
+    /// A hook whose only part is one push of its own (a stream's bytes).
+    struct Pushes(Mutex<Option<futures::stream::BoxStream<'static, Vec<u8>>>>);
+
+    impl FrameHook for Pushes {
+        fn frame(&self, _: Frame) -> Result<Reply, BackendError> {
+            Ok(async { None }.boxed())
+        }
+        fn outgoing(&self) -> Option<futures::stream::BoxStream<'static, Vec<u8>>> {
+            self.0.lock().unwrap().take()
+        }
+    }
+
+    fn frame(kind: u8, payload: &[u8]) -> bytes::Bytes {
+        let mut v = vec![kind];
+        v.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        v.extend_from_slice(payload);
+        v.into()
+    }
+
+    /// The runner reports while the server is still writing a pushed message (its stdin
+    /// pipe full): the message is finished and the input stays open for the next one.
+    /// Before, the half-written message and the input were dropped, and the session's
+    /// next cell failed with "the sandbox's input is already closed".
+    #[tokio::test]
+    async fn a_report_during_a_write_keeps_the_input_whole_for_the_next_message() {
+        let (stdin, mut runner_in) = tokio::io::duplex(64);
+        let (out_tx, out_rx) = futures::channel::mpsc::unbounded::<Result<Chunk, ReadError>>();
+        let mut live = Live::new(
+            (),
+            Box::pin(stdin) as Input,
+            Box::pin(out_rx) as Output,
+            true,
+        );
+        let push = vec![b'n'; 4096];
+        let hook: Hook = Some(Arc::new(Pushes(Mutex::new(Some(
+            futures::stream::iter(vec![push.clone()]).boxed(),
+        )))));
+        let runner = tokio::spawn(async move {
+            let mut cell = [0u8; 4];
+            runner_in.read_exact(&mut cell).await.unwrap();
+            // The push is under way (64 bytes fit the pipe); the cell ends meanwhile.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let report = br#"{"exit_code":0,"signal":null,"cpu_ms":1,"peak_memory_bytes":1}"#;
+            out_tx
+                .unbounded_send(Ok(Chunk::Out(frame(b'X', report))))
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let mut rest = vec![0u8; 4096 + 4];
+            runner_in.read_exact(&mut rest).await.unwrap();
+            (cell, rest)
+        });
+        let ended = live
+            .execute(b"cell", false, &Limits::default(), &None, &hook)
+            .await
+            .unwrap();
+        assert!(matches!(ended, Ended::Report(..)));
+        live.send(b"next").await.unwrap();
+        let (cell, rest) = runner.await.unwrap();
+        assert_eq!(&cell, b"cell");
+        assert_eq!(&rest[..4096], &push[..]);
+        assert_eq!(&rest[4096..], b"next");
     }
 }
