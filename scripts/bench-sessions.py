@@ -13,7 +13,8 @@ session; a histogram cell in a session
 (its wall less its own drawing, timed inside the cell: `plt.hist` and a canvas draw) and
 the same histogram one-shot. Each new session is closed (`reset_session`, not timed) before
 the next call (the server gets `--max-sessions 500`, so that builds before issue 43's
-stage 2, where a reset handle kept its place until it idled out, can be compared). With `--flow`, the analyst flow once more, call by call (write a CSV,
+stage 2, where a reset handle kept its place until it idled out, can be compared). With
+`--flow`, the analyst flow once more, call by call (write a CSV,
 `describe()` in a new session, `groupby`, a histogram, write and read a summary, list
 files). `--gap` is the pause between calls (1 s by default; 0: back to back). The load
 average (`uptime`) is printed before and after each table: on a shared machine, compare
