@@ -5,17 +5,21 @@ one call a second, the kinds interleaved so that they share the machine's moods,
 p95 of each, and each p50 as a ratio to the one-shot `print(1)` of the same run.
 
     target/py-sdk/bin/python scripts/bench-sessions.py BINARY [--samples N] [--runtime runsc]
-        [--flow] [-- extra serve args]
+        [--gap SECONDS] [--flow] [-- extra serve args]
 
 Rows: a one-shot `execute_code` `print(1)`; a new session's first cell `print(1)`; a new
 session's first cell that imports pandas and makes a frame; a later cell `print(1)` in a
 session; a histogram cell in a session
 (its wall less its own drawing, timed inside the cell: `plt.hist` and a canvas draw) and
 the same histogram one-shot. Each new session is closed (`reset_session`, not timed) before
-the next call (the server gets `--max-sessions 500`: a handle keeps its place until it
-idles out). With `--flow`, the analyst flow once more, call by call (write a CSV,
+the next call (the server gets `--max-sessions 500`, so that builds before issue 43's
+stage 2, where a reset handle kept its place until it idled out, can be compared). With
+`--flow`, the analyst flow once more, call by call (write a CSV,
 `describe()` in a new session, `groupby`, a histogram, write and read a summary, list
-files). The server's data and code directories are temporary and removed at the end.
+files). `--gap` is the pause between calls (1 s by default; 0: back to back). The load
+average (`uptime`) is printed before and after each table: on a shared machine, compare
+ratios of one run, not figures across runs. The server's data and code directories are
+temporary and removed at the end.
 """
 
 import asyncio
@@ -67,6 +71,11 @@ async def close(client, r):
         await client.call_tool("reset_session", {"session_id": sid})
 
 
+def load():
+    with open("/proc/loadavg") as f:
+        return "load average %s" % " ".join(f.read().split()[:3])
+
+
 def stats(xs):
     xs = sorted(xs)
     at = lambda q: xs[round((len(xs) - 1) * q)]
@@ -76,6 +85,7 @@ def stats(xs):
 async def bench(url, samples, gap):
     rows = {k: [] for k in ("oneshot", "open_plain", "open_pandas", "later_plain", "hist_session",
                             "hist_oneshot")}
+    before = load()
     async with Client(url) as client:
         # A session kept for the histogram cells, with matplotlib imported once.
         _, r = await call(client, "execute_python", {"code": HIST_SETUP})
@@ -117,7 +127,7 @@ async def bench(url, samples, gap):
     for k, name in names.items():
         p50, p95 = stats(rows[k])
         print("| %s | %.1f | %.1f | %.2f |" % (name, p50, p95, p50 / base))
-    print("(n = %d each, one call every %.1f s)" % (samples, gap))
+    print("(n = %d each, %.1f s between calls; %s before, %s after)" % (samples, gap, before, load()))
 
 
 async def flow(url, gap):
@@ -133,7 +143,7 @@ async def flow(url, gap):
             "code": "g.to_csv('summary.csv')\nprint(open('summary.csv').read())"}),
         ("list files", "list_files", {}),
     ]
-    print("| step | ms |")
+    print("| step | ms |  (%s)" % load())
     print("| --- | --- |")
     async with Client(url) as client:
         sid = None
@@ -158,8 +168,8 @@ def main():
     binary = args[0]
     samples = int(args[args.index("--samples") + 1]) if "--samples" in args else 20
     gap = float(args[args.index("--gap") + 1]) if "--gap" in args else 1.0
-    # Each new session's handle holds a place among max_sessions until it idles out
-    # (reset_session ends its REPL only): room for every one the bench opens.
+    # Before issue 43's stage 2 a reset handle held its place among max_sessions until it
+    # idled out: room for every one the bench opens, so that such a build compares.
     serve = [binary, "serve", "--port", "0", "--max-sessions", "500"]
     if "--runtime" in args:
         serve += ["--runtime", args[args.index("--runtime") + 1]]

@@ -232,7 +232,12 @@ async fn open(
 ) -> Result<Live, AppError> {
     let x = &ex.sessions;
     // A standalone session already holds its place among max_sessions.
-    let ticket = if slot.ticket.is_some() {
+    let holds = slot
+        .ticket
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .is_some();
+    let ticket = if holds {
         None
     } else {
         match x.reserve() {
@@ -365,5 +370,8 @@ async fn exec(
 pub(super) async fn reset(x: &Arc<Sessions>, slot: &Arc<Slot>) -> bool {
     let _busy = x.busy();
     let mut cell = slot.cell.lock().await;
-    cell.take().is_some()
+    let had = cell.take().is_some();
+    // A standalone session's place among max_sessions goes back now, not at idle expiry.
+    x.release(slot);
+    had
 }

@@ -66,11 +66,12 @@ pub(super) struct Slot {
     /// The principal that made it ([`crate::tenancy::oauth::Principal::owner`]; `None`: the
     /// tenant's static token, or a server without tenants): nobody else finds it.
     pub(super) principal: Option<String>,
-    /// A standalone session's place among `max_sessions`, for its whole life.
-    pub(super) ticket: Option<Ticket>,
-    /// A files session ([`Sessions::open_for_files`]): no place among `max_sessions` but
-    /// while its REPL is open.
-    for_files: bool,
+    /// A standalone session's place among `max_sessions`, from its opening until
+    /// `reset_session` ends its REPL ([`Sessions::release`]).
+    pub(super) ticket: Mutex<Option<Ticket>>,
+    /// A files session ([`Sessions::open_for_files`], or a standalone one after a reset):
+    /// no place among `max_sessions` but while its REPL is open.
+    for_files: AtomicBool,
     pub(super) cell: tokio::sync::Mutex<Option<Live>>,
     /// Last use, for the idle timeout.
     pub(super) used: Mutex<Instant>,
@@ -264,8 +265,8 @@ impl Sessions {
                     workspace: workspace.to_string(),
                     owner: Some(conn),
                     principal,
-                    ticket: None,
-                    for_files: false,
+                    ticket: Mutex::new(None),
+                    for_files: AtomicBool::new(false),
                     cell: tokio::sync::Mutex::new(None),
                     used: Mutex::new(Instant::now()),
                     workspaces: workspaces.clone(),
@@ -320,8 +321,8 @@ impl Sessions {
             workspace,
             owner: None,
             principal: principal.clone(),
-            ticket: Some(ticket),
-            for_files: false,
+            ticket: Mutex::new(Some(ticket)),
+            for_files: AtomicBool::new(false),
             cell: tokio::sync::Mutex::new(None),
             used: Mutex::new(Instant::now()),
             workspaces: workspaces.clone(),
@@ -359,8 +360,8 @@ impl Sessions {
             workspace,
             owner: None,
             principal: principal.clone(),
-            ticket: None,
-            for_files: true,
+            ticket: Mutex::new(None),
+            for_files: AtomicBool::new(true),
             cell: tokio::sync::Mutex::new(None),
             used: Mutex::new(Instant::now()),
             workspaces: workspaces.clone(),
@@ -369,27 +370,12 @@ impl Sessions {
         // Removed (its workspace deleted on drop) after the map's lock is let go.
         let evicted = {
             let mut map = self.map();
-            let mine: Vec<&Arc<Slot>> = map
-                .values()
-                .filter(|s| s.for_files && s.principal == principal)
-                .collect();
-            let mut evicted = None;
-            if mine.len() >= max {
-                // Held only by the map (no call uses it) and no REPL open in it.
-                let oldest = mine
-                    .into_iter()
-                    .filter(|s| Arc::strong_count(s) == 1)
-                    .filter(|s| s.cell.try_lock().is_ok_and(|c| c.is_none()))
-                    .max_by_key(|s| s.idle())
-                    .map(|s| s.handle.clone());
-                let Some(oldest) = oldest else {
-                    return Err(AppError::Refused(format!(
-                        "no session could be opened to keep the files: the {max} sessions kept for your runs without a session_id are all in use. \
-                         Pass the session_id of one you have, or retry when a call on one ends."
-                    )));
-                };
-                evicted = map.remove(&oldest);
-            }
+            let evicted = Self::make_room(&mut map, principal.as_ref(), max, None).ok_or_else(|| {
+                AppError::Refused(format!(
+                    "no session could be opened to keep the files: the {max} sessions kept for your runs without a session_id are all in use. \
+                     Pass the session_id of one you have, or retry when a call on one ends."
+                ))
+            })?;
             map.insert(handle, slot.clone());
             evicted
         };
@@ -407,6 +393,58 @@ impl Sessions {
             "files session opened"
         );
         Ok(slot)
+    }
+
+    /// Room for one more files session of `principal` (at most `max` of them, `keep`
+    /// aside): `Some(None)` when there is room, `Some(Some(slot))` with the least recently
+    /// used one taken out of `map` to make it, `None` when every one is in use.
+    fn make_room(
+        map: &mut HashMap<String, Arc<Slot>>,
+        principal: Option<&String>,
+        max: usize,
+        keep: Option<&str>,
+    ) -> Option<Option<Arc<Slot>>> {
+        let mine: Vec<&Arc<Slot>> = map
+            .values()
+            .filter(|s| s.for_files.load(Ordering::SeqCst) && s.principal.as_ref() == principal)
+            .filter(|s| Some(s.handle.as_str()) != keep)
+            .collect();
+        if mine.len() < max {
+            return Some(None);
+        }
+        // Held only by the map (no call uses it) and no REPL open in it.
+        let oldest = mine
+            .into_iter()
+            .filter(|s| Arc::strong_count(s) == 1)
+            .filter(|s| s.cell.try_lock().is_ok_and(|c| c.is_none()))
+            .max_by_key(|s| s.idle())
+            .map(|s| s.handle.clone())?;
+        Some(map.remove(&oldest))
+    }
+
+    /// A standalone session whose REPL `reset_session` ended: its place among
+    /// `max_sessions` is given back now (not at its idle expiry); its handle and workspace
+    /// stay, counted from now on with its principal's files sessions (at most
+    /// `max_sessions` of them, the least recently used removed), and a REPL opened in it
+    /// again takes a place while open.
+    pub(super) fn release(&self, slot: &Arc<Slot>) {
+        let ticket = slot.ticket.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if ticket.is_none() {
+            return;
+        }
+        slot.for_files.store(true, Ordering::SeqCst);
+        drop(ticket);
+        let max = self.options.max_sessions.max(1);
+        let evicted = {
+            let mut map = self.map();
+            Self::make_room(&mut map, slot.principal.as_ref(), max, Some(&slot.handle)).flatten()
+        };
+        if evicted.is_some() {
+            tracing::info!(
+                tenant = %self.tenant,
+                "files session removed: its principal reset more than max_sessions"
+            );
+        }
     }
 
     /// Forget a session (a connection's own, when it ends; a standalone one, when reset);

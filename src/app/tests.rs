@@ -475,6 +475,66 @@ async fn handles_name_sessions_across_connections_within_a_tenant_only() {
     let _ = std::fs::remove_dir_all(root);
 }
 
+/// `reset_session` gives a standalone session's place among `max_sessions` back at once
+/// (it was held until the handle's idle expiry, 600 s by default); the handle and its
+/// workspace stay, and a REPL opened in it again takes a place while open.
+#[tokio::test]
+async fn reset_frees_a_standalone_sessions_place_at_once() {
+    let fake = FakeBackend::new();
+    let mut s = service(fake.clone(), 2);
+    let mut set = settings("acme-reset");
+    set.sessions.max_sessions = 1;
+    let ex = tenant(&mut s, set);
+    let t = (Duration::from_secs(5), None);
+    let never = CancellationToken::new();
+    let stateless = |handle| Wanted {
+        handle,
+        stateless: true,
+        open: true,
+        principal: None,
+    };
+    let c = Connection::new(ex.clone());
+    let s1 = c.session(stateless(None)).unwrap().unwrap();
+    c.cell(&s1, "x = 1", t.clone(), None, &never).await.unwrap();
+    c.write_file(&s1, "kept.txt", b"kept").await.unwrap();
+    assert_eq!(ex.live_sessions(), 1);
+    let e = c.session(stateless(None)).err().unwrap().to_string();
+    assert!(
+        e.contains("max_sessions"),
+        "at the cap before the reset: {e}"
+    );
+    assert!(c.reset_session(&s1).await, "a REPL was open");
+    assert_eq!(ex.live_sessions(), 0, "its place is back at once");
+    assert_eq!(fake.live(), 0, "its sandbox is gone");
+    // Another session opens now, not after 600 s.
+    let s2 = c.session(stateless(None)).unwrap().unwrap();
+    assert!(s2.created);
+    c.cell(&s2, "y = 2", t.clone(), None, &never).await.unwrap();
+    assert_eq!(ex.live_sessions(), 1);
+    // The reset handle still names its workspace; a REPL in it needs a place again.
+    let again = c.session(stateless(Some(s1.handle()))).unwrap().unwrap();
+    assert!(!again.created);
+    assert_eq!(c.read_file(&again, "kept.txt").await.unwrap().1, b"kept");
+    let e = c
+        .cell(&again, "x", t.clone(), None, &never)
+        .await
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("max_sessions"), "{e}");
+    assert!(c.reset_session(&s2).await);
+    assert_eq!(ex.live_sessions(), 0);
+    c.cell(&again, "z = 3", t.clone(), None, &never)
+        .await
+        .unwrap();
+    assert_eq!(ex.live_sessions(), 1, "held while its REPL is open");
+    assert!(c.reset_session(&again).await);
+    assert_eq!(ex.live_sessions(), 0);
+    assert_eq!(fake.live(), 0);
+    let root = ex.settings().sessions.workspace_root.clone();
+    drop((s1, s2, again, c));
+    let _ = std::fs::remove_dir_all(root);
+}
+
 mod env_lock {
     //! A run waits for an install into its environment, and holds no run slot meanwhile.
 

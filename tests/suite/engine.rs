@@ -691,6 +691,50 @@ print('left one open')
     assert_clean(&s, "t-figs").await;
 }
 
+/// A figure is written from the canvas's own pixels when `savefig` would only draw them
+/// again (issue 43: `savefig` drew every figure twice and encoded it slowly); the pixels
+/// are `savefig`'s own, drawn or not before, and other savefig settings still go through
+/// `savefig`.
+#[tokio::test]
+async fn figures_from_the_canvas_have_savefigs_pixels() {
+    let _clean = remove_on_drop("t-figs-fast");
+    let s = sandbox().await;
+    let code = r#"
+import io, os, random, sys
+import matplotlib, matplotlib.pyplot as plt
+import mcp_backend
+from PIL import Image
+def pixels(data):
+    return Image.open(io.BytesIO(data)).convert('RGBA').tobytes()
+data = [random.gauss(0, 1) for _ in range(500)]
+for drawn in (True, False):
+    fig = plt.figure(figsize=(4, 3))
+    plt.hist(data, bins=20)
+    if drawn:
+        fig.canvas.draw()
+    fast = mcp_backend.fast_png(fig, fig.dpi)
+    ref = io.BytesIO()
+    fig.savefig(ref, format='png')
+    print(drawn, fast is not None and pixels(fast) == pixels(ref.getvalue()))
+    plt.close(fig)
+matplotlib.rcParams['savefig.transparent'] = True
+fig = plt.figure(figsize=(2, 2))
+plt.plot([1, 2])
+print('transparent', mcp_backend.fast_png(fig, fig.dpi))
+plt.show()
+"#;
+    let o = run(&s, "t-figs-fast", code, limits()).await;
+    assert_eq!(
+        o.stdout_text(),
+        "True True\nFalse True\ntransparent None\n",
+        "{}",
+        o.stderr_text()
+    );
+    assert_eq!(o.artifacts.len(), 1, "{}", o.stderr_text());
+    assert_eq!(png_size(&o.artifacts[0].data), (200, 200));
+    assert_clean(&s, "t-figs-fast").await;
+}
+
 #[tokio::test]
 async fn files_the_code_writes_in_the_workspace_come_back_when_asked() {
     let _clean = remove_on_drop("t-files");
