@@ -32,6 +32,25 @@ pub const WINDOW: usize = 256 << 10;
 /// Largest `data` message this side sends (the runner reads as much at once).
 const CHUNK: usize = 64 << 10;
 
+/// Streams one run (or cell) may hold open at once. Each holds up to a window each way
+/// here, whether or not the proxy admitted it (its `connections_in_flight`, 16 by default,
+/// counts admitted requests only): without a bound, code opening a thousand connections
+/// and never reading would pin most of a GiB of the server's memory. One over it is
+/// answered 429 by this side and never reaches the proxy.
+pub const MAX_STREAMS: usize = 64;
+
+/// The answer to a connection over [`MAX_STREAMS`].
+fn too_many() -> Vec<u8> {
+    let body = format!(
+        "egress refused: this run already has {MAX_STREAMS} connections open through the proxy (the most one run may hold); close some and try again\n"
+    );
+    format!(
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: text/plain\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
 /// Egress's hook for one run (or one cell): `N` frames go to the streams, every other
 /// frame to `inner` (code mode's tools, or the answer that none are there).
 pub(crate) fn hook(run: Arc<dyn EgressRun>, inner: Hook) -> Hook {
@@ -42,6 +61,7 @@ pub(crate) fn hook(run: Arc<dyn EgressRun>, inner: Hook) -> Hook {
         to_runner: tx,
         from_streams: Mutex::new(Some(rx)),
         streams: Arc::new(Mutex::new(HashMap::new())),
+        refused: Mutex::default(),
         cancel: CancellationToken::new(),
     }))
 }
@@ -52,6 +72,9 @@ struct Relay {
     to_runner: mpsc::UnboundedSender<Vec<u8>>,
     from_streams: Mutex<Option<mpsc::UnboundedReceiver<Vec<u8>>>>,
     streams: Arc<Mutex<HashMap<u32, Stream>>>,
+    /// Streams answered [`too_many`]: what the runner still sends for them is dropped
+    /// until it closes them.
+    refused: Mutex<std::collections::HashSet<u32>>,
     /// Ends every stream when the conversation ends (the hook is dropped).
     cancel: CancellationToken,
 }
@@ -103,7 +126,20 @@ impl FrameHook for Relay {
 impl Relay {
     fn net(&self, id: u32, op: NetOp, data: Vec<u8>) {
         let mut streams = self.streams.lock().expect("relay lock");
+        let mut refused = self.refused.lock().expect("relay lock");
+        if refused.contains(&id) {
+            if op == NetOp::Close {
+                refused.remove(&id);
+            }
+            return;
+        }
         match op {
+            NetOp::Open if streams.len() >= MAX_STREAMS && !streams.contains_key(&id) => {
+                tracing::debug!(stream = id, "a run's connection over the relay's bound");
+                refused.insert(id);
+                self.send(id, NetOp::Data, &too_many(), 0);
+                self.send(id, NetOp::Eof, &[], 0);
+            }
             NetOp::Open => {
                 streams.entry(id).or_insert_with(|| self.open(id));
             }
@@ -293,6 +329,54 @@ mod tests {
         give(&h, 1, NetOp::Credit, &(CHUNK as u32).to_be_bytes());
         let more = drain(&mut out, Duration::from_millis(300)).await;
         assert_eq!(sent(&more), CHUNK);
+    }
+
+    /// Streams the code never reads, each holding its windows: one over [`MAX_STREAMS`]
+    /// is answered 429 here (the proxy never sees it), what follows for it is dropped
+    /// until the runner closes it, and a stream closed makes room again.
+    #[tokio::test]
+    async fn a_run_holds_at_most_max_streams_and_one_more_is_told_why() {
+        /// A proxy that never reads nor answers.
+        struct Deaf;
+        impl EgressRun for Deaf {
+            fn serve(
+                &self,
+                io: tokio::io::DuplexStream,
+            ) -> futures::future::BoxFuture<'static, ()> {
+                Box::pin(async move {
+                    let _io = io;
+                    std::future::pending::<()>().await
+                })
+            }
+        }
+        let h = hook(Arc::new(Deaf), None).unwrap();
+        let mut out = h.outgoing().unwrap();
+        for id in 0..MAX_STREAMS as u32 {
+            give(&h, id, NetOp::Open, b"");
+        }
+        assert!(drain(&mut out, Duration::from_millis(100)).await.is_empty());
+        let over = MAX_STREAMS as u32;
+        give(&h, over, NetOp::Open, b"");
+        let got = drain(&mut out, Duration::from_millis(200)).await;
+        let ops: Vec<&str> = got.iter().map(|g| g.0.as_str()).collect();
+        assert_eq!(ops, ["data", "eof"], "{got:?}");
+        let text = String::from_utf8(too_many()).unwrap();
+        assert!(text.starts_with("HTTP/1.1 429 ") && text.contains("64 connections open"));
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains(&format!("content-length: {}", body.len())));
+        // The code's request bytes for it are dropped, not answered with a close.
+        give(&h, over, NetOp::Data, b"CONNECT x:443 HTTP/1.1\r\n\r\n");
+        assert!(drain(&mut out, Duration::from_millis(100)).await.is_empty());
+        give(&h, over, NetOp::Close, b"");
+        // One closed: room for the next.
+        give(&h, 0, NetOp::Close, b"");
+        give(&h, over + 1, NetOp::Open, b"");
+        give(&h, over + 2, NetOp::Open, b"");
+        let got = drain(&mut out, Duration::from_millis(200)).await;
+        let mut ops: Vec<&str> = got.iter().map(|g| g.0.as_str()).collect();
+        ops.sort();
+        // The closed stream's own close, and the refusal of the second new one only.
+        assert_eq!(ops, ["close", "data", "eof"], "{got:?}");
     }
 
     #[tokio::test]

@@ -224,3 +224,44 @@ print(json.dumps({{'complete': sum(1 for g in got if g == 40), 'other': [g for g
     trickle.abort();
     drop(client);
 }
+
+/// Review finding: each connection the code opens holds a window each way in the server
+/// whether or not the proxy admitted a request on it, and nothing bounded how many: the
+/// code holds 64 idle connections to its proxy listener, the 65th is answered 429 naming
+/// the bound (by the server's relay, not the proxy), and once one closes a new tunnel works.
+#[tokio::test]
+async fn a_run_holds_at_most_64_connections_through_its_relay() {
+    let up = TlsUpstream::start(&["data.example.test"]).await;
+    let p = up.port;
+    let dir = TempDir::new("egress-sbx-streams");
+    let limits = "connections_in_flight = 2\nconnections_per_second = 1000";
+    let s = start("egress-sbx-streams", &policy(p, p, limits), &dir).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let client = s.client().await;
+    let peer = client.peer().clone();
+    let code = format!(
+        r#"
+import json, socket, time
+held = [socket.create_connection(('127.0.0.1', 3128), timeout=20) for _ in range(64)]
+time.sleep(1)
+over = socket.create_connection(('127.0.0.1', 3128), timeout=20)
+answer = over.recv(4096).decode('latin-1')
+over.close()
+held.pop().close()
+time.sleep(1)
+s = socket.create_connection(('127.0.0.1', 3128), timeout=20)
+s.sendall(b'CONNECT data.example.test:{p} HTTP/1.1\r\nHost: data.example.test:{p}\r\n\r\n')
+after = s.recv(4096).decode('latin-1').split('\r\n')[0]
+print(json.dumps({{'over': answer, 'after': after}}))
+"#
+    );
+    let (out, err, _) = run_with(&peer, &code, 60).await;
+    let v = last_json(&out, &err);
+    let over = v["over"].as_str().unwrap();
+    assert!(
+        over.starts_with("HTTP/1.1 429") && over.contains("already has 64 connections open"),
+        "{v}"
+    );
+    assert!(v["after"].as_str().unwrap().contains(" 200 "), "{v}");
+    drop(client);
+}
