@@ -110,12 +110,17 @@ in_run cargo test --no-fail-fast "${features[@]}" --doc || status=$?
 # The isolation and hostile tests again with every sandbox under gVisor (runsc): the engine
 # battery (bombs, network, read-only root, capabilities, limits, cancellation, timeouts,
 # truncation, figures, files), sessions (also over MCP), the warm pool, environments and installs.
-# (`env::` also matches `mcp_env::`, which is skipped: it is not an isolation test.)
+# Skipped here, as they do not depend on the sandbox's runtime (they run in the first pass):
+# `mcp_env::` (matched by `env::`), `engine::contract_on_the_fake` (the in-memory backend: no
+# sandbox at all) and the server's own memory while a sandbox downloads and trickles (over a
+# minute of gVisor's ptrace network stack for a figure about the server).
 # KNOWN DEFECT, skipped here only: under gVisor an execute_python session with egress fails
 # its cell ("the sandbox's input is already closed"), seen 2026-11-28 after sessions began
 # reusing the waiting interpreter; it passes under runc (the first pass). Issue #41.
 in_run env MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast "${features[@]}" --test suite -- --test-threads=2 \
   engine:: session:: session_files:: env:: mcp_sessions:: egress_sandbox --skip mcp_env:: \
+  --skip engine::contract_on_the_fake:: \
+  --skip egress_sandbox_limits::server_memory_stays_bounded_while_a_sandbox_downloads_and_trickles \
   --skip egress_sandbox::an_execute_python_session_reaches_an_allowed_host_cell_after_cell \
   "${timed[@]}" | tee "$times/runsc.log" || status=$?
 in_run env MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast "${features[@]}" --test pool -- --test-threads=2 \
