@@ -112,8 +112,8 @@ in_run cargo test --no-fail-fast "${features[@]}" --doc || status=$?
 # truncation, figures, files), sessions (also over MCP), the warm pool, environments and installs.
 # Skipped here, as they do not depend on the sandbox's runtime (they run in the first pass):
 # `mcp_env::` (matched by `env::`), `engine::contract_on_the_fake` (the in-memory backend: no
-# sandbox at all) and the server's own memory while a sandbox downloads and trickles (over a
-# minute of gVisor's ptrace network stack for a figure about the server).
+# sandbox at all) and the server's own memory while a sandbox downloads and trickles (177 s of
+# gVisor's ptrace network stack in one run, for a figure about the server: docs/testing.md).
 # KNOWN DEFECT, skipped here only: under gVisor an execute_python session with egress fails
 # its cell ("the sandbox's input is already closed"), seen 2026-11-28 after sessions began
 # reusing the waiting interpreter; it passes under runc (the first pass). Issue #41.
