@@ -10,9 +10,25 @@ cd "$(dirname "$0")/.."
 
 # --gvisor: runsc installed and registered, for the second pass below (the gVisor tier).
 scripts/setup-docker.sh --gvisor
+# Every cargo command below builds with the same features (the Kubernetes backend, off by
+# default, is tested here) and the same targets' dev-dependencies, so the test binaries, the
+# server binary and the library are compiled once: a `cargo run` here would build them a
+# second time without the dev-dependencies' features (tokio's test-util, ...).
+features=(--features kubernetes)
+bin="${CARGO_TARGET_DIR:-target}/debug/mcp-code-executor"
+# Each test's duration in the log (`... ok <12.345s>`, the slowest first in the summary:
+# docs/testing.md): libtest's `--report-time` is unstable, so the test binaries, and only
+# they, run with RUSTC_BOOTSTRAP=1 through cargo's runner (set for the compiler, it would
+# rebuild every crate whose build script looks at it). rustdoc's doc tests get no such
+# runner: they run in a `cargo test --doc` of their own, without it.
+host=$(rustc -vV | sed -n 's/^host: //p')
+export "CARGO_TARGET_$(echo "$host" | tr 'a-z.-' 'A-Z__')_RUNNER=env RUSTC_BOOTSTRAP=1"
+timed=(-Z unstable-options --report-time)
+times="${CARGO_TARGET_DIR:-target}/test-times"
+rm -rf "$times" && mkdir -p "$times"
 # The build (CPU bound) goes on while the tools below are installed (network and disk
 # bound); a failed build fails the run at its `wait` below.
-cargo build --all-targets &
+cargo build --all-targets "${features[@]}" &
 build=$!
 trap 'kill "$build" 2>/dev/null || true' EXIT
 # nginx (Debian's package): the load balancer without affinity in front of two replicas
@@ -81,21 +97,35 @@ trap - EXIT
 # This run's host name: every test process, and every server a test starts, runs under it.
 run_host=$(scripts/test-owner.sh name $$)
 in_run() { scripts/test-owner.sh enter "$run_host" "$@"; }
-in_run cargo run --quiet -- image build
+in_run "$bin" image build
 
 status=0
 # Python first (seconds): the lint, then the runner's unit tests with the host's Python
 # (the runner uses the standard library only).
 target/py-lint/bin/flake8 --select=F images/sandbox src tests || status=$?
 PYTHONDONTWRITEBYTECODE=1 python3 -m unittest discover -s tests/runner -v || status=$?
-in_run cargo test --no-fail-fast -- --test-threads=2 || status=$?
+in_run cargo test --no-fail-fast "${features[@]}" --lib --bins --tests -- --test-threads=2 "${timed[@]}" | tee "$times/runc.log" \
+  || status=$?
+in_run cargo test --no-fail-fast "${features[@]}" --doc || status=$?
 # The isolation and hostile tests again with every sandbox under gVisor (runsc): the engine
 # battery (bombs, network, read-only root, capabilities, limits, cancellation, timeouts,
 # truncation, figures, files), sessions (also over MCP), the warm pool, environments and installs.
-# (`env::` also matches `mcp_env::`, which is skipped: it is not an isolation test.)
-in_run env MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast --test suite -- --test-threads=2 \
-  engine:: session:: session_files:: env:: mcp_sessions:: egress_sandbox --skip mcp_env:: || status=$?
-in_run env MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast --test pool -- --test-threads=2 || status=$?
+# Skipped here, as they do not depend on the sandbox's runtime (they run in the first pass):
+# `mcp_env::` (matched by `env::`), `engine::contract_on_the_fake` (the in-memory backend: no
+# sandbox at all) and the server's own memory while a sandbox downloads and trickles (177 s
+# under gVisor in one run, for a figure about the server: docs/testing.md).
+in_run env MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast "${features[@]}" --test suite -- --test-threads=2 \
+  engine:: session:: session_files:: env:: mcp_sessions:: egress_sandbox --skip mcp_env:: \
+  --skip engine::contract_on_the_fake:: \
+  --skip egress_sandbox_limits::server_memory_stays_bounded_while_a_sandbox_downloads_and_trickles \
+  "${timed[@]}" | tee "$times/runsc.log" || status=$?
+in_run env MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast "${features[@]}" --test pool -- --test-threads=2 \
+  "${timed[@]}" | tee "$times/runsc-pool.log" || status=$?
+# The slowest tests of the run, from the durations above (where CI time goes: docs/testing.md).
+echo "test.sh: the 20 slowest tests (seconds, name, pass):"
+for log in "$times"/*.log; do
+  sed -n "s/^test \(.*\) \.\.\. [A-Za-z]* <\([0-9.]*\)s>\$/\2 \1 $(basename "$log" .log)/p" "$log"
+done | sort -rn | head -20 || true
 
 # Only what this run's tests made (owner label $run_host/...); other servers' and other
 # runs' containers are neither counted nor removed, and the line says how many there were.

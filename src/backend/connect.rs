@@ -167,7 +167,7 @@ async fn kubernetes(
 ) -> Result<(Arc<dyn Backend>, Option<RunGate>), String> {
     Err(
         "this binary was built without the `kubernetes` feature: rebuild it with \
-         `cargo build --features kubernetes` (on by default)"
+         `cargo build --release --features kubernetes`"
             .to_string(),
     )
 }

@@ -63,3 +63,18 @@ mod tenants;
 mod test_script;
 mod tool_hints;
 mod watchdog;
+
+/// `kube_backend` compiles only with the `kubernetes` feature (off by default; scripts/test.sh
+/// turns it on). Built without it where CI runs the suite, this fails instead of letting those
+/// tests vanish unnoticed.
+#[cfg(not(feature = "kubernetes"))]
+#[test]
+fn ci_builds_the_suite_with_the_kubernetes_backend() {
+    let ci = std::env::var("CI").unwrap_or_default();
+    assert!(
+        ci.is_empty() || ci == "false",
+        "CI={ci}: the suite was built without the `kubernetes` feature, so the Kubernetes \
+         backend's tests (kube_backend::) did not compile: build with `--features kubernetes` \
+         (as scripts/test.sh does)"
+    );
+}

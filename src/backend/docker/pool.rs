@@ -15,7 +15,7 @@ use crate::job::RunEnv;
 
 pub use crate::backend::pool::{KindStats, PoolStats};
 
-/// One refill worker of `pool` (see [`crate::backend::pool::refill`]).
+/// One refill worker of `pool` (see [`crate::backend::pool::refill_kinds`]).
 pub(super) async fn refill(inner: Arc<DockerDriver>, pool: Arc<Pool>) {
     crate::backend::pool::refill_kinds(pool, |pool, kind| make(inner.clone(), pool, kind)).await
 }

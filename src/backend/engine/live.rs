@@ -83,7 +83,9 @@ pub(crate) struct Live<G> {
     /// Called when a pool hands it to a run; false: it must not be used (a driver's own
     /// preparation, e.g. giving a preloading container its CPU weight back).
     pub(crate) on_claim: Option<Box<dyn FnOnce() -> bool + Send>>,
-    /// What the driver must keep while the sandbox is attached (a WebSocket's task).
+    /// What the driver must keep while the sandbox is attached (a WebSocket's task: the
+    /// Kubernetes driver's, built with `--features kubernetes`).
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
     held: Option<Box<dyn std::any::Any + Send>>,
 }
 
@@ -135,6 +137,7 @@ impl<G> Live<G> {
     }
 
     /// Keep `held` as long as the sandbox (what its attach needs to stay up).
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
     pub(crate) fn holding(mut self, held: impl std::any::Any + Send) -> Self {
         self.held = Some(Box::new(held));
         self

@@ -57,6 +57,8 @@ pub(crate) struct Shape<'a> {
     pub(crate) env: &'a RunEnv,
     pub(crate) tenant: &'a str,
     pub(crate) id: &'a str,
+    /// Read by the Kubernetes driver alone (a pod's deadline), built with `--features kubernetes`.
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
     pub(crate) lifetime: Lifetime,
 }
 
@@ -73,7 +75,8 @@ pub(crate) struct Seen<'a> {
 pub(crate) enum Freeze {
     /// Held still: nothing the code left running computes until the next cell.
     Frozen,
-    /// The driver does not hold sandboxes still.
+    /// The driver does not hold sandboxes still (the Kubernetes driver's answer).
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
     Running,
     /// It could not be held still: the session ends.
     Failed,

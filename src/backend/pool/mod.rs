@@ -57,7 +57,9 @@ pub struct PoolConfig {
     pub per_tenant: bool,
 }
 pub(crate) use pools::{PoolHandle, Pools};
-pub(crate) use refill::{refill, refill_kinds};
+#[cfg(feature = "kubernetes")]
+pub(crate) use refill::refill;
+pub(crate) use refill::refill_kinds;
 
 /// A waiting sandbox older than this is replaced rather than used.
 pub(crate) const MAX_IDLE: Duration = Duration::from_secs(600);

@@ -11,7 +11,9 @@ use crate::backend::BackendError;
 /// One refill worker; each pool runs [`REFILL_WORKERS`] of them, so a bounded number of
 /// sandboxes is made at once: refilling cannot take all of the machine away from the runs
 /// themselves, yet keeps up with a sustained load. `make` makes one sandbox of the pool,
-/// ready for a job; `None` when the pool closed while it waited to begin.
+/// ready for a job; `None` when the pool closed while it waited to begin. (The Kubernetes
+/// backend's; Docker's preloads, [`refill_kinds`].)
+#[cfg(feature = "kubernetes")]
 pub(crate) async fn refill<L, F, Fut>(pool: Arc<Pool<L>>, make: F)
 where
     L: Waiting,
@@ -21,7 +23,7 @@ where
     refill_kinds(pool, |pool, _kind| make(pool)).await
 }
 
-/// [`refill`], where `make` is told what the sandbox preloads (its kind).
+/// One refill worker, where `make` is told what the sandbox preloads (its kind).
 pub(crate) async fn refill_kinds<L, F, Fut>(pool: Arc<Pool<L>>, make: F)
 where
     L: Waiting,
