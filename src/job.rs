@@ -73,6 +73,9 @@ pub trait EgressRun: Send + Sync {
     /// Serve one connection the code opened, as the proxy's client stream `io`, until it
     /// ends or the run does.
     fn serve(&self, io: tokio::io::DuplexStream) -> futures::future::BoxFuture<'static, ()>;
+    /// Connections the code may hold open at once through the backend's relay: each holds
+    /// buffers there whether or not the proxy admitted a request on it.
+    fn max_streams(&self) -> usize;
 }
 
 /// Code mode's side of a run, as a backend sees it: each run (or each session cell) gets

@@ -32,17 +32,12 @@ pub const WINDOW: usize = 256 << 10;
 /// Largest `data` message this side sends (the runner reads as much at once).
 const CHUNK: usize = 64 << 10;
 
-/// Streams one run (or cell) may hold open at once. Each holds up to a window each way
-/// here, whether or not the proxy admitted it (its `connections_in_flight`, 16 by default,
-/// counts admitted requests only): without a bound, code opening a thousand connections
-/// and never reading would pin most of a GiB of the server's memory. One over it is
-/// answered 429 by this side and never reaches the proxy.
-pub const MAX_STREAMS: usize = 64;
-
-/// The answer to a connection over [`MAX_STREAMS`].
-fn too_many() -> Vec<u8> {
+/// The answer to a connection over the run's bound ([`EgressRun::max_streams`]): without
+/// a bound, code opening a thousand connections and never reading would pin most of a GiB
+/// of the server's memory (a window each way per stream). It never reaches the proxy.
+fn too_many(max: usize) -> Vec<u8> {
     let body = format!(
-        "egress refused: this run already has {MAX_STREAMS} connections open through the proxy (the most one run may hold); close some and try again\n"
+        "egress refused: this run already has {max} connections open through the proxy (the most one run may hold); close some and try again\n"
     );
     format!(
         "HTTP/1.1 429 Too Many Requests\r\ncontent-type: text/plain\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
@@ -134,10 +129,12 @@ impl Relay {
             return;
         }
         match op {
-            NetOp::Open if streams.len() >= MAX_STREAMS && !streams.contains_key(&id) => {
+            NetOp::Open
+                if streams.len() >= self.run.max_streams() && !streams.contains_key(&id) =>
+            {
                 tracing::debug!(stream = id, "a run's connection over the relay's bound");
                 refused.insert(id);
-                self.send(id, NetOp::Data, &too_many(), 0);
+                self.send(id, NetOp::Data, &too_many(self.run.max_streams()), 0);
                 self.send(id, NetOp::Eof, &[], 0);
             }
             NetOp::Open => {
@@ -275,6 +272,10 @@ mod tests {
                 let _ = tokio::io::copy(&mut r, &mut w).await;
             })
         }
+
+        fn max_streams(&self) -> usize {
+            64
+        }
     }
 
     /// Hand the hook a frame `N` (its reply is always empty).
@@ -331,7 +332,7 @@ mod tests {
         assert_eq!(sent(&more), CHUNK);
     }
 
-    /// Streams the code never reads, each holding its windows: one over [`MAX_STREAMS`]
+    /// Streams the code never reads, each holding its windows: one over the run's bound
     /// is answered 429 here (the proxy never sees it), what follows for it is dropped
     /// until the runner closes it, and a stream closed makes room again.
     #[tokio::test]
@@ -348,19 +349,23 @@ mod tests {
                     std::future::pending::<()>().await
                 })
             }
+
+            fn max_streams(&self) -> usize {
+                64
+            }
         }
         let h = hook(Arc::new(Deaf), None).unwrap();
         let mut out = h.outgoing().unwrap();
-        for id in 0..MAX_STREAMS as u32 {
+        for id in 0..64u32 {
             give(&h, id, NetOp::Open, b"");
         }
         assert!(drain(&mut out, Duration::from_millis(100)).await.is_empty());
-        let over = MAX_STREAMS as u32;
+        let over = 64u32;
         give(&h, over, NetOp::Open, b"");
         let got = drain(&mut out, Duration::from_millis(200)).await;
         let ops: Vec<&str> = got.iter().map(|g| g.0.as_str()).collect();
         assert_eq!(ops, ["data", "eof"], "{got:?}");
-        let text = String::from_utf8(too_many()).unwrap();
+        let text = String::from_utf8(too_many(64)).unwrap();
         assert!(text.starts_with("HTTP/1.1 429 ") && text.contains("64 connections open"));
         let (head, body) = text.split_once("\r\n\r\n").unwrap();
         assert!(head.contains(&format!("content-length: {}", body.len())));

@@ -13,6 +13,11 @@ use crate::job::{Egress, EgressHost, EgressRun};
 
 static INSTALLED: OnceLock<Arc<Proxy>> = OnceLock::new();
 
+/// Connections a run may hold open through its relay at once: twice its
+/// `connections_in_flight`, and never fewer than this (idle keep-alive connections of a
+/// client library count too).
+pub const MIN_STREAMS: usize = 64;
+
 /// Make `proxy` the one the sandboxes of this process reach. A second call is ignored.
 pub fn install(proxy: Arc<Proxy>) {
     let _ = INSTALLED.set(proxy);
@@ -56,6 +61,11 @@ struct Run {
 impl EgressRun for Run {
     fn serve(&self, io: tokio::io::DuplexStream) -> BoxFuture<'static, ()> {
         self.proxy.clone().serve(io, self.scope.clone()).boxed()
+    }
+
+    fn max_streams(&self) -> usize {
+        let in_flight = self.proxy.policy().limits.connections_in_flight as usize;
+        in_flight.saturating_mul(2).max(MIN_STREAMS)
     }
 }
 

@@ -226,8 +226,9 @@ print(json.dumps({{'complete': sum(1 for g in got if g == 40), 'other': [g for g
 }
 
 /// Review finding: each connection the code opens holds a window each way in the server
-/// whether or not the proxy admitted a request on it, and nothing bounded how many: the
-/// code holds 64 idle connections to its proxy listener, the 65th is answered 429 naming
+/// whether or not the proxy admitted a request on it, and nothing bounded how many. The
+/// bound is twice `connections_in_flight`, at least 64 (2 here, so 64): the code holds 64
+/// idle connections to its proxy listener, the 65th is answered 429 naming
 /// the bound (by the server's relay, not the proxy), and once one closes a new tunnel works.
 #[tokio::test]
 async fn a_run_holds_at_most_64_connections_through_its_relay() {
