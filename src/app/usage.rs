@@ -19,7 +19,21 @@ use serde::{Deserialize, Serialize};
 
 use crate::job::Outcome;
 
-/// One finished run.
+/// What a record is of.
+#[derive(Debug, Default, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// An `execute_code` / `execute_code_file` run (records written before kinds existed
+    /// are runs).
+    #[default]
+    Run,
+    /// An `execute_python` cell of a session.
+    Cell,
+    /// A package install.
+    Install,
+}
+
+/// One finished run or cell.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Record {
     /// The run's job id (unique): what makes a record count once.
@@ -31,6 +45,8 @@ pub struct Record {
     pub tenant: String,
     /// `static-token` (the tenant's token, or stdio) or `user:<digest>` (a signed-in user).
     pub principal: String,
+    #[serde(default)]
+    pub kind: Kind,
     /// `ok`, `error`, `timeout`, `oom`, `killed`, `cancelled`, `failed`.
     pub outcome: String,
     pub wall_s: f64,
@@ -67,6 +83,7 @@ impl Record {
             ts,
             tenant: tenant.to_string(),
             principal: principal.to_string(),
+            kind: Kind::Run,
             outcome: label.to_string(),
             wall_s,
             cpu_s: outcome.and_then(|o| o.cpu_ms).unwrap_or(0) as f64 / 1000.0,
@@ -77,6 +94,36 @@ impl Record {
             figures: outcome.map_or(0, |o| o.artifacts.len() as u64),
         }
     }
+}
+
+/// Record a session cell of `tenant` in a session made by `principal` (its
+/// [`crate::tenancy::oauth::Principal::owner`]) that ended with `result` (`None`: cancelled
+/// or stopped by a shutdown while it ran) after `wall_s`, the session holding
+/// `memory_limit_bytes`.
+pub(super) fn record_cell(
+    tenant: &str,
+    principal: Option<&str>,
+    result: Option<&Result<Outcome, crate::backend::BackendError>>,
+    wall_s: f64,
+    memory_limit_bytes: u64,
+) {
+    let label = match result {
+        None => "cancelled",
+        Some(Err(_)) => "failed",
+        Some(Ok(o)) => super::metrics::outcome_label(o),
+    };
+    let principal = principal.map_or("static-token".to_string(), |d| format!("user:{d}"));
+    let mut r = Record::of(
+        &crate::job::new_job_id(),
+        tenant,
+        &principal,
+        result.and_then(|r| r.as_ref().ok()),
+        label,
+        wall_s,
+        memory_limit_bytes,
+    );
+    r.kind = Kind::Cell;
+    record(&r);
 }
 
 /// `YYYY-MM-DD` (UTC) of a Unix time (civil-from-days, proleptic Gregorian).
@@ -142,9 +189,10 @@ pub fn record(r: &Record) {
     }
 }
 
-/// Sums of a set of runs.
+/// Sums of a set of records.
 #[derive(Debug, Default, Clone, Serialize, PartialEq)]
 pub struct Totals {
+    /// Records summed: runs and cells alike (split in [`TenantDay::kinds`]).
     pub runs: u64,
     pub outcomes: BTreeMap<String, u64>,
     pub wall_s: f64,
@@ -168,11 +216,13 @@ impl Totals {
     }
 }
 
-/// A tenant's usage of one day: its totals and each principal's.
+/// A tenant's usage of one day: its totals, each kind's (`run`, `cell`) and each
+/// principal's.
 #[derive(Debug, Default, Clone, Serialize, PartialEq)]
 pub struct TenantDay {
     #[serde(flatten)]
     pub totals: Totals,
+    pub kinds: BTreeMap<Kind, Totals>,
     pub principals: BTreeMap<String, Totals>,
 }
 
@@ -258,6 +308,7 @@ pub fn read(dir: &Path, filter: Filter<'_>) -> std::io::Result<Report> {
                 .entry(r.tenant.clone())
                 .or_default();
             day.totals.add(&r);
+            day.kinds.entry(r.kind).or_default().add(&r);
             day.principals
                 .entry(r.principal.clone())
                 .or_default()
@@ -328,12 +379,31 @@ mod tests {
         )
         .unwrap();
         std::fs::create_dir_all(dir.join("d.jsonl")).unwrap();
+        // A cell, and a record written before kinds existed (a run).
+        let mut cell = Record::of("6", "globex", "static-token", None, "ok", 1.0, 100);
+        cell.day = "2026-11-28".into();
+        cell.kind = Kind::Cell;
+        let mut old = serde_json::to_value(Record {
+            id: "7".into(),
+            ..cell.clone()
+        })
+        .unwrap();
+        old.as_object_mut().unwrap().remove("kind");
+        std::fs::write(
+            dir.join("e.jsonl"),
+            format!("{}\n{old}\n", serde_json::to_string(&cell).unwrap()),
+        )
+        .unwrap();
         let all = read(&dir, Filter::default()).unwrap();
         let acme = &all["2026-11-28"]["acme"];
         assert_eq!(acme.totals.runs, 2);
         assert_eq!(acme.totals.memory_byte_s, 400.0);
         assert_eq!(acme.principals["user:y"].runs, 1);
-        assert_eq!(all["2026-11-28"]["globex"].totals.runs, 2);
+        let globex = &all["2026-11-28"]["globex"];
+        assert_eq!(globex.totals.runs, 4);
+        assert_eq!(globex.kinds[&Kind::Run].runs, 3);
+        assert_eq!(globex.kinds[&Kind::Cell].runs, 1);
+        assert_eq!(globex.kinds[&Kind::Cell].wall_s, 1.0);
         let only = |f: Filter<'_>| read(&dir, f).unwrap();
         let globex = only(Filter {
             tenant: Some("globex"),

@@ -2,7 +2,8 @@
 //! issuer: a known workload for two tenants (acme, globex) and two users of acme (the
 //! client-credentials clients `acme-ci` and `acme-ci-2`: two `sub`s), with one run killed
 //! by its memory limit, one timed out and one cancelled by its client; the server killed with SIGKILL between runs and
-//! started again on the same data directory; then every figure checked against what ran,
+//! started again on the same data directory (and a session cell of globex, kind `cell`);
+//! then every figure checked against what ran,
 //! through `mcp-code-executor usage` (the operator: every tenant) and `GET /usage` (a
 //! tenant's static token: that tenant, every principal; a signed-in user: their own
 //! records only), with bad lines and an unreadable file among the records.
@@ -123,6 +124,15 @@ async fn usage_counts_every_finished_run_once_across_a_kill_9() {
     let mcp = s.url("/mcp");
     run(&mcp, &alice, "print(2)", 30).await;
     run(&mcp, &gus, "print(3)", 30).await;
+    // A session cell (execute_python) of gus: recorded as kind `cell`.
+    let r = tool(
+        &mcp,
+        &gus,
+        "execute_python",
+        json!({"code": "print('c' * 9)"}),
+    )
+    .await;
+    assert!(tool_text(&r).contains(&"c".repeat(9)), "{r}");
 
     // A torn line, a line that is not JSON and an unreadable `.jsonl` (a directory) in
     // the usage directory: skipped, never failing the report.
@@ -154,8 +164,16 @@ async fn usage_counts_every_finished_run_once_across_a_kill_9() {
         json!({"ok": 3, "oom": 1, "timeout": 1, "cancelled": 1}),
         "{a}"
     );
-    assert_eq!(g["runs"], 2, "{g}");
-    assert_eq!(g["outcomes"], json!({"ok": 2}), "{g}");
+    assert_eq!(g["runs"], 3, "two runs and a cell: {g}");
+    assert_eq!(g["outcomes"], json!({"ok": 3}), "{g}");
+    assert_eq!(g["kinds"]["run"]["runs"], 2, "{g}");
+    assert_eq!(g["kinds"]["cell"]["runs"], 1, "{g}");
+    assert!(
+        g["kinds"]["cell"]["output_bytes"].as_u64().unwrap() >= 10,
+        "{g}"
+    );
+    assert!(g["kinds"]["cell"]["wall_s"].as_f64().unwrap() > 0.0, "{g}");
+    assert_eq!(a["kinds"]["run"]["runs"], 6, "no cells in acme: {a}");
     let principals = a["principals"].as_object().unwrap();
     assert_eq!(principals.len(), 2, "alice and bob: {a}");
     let mut per: Vec<(u64, Value)> = principals
@@ -206,7 +224,7 @@ async fn usage_counts_every_finished_run_once_across_a_kill_9() {
     };
     let (tenant, mine) = get(gus.clone()).await;
     assert_eq!(tenant, globex("usage"));
-    assert_eq!(mine["runs"], 2);
+    assert_eq!(mine["runs"], 3);
     let (tenant, whole) = get(operator.clone()).await;
     assert_eq!(tenant, acme("usage"));
     assert_eq!(&whole, a, "acme's operator sees all of acme");
