@@ -162,6 +162,13 @@ pub(super) async fn cell(
         return Err(not_run("the request was cancelled before the cell started"));
     }
     let result = exec(ex, live, code, timeout, events, &waits, started).await;
+    super::usage::record_cell(
+        &x.tenant,
+        slot.principal.as_deref(),
+        result.as_ref(),
+        started.elapsed().as_secs_f64(),
+        x.limits.memory_bytes,
+    );
     slot.touch();
     let outcome = match result {
         None => {

@@ -6,10 +6,11 @@
 //! Counted once: a record is one `write(2)` of one line with the run's unique job id,
 //! made after the run ended and before its result is answered. A server killed (even
 //! `kill -9`) after that write keeps the line (the kernel holds it); killed before it, the
-//! run was not finished. The reader skips a torn last line and counts each job id once.
+//! run was not finished. The reader skips a torn last line (and any line that is not a
+//! record, or a file it cannot read: counted in one warning) and counts each job id once.
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::Write as _;
+use std::io::{BufRead as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -18,7 +19,21 @@ use serde::{Deserialize, Serialize};
 
 use crate::job::Outcome;
 
-/// One finished run.
+/// What a record is of.
+#[derive(Debug, Default, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// An `execute_code` / `execute_code_file` run (records written before kinds existed
+    /// are runs).
+    #[default]
+    Run,
+    /// An `execute_python` cell of a session.
+    Cell,
+    /// A package install.
+    Install,
+}
+
+/// One finished run or cell.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Record {
     /// The run's job id (unique): what makes a record count once.
@@ -30,6 +45,8 @@ pub struct Record {
     pub tenant: String,
     /// `static-token` (the tenant's token, or stdio) or `user:<digest>` (a signed-in user).
     pub principal: String,
+    #[serde(default)]
+    pub kind: Kind,
     /// `ok`, `error`, `timeout`, `oom`, `killed`, `cancelled`, `failed`.
     pub outcome: String,
     pub wall_s: f64,
@@ -66,6 +83,7 @@ impl Record {
             ts,
             tenant: tenant.to_string(),
             principal: principal.to_string(),
+            kind: Kind::Run,
             outcome: label.to_string(),
             wall_s,
             cpu_s: outcome.and_then(|o| o.cpu_ms).unwrap_or(0) as f64 / 1000.0,
@@ -76,6 +94,36 @@ impl Record {
             figures: outcome.map_or(0, |o| o.artifacts.len() as u64),
         }
     }
+}
+
+/// Record a session cell of `tenant` in a session made by `principal` (its
+/// [`crate::tenancy::oauth::Principal::owner`]) that ended with `result` (`None`: cancelled
+/// or stopped by a shutdown while it ran) after `wall_s`, the session holding
+/// `memory_limit_bytes`.
+pub(super) fn record_cell(
+    tenant: &str,
+    principal: Option<&str>,
+    result: Option<&Result<Outcome, crate::backend::BackendError>>,
+    wall_s: f64,
+    memory_limit_bytes: u64,
+) {
+    let label = match result {
+        None => "cancelled",
+        Some(Err(_)) => "failed",
+        Some(Ok(o)) => super::metrics::outcome_label(o),
+    };
+    let principal = principal.map_or("static-token".to_string(), |d| format!("user:{d}"));
+    let mut r = Record::of(
+        &crate::job::new_job_id(),
+        tenant,
+        &principal,
+        result.and_then(|r| r.as_ref().ok()),
+        label,
+        wall_s,
+        memory_limit_bytes,
+    );
+    r.kind = Kind::Cell;
+    record(&r);
 }
 
 /// `YYYY-MM-DD` (UTC) of a Unix time (civil-from-days, proleptic Gregorian).
@@ -141,9 +189,10 @@ pub fn record(r: &Record) {
     }
 }
 
-/// Sums of a set of runs.
+/// Sums of a set of records.
 #[derive(Debug, Default, Clone, Serialize, PartialEq)]
 pub struct Totals {
+    /// Records summed: runs and cells alike (split in [`TenantDay::kinds`]).
     pub runs: u64,
     pub outcomes: BTreeMap<String, u64>,
     pub wall_s: f64,
@@ -167,25 +216,47 @@ impl Totals {
     }
 }
 
-/// A tenant's usage of one day: its totals and each principal's.
+/// A tenant's usage of one day: its totals, each kind's (`run`, `cell`) and each
+/// principal's.
 #[derive(Debug, Default, Clone, Serialize, PartialEq)]
 pub struct TenantDay {
     #[serde(flatten)]
     pub totals: Totals,
+    pub kinds: BTreeMap<Kind, Totals>,
     pub principals: BTreeMap<String, Totals>,
 }
 
 /// What [`read`] returns: day -> tenant -> usage.
 pub type Report = BTreeMap<String, BTreeMap<String, TenantDay>>;
 
-/// Every record in the `*.jsonl` files of `dir`, each job id once, optionally of one
-/// tenant and within days `from..=to` (`YYYY-MM-DD`, compared as text), summed.
-pub fn read(
-    dir: &Path,
-    tenant: Option<&str>,
-    from: Option<&str>,
-    to: Option<&str>,
-) -> std::io::Result<Report> {
+/// Which records a read sums.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Filter<'a> {
+    /// One tenant's only.
+    pub tenant: Option<&'a str>,
+    /// One principal's only (`static-token` or `user:<digest>`).
+    pub principal: Option<&'a str>,
+    /// Days from (`YYYY-MM-DD`, compared as text, inclusive).
+    pub from: Option<&'a str>,
+    /// Days to (inclusive).
+    pub to: Option<&'a str>,
+}
+
+impl Filter<'_> {
+    fn keeps(&self, r: &Record) -> bool {
+        self.tenant.is_none_or(|t| t == r.tenant)
+            && self.principal.is_none_or(|p| p == r.principal)
+            && self.from.is_none_or(|f| r.day.as_str() >= f)
+            && self.to.is_none_or(|t| r.day.as_str() <= t)
+    }
+}
+
+/// Every record in the `*.jsonl` files of `dir` that `filter` keeps, each job id once,
+/// summed. Read line by line (a file is never held whole); a line that is not a record
+/// (torn, or not JSON) and a file that cannot be read are skipped, and counted in one
+/// warning per read: one bad line never hides the rest. Blocking: call it off the async
+/// runtime (`spawn_blocking`).
+pub fn read(dir: &Path, filter: Filter<'_>) -> std::io::Result<Report> {
     let mut out = Report::new();
     let mut seen = HashSet::new();
     let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
@@ -197,19 +268,38 @@ pub fn read(
         Err(e) => return Err(e),
     };
     files.sort();
+    let (mut bad_lines, mut bad_files) = (0u64, 0u64);
+    let mut first_error = None;
     for f in files {
-        let text = std::fs::read_to_string(&f)?;
-        // Only whole lines: a line without its newline is torn.
-        let whole = text.rfind('\n').map_or("", |i| &text[..i]);
-        for line in whole.lines() {
-            let Ok(r) = serde_json::from_str::<Record>(line) else {
+        let mut lines = match std::fs::File::open(&f) {
+            Ok(file) => std::io::BufReader::new(file),
+            Err(e) => {
+                bad_files += 1;
+                first_error.get_or_insert_with(|| format!("{}: {e}", f.display()));
+                continue;
+            }
+        };
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match lines.read_until(b'\n', &mut line) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => {
+                    bad_files += 1;
+                    first_error.get_or_insert_with(|| format!("{}: {e}", f.display()));
+                    break;
+                }
+            }
+            // Only whole lines: a line without its newline is torn.
+            let record = line
+                .strip_suffix(b"\n")
+                .and_then(|l| serde_json::from_slice::<Record>(l).ok());
+            let Some(r) = record else {
+                bad_lines += 1;
                 continue;
             };
-            if tenant.is_some_and(|t| t != r.tenant)
-                || from.is_some_and(|f| r.day.as_str() < f)
-                || to.is_some_and(|t| r.day.as_str() > t)
-                || !seen.insert(r.id.clone())
-            {
+            if !filter.keeps(&r) || !seen.insert(r.id.clone()) {
                 continue;
             }
             let day = out
@@ -218,11 +308,21 @@ pub fn read(
                 .entry(r.tenant.clone())
                 .or_default();
             day.totals.add(&r);
+            day.kinds.entry(r.kind).or_default().add(&r);
             day.principals
                 .entry(r.principal.clone())
                 .or_default()
                 .add(&r);
         }
+    }
+    if bad_lines > 0 || bad_files > 0 {
+        tracing::warn!(
+            dir = %dir.display(),
+            bad_lines,
+            bad_files,
+            first_error = first_error.as_deref().unwrap_or(""),
+            "usage: records skipped (torn or invalid lines, unreadable files); the rest are summed"
+        );
     }
     Ok(out)
 }
@@ -239,7 +339,7 @@ mod tests {
     }
 
     #[test]
-    fn torn_lines_are_skipped_and_ids_count_once() {
+    fn torn_and_bad_lines_and_unreadable_files_are_skipped_and_ids_count_once() {
         let dir = std::env::temp_dir().join(format!("usage-test-{}", crate::job::new_job_id()));
         std::fs::create_dir_all(&dir).unwrap();
         let r = |id: &str, tenant: &str, p: &str| {
@@ -267,17 +367,61 @@ mod tests {
             ),
         )
         .unwrap();
-        let all = read(&dir, None, None, None).unwrap();
+        // A bad line mid-file (not JSON, not UTF-8) and an unreadable `.jsonl` (a
+        // directory): skipped, the rest summed.
+        std::fs::write(
+            dir.join("c.jsonl"),
+            [
+                b"{not json\n\xff\xfe\n".as_slice(),
+                format!("{}\n", r("5", "globex", "static-token")).as_bytes(),
+            ]
+            .concat(),
+        )
+        .unwrap();
+        std::fs::create_dir_all(dir.join("d.jsonl")).unwrap();
+        // A cell, and a record written before kinds existed (a run).
+        let mut cell = Record::of("6", "globex", "static-token", None, "ok", 1.0, 100);
+        cell.day = "2026-11-28".into();
+        cell.kind = Kind::Cell;
+        let mut old = serde_json::to_value(Record {
+            id: "7".into(),
+            ..cell.clone()
+        })
+        .unwrap();
+        old.as_object_mut().unwrap().remove("kind");
+        std::fs::write(
+            dir.join("e.jsonl"),
+            format!("{}\n{old}\n", serde_json::to_string(&cell).unwrap()),
+        )
+        .unwrap();
+        let all = read(&dir, Filter::default()).unwrap();
         let acme = &all["2026-11-28"]["acme"];
         assert_eq!(acme.totals.runs, 2);
         assert_eq!(acme.totals.memory_byte_s, 400.0);
         assert_eq!(acme.principals["user:y"].runs, 1);
-        assert_eq!(all["2026-11-28"]["globex"].totals.runs, 1);
-        let only = read(&dir, Some("globex"), None, None).unwrap();
-        assert!(!only["2026-11-28"].contains_key("acme"));
-        assert!(read(&dir, None, Some("2026-11-29"), None)
-            .unwrap()
-            .is_empty());
+        let globex = &all["2026-11-28"]["globex"];
+        assert_eq!(globex.totals.runs, 4);
+        assert_eq!(globex.kinds[&Kind::Run].runs, 3);
+        assert_eq!(globex.kinds[&Kind::Cell].runs, 1);
+        assert_eq!(globex.kinds[&Kind::Cell].wall_s, 1.0);
+        let only = |f: Filter<'_>| read(&dir, f).unwrap();
+        let globex = only(Filter {
+            tenant: Some("globex"),
+            ..Filter::default()
+        });
+        assert!(!globex["2026-11-28"].contains_key("acme"));
+        let y = only(Filter {
+            tenant: Some("acme"),
+            principal: Some("user:y"),
+            ..Filter::default()
+        });
+        assert_eq!(y["2026-11-28"]["acme"].totals.runs, 1);
+        assert_eq!(y["2026-11-28"]["acme"].principals.len(), 1);
+        assert!(only(Filter {
+            from: Some("2026-11-29"),
+            ..Filter::default()
+        })
+        .is_empty());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -42,7 +42,13 @@ pub fn usage(
     to: Option<&str>,
 ) -> Exit {
     let dir = crate::app::usage::dir_of(data_dir);
-    match crate::app::usage::read(&dir, tenant, from, to) {
+    let filter = crate::app::usage::Filter {
+        tenant,
+        principal: None,
+        from,
+        to,
+    };
+    match crate::app::usage::read(&dir, filter) {
         Ok(report) => {
             println!(
                 "{}",

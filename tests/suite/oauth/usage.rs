@@ -2,9 +2,11 @@
 //! issuer: a known workload for two tenants (acme, globex) and two users of acme (the
 //! client-credentials clients `acme-ci` and `acme-ci-2`: two `sub`s), with one run killed
 //! by its memory limit, one timed out and one cancelled by its client; the server killed with SIGKILL between runs and
-//! started again on the same data directory; then every figure checked against what ran,
+//! started again on the same data directory (and a session cell of globex, kind `cell`);
+//! then every figure checked against what ran,
 //! through `mcp-code-executor usage` (the operator: every tenant) and `GET /usage` (a
-//! tenant: itself only).
+//! tenant's static token: that tenant, every principal; a signed-in user: their own
+//! records only), with bad lines and an unreadable file among the records.
 
 use super::*;
 
@@ -37,13 +39,16 @@ async fn usage_counts_every_finished_run_once_across_a_kill_9() {
             data.display().to_string(),
         ]
     };
+    // acme's static token: its operator, who sees every principal of acme.
+    let operator = token::generate();
     let file = format!(
-        "[[tenants]]\nid = \"{a}\"\n\n[[tenants]]\nid = \"{g}\"\n\n\
+        "[[tenants]]\nid = \"{a}\"\ntoken_sha256 = \"{t}\"\n\n[[tenants]]\nid = \"{g}\"\n\n\
          [[oauth_rules]]\nissuer = \"{i}\"\nclaim = \"org\"\nvalue = \"acme\"\ntenant = \"{a}\"\n\n\
          [[oauth_rules]]\nissuer = \"{i}\"\nclaim = \"org\"\nvalue = \"globex\"\ntenant = \"{g}\"\n",
         a = acme("usage"),
         g = globex("usage"),
-        i = issuer.url()
+        i = issuer.url(),
+        t = token::to_hex(&token::hash(&operator)),
     );
     let ids = [acme("usage"), globex("usage")];
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
@@ -119,8 +124,33 @@ async fn usage_counts_every_finished_run_once_across_a_kill_9() {
     let mcp = s.url("/mcp");
     run(&mcp, &alice, "print(2)", 30).await;
     run(&mcp, &gus, "print(3)", 30).await;
+    // A session cell (execute_python) of gus: recorded as kind `cell`.
+    let r = tool(
+        &mcp,
+        &gus,
+        "execute_python",
+        json!({"code": "print('c' * 9)"}),
+    )
+    .await;
+    assert!(tool_text(&r).contains(&"c".repeat(9)), "{r}");
 
-    // The operator: every tenant.
+    // A torn line, a line that is not JSON and an unreadable `.jsonl` (a directory) in
+    // the usage directory: skipped, never failing the report.
+    let records = data.join("usage");
+    let written = std::fs::read_dir(&records)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&written)
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"{\"id\": \"not a record\"}\n\xff garbage\n").unwrap();
+    std::fs::write(records.join("zz-torn.jsonl"), b"{\"id\": \"torn").unwrap();
+    std::fs::create_dir(records.join("zz-dir.jsonl")).unwrap();
+
+    // The operator of the service: every tenant.
     let all = usage(&data);
     eprintln!("{}", serde_json::to_string_pretty(&all).unwrap());
     let days = all.as_object().unwrap();
@@ -134,8 +164,16 @@ async fn usage_counts_every_finished_run_once_across_a_kill_9() {
         json!({"ok": 3, "oom": 1, "timeout": 1, "cancelled": 1}),
         "{a}"
     );
-    assert_eq!(g["runs"], 2, "{g}");
-    assert_eq!(g["outcomes"], json!({"ok": 2}), "{g}");
+    assert_eq!(g["runs"], 3, "two runs and a cell: {g}");
+    assert_eq!(g["outcomes"], json!({"ok": 3}), "{g}");
+    assert_eq!(g["kinds"]["run"]["runs"], 2, "{g}");
+    assert_eq!(g["kinds"]["cell"]["runs"], 1, "{g}");
+    assert!(
+        g["kinds"]["cell"]["output_bytes"].as_u64().unwrap() >= 10,
+        "{g}"
+    );
+    assert!(g["kinds"]["cell"]["wall_s"].as_f64().unwrap() > 0.0, "{g}");
+    assert_eq!(a["kinds"]["run"]["runs"], 6, "no cells in acme: {a}");
     let principals = a["principals"].as_object().unwrap();
     assert_eq!(principals.len(), 2, "alice and bob: {a}");
     let mut per: Vec<(u64, Value)> = principals
@@ -164,18 +202,40 @@ async fn usage_counts_every_finished_run_once_across_a_kill_9() {
         "the OOM run's peak: {a}"
     );
 
-    // A tenant: itself only.
-    let r = reqwest::Client::new()
-        .get(s.url("/usage"))
-        .bearer_auth(&gus)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let mine: Value = r.json().await.unwrap();
-    let day = mine.as_object().unwrap().values().next().unwrap();
-    assert_eq!(day.as_object().unwrap().len(), 1, "only globex: {mine}");
-    assert_eq!(day[globex("usage")]["runs"], 2);
+    // Over HTTP: a tenant's static token sees that tenant only, every principal of it;
+    // a signed-in user sees their own records only.
+    let get = |token: String| {
+        let url = s.url("/usage");
+        async move {
+            let r = reqwest::Client::new()
+                .get(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let all: Value = r.json().await.unwrap();
+            let days = all.as_object().unwrap();
+            assert_eq!(days.len(), 1, "one day: {all}");
+            let day = days.values().next().unwrap().as_object().unwrap().clone();
+            assert_eq!(day.len(), 1, "one tenant: {all}");
+            day.into_iter().next().unwrap()
+        }
+    };
+    let (tenant, mine) = get(gus.clone()).await;
+    assert_eq!(tenant, globex("usage"));
+    assert_eq!(mine["runs"], 3);
+    let (tenant, whole) = get(operator.clone()).await;
+    assert_eq!(tenant, acme("usage"));
+    assert_eq!(&whole, a, "acme's operator sees all of acme");
+    for (user, runs) in [(&alice, 4), (&bob, 2)] {
+        let (tenant, mine) = get(user.clone()).await;
+        assert_eq!(tenant, acme("usage"));
+        assert_eq!(mine["runs"], runs, "{mine}");
+        let p = mine["principals"].as_object().unwrap();
+        assert_eq!(p.len(), 1, "only their own: {mine}");
+        assert_eq!(p.values().next().unwrap()["runs"], runs, "{mine}");
+    }
     let r = reqwest::get(s.url("/usage")).await.unwrap();
     assert_eq!(r.status(), 401, "no token, no usage");
     s.finish().await;

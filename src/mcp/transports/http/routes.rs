@@ -19,6 +19,7 @@ use super::guard::check_host;
 use super::HttpOptions;
 use crate::app::Executor;
 use crate::mcp::CodeExecutor;
+use crate::tenancy::oauth::Principal;
 
 /// One tenant's MCP routes.
 pub(super) fn tenant_routes(
@@ -164,9 +165,12 @@ pub(in crate::mcp::transports) fn too_large_initialize(id: Option<serde_json::Va
 }
 
 /// `GET /usage[?from=YYYY-MM-DD&to=YYYY-MM-DD]`: the calling tenant's own usage by day
-/// and principal (the request reached this tenant's routes with its token), JSON.
+/// and principal (the request reached this tenant's routes with its token), JSON: a
+/// signed-in user sees their own records only, the tenant's static token (its operator)
+/// every principal's. Read off the async runtime.
 async fn usage_of_tenant(
     State(tenant): State<String>,
+    principal: Option<axum::Extension<Principal>>,
     axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
 ) -> Response {
     let Some(dir) = crate::app::usage::recording_dir() else {
@@ -176,11 +180,35 @@ async fn usage_of_tenant(
         )
             .into_response();
     };
-    let day = |k: &str| q.get(k).map(String::as_str);
-    match crate::app::usage::read(dir, Some(&tenant), day("from"), day("to")) {
-        Ok(r) => axum::Json(r).into_response(),
-        Err(e) => {
+    // A user: only their own; the static token (or no sign-in at all): the whole tenant.
+    let user = principal
+        .and_then(|p| p.owner())
+        .map(|d| format!("user:{d}"));
+    let read = tokio::task::spawn_blocking(move || {
+        let day = |k: &str| q.get(k).map(String::as_str);
+        crate::app::usage::read(
+            dir,
+            crate::app::usage::Filter {
+                tenant: Some(&tenant),
+                principal: user.as_deref(),
+                from: day("from"),
+                to: day("to"),
+            },
+        )
+    })
+    .await;
+    match read {
+        Ok(Ok(r)) => axum::Json(r).into_response(),
+        Ok(Err(e)) => {
             tracing::warn!(error = %e, "usage records unreadable");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "usage records unreadable (the server log says why)",
+            )
+                .into_response()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "usage read failed");
             StatusCode::INTERNAL_SERVER_ERROR.into_response()
         }
     }
