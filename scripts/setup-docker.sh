@@ -106,6 +106,19 @@ if ! docker info >/dev/null 2>&1; then
   # A daemon that dies while it starts (one was SIGKILLed four seconds in, while a
   # machine's earlier processes were being stopped) is started again, up to three times.
   : >/var/log/dockerd.log
+  # Pid files left by daemons that were killed with the machine's other processes: when
+  # their pid now belongs to another process, dockerd takes it for its containerd
+  # ("containerd is still running"), waits for a socket nobody serves and gives up
+  # (CI failed this way). A pid file whose process is not the daemon it names goes.
+  for entry in /var/run/docker/containerd/containerd.pid:containerd /var/run/docker.pid:dockerd; do
+    file=${entry%%:*} name=${entry##*:}
+    [ -f "$file" ] || continue
+    pid=$(cat "$file" 2>/dev/null || true)
+    if [ -z "$pid" ] || [ "$(cat "/proc/$pid/comm" 2>/dev/null)" != "$name" ]; then
+      echo "setup-docker: removing stale $file (pid ${pid:-none} is not $name)" >&2
+      rm -f "$file"
+    fi
+  done
   for attempt in 1 2 3; do
     echo "setup-docker: starting dockerd (log: /var/log/dockerd.log, attempt $attempt)" >&2
     nohup dockerd >>/var/log/dockerd.log 2>&1 &
