@@ -122,6 +122,11 @@ const OOM_TRIES: u32 = 3;
 /// Where gVisor hides the CPU quota, what busy loops achieve under it (`burn.py`).
 const BURN: &str = include_str!("burn.py");
 
+/// How many times the burn may run before a CPU share over the quota counts: each one
+/// takes about three seconds under gVisor, and only a measurement over the quota is
+/// followed by another.
+const BURN_TRIES: usize = 4;
+
 /// The burn's limits: the probe's CPU quota, with room in memory for its processes.
 fn burn_limits(cpus: f64) -> Limits {
     Limits {
@@ -129,6 +134,29 @@ fn burn_limits(cpus: f64) -> Limits {
         memory_bytes: 512 << 20,
         ..probe_limits()
     }
+}
+
+/// The burn under `applied` cores, run again while it measures over `judged` cores (and
+/// the slack), up to [`BURN_TRIES`] in all: the lowest report. One measurement on a busy
+/// host can overstate the share (0.75-1.10 cores of 0.5 seen while the test suite ran,
+/// 0.50-0.64 measured again; twice 0.86 in a row once, at load 8 and more); a quota not
+/// enforced measures over it every time.
+async fn lowest_burn(backend: &dyn Backend, applied: f64, judged: f64) -> serde_json::Value {
+    let over = |c: Option<f64>| c.is_some_and(|c| c > judged * evaluate::GVISOR_CPU_SLACK);
+    let mut report = burn(backend, applied).await;
+    let mut best = evaluate::burn_cores(&report);
+    for _ in 1..BURN_TRIES {
+        if !over(best) {
+            break;
+        }
+        let again = burn(backend, applied).await;
+        let cores = evaluate::burn_cores(&again);
+        if cores.is_some_and(|c| best.is_none_or(|b| c < b)) {
+            best = cores;
+            report = again;
+        }
+    }
+    report
 }
 
 /// Run the burn under `cpus` cores: its report, or what went wrong in its place.
@@ -227,18 +255,7 @@ pub async fn diagnose(backend: &dyn Backend) -> Report {
                 serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
             if evaluate::cpu_hidden(&isolation) {
                 // Alone, after the others: their load would only lower what it measures.
-                v["burn"] = burn(backend, limits.cpus).await;
-                // One measurement on a busy host can overstate it (0.75-1.10 cores of 0.5
-                // seen while the test suite ran, 0.50-0.64 measured again): over the quota,
-                // it is measured once more and the lower one counts. A quota not enforced
-                // measures over it both times.
-                let first = evaluate::burn_cores(&v["burn"]);
-                if first.is_some_and(|c| c > limits.cpus * evaluate::GVISOR_CPU_SLACK) {
-                    let again = burn(backend, limits.cpus).await;
-                    if evaluate::burn_cores(&again).is_some_and(|c| Some(c) < first) {
-                        v["burn"] = again;
-                    }
-                }
+                v["burn"] = lowest_burn(backend, limits.cpus, limits.cpus).await;
             }
             checks.push(Check {
                 name: "python runs",
@@ -305,12 +322,13 @@ pub async fn diagnose(backend: &dyn Backend) -> Report {
     Report { checks }
 }
 
-/// The CPU-quota check alone, with the probe run under `applied` cores but judged against
-/// the probe's own quota: what `doctor` concludes when the backend applies another quota than
+/// The CPU-quota check alone (measured as `doctor` does, again while over), with the probe
+/// run under `applied` cores but judged against the probe's own quota: what `doctor` concludes when the backend applies another quota than
 /// the one asked for (with all the host's cores, in effect none). It shows the check can fail.
 pub async fn cpu_quota_check(backend: &dyn Backend, applied: f64) -> Check {
-    let v = serde_json::json!({ "burn": burn(backend, applied).await });
-    let check = evaluate::gvisor_limits(&v, &probe_limits())
+    let limits = probe_limits();
+    let v = serde_json::json!({ "burn": lowest_burn(backend, applied, limits.cpus).await });
+    let check = evaluate::gvisor_limits(&v, &limits)
         .into_iter()
         .find(|c| c.name == "cpu quota");
     check.expect("gvisor_limits makes a cpu quota check")
