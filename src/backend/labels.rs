@@ -35,11 +35,18 @@ pub(crate) fn own_id() -> String {
     owner_id(std::process::id()).unwrap_or_else(|| "unknown".into())
 }
 
+/// The start time of process `pid`; `None` when it is gone, also when it has ended and its
+/// parent has not reaped it yet (a zombie, state `Z`, or `X`): a server killed by its
+/// supervisor stays one a while, and its sandboxes are a dead owner's.
 fn process_start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Field 22, counted after the parenthesised command name (which may hold spaces).
-    let after = &stat[stat.rfind(')')? + 2..];
-    after.split(' ').nth(19)?.parse().ok()
+    // Fields 3 (state) and 22, counted after the parenthesised command name (which may
+    // hold spaces).
+    let mut after = stat[stat.rfind(')')? + 2..].split(' ');
+    if matches!(after.next(), Some("Z" | "X")) {
+        return None;
+    }
+    after.nth(18)?.parse().ok()
 }
 
 /// Is the process named by `owner` (an owner id) gone? Only an owner on `host` can be
@@ -71,5 +78,36 @@ mod tests {
         assert!(owner_is_dead(&format!("{host}/{pid}/1"), &host));
         assert!(!owner_is_dead(&format!("elsewhere/{pid}/1"), &host));
         assert!(!owner_is_dead("garbage", &host));
+    }
+
+    #[test]
+    fn a_killed_child_not_yet_reaped_is_a_dead_owner() {
+        let host = hostname();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let owner = owner_id(child.id()).expect("a live child has an owner id");
+        assert!(!owner_is_dead(&owner, &host));
+        child.kill().unwrap();
+        // Not reaped: /proc still shows it, as a zombie, once the kill has landed.
+        let stat = format!("/proc/{}/stat", child.id());
+        let t0 = std::time::Instant::now();
+        while !std::fs::read_to_string(&stat)
+            .unwrap_or_default()
+            .contains(") Z ")
+        {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(5),
+                "never a zombie"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            owner_is_dead(&owner, &host),
+            "a zombie's sandboxes are a dead owner's"
+        );
+        child.wait().unwrap();
+        assert!(owner_is_dead(&owner, &host));
     }
 }

@@ -72,6 +72,9 @@ struct Replica {
     child: tokio::process::Child,
     port: u16,
     pid: u32,
+    /// Its owner label, taken while it lives: what it made (its pool's sandboxes too,
+    /// labelled `pool`, not with the tenant) is removed by it when the cluster goes.
+    owner: String,
     id: String,
     log: Arc<Mutex<String>>,
 }
@@ -109,6 +112,16 @@ impl Drop for Cluster {
         let _ = self.balancer.start_kill();
         for r in &mut self.replicas {
             let _ = r.child.start_kill();
+        }
+        // Killed, the replicas remove nothing: their pools' sandboxes (a stop of 2026-11-28
+        // left three behind, exited) go here with the tenant's, once each process is gone
+        // and can make no more.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        for r in &mut self.replicas {
+            while matches!(r.child.try_wait(), Ok(None)) && std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            common::remove_containers(&common::containers_owned_by(&r.owner));
         }
         common::remove_containers(&common::containers_of(&self.tenant));
     }
@@ -236,6 +249,7 @@ fn spawn_replica(
         .spawn()
         .expect("serve starts");
     let pid = child.id().unwrap();
+    let owner = common::owner_of_process(pid);
     let log = Arc::new(Mutex::new(String::new()));
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let sink = log.clone();
@@ -250,6 +264,7 @@ fn spawn_replica(
         child,
         port,
         pid,
+        owner,
         id: String::new(),
         log,
     }
