@@ -9,8 +9,10 @@
 //! pause between its interleaved calls. BENCH_ONLY=demand runs only the rows of preloading
 //! by demand (issue 29: rates, clients, workloads, the mix, runc and gVisor;
 //! benches/execute/demand.rs); BENCH_GVISOR=0 leaves gVisor out of them.
-//! BENCH_ONLY=codemode runs only the code-mode row (issue 26, benches/execute/codemode.rs;
-//! last in a full run).
+//! BENCH_ONLY=codemode runs only the code-mode row (issue 26, benches/execute/codemode.rs).
+//! BENCH_ONLY=egress runs only the egress rows (issue 41, benches/execute/egress.rs: a
+//! fresh HTTPS GET through the proxy against the host's, a 200 MB download; last in a full
+//! run).
 
 use std::time::{Duration, Instant};
 
@@ -28,6 +30,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 mod codemode;
 #[path = "execute/demand.rs"]
 mod demand;
+#[path = "execute/egress.rs"]
+mod egress;
 
 fn knob(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -106,6 +110,10 @@ async fn main() {
     }
     if std::env::var("BENCH_ONLY").as_deref() == Ok("codemode") {
         codemode::rows().await;
+        return;
+    }
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("egress") {
+        egress::rows().await;
         return;
     }
     println!("# mcp-code-executor benchmark\n");
@@ -213,6 +221,7 @@ async fn main() {
     preload_rows(samples, runs).await;
     demand::rows(samples).await;
     codemode::rows().await;
+    egress::rows().await;
 }
 
 /// One `execute_code` call of `code` over MCP.
