@@ -128,4 +128,5 @@ pub mod ops;
 pub(crate) mod scratch;
 pub mod server;
 pub mod storage;
+pub mod telemetry;
 pub mod tenancy;
