@@ -52,7 +52,11 @@ impl TraceConfig {
     /// `/v1/traces` is appended) and the other variables; `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`
     /// is the traces URL itself and wins.
     pub fn from_vars(base: Option<&str>, get: impl Fn(&str) -> Option<String>) -> TraceConfig {
-        let set = |k: &str| get(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let set = |k: &str| {
+            get(k)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
         let endpoint = set(vars::OTEL_EXPORTER_OTLP_TRACES_ENDPOINT).or_else(|| {
             base.map(str::trim)
                 .filter(|b| !b.is_empty())
@@ -115,9 +119,15 @@ mod tests {
 
     #[test]
     fn off_unless_an_endpoint_and_the_standard_variables_read() {
-        assert_eq!(TraceConfig::from_vars(None, |_| None), TraceConfig::default());
+        assert_eq!(
+            TraceConfig::from_vars(None, |_| None),
+            TraceConfig::default()
+        );
         let c = TraceConfig::from_vars(Some("http://127.0.0.1:4318/"), |_| None);
-        assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:4318/v1/traces"));
+        assert_eq!(
+            c.endpoint.as_deref(),
+            Some("http://127.0.0.1:4318/v1/traces")
+        );
         let get = |k: &str| {
             Some(
                 match k {

@@ -59,7 +59,9 @@ pub fn render_metrics(tracer: &Tracer, out: &mut String) {
 
 /// The caller's trace context: the first valid `traceparent` of `candidates` (in order of
 /// preference).
-pub fn parent_of<'a>(candidates: impl IntoIterator<Item = Option<&'a str>>) -> Option<TraceContext> {
+pub fn parent_of<'a>(
+    candidates: impl IntoIterator<Item = Option<&'a str>>,
+) -> Option<TraceContext> {
     candidates
         .into_iter()
         .flatten()

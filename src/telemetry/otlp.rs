@@ -78,8 +78,8 @@ mod tests {
 
     #[test]
     fn a_span_in_otlp_json() {
-        let ctx = TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-            .unwrap();
+        let ctx =
+            TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
         let t = UNIX_EPOCH + std::time::Duration::from_nanos(1_700_000_000_123_456_789);
         let s = Finished {
             ctx,

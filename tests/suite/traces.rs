@@ -110,7 +110,10 @@ async fn a_call_from_the_official_sdk_continues_the_clients_trace() {
     );
     let client: Value = serde_json::from_slice(&out.stdout).expect("the client's JSON line");
     assert_eq!(client["version"], "2026-07-28", "{client}");
-    assert!(client["text"].as_str().unwrap().contains(&marker), "{client}");
+    assert!(
+        client["text"].as_str().unwrap().contains(&marker),
+        "{client}"
+    );
     let trace_id = client["trace_id"].as_str().unwrap().to_string();
     let expected = [
         "tools/call execute_code",
@@ -134,7 +137,10 @@ async fn a_call_from_the_official_sdk_continues_the_clients_trace() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let errors = std::fs::read_to_string(dir.join("errors.txt")).unwrap_or_default();
-    assert!(errors.is_empty(), "bodies the receiver could not decode: {errors}");
+    assert!(
+        errors.is_empty(),
+        "bodies the receiver could not decode: {errors}"
+    );
     // One server span, the child of the SDK's span, with the MCP conventions' attributes.
     let roots: Vec<&Value> = spans
         .iter()
@@ -166,11 +172,20 @@ async fn a_call_from_the_official_sdk_continues_the_clients_trace() {
     let run = spans.iter().find(|s| s["name"] == "sandbox.run").unwrap();
     assert_eq!(run["attributes"]["process.exit.code"], 0, "{run}");
     let take = spans.iter().find(|s| s["name"] == "sandbox.take").unwrap();
-    assert_eq!(take["attributes"]["mcp_executor.sandbox.warm"], false, "no pool: {take}");
+    assert_eq!(
+        take["attributes"]["mcp_executor.sandbox.warm"], false,
+        "no pool: {take}"
+    );
     // Nothing exported quotes the code or its output: not a span, not a byte of a body.
     let bodies = std::fs::read_to_string(dir.join("bodies.jsonl")).unwrap();
-    assert!(!bodies.contains(&marker), "an exported body quotes the code or its output");
-    assert!(!bodies.contains("secret-marker"), "an exported body quotes the code");
+    assert!(
+        !bodies.contains(&marker),
+        "an exported body quotes the code or its output"
+    );
+    assert!(
+        !bodies.contains("secret-marker"),
+        "an exported body quotes the code"
+    );
     let metrics = reqwest::get(server.url("/metrics"))
         .await
         .unwrap()
@@ -178,7 +193,10 @@ async fn a_call_from_the_official_sdk_continues_the_clients_trace() {
         .await
         .unwrap();
     assert!(metric(&metrics, "mcp_executor_trace_spans_exported_total") >= 5);
-    assert_eq!(metric(&metrics, "mcp_executor_trace_spans_dropped_total"), 0);
+    assert_eq!(
+        metric(&metrics, "mcp_executor_trace_spans_dropped_total"),
+        0
+    );
     server.finish().await;
 }
 
@@ -227,7 +245,9 @@ async fn a_collector_that_never_answers_slows_no_call_and_drops_are_counted() {
         }
     }
     let (m_off, m_on) = (median(t_off.clone()), median(t_on.clone()));
-    eprintln!("traces off: median {m_off:.1} ms {t_off:?}; to a black hole: median {m_on:.1} ms {t_on:?}");
+    eprintln!(
+        "traces off: median {m_off:.1} ms {t_off:?}; to a black hole: median {m_on:.1} ms {t_on:?}"
+    );
     assert!(
         m_on <= m_off * 1.5 + 50.0,
         "calls with a black-hole collector took {m_on:.1} ms (median) against {m_off:.1} ms with traces off"
@@ -241,9 +261,20 @@ async fn a_collector_that_never_answers_slows_no_call_and_drops_are_counted() {
     // 9 calls of 5 spans or more, a queue of 8, the first batch stuck in its send: most are
     // dropped, and counted.
     let dropped = metric(&metrics, "mcp_executor_trace_spans_dropped_total");
-    assert!(dropped >= 20, "only {dropped} spans counted as dropped:\n{metrics}");
-    assert_eq!(metric(&metrics, "mcp_executor_trace_spans_exported_total"), 0);
-    let off_metrics = reqwest::get(off.url("/metrics")).await.unwrap().text().await.unwrap();
+    assert!(
+        dropped >= 20,
+        "only {dropped} spans counted as dropped:\n{metrics}"
+    );
+    assert_eq!(
+        metric(&metrics, "mcp_executor_trace_spans_exported_total"),
+        0
+    );
+    let off_metrics = reqwest::get(off.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(
         !off_metrics.contains("mcp_executor_trace_"),
         "a server without traces reports no trace counters"

@@ -179,7 +179,17 @@ pub async fn route(
     match p {
         Plan::Here => here(parts, body),
         Plan::Owner(owner, handle) => {
-            match to_owner(c, tracer, &owner, &handle, (&id, &method), &parts, body.clone()).await {
+            match to_owner(
+                c,
+                tracer,
+                &owner,
+                &handle,
+                (&id, &method),
+                &parts,
+                body.clone(),
+            )
+            .await
+            {
                 Some(answer) => Routed::Answered(answer),
                 // A stored file outlives its replica where the storage is shared.
                 None => here(parts, body),
@@ -372,7 +382,10 @@ async fn forward(
         }
     })?;
     c.forwarded.fetch_add(1, Ordering::Relaxed);
-    span.set("http.response.status_code", i64::from(answer.status().as_u16()));
+    span.set(
+        "http.response.status_code",
+        i64::from(answer.status().as_u16()),
+    );
     let (mut parts, incoming) = answer.into_parts();
     for name in HOP_BY_HOP {
         parts.headers.remove(*name);

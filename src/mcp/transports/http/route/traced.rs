@@ -39,11 +39,16 @@ pub(super) fn forward(tracer: &telemetry::Tracer, parts: &Parts, body: &[u8], pe
         .and_then(|v| v.to_str().ok());
     let parent = telemetry::parent_of([m.params.meta.traceparent.as_deref(), header]);
     let (host, port) = host_port(&peer.base);
-    Span::root(tracer.as_ref(), parts.method.to_string(), Kind::Client, parent)
-        .with("http.request.method", parts.method.to_string())
-        .with("server.address", host)
-        .with("server.port", port)
-        .with("mcp_executor.replica", peer.id.clone())
+    Span::root(
+        tracer.as_ref(),
+        parts.method.to_string(),
+        Kind::Client,
+        parent,
+    )
+    .with("http.request.method", parts.method.to_string())
+    .with("server.address", host)
+    .with("server.port", port)
+    .with("mcp_executor.replica", peer.id.clone())
 }
 
 /// Host and port of `http://HOST:PORT`.
