@@ -304,8 +304,8 @@ impl Run {
             armed: true,
         };
         let mut upstream_us = 0;
-        let result = self
-            .checked_call(server, tool, req, request_bytes, &known, &mut upstream_us)
+        let result = span
+            .scope(self.checked_call(server, tool, req, request_bytes, &known, &mut upstream_us))
             .await;
         guard.armed = false;
         let (outcome, result_bytes) = match &result {

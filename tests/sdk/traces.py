@@ -8,10 +8,11 @@
         DIR/spans.jsonl, each raw body to DIR/bodies.jsonl, and a body that does not decode
         is answered 400 and written to DIR/errors.txt.
 
-    python traces.py call URL MARKER
+    python traces.py call URL MARKER [CODE]
         The official MCP SDK's Client (default mode: 2026-07-28 over HTTP), with
         `opentelemetry-sdk` as the tracer provider, so the SDK's own client span puts its
-        `traceparent` into the request's `_meta`; one execute_code printing MARKER. Prints
+        `traceparent` into the request's `_meta`; one execute_code of CODE (default: a
+        print of MARKER). Prints
         one JSON line: the client's trace id and the id of the SDK's span (the parent the
         server must continue), and the call's text.
 """
@@ -108,7 +109,7 @@ def receive(out_dir):
     server.serve_forever()
 
 
-async def call(url, marker):
+async def call(url, marker, code=None):
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -124,7 +125,8 @@ async def call(url, marker):
     tracer = trace.get_tracer("traces-test")
     async with Client(url) as client:
         with tracer.start_as_current_span("the test's request") as mine:
-            result = await client.call_tool("execute_code", {"code": f"print('{marker}')"})
+            code = code or f"print('{marker}')"
+            result = await client.call_tool("execute_code", {"code": code})
             trace_id = format(mine.get_span_context().trace_id, "032x")
         version = client.protocol_version
     sends = [s for s in spans.get_finished_spans()
@@ -145,6 +147,6 @@ if __name__ == "__main__":
     if sys.argv[1] == "receive":
         receive(sys.argv[2])
     elif sys.argv[1] == "call":
-        asyncio.run(call(sys.argv[2], sys.argv[3]))
+        asyncio.run(call(*sys.argv[2:5]))
     else:
         raise SystemExit(f"unknown command {sys.argv[1]}")
