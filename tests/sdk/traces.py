@@ -15,6 +15,11 @@
         print of MARKER). Prints
         one JSON line: the client's trace id and the id of the SDK's span (the parent the
         server must continue), and the call's text.
+
+    python traces.py forward URL_A URL_B MARKER
+        An execute_python session opened on replica A (a cell setting `m = MARKER`), then,
+        traced as `call` is, a cell printing `m` sent to replica B with that session_id:
+        B forwards it to A. The same JSON line, of the second call.
 """
 
 import asyncio
@@ -109,7 +114,8 @@ def receive(out_dir):
     server.serve_forever()
 
 
-async def call(url, marker, code=None):
+def tracing():
+    """opentelemetry-sdk as the tracer provider, its spans kept in memory."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -119,28 +125,48 @@ async def call(url, marker, code=None):
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(spans))
     trace.set_tracer_provider(provider)
+    return spans, trace.get_tracer("traces-test")
 
-    from mcp.client.client import Client
 
-    tracer = trace.get_tracer("traces-test")
-    async with Client(url) as client:
-        with tracer.start_as_current_span("the test's request") as mine:
-            code = code or f"print('{marker}')"
-            result = await client.call_tool("execute_code", {"code": code})
-            trace_id = format(mine.get_span_context().trace_id, "032x")
-        version = client.protocol_version
+async def traced(spans, tracer, client, tool, args):
+    """Call `tool` in a span of the test's own; the JSON line that describes it."""
+    with tracer.start_as_current_span("the test's request") as mine:
+        result = await client.call_tool(tool, args)
+        trace_id = format(mine.get_span_context().trace_id, "032x")
     sends = [s for s in spans.get_finished_spans()
              if s.name.startswith("MCP send tools/call")
              and format(s.context.trace_id, "032x") == trace_id]
     if len(sends) != 1:
         raise SystemExit(f"expected one SDK span of the call, got {[s.name for s in spans.get_finished_spans()]}")
-    text = "".join(getattr(c, "text", "") for c in result.content)
-    print(json.dumps({
+    return {
         "trace_id": trace_id,
         "parent_span_id": format(sends[0].context.span_id, "016x"),
-        "version": version,
-        "text": text,
-    }), flush=True)
+        "version": client.protocol_version,
+        "text": "".join(getattr(c, "text", "") for c in result.content),
+    }
+
+
+async def call(url, marker, code=None):
+    spans, tracer = tracing()
+    from mcp.client.client import Client
+
+    async with Client(url) as client:
+        line = await traced(spans, tracer, client, "execute_code",
+                            {"code": code or f"print('{marker}')"})
+    print(json.dumps(line), flush=True)
+
+
+async def forward(url_a, url_b, marker):
+    spans, tracer = tracing()
+    from mcp.client.client import Client
+
+    async with Client(url_a) as a:
+        r = await a.call_tool("execute_python", {"code": f"m = '{marker}'"})
+        sid = r.structured_content["session_id"]
+    async with Client(url_b) as b:
+        line = await traced(spans, tracer, b, "execute_python",
+                            {"code": "print(m)", "session_id": sid})
+    print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":
@@ -148,5 +174,7 @@ if __name__ == "__main__":
         receive(sys.argv[2])
     elif sys.argv[1] == "call":
         asyncio.run(call(*sys.argv[2:5]))
+    elif sys.argv[1] == "forward":
+        asyncio.run(forward(*sys.argv[2:5]))
     else:
         raise SystemExit(f"unknown command {sys.argv[1]}")

@@ -49,14 +49,14 @@ fn otel_python() -> PathBuf {
 
 /// A receiver writing into a temporary directory: its process (killed when dropped), its
 /// port and the directory (removed when dropped).
-struct Receiver {
+pub(crate) struct Receiver {
     _child: tokio::process::Child,
-    port: u16,
-    dir: PathBuf,
+    pub(crate) port: u16,
+    pub(crate) dir: PathBuf,
     _dirs: common::TempDirs,
 }
 
-async fn receiver() -> Receiver {
+pub(crate) async fn receiver() -> Receiver {
     let dir = std::env::temp_dir().join(format!("mcpx-traces-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let dirs = common::TempDirs(vec![dir.clone()]);
@@ -117,28 +117,19 @@ const CALL_SPANS: [&str; 4] = [
     "result.shape",
 ];
 
-fn named<'a>(spans: &'a [Value], name: &str) -> &'a Value {
+pub(crate) fn named<'a>(spans: &'a [Value], name: &str) -> &'a Value {
     spans
         .iter()
         .find(|s| s["name"] == name)
         .unwrap_or_else(|| panic!("no span {name} in {spans:#?}"))
 }
 
-/// One `execute_code` of `code` (default: a print of `marker`) from the SDK client to `url`:
-/// every span of its trace once the server span, [`CALL_SPANS`] and `more` arrived at `rx`,
-/// and the server span, checked: the child of the SDK's span, with the MCP conventions'
-/// attributes, its children within it in time, and no body the receiver got quoting
-/// `marker` (the code, its output, the arguments it passes on).
-async fn traced_call(
-    rx: &Receiver,
-    url: &str,
-    marker: &str,
-    code: Option<&str>,
-    more: &[&str],
-) -> (Vec<Value>, Value) {
+/// Run the SDK client (`tests/sdk/traces.py ARGS`): its JSON line, checked: the call was
+/// answered in 2026-07-28 and its text has `marker`.
+pub(crate) async fn sdk_client(args: &[&str], marker: &str) -> Value {
     let out = tokio::process::Command::new(otel_python())
-        .args([SCRIPT, "call", url, marker])
-        .args(code)
+        .arg(SCRIPT)
+        .args(args)
         .output()
         .await
         .unwrap();
@@ -154,7 +145,80 @@ async fn traced_call(
         client["text"].as_str().unwrap().contains(marker),
         "{client}"
     );
-    let trace_id = client["trace_id"].as_str().unwrap().to_string();
+    client
+}
+
+impl Receiver {
+    /// Every span of `trace_id` once those named `expected` all arrived (within `limit`),
+    /// checked: every body decoded, none quoting `marker` (the code, its output, the
+    /// arguments it passes on), one span of each expected name.
+    pub(crate) async fn wait_for(
+        &self,
+        trace_id: &str,
+        expected: &[&str],
+        marker: &str,
+        limit: Duration,
+    ) -> Vec<Value> {
+        let waited = Instant::now();
+        let spans = loop {
+            let spans = self.spans_of(trace_id);
+            let names: Vec<&str> = spans.iter().filter_map(|s| s["name"].as_str()).collect();
+            if expected.iter().all(|e| names.contains(e)) {
+                break spans;
+            }
+            assert!(
+                waited.elapsed() < limit,
+                "after {limit:?} the receiver has only {names:?} of trace {trace_id}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let errors = std::fs::read_to_string(self.dir.join("errors.txt")).unwrap_or_default();
+        assert!(
+            errors.is_empty(),
+            "bodies the receiver could not decode: {errors}"
+        );
+        for name in expected {
+            let n = spans.iter().filter(|s| s["name"] == *name).count();
+            assert_eq!(n, 1, "{n} spans {name} in {spans:#?}");
+        }
+        // Nothing exported quotes the code or its output: not a span, not a byte of a body.
+        let bodies = std::fs::read_to_string(self.dir.join("bodies.jsonl")).unwrap();
+        assert!(
+            !bodies.contains(marker),
+            "an exported body quotes the code, its output or its arguments"
+        );
+        spans
+    }
+}
+
+/// Check `root` is the server span of a `tools/call` of `tool`, the child of the SDK's span
+/// `client` names, with the MCP conventions' attributes.
+pub(crate) fn check_root(root: &Value, client: &Value, tool: &str) {
+    assert_eq!(root["name"], format!("tools/call {tool}"), "{root}");
+    assert_eq!(root["parent_span_id"], client["parent_span_id"], "{root}");
+    assert_eq!(root["trace_id"], client["trace_id"], "{root}");
+    assert_eq!(root["kind"], 2, "a server span: {root}");
+    let a = &root["attributes"];
+    assert_eq!(a["mcp.method.name"], "tools/call", "{root}");
+    assert_eq!(a["gen_ai.tool.name"], tool, "{root}");
+    assert_eq!(a["gen_ai.operation.name"], "execute_tool", "{root}");
+}
+
+/// One `execute_code` of `code` (default: a print of `marker`) from the SDK client to `url`:
+/// every span of its trace once the server span, [`CALL_SPANS`] and `more` arrived at `rx`,
+/// and the server span, checked ([`check_root`]), its [`CALL_SPANS`] children within it in
+/// time.
+async fn traced_call(
+    rx: &Receiver,
+    url: &str,
+    marker: &str,
+    code: Option<&str>,
+    more: &[&str],
+) -> (Vec<Value>, Value) {
+    let mut args = vec!["call", url, marker];
+    args.extend(code);
+    let client = sdk_client(&args, marker).await;
+    let trace_id = client["trace_id"].as_str().unwrap();
     let root_name = "tools/call execute_code";
     let expected: Vec<&str> = [root_name]
         .iter()
@@ -162,34 +226,11 @@ async fn traced_call(
         .chain(more)
         .copied()
         .collect();
-    // Batches go out every 100 ms: wait until every expected span arrived.
-    let waited = Instant::now();
-    let spans = loop {
-        let spans = rx.spans_of(&trace_id);
-        let names: Vec<&str> = spans.iter().filter_map(|s| s["name"].as_str()).collect();
-        if expected.iter().all(|e| names.contains(e)) {
-            break spans;
-        }
-        assert!(
-            waited.elapsed() < Duration::from_secs(20),
-            "after 20 s the receiver has only {names:?} of trace {trace_id}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let errors = std::fs::read_to_string(rx.dir.join("errors.txt")).unwrap_or_default();
-    assert!(
-        errors.is_empty(),
-        "bodies the receiver could not decode: {errors}"
-    );
-    let roots: Vec<&Value> = spans.iter().filter(|s| s["name"] == root_name).collect();
-    assert_eq!(roots.len(), 1, "{spans:#?}");
-    let root = roots[0].clone();
-    assert_eq!(root["parent_span_id"], client["parent_span_id"], "{root}");
-    assert_eq!(root["kind"], 2, "a server span: {root}");
-    let a = &root["attributes"];
-    assert_eq!(a["mcp.method.name"], "tools/call", "{root}");
-    assert_eq!(a["gen_ai.tool.name"], "execute_code", "{root}");
-    assert_eq!(a["gen_ai.operation.name"], "execute_tool", "{root}");
+    let spans = rx
+        .wait_for(trace_id, &expected, marker, Duration::from_secs(20))
+        .await;
+    let root = named(&spans, root_name).clone();
+    check_root(&root, &client, "execute_code");
     for name in CALL_SPANS {
         let s = named(&spans, name);
         assert_eq!(s["parent_span_id"], root["span_id"], "{name}: {s}");
@@ -199,12 +240,6 @@ async fn traced_call(
             "{name} lies outside its parent: {s} {root}"
         );
     }
-    // Nothing exported quotes the code or its output: not a span, not a byte of a body.
-    let bodies = std::fs::read_to_string(rx.dir.join("bodies.jsonl")).unwrap();
-    assert!(
-        !bodies.contains(marker),
-        "an exported body quotes the code, its output or its arguments"
-    );
     (spans, root)
 }
 
