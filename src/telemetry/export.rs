@@ -126,7 +126,7 @@ impl Sender {
         let failures = self.counts.failed_sends.fetch_add(1, Ordering::Relaxed);
         // Logged the first time and then every hundredth: a collector that is gone must
         // not fill the log.
-        if failures % 100 == 0 {
+        if failures.is_multiple_of(100) {
             tracing::warn!(endpoint = %self.endpoint, spans = n, error = %problem, "traces: a batch of spans could not be exported and was dropped");
         }
     }

@@ -28,9 +28,7 @@ const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/traces.py")
 fn otel_python() -> PathBuf {
     let p = std::env::var_os("MCP_OTEL_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/otel-py/bin/python")
-        });
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/otel-py/bin/python"));
     let ok = std::process::Command::new(&p)
         .args([
             "-c",
@@ -308,7 +306,10 @@ async fn a_code_mode_call_is_traced_to_the_upstream_and_passes_the_context_on() 
         &["code_mode.call", "tools/call echo"],
     )
     .await;
-    assert_eq!(root["service"], "mcp-code-executor", "the default service.name");
+    assert_eq!(
+        root["service"], "mcp-code-executor",
+        "the default service.name"
+    );
     let run = named(&spans, "sandbox.run");
     let cm = named(&spans, "code_mode.call");
     assert_eq!(
@@ -396,7 +397,10 @@ async fn a_collector_that_never_answers_slows_no_call_and_drops_are_counted() {
     // 13 calls of 5 spans each, a queue of 8, the first batch stuck in its send: most are
     // dropped, and counted.
     let dropped = metric(&m, "mcp_executor_trace_spans_dropped_total");
-    assert!(dropped >= 20, "only {dropped} spans counted as dropped:\n{m}");
+    assert!(
+        dropped >= 20,
+        "only {dropped} spans counted as dropped:\n{m}"
+    );
     assert_eq!(metric(&m, "mcp_executor_trace_spans_exported_total"), 0);
     let m = metrics(off.url("/metrics")).await;
     assert!(

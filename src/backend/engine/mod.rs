@@ -316,10 +316,14 @@ impl<D: Driver> Engine<D> {
         let python = self.driver.python(&job.env)?;
         let input = protocol::encode_session(&job, &python)
             .map_err(|e| BackendError::Rejected(e.to_string()))?;
-        let mut live = match self.take_warm(&job, false).await {
+        let take = crate::telemetry::span("sandbox.take");
+        let warm = self.take_warm(&job, false).await;
+        let pooled = warm.is_some();
+        let mut live = match warm {
             Some(live) => live,
             None => self.cold(&job, Lifetime::Long).await?,
         };
+        take.with("mcp_executor.sandbox.warm", pooled).end();
         live.wait_ready().await?;
         live.send(&input).await?;
         tracing::debug!(job_id = %job.id, tenant = %job.tenant, sandbox = %live.guard.id(), "session opened");

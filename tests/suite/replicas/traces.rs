@@ -26,7 +26,12 @@ async fn a_forwarded_call_continues_the_trace_on_its_owner() {
     let spans = rx
         .wait_for(
             trace_id,
-            &["POST", "tools/call execute_python", "executor.queue"],
+            &[
+                "POST",
+                "tools/call execute_python",
+                "executor.queue",
+                "sandbox.run",
+            ],
             &marker,
             Duration::from_secs(30),
         )
@@ -34,10 +39,21 @@ async fn a_forwarded_call_continues_the_trace_on_its_owner() {
     let post = named(&spans, "POST");
     assert_eq!(post["kind"], 3, "a client span: {post}");
     assert_eq!(post["parent_span_id"], client["parent_span_id"], "{post}");
-    assert_eq!(post["attributes"]["mcp_executor.replica"], a.id.as_str(), "{post}");
+    assert_eq!(
+        post["attributes"]["mcp_executor.replica"],
+        a.id.as_str(),
+        "{post}"
+    );
     assert_eq!(post["attributes"]["http.request.method"], "POST", "{post}");
-    assert_eq!(post["attributes"]["http.response.status_code"], 200, "{post}");
-    assert_eq!(post["attributes"]["server.port"], i64::from(a.port), "{post}");
+    assert_eq!(
+        post["attributes"]["http.response.status_code"], 200,
+        "{post}"
+    );
+    assert_eq!(
+        post["attributes"]["server.port"],
+        i64::from(a.port),
+        "{post}"
+    );
     let root = named(&spans, "tools/call execute_python");
     // The owner's span is the forward's child, in the client's trace.
     let mut expected_parent = client.clone();
@@ -45,4 +61,8 @@ async fn a_forwarded_call_continues_the_trace_on_its_owner() {
     check_root(root, &expected_parent, "execute_python");
     let queue = named(&spans, "executor.queue");
     assert_eq!(queue["parent_span_id"], root["span_id"], "{queue}");
+    // The cell, in the session's sandbox (opened by the first call, in its own trace).
+    let cell = named(&spans, "sandbox.run");
+    assert_eq!(cell["parent_span_id"], root["span_id"], "{cell}");
+    assert_eq!(cell["attributes"]["mcp_executor.session"], true, "{cell}");
 }
