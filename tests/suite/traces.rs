@@ -4,7 +4,8 @@
 //! official MCP Python SDK as the client, with `opentelemetry-sdk` making its span and
 //! putting `traceparent` into the request's `_meta`. One `execute_code` gives one trace
 //! under the client's trace id, with the server span a child of the SDK's span and the
-//! queue, sandbox and shaping spans its children; a code-mode call adds its own span under
+//! queue, sandbox and shaping spans its children (a raw request with the HTTP header
+//! `traceparent` instead is continued too); a code-mode call adds its own span under
 //! the run and the client span of the upstream request under that; nothing exported quotes
 //! the code, its output or a tool's arguments. And a collector that never answers does not
 //! slow calls, while the spans it does not take are counted as dropped. The Python packages
@@ -268,10 +269,56 @@ async fn a_call_from_the_official_sdk_continues_the_clients_trace() {
         take["attributes"]["mcp_executor.sandbox.warm"], false,
         "no pool: {take}"
     );
+    // A client that sends the trace context as the HTTP header (no `_meta` traceparent):
+    // a raw 2026-07-28 request of a tool that starts no sandbox.
+    let (trace_id, parent) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
+    let answer = raw_call(
+        &server.url("/mcp"),
+        "get_environment_config",
+        &format!("00-{trace_id}-{parent}-01"),
+    )
+    .await;
+    assert!(answer.contains("\"result\""), "{answer}");
+    let name = "tools/call get_environment_config";
+    let spans = rx
+        .wait_for(trace_id, &[name], &marker, Duration::from_secs(20))
+        .await;
+    let header_root = named(&spans, name);
+    assert_eq!(header_root["parent_span_id"], parent, "{header_root}");
+    assert_eq!(header_root["kind"], 2, "{header_root}");
     let m = metrics(server.url("/metrics")).await;
-    assert!(metric(&m, "mcp_executor_trace_spans_exported_total") >= 5);
+    assert!(metric(&m, "mcp_executor_trace_spans_exported_total") >= 6);
     assert_eq!(metric(&m, "mcp_executor_trace_spans_dropped_total"), 0);
     server.finish().await;
+}
+
+/// A raw `tools/call` of `tool` (no arguments) at protocol 2026-07-28 with `traceparent` as
+/// an HTTP header: the answer's text.
+async fn raw_call(url: &str, tool: &str, traceparent: &str) -> String {
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": tool,
+        "arguments": {},
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "raw-traces", "version": "0"},
+            "io.modelcontextprotocol/clientCapabilities": {},
+        },
+    }});
+    reqwest::Client::new()
+        .post(url)
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", "tools/call")
+        .header("Mcp-Name", tool)
+        .header("traceparent", traceparent)
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("the server answers")
+        .text()
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
