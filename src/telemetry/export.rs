@@ -23,6 +23,13 @@ pub const BATCH_SIZE: usize = 512;
 
 type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
+/// What the queue carries: a span, or a request to send what is gathered now.
+#[derive(Debug)]
+enum Message {
+    Span(Finished),
+    Flush(tokio::sync::oneshot::Sender<()>),
+}
+
 /// What the exporter did, for `/metrics`.
 #[derive(Debug, Default)]
 pub struct Counts {
@@ -38,7 +45,7 @@ pub struct Counts {
 /// sent.
 #[derive(Debug)]
 pub struct Exporter {
-    tx: mpsc::Sender<Finished>,
+    tx: mpsc::Sender<Message>,
     counts: Arc<Counts>,
     endpoint: String,
 }
@@ -66,9 +73,21 @@ impl Exporter {
 
     /// Queue `span`, or drop and count it when the queue is full. Never waits.
     pub fn send(&self, span: Finished) {
-        if self.tx.try_send(span).is_err() {
+        if self.tx.try_send(Message::Span(span)).is_err() {
             self.counts.dropped.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Send what is queued now, waiting at most `within` (a server's last spans before it
+    /// exits; the export timeout still bounds the send).
+    pub async fn flush(&self, within: Duration) {
+        let (done, sent) = tokio::sync::oneshot::channel();
+        let _ = tokio::time::timeout(within, async {
+            if self.tx.send(Message::Flush(done)).await.is_ok() {
+                let _ = sent.await;
+            }
+        })
+        .await;
     }
 
     /// The counters.
@@ -90,22 +109,33 @@ struct Sender {
 }
 
 impl Sender {
-    async fn run(self, mut rx: mpsc::Receiver<Finished>) {
+    async fn run(self, mut rx: mpsc::Receiver<Message>) {
         let mut closed = false;
         while !closed {
-            let Some(first) = rx.recv().await else { break };
-            let mut batch = vec![first];
+            let mut flushed = None;
+            let mut batch = match rx.recv().await {
+                None => break,
+                Some(Message::Span(s)) => vec![s],
+                Some(Message::Flush(done)) => {
+                    let _ = done.send(());
+                    continue;
+                }
+            };
             let until = tokio::time::Instant::now() + self.cfg.schedule_delay;
             while batch.len() < BATCH_SIZE {
                 tokio::select! {
-                    s = rx.recv() => match s {
-                        Some(s) => batch.push(s),
+                    m = rx.recv() => match m {
+                        Some(Message::Span(s)) => batch.push(s),
+                        Some(Message::Flush(done)) => { flushed = Some(done); break }
                         None => { closed = true; break }
                     },
                     _ = tokio::time::sleep_until(until) => break,
                 }
             }
             self.send(batch).await;
+            if let Some(done) = flushed {
+                let _ = done.send(());
+            }
         }
     }
 

@@ -8,7 +8,8 @@
 //! `traceparent` instead is continued too); a code-mode call adds its own span under
 //! the run and the client span of the upstream request under that; nothing exported quotes
 //! the code, its output or a tool's arguments. And a collector that never answers does not
-//! slow calls, while the spans it does not take are counted as dropped. The Python packages
+//! slow calls, while the spans it does not take are counted as dropped; a server stopped by
+//! SIGTERM sends the spans it still holds. The Python packages
 //! come from `scripts/test.sh` (`target/otel-py`); without them these tests fail and say how
 //! to make them.
 
@@ -459,4 +460,39 @@ async fn a_collector_that_never_answers_slows_no_call_and_drops_are_counted() {
         s.finish().await;
     }
     holder.abort();
+}
+
+#[tokio::test]
+async fn a_stopping_server_sends_its_last_spans() {
+    let rx = receiver().await;
+    let endpoint = format!("http://127.0.0.1:{}", rx.port);
+    // Batches gathered for ten minutes: only the flush at shutdown sends this one.
+    let mut s = crate::process::Server::start(
+        "traces-stop",
+        &["--otlp-endpoint", &endpoint],
+        &[("OTEL_BSP_SCHEDULE_DELAY", "600000")],
+    )
+    .await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let (trace_id, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let answer = raw_call(
+        &s.url("/mcp"),
+        "get_environment_config",
+        &format!("00-{trace_id}-{parent}-01"),
+    )
+    .await;
+    assert!(answer.contains("\"result\""), "{answer}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        rx.spans_of(trace_id).is_empty(),
+        "sent before the batch delay"
+    );
+    s.terminate(Duration::from_secs(30))
+        .await
+        .expect("the server stops on SIGTERM");
+    let name = "tools/call get_environment_config";
+    let spans = rx
+        .wait_for(trace_id, &[name], "no-marker-here", Duration::from_secs(5))
+        .await;
+    assert_eq!(named(&spans, name)["parent_span_id"], parent);
 }
