@@ -86,6 +86,12 @@ if ! target/egress-py/bin/python -c "import requests, httpx, cryptography" >/dev
   python3 -m venv target/egress-py
   target/egress-py/bin/pip install --quiet --disable-pip-version-check requests==2.32.3 httpx==0.28.1 cryptography==44.0.0
 fi
+# Traces' test (tests/suite/traces.rs): the MCP SDK with opentelemetry-sdk (the client's span and
+# its traceparent in _meta) and opentelemetry-proto (the receiver's strict decoding), PyPI.
+if ! target/otel-py/bin/python -c "import mcp, opentelemetry.sdk.trace, opentelemetry.proto" >/dev/null 2>&1; then
+  python3 -m venv target/otel-py
+  target/otel-py/bin/pip install --quiet --disable-pip-version-check mcp==2.3.0 opentelemetry-sdk==1.45.2 opentelemetry-proto==1.45.2
+fi
 # flake8 (PyPI; its pyflakes checks only), for the lint of every Python file we ship:
 # the runner, the matplotlib backend, the installer scripts, the test clients.
 if ! target/py-lint/bin/flake8 --version >/dev/null 2>&1; then

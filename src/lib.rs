@@ -16,6 +16,10 @@
 //!   checks, what waiting sandboxes preload ([`config::preload`]), and
 //!   [`config::ServeConfig`], resolved once from flags, variables and `.env`. Nothing else
 //!   reads the process environment.
+//! - [`telemetry`]: traces (OpenTelemetry over OTLP/HTTP JSON, off unless configured): W3C
+//!   trace context, span guards whose scope is a task-local (hooks elsewhere are one line),
+//!   and an exporter whose bounded queue drops and counts rather than wait. Above
+//!   [`config`] only.
 //! - [`backend`]: the seam. The [`backend::Backend`] and [`backend::Session`] traits (run,
 //!   sessions and putting files into them, prewarm, stats, sweep, shutdown, info; no
 //!   default methods: a wrapper implements `Wrap` and overrides only what it changes), the
@@ -128,4 +132,5 @@ pub mod ops;
 pub(crate) mod scratch;
 pub mod server;
 pub mod storage;
+pub mod telemetry;
 pub mod tenancy;

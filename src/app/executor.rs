@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     pub shutdown: CancellationToken,
     /// The server-wide storage quota every tenant's quota sits within (`None`: none).
     pub storage_total: Option<Arc<storage::StorageQuota>>,
+    /// The trace exporter (`None`: traces are off).
+    pub tracer: crate::telemetry::Tracer,
 }
 
 /// One tenant's own parts.
@@ -156,6 +158,11 @@ impl Executor {
         &self.shared.metrics
     }
 
+    /// The trace exporter; `None`: traces are off.
+    pub fn tracer(&self) -> &crate::telemetry::Tracer {
+        &self.shared.tracer
+    }
+
     /// Open execute_python sessions of this tenant.
     pub fn live_sessions(&self) -> usize {
         self.sessions.live_sessions()
@@ -245,6 +252,7 @@ impl Executor {
     /// Wait for one of the run slots, fairly shared between tenants and capped by the
     /// tenant's `max_concurrent_runs`: one-shot runs and execute_python cells alike.
     pub(super) async fn acquire_slot(&self) -> Result<Permit, AppError> {
+        let _queue = crate::telemetry::span("executor.queue");
         let waited = Instant::now();
         let place = self.reserve_place()?;
         let permit = place.acquire().await.map_err(|e| self.queue_error(e))?;
@@ -344,6 +352,7 @@ impl Executor {
     ) -> Result<Outcome, AppError> {
         // A place in the queue before anything is held: a call past `--max-queue` is
         // refused at once, whatever it would wait for.
+        let queue = crate::telemetry::span("executor.queue");
         let waited = Instant::now();
         let place = self.reserve_place()?;
         // The environment first: a run waiting for an install holds no run slot meanwhile.
@@ -359,6 +368,7 @@ impl Executor {
         self.shared
             .metrics
             .queue_wait(self.tenant(), waited.elapsed().as_secs_f64());
+        queue.end();
         if let Some(key) = workspace {
             self.add_workspace_files(key, &mut job).await;
         }

@@ -202,6 +202,7 @@ pub async fn install(
     if let Err(e) = ex.admit() {
         return Err(refused(e.to_string()));
     }
+    let _span = crate::telemetry::span("install").with("mcp_executor.packages", packages.len());
     let result = tokio::select! {
         r = envs.install(ex.backend_in_slots(), packages, events) => r,
         _ = cancel.cancelled() => {

@@ -217,6 +217,7 @@ impl Service {
                 metrics: Arc::default(),
                 shutdown: CancellationToken::new(),
                 storage_total: None,
+                tracer: None,
             },
             tenants: Vec::new(),
         }
@@ -251,6 +252,18 @@ impl Service {
         assert!(self.tenants.is_empty(), "shutdown_on before add_tenant");
         self.shared.shutdown = token;
         self
+    }
+
+    /// Export traces with `tracer` (`None`: off). Call it before adding tenants.
+    pub fn traces(mut self, tracer: crate::telemetry::Tracer) -> Service {
+        assert!(self.tenants.is_empty(), "traces before add_tenant");
+        self.shared.tracer = tracer;
+        self
+    }
+
+    /// The trace exporter; `None`: traces are off.
+    pub fn tracer(&self) -> &crate::telemetry::Tracer {
+        &self.shared.tracer
     }
 
     /// Hold the stored code and workspace files of every tenant to `limit` bytes together
@@ -326,7 +339,9 @@ impl Service {
                 .map(|e| (e.tenant().to_string(), e.live_sessions()))
                 .collect(),
         };
-        self.shared.metrics.render(&gauges)
+        let mut out = self.shared.metrics.render(&gauges);
+        crate::telemetry::render_metrics(&self.shared.tracer, &mut out);
+        out
     }
 
     /// What is in flight: runs going, calls waiting for a run slot, sessions open (what a

@@ -121,6 +121,16 @@ fn labels<'a>(known: (bool, bool), server: &'a str, tool: &'a str) -> (&'a str, 
 /// An answer the code raises: `ToolError`, `ToolDenied`, `ToolTimeout`, `BudgetExceeded`.
 struct Raise(&'static str, String, Option<Value>);
 
+/// Describe a code-mode call's span: the upstream and tool as the metrics label them
+/// (names the code made up are `(other)`), and a failure's kind.
+fn traced(span: &mut crate::telemetry::Span, server: &str, tool: &str, outcome: &'static str) {
+    span.set("mcp_executor.upstream", server.to_string());
+    span.set("gen_ai.tool.name", tool.to_string());
+    if outcome != "ok" {
+        span.fail(outcome);
+    }
+}
+
 fn denied(msg: String) -> Raise {
     Raise("ToolDenied", msg, None)
 }
@@ -283,6 +293,7 @@ impl Run {
             );
             return Err(over_budget(limits.calls_per_run));
         }
+        let mut span = crate::telemetry::span("code_mode.call");
         let known = Known::default();
         let mut guard = Cancelled {
             tenant: &self.tenant,
@@ -293,8 +304,8 @@ impl Run {
             armed: true,
         };
         let mut upstream_us = 0;
-        let result = self
-            .checked_call(server, tool, req, request_bytes, &known, &mut upstream_us)
+        let result = span
+            .scope(self.checked_call(server, tool, req, request_bytes, &known, &mut upstream_us))
             .await;
         guard.armed = false;
         let (outcome, result_bytes) = match &result {
@@ -310,6 +321,7 @@ impl Run {
             "code mode: tool call"
         );
         let (s, t) = labels(known.get(), server, tool);
+        traced(&mut span, s, t, outcome);
         crate::codemode::metrics::tool_calls().call(
             &self.tenant,
             s,

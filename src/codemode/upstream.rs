@@ -259,6 +259,25 @@ impl Manager {
 /// Progress listeners of one upstream client: progress token → (the call, our client).
 type Listeners = Arc<Mutex<HashMap<String, (String, Arc<dyn Caller>)>>>;
 
+/// The client span of a call to upstream `server` (OpenTelemetry's MCP conventions), and
+/// the request carrying its `traceparent` in `_meta`: the upstream's own spans continue the
+/// trace.
+fn traced(
+    mut params: CallToolRequestParams,
+    server: &str,
+) -> (CallToolRequestParams, crate::telemetry::Span) {
+    use rmcp::model::RequestParamsMeta as _;
+    let span = crate::telemetry::client_span(format!("tools/call {}", params.name))
+        .with("mcp.method.name", "tools/call")
+        .with("gen_ai.operation.name", "execute_tool")
+        .with("gen_ai.tool.name", params.name.to_string())
+        .with("mcp_executor.upstream", server);
+    if let Some(tp) = span.traceparent() {
+        params.set_traceparent(&tp);
+    }
+    (params, span)
+}
+
 fn token_key(t: &ProgressToken) -> String {
     serde_json::to_string(t).unwrap_or_default()
 }
@@ -274,8 +293,14 @@ impl Upstream {
         params: CallToolRequestParams,
         progress: Option<(String, Arc<dyn Caller>)>,
     ) -> Result<CallToolResult, String> {
-        self.call_tool_inner(peer, params, progress)
-            .await
+        let (params, mut span) = traced(params, &self.server.name);
+        let result = self.call_tool_inner(peer, params, progress).await;
+        match &result {
+            Ok(r) if r.is_error == Some(true) => span.fail("tool_error"),
+            Ok(_) => {}
+            Err(_) => span.fail("upstream_error"),
+        }
+        result
             .map_err(|e| {
                 if self.overlong.load(Ordering::SeqCst) {
                     tracing::warn!(tenant = %self.tenant, server = %self.server.name, limit = stdio::LINE_LIMIT, "code mode: the upstream server sent a message over the limit; its connection was closed and it starts again at the next call");

@@ -15,6 +15,7 @@ use crate::job::Limits;
 
 pub mod preload;
 pub mod serve;
+pub mod traces;
 pub mod vars;
 
 pub use serve::{BackendConfig, HttpBounds, HttpConfig, KubeSettings, ServeConfig, SessionLimits};

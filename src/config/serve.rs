@@ -40,6 +40,8 @@ pub struct ServeConfig {
     /// The egress policy file (TOML, docs/egress.md); `None`: no egress, the sandboxes
     /// have no network at all.
     pub egress_file: Option<PathBuf>,
+    /// Traces (OpenTelemetry, OTLP): off unless an endpoint is configured.
+    pub traces: super::traces::TraceConfig,
     /// Managed environments, installs' scratch space and the copy of the CA bundle.
     pub data_dir: PathBuf,
     /// Stored code (`code/` under the data directory unless given).
@@ -305,6 +307,7 @@ mod tests {
             tenants_file: None,
             tools_file: None,
             egress_file: None,
+            traces: Default::default(),
             data_dir: "/d".into(),
             code_storage_dir: "/d/code".into(),
             workspace_dir: "/d/workspaces".into(),

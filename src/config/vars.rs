@@ -283,6 +283,26 @@ env_vars! {
     /// standard library's temporary directory; `/tmp` when unset).
     TMPDIR;
 
+    // ---- traces (OpenTelemetry's standard variables; docs/hosting.md "Traces") ----
+    /// The OTLP/HTTP collector's base URL (`--otlp-endpoint`; `/v1/traces` is appended);
+    /// unset: no traces.
+    OTEL_EXPORTER_OTLP_ENDPOINT;
+    /// The OTLP/HTTP traces URL itself; wins over `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT;
+    /// Headers sent with every export, `key1=value1,key2=value2` (values percent-encoded).
+    OTEL_EXPORTER_OTLP_HEADERS;
+    /// Bound on one export request, in milliseconds (default 10000); a batch not taken in
+    /// time is dropped and counted.
+    OTEL_EXPORTER_OTLP_TIMEOUT;
+    /// The `service.name` of the spans (default `mcp-code-executor`).
+    OTEL_SERVICE_NAME;
+    /// Spans waiting to be exported, at most (default 2048); past it new spans are dropped
+    /// and counted (`mcp_executor_trace_spans_dropped_total`).
+    OTEL_BSP_MAX_QUEUE_SIZE;
+    /// How long the exporter gathers a batch after its first span, in milliseconds
+    /// (default 5000).
+    OTEL_BSP_SCHEDULE_DELAY;
+
     // ---- logs ----
     /// Log filter (`tracing` syntax, default `mcp_code_executor=warn`); logs go to stderr.
     RUST_LOG;

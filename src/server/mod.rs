@@ -222,11 +222,17 @@ pub async fn run(mut config: Config, shutdown: CancellationToken) -> anyhow::Res
     };
     // Runs stopped, sessions closed (bounded), then the backend's pools and sandboxes.
     service.shutdown().await;
+    if let Some(traces) = service.tracer() {
+        traces.flush(TRACES_FLUSH).await;
+    }
     crate::codemode::shutdown().await;
     shutdown.cancel();
     served.context("the transport task")?.context("serving")?;
     Ok(())
 }
+
+/// How long a stopping server waits for its last spans to be sent.
+const TRACES_FLUSH: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The token that stops serving: cancelled once `shutdown` is and the drain is over. The
 /// drain ([`crate::cluster::Cluster::drain`]): readiness says 503 at once, new calls go to

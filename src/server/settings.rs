@@ -101,6 +101,7 @@ impl ServeConfig {
             tenants_file: None,
             tools_file: None,
             egress_file: None,
+            traces: Default::default(),
             code_storage_dir: crate::storage::default_dir(&data_dir),
             workspace_dir: data_dir.join("workspaces"),
             shared_workspace: false,

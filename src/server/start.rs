@@ -79,7 +79,15 @@ pub(super) async fn start(
             max_queue: cfg.max_queue,
         },
     )
-    .shutdown_on(shutdown);
+    .shutdown_on(shutdown)
+    .traces(crate::telemetry::Exporter::start(&cfg.traces));
+    if let Some(e) = service.tracer() {
+        say!(
+            "mcp-code-executor: traces to {} (OTLP/HTTP JSON, service.name {})",
+            e.endpoint(),
+            cfg.traces.service_name
+        );
+    }
     if let Some(limit) = cfg.storage_limit_total {
         service = service.storage_total(
             limit,

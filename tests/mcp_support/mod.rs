@@ -83,10 +83,34 @@ async fn server_full(
 /// A server with its own HTTP options, whose executor runs on `wrap(real sandbox)`.
 pub async fn server_custom(
     tenant: &str,
+    settings: Settings,
+    envs: Option<Arc<mcp_code_executor::env::state::Environments>>,
+    opts: &HttpOptions,
+    wrap: impl FnOnce(Arc<dyn Backend>) -> Arc<dyn Backend>,
+) -> Server {
+    server_serving(tenant, settings, envs, opts, wrap, |_| {}).await
+}
+
+/// A server whose `serve` configuration `edit` changes last (traces, for instance).
+pub async fn server_configured(tenant: &str, edit: impl FnOnce(&mut ServeConfig)) -> Server {
+    server_serving(
+        tenant,
+        Settings::default(),
+        None,
+        &HttpOptions::default(),
+        |s| s,
+        edit,
+    )
+    .await
+}
+
+async fn server_serving(
+    tenant: &str,
     mut settings: Settings,
     envs: Option<Arc<mcp_code_executor::env::state::Environments>>,
     opts: &HttpOptions,
     wrap: impl FnOnce(Arc<dyn Backend>) -> Arc<dyn Backend>,
+    edit: impl FnOnce(&mut ServeConfig),
 ) -> Server {
     let sandbox = common::sandbox().await;
     let storage_dir = std::env::temp_dir().join(format!(
@@ -105,6 +129,7 @@ pub async fn server_custom(
     serve.workspace_dir = workspaces.clone();
     // The test's sandbox keeps no warm pool (`/readyz` does not wait for one).
     serve.backend.pool_size = 0;
+    edit(&mut serve);
     settings.tenant = tenant.to_string();
     settings.sessions.workspace_root = workspaces;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

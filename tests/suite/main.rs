@@ -62,6 +62,7 @@ mod session_files;
 mod tenants;
 mod test_script;
 mod tool_hints;
+mod traces;
 mod watchdog;
 
 /// `kube_backend` compiles only with the `kubernetes` feature (off by default; scripts/test.sh

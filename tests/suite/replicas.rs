@@ -23,6 +23,7 @@ mod consent;
 mod flows;
 mod gone;
 mod hostile;
+mod traces;
 
 use crate::common;
 

@@ -251,12 +251,14 @@ impl<D: Driver> Engine<D> {
         let input = protocol::encode_job(&job, &python)
             .map_err(|e| BackendError::Rejected(e.to_string()))?;
         let lifetime = Lifetime::Run(job.limits.timeout);
+        let take = crate::telemetry::span("sandbox.take");
         let warm = self.take_warm(&job, true).await;
         let pooled = warm.is_some();
         let mut live = match warm {
             Some(live) => live,
             None => self.cold(&job, lifetime).await?,
         };
+        take.with("mcp_executor.sandbox.warm", pooled).end();
         let sandbox = live.guard.id().to_string();
         tracing::debug!(job_id = %job.id, tenant = %job.tenant, sandbox = %sandbox, pooled, ms = started.elapsed().as_millis() as u64, "sandbox started");
         emit(
@@ -266,7 +268,10 @@ impl<D: Driver> Engine<D> {
             },
         );
         let limits = &job.limits;
-        let mut ended = live.execute(&input, true, limits, &events, &hook).await?;
+        let mut run = crate::telemetry::span("sandbox.run");
+        let mut ended = run
+            .scope(live.execute(&input, true, limits, &events, &hook))
+            .await?;
         if let Ended::Vanished(out) = &ended {
             if pooled && !out.started() {
                 // A waiting sandbox that died while it waited (a daemon restart, a kill
@@ -276,7 +281,10 @@ impl<D: Driver> Engine<D> {
                 // without a word, and was once run twice.)
                 tracing::warn!(job_id = %job.id, sandbox = %sandbox, "the warm sandbox was gone at dispatch; running the job in a fresh one");
                 live = self.cold(&job, lifetime).await?;
-                ended = live.execute(&input, true, limits, &events, &hook).await?;
+                run.set("mcp_executor.sandbox.relaunched", true);
+                ended = run
+                    .scope(live.execute(&input, true, limits, &events, &hook))
+                    .await?;
             }
         }
         if let Ended::Report(report, _) = &ended {
@@ -290,6 +298,7 @@ impl<D: Driver> Engine<D> {
         }
         let mut outcome = outcome_of(&*self.driver, ended, &live.guard).await?;
         outcome.duration_ms = started.elapsed().as_millis() as u64;
+        traced(&mut run, &outcome);
         tracing::debug!(job_id = %job.id, status = %outcome.status_line(), "run finished");
         // `live` drops here: its guard removes the sandbox in the background.
         Ok(outcome)
@@ -307,10 +316,14 @@ impl<D: Driver> Engine<D> {
         let python = self.driver.python(&job.env)?;
         let input = protocol::encode_session(&job, &python)
             .map_err(|e| BackendError::Rejected(e.to_string()))?;
-        let mut live = match self.take_warm(&job, false).await {
+        let take = crate::telemetry::span("sandbox.take");
+        let warm = self.take_warm(&job, false).await;
+        let pooled = warm.is_some();
+        let mut live = match warm {
             Some(live) => live,
             None => self.cold(&job, Lifetime::Long).await?,
         };
+        take.with("mcp_executor.sandbox.warm", pooled).end();
         live.wait_ready().await?;
         live.send(&input).await?;
         tracing::debug!(job_id = %job.id, tenant = %job.tenant, sandbox = %live.guard.id(), "session opened");
@@ -337,6 +350,35 @@ impl<D: Driver> Engine<D> {
 
 /// What the code `job` opens with imports: a run's entry file's, a session's first
 /// cell's; `None` for a session opened without one (it takes the most preloaded sandbox).
+/// Describe the run's span with how it ended and the runner's own figures (CPU time, peak
+/// memory); never its output.
+fn traced(span: &mut crate::telemetry::Span, o: &Outcome) {
+    if let Some(code) = o.exit_code {
+        span.set("process.exit.code", code);
+    }
+    span.set("mcp_executor.run.timed_out", o.timed_out);
+    span.set("mcp_executor.run.oom_killed", o.oom_killed);
+    if let Some(ms) = o.cpu_ms {
+        span.set("mcp_executor.run.cpu_ms", ms);
+    }
+    if let Some(b) = o.peak_memory_bytes {
+        span.set("mcp_executor.run.peak_memory_bytes", b);
+    }
+    span.set("mcp_executor.run.stdout_bytes", o.stdout.len());
+    let failed = if o.timed_out {
+        "timeout"
+    } else if o.oom_killed {
+        "oom"
+    } else if o.signal.is_some() {
+        "killed"
+    } else if o.exit_code != Some(0) {
+        "error"
+    } else {
+        return;
+    };
+    span.fail(failed);
+}
+
 fn imports_of(job: &JobSpec, run: bool) -> Option<Vec<String>> {
     let code = match run {
         true => job

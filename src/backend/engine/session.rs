@@ -170,8 +170,8 @@ impl<D: Driver> session::Sandbox for EngineSession<D> {
             let run = egress.0.start(&format!("{id}-{}", self.cells));
             hook = crate::backend::relay::hook(run, hook);
         }
-        self.live
-            .execute(message, false, limits, events, &hook)
+        let run = crate::telemetry::span("sandbox.run").with("mcp_executor.session", true);
+        run.scope(self.live.execute(message, false, limits, events, &hook))
             .await
     }
 

@@ -78,6 +78,7 @@ impl CodeExecutor {
             caller,
             self.conn
                 .execute_code(run, events, &ctx.ct, |outcome, timeout, path| {
+                    let _shaping = crate::telemetry::span("result.shape");
                     let report =
                         RunReport::new(outcome, timeout.as_secs_f64(), path.display().to_string());
                     let keep = report.to_keep();

@@ -11,6 +11,7 @@ mod caller;
 pub mod code;
 pub mod env;
 pub mod session;
+mod traced;
 pub mod workspace;
 
 use std::sync::Arc;
@@ -297,11 +298,9 @@ impl CodeExecutor {
     }
 }
 
-#[tool_handler(router = self.tool_router)]
-impl ServerHandler for CodeExecutor {
-    /// rmcp's dispatch, after refusing arguments the tool does not know (every tool, those
-    /// without arguments too): a misspelt argument must not be silently ignored.
-    async fn call_tool(
+impl CodeExecutor {
+    /// [`Self::dispatch`], after refusing arguments the tool does not know.
+    async fn checked_dispatch(
         &self,
         request: rmcp::model::CallToolRequestParams,
         context: RequestContext<RoleServer>,
@@ -315,6 +314,23 @@ impl ServerHandler for CodeExecutor {
         self.dispatch(request, context)
             .await
             .map_err(super::fit::capped_error)
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for CodeExecutor {
+    /// rmcp's dispatch, after refusing arguments the tool does not know (every tool, those
+    /// without arguments too): a misspelt argument must not be silently ignored.
+    async fn call_tool(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        let ex = self.executor();
+        let mut span = traced::root(ex.tracer(), ex.tenant(), &request, &context);
+        let answered = span.scope(self.checked_dispatch(request, context)).await;
+        traced::ended(&mut span, &answered);
+        answered
     }
 
     async fn get_task(

@@ -133,6 +133,11 @@ pub struct ServeCmd {
     /// gets the proxy as `HTTP_PROXY` / `HTTPS_PROXY` (#41).
     #[arg(long, env = vars::MCP_EXECUTOR_EGRESS)]
     pub egress: Option<PathBuf>,
+    /// Traces: the OTLP/HTTP collector's base URL (`/v1/traces` is appended), e.g.
+    /// `http://127.0.0.1:4318`. Unset: no traces. The other `OTEL_*` variables of
+    /// docs/hosting.md "Traces" apply.
+    #[arg(long, env = vars::OTEL_EXPORTER_OTLP_ENDPOINT)]
+    pub otlp_endpoint: Option<String>,
     /// Calls of one tenant that may wait for a run slot; further calls are refused with a
     /// retry hint.
     #[arg(long, env = vars::MCP_EXECUTOR_MAX_QUEUE, default_value_t = mcp::defaults::MAX_QUEUE)]
@@ -235,6 +240,7 @@ impl ServeCmd {
             tenants_file: self.tenants.clone(),
             tools_file: self.tools.clone(),
             egress_file: self.egress.clone(),
+            traces: config::traces::TraceConfig::from_vars(self.otlp_endpoint.as_deref(), &get),
             code_storage_dir: self
                 .code_storage_dir
                 .clone()

@@ -292,7 +292,7 @@ async fn dispatch(State(front): State<Arc<Front>>, mut request: Request) -> Resp
             Ok(b) => b,
             Err(refused) => return refused,
         };
-        match route::route(cluster, parts, body).await {
+        match route::route(cluster, front.service.tracer(), parts, body).await {
             Routed::Here(request) => request,
             Routed::Answered(mut answer) => {
                 // A forwarded answer has its owner's CORS headers already.

@@ -30,6 +30,7 @@ use serde_json::{json, Value};
 
 mod answers;
 pub mod handle;
+mod traced;
 
 use answers::{bad_gateway, draining_refusal, elsewhere, gone, silent};
 use handle::{inspect, Handle};
@@ -154,7 +155,12 @@ pub fn plan(
 
 /// Serve here, forward to the owner, or say the owner is gone. `body` was read by the
 /// front under its body rules.
-pub async fn route(c: &Cluster, parts: Parts, body: Bytes) -> Routed {
+pub async fn route(
+    c: &Cluster,
+    tracer: &crate::telemetry::Tracer,
+    parts: Parts,
+    body: Bytes,
+) -> Routed {
     let head = in_head(&parts);
     let mcp_post = parts.method == axum::http::Method::POST && parts.uri.path() == "/mcp";
     let (named, id, method) = if mcp_post {
@@ -173,7 +179,17 @@ pub async fn route(c: &Cluster, parts: Parts, body: Bytes) -> Routed {
     match p {
         Plan::Here => here(parts, body),
         Plan::Owner(owner, handle) => {
-            match to_owner(c, &owner, &handle, (&id, &method), &parts, body.clone()).await {
+            match to_owner(
+                c,
+                tracer,
+                &owner,
+                &handle,
+                (&id, &method),
+                &parts,
+                body.clone(),
+            )
+            .await
+            {
                 Some(answer) => Routed::Answered(answer),
                 // A stored file outlives its replica where the storage is shared.
                 None => here(parts, body),
@@ -186,7 +202,7 @@ pub async fn route(c: &Cluster, parts: Parts, body: Bytes) -> Routed {
             })
         }
         Plan::Elsewhere => match c.peers().another().await {
-            Some(peer) => Routed::Answered(match forward(c, &peer, &parts, body).await {
+            Some(peer) => Routed::Answered(match forward(c, tracer, &peer, &parts, body).await {
                 Ok(r) => r,
                 Err(Failure::Silent(waited)) => silent(&peer.id, &id, waited),
                 Err(e) => bad_gateway(&peer.id, &id, &e.to_string()),
@@ -233,6 +249,7 @@ async fn local(mut request: Request, next: Next) -> Response {
 /// silent; `None` for a stored file whose replica is gone (served here).
 async fn to_owner(
     c: &Cluster,
+    tracer: &crate::telemetry::Tracer,
     owner: &str,
     handle: &Handle,
     (id, method): (&Value, &str),
@@ -242,7 +259,7 @@ async fn to_owner(
     let mut peer = c.peers().find(owner).await;
     for attempt in 0..2 {
         let Some(p) = peer else { break };
-        match forward(c, &p, parts, body.clone()).await {
+        match forward(c, tracer, &p, parts, body.clone()).await {
             Ok(r) => return Some(r),
             // Nothing was sent: ask the peers again (the address may have a new replica).
             Err(Failure::Connect(e)) if attempt == 0 => {
@@ -313,18 +330,25 @@ fn hop_by_hop(name: &HeaderName) -> bool {
 /// come, the peer is asked every [`PROBE_EVERY`] whether it lives.
 async fn forward(
     c: &Cluster,
+    tracer: &crate::telemetry::Tracer,
     peer: &Peer,
     parts: &Parts,
     body: Bytes,
 ) -> Result<Response, Failure> {
+    let mut span = traced::forward(tracer, parts, &body, peer);
+    let traceparent = span.traceparent();
     let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let mut request = axum::http::Request::builder()
         .method(parts.method.clone())
         .uri(format!("{}{pq}", peer.base));
     for (name, value) in &parts.headers {
-        if !hop_by_hop(name) && name != header::CONTENT_LENGTH {
+        let ours = traceparent.is_some() && name.as_str() == "traceparent";
+        if !hop_by_hop(name) && name != header::CONTENT_LENGTH && !ours {
             request = request.header(name, value);
         }
+    }
+    if let Some(tp) = &traceparent {
+        request = request.header("traceparent", tp);
     }
     let request = request
         .header(FORWARDED, c.peers().secret())
@@ -350,6 +374,7 @@ async fn forward(
         }
     };
     let answer = answer.map_err(|e| {
+        span.fail("forward_failed");
         if e.is_connect() {
             Failure::Connect(e.to_string())
         } else {
@@ -357,6 +382,10 @@ async fn forward(
         }
     })?;
     c.forwarded.fetch_add(1, Ordering::Relaxed);
+    span.set(
+        "http.response.status_code",
+        i64::from(answer.status().as_u16()),
+    );
     let (mut parts, incoming) = answer.into_parts();
     for name in HOP_BY_HOP {
         parts.headers.remove(*name);

@@ -1,0 +1,67 @@
+//! The trace of a `tools/call`: its server span (OpenTelemetry's MCP conventions: name
+//! `tools/call {tool}`, `mcp.method.name`, `gen_ai.tool.name`, `gen_ai.operation.name`,
+//! `jsonrpc.request.id`, `error.type` = `tool_error` for a result with `isError`), a child
+//! of the caller's `traceparent`: the one a peer replica set on a request it forwarded,
+//! else the request's `_meta` (MCP 2026-07-28), else the HTTP header.
+
+use rmcp::model::{CallToolRequestParams, CallToolResponse};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer};
+
+use crate::mcp::transports::http::route::FromPeer;
+use crate::telemetry::{self, Kind, Span};
+
+/// The span of one `tools/call` of `tenant`, on `tracer`.
+pub(super) fn root(
+    tracer: &telemetry::Tracer,
+    tenant: &str,
+    request: &CallToolRequestParams,
+    ctx: &RequestContext<RoleServer>,
+) -> Span {
+    if tracer.is_none() {
+        return Span::off();
+    }
+    let parts = ctx.extensions.get::<axum::http::request::Parts>();
+    let header = parts
+        .and_then(|p| p.headers.get("traceparent"))
+        .and_then(|v| v.to_str().ok());
+    let from_peer = parts.is_some_and(|p| p.extensions.get::<FromPeer>().is_some());
+    let meta = ctx.meta.get_traceparent();
+    let parent = if from_peer {
+        telemetry::parent_of([header, meta])
+    } else {
+        telemetry::parent_of([meta, header])
+    };
+    let tool = request.name.to_string();
+    Span::root(
+        tracer.as_ref(),
+        format!("tools/call {tool}"),
+        Kind::Server,
+        parent,
+    )
+    .with("mcp.method.name", "tools/call")
+    .with("gen_ai.operation.name", "execute_tool")
+    .with("gen_ai.tool.name", tool)
+    .with("jsonrpc.request.id", request_id(ctx))
+    .with("mcp_executor.tenant", tenant)
+}
+
+/// Mark `span` with how the call ended.
+pub(super) fn ended(span: &mut Span, r: &Result<CallToolResponse, ErrorData>) {
+    match r {
+        Ok(CallToolResponse::Complete(c)) if c.is_error == Some(true) => span.fail("tool_error"),
+        Ok(_) => {}
+        Err(e) => {
+            span.set("rpc.response.status_code", e.code.0.to_string());
+            span.fail("jsonrpc_error");
+        }
+    }
+}
+
+fn request_id(ctx: &RequestContext<RoleServer>) -> String {
+    match serde_json::to_value(&ctx.id) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(v) => v.to_string(),
+        Err(_) => String::new(),
+    }
+}
