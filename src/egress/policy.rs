@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 use super::address::{classify, Cidr, Class};
 use super::defaults;
+use super::inject::{self, Header, Source};
 use super::refusal::Reason;
 
 /// The policy: rules, limits, name overrides.
@@ -53,6 +54,9 @@ pub struct Rule {
     pub paths: Option<Vec<String>>,
     /// `None`: every tenant.
     pub tenants: Option<Vec<String>>,
+    /// Headers added to each request for the host (`headers`, values read by the server);
+    /// a rule with any is served by interception only ([`super::inject`]).
+    pub headers: Vec<Header>,
 }
 
 /// The limits (defaults in [`super::defaults`]).
@@ -138,6 +142,11 @@ impl Rule {
             .is_none_or(|t| t.iter().any(|x| x == tenant))
     }
 
+    /// Whether the rule adds headers: then neither a tunnel nor plain HTTP serves it.
+    pub fn injects(&self) -> bool {
+        !self.headers.is_empty()
+    }
+
     fn names(&self, host: &Host) -> bool {
         match (&self.target, host) {
             (Target::Name(n), Host::Name(h)) => n == h,
@@ -149,11 +158,13 @@ impl Rule {
 
     fn lets(&self, ask: Ask<'_>) -> bool {
         match ask {
-            Ask::Tunnel => self.methods.is_none() && self.paths.is_none(),
+            Ask::Tunnel => self.methods.is_none() && self.paths.is_none() && !self.injects(),
             Ask::Http { method, path } => {
-                self.methods
-                    .as_ref()
-                    .is_none_or(|m| m.iter().any(|x| x.eq_ignore_ascii_case(method)))
+                !self.injects()
+                    && self
+                        .methods
+                        .as_ref()
+                        .is_none_or(|m| m.iter().any(|x| x.eq_ignore_ascii_case(method)))
                     && self.paths.as_ref().is_none_or(|p| {
                         plain_path(path) && p.iter().any(|x| path.starts_with(x.as_str()))
                     })
@@ -196,6 +207,10 @@ impl Policy {
         }
         let detail = if let Some(r) = on_port.first() {
             Some(match ask {
+                _ if r.injects() => format!(
+                    "the rule `{}` adds headers, which the proxy sends only over HTTPS it intercepts",
+                    r.host
+                ),
                 Ask::Tunnel => format!(
                     "the rule `{}` limits methods or paths, which a CONNECT tunnel cannot check",
                     r.host
@@ -331,6 +346,8 @@ struct RuleFile {
     paths: Option<Vec<String>>,
     #[serde(default)]
     tenants: Option<Vec<String>>,
+    #[serde(default)]
+    headers: BTreeMap<String, Source>,
 }
 
 /// A tenant's own rule (`[[tenants.egress]]` in the tenants file): a `[[rules]]` entry of
@@ -345,6 +362,8 @@ pub struct TenantRule {
     methods: Option<Vec<String>>,
     #[serde(default)]
     paths: Option<Vec<String>>,
+    #[serde(default)]
+    headers: BTreeMap<String, Source>,
 }
 
 impl TenantRule {
@@ -356,6 +375,7 @@ impl TenantRule {
             methods: self.methods,
             paths: self.paths,
             tenants: Some(vec![tenant.to_string()]),
+            headers: self.headers,
         }
         .into_rule()
     }
@@ -504,6 +524,7 @@ impl RuleFile {
                 ));
             }
         }
+        let headers = inject::load(h, self.headers)?;
         Ok(Rule {
             host: h.to_string(),
             target,
@@ -511,6 +532,7 @@ impl RuleFile {
             methods,
             paths: self.paths,
             tenants: self.tenants,
+            headers,
         })
     }
 }
@@ -620,6 +642,53 @@ mod tests {
         assert!(p.allow_target("bob", &ip("93.184.216.34"), 443, t).is_err());
         assert!(p.allow_target("alice", &ip("10.1.2.3"), 443, t).is_ok());
         assert!(p.allow_target("bob", &ip("10.1.2.3"), 443, t).is_err());
+    }
+
+    #[test]
+    fn a_rule_with_headers_is_never_tunnelled_nor_sent_in_clear() {
+        let var = "EGRESS_POLICY_TEST_TOKEN";
+        std::env::set_var(var, "Bearer policy-marker");
+        let text = format!(
+            "[[rules]]\nhost = \"api.example.test\"\nports = [443, 80]\nheaders = {{ Authorization = {{ env = \"{var}\" }} }}"
+        );
+        let p = Policy::parse(&text);
+        let tenant = TenantRule::deserialize(toml::Value::Table(
+            toml::from_str::<toml::Table>(&text.replace("[[rules]]\n", "")).unwrap(),
+        ))
+        .unwrap()
+        .into_rule("alice");
+        std::env::remove_var(var);
+        let p = p.unwrap();
+        let r = &p.rules[0];
+        assert!(r.injects());
+        assert_eq!(r.headers[0].name, "authorization");
+        assert_eq!(r.headers[0].value.expose(), "Bearer policy-marker");
+        assert!(!format!("{p:?}").contains("policy-marker"));
+        assert!(!p.summary().contains("policy-marker"));
+        let h = name("api.example.test");
+        for (port, ask) in [
+            (443, Ask::Tunnel),
+            (
+                80,
+                Ask::Http {
+                    method: "GET",
+                    path: "/",
+                },
+            ),
+        ] {
+            match p.allow_target("t", &h, port, ask) {
+                Err(Reason::NotInPolicy { detail: Some(d) }) => {
+                    assert!(d.contains("adds headers"), "{d}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let tenant = tenant.unwrap();
+        assert_eq!(tenant.tenants, Some(vec!["alice".to_string()]));
+        assert!(tenant.injects());
+        // An unset variable is an error at load naming the rule and the variable.
+        let e = Policy::parse(&text).unwrap_err();
+        assert!(e.contains("rules[0]") && e.contains(var), "{e}");
     }
 
     #[test]
