@@ -10,6 +10,8 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 use serde::Deserialize;
 
 use super::address::{classify, Cidr, Class};
@@ -25,6 +27,9 @@ pub struct Policy {
     /// Where names live, in the manner of curl's `--resolve`: these answers instead of the
     /// system resolver's (tests; pinning a host).
     pub resolve: BTreeMap<String, Vec<IpAddr>>,
+    /// Certificates trusted upstream besides the system's roots, by the proxy's own TLS
+    /// to intercepted hosts (`upstream_ca`, a PEM file: a private CA; the tests' CA).
+    pub upstream_ca: Vec<CertificateDer<'static>>,
 }
 
 /// What one rule names.
@@ -132,7 +137,16 @@ impl Host {
 #[derive(Debug, Clone, Copy)]
 pub enum Ask<'a> {
     Tunnel,
-    Http { method: &'a str, path: &'a str },
+    Http {
+        method: &'a str,
+        path: &'a str,
+    },
+    /// A request inside a tunnel the proxy intercepts (a rule with headers): the rule's
+    /// methods and paths hold, its headers are added.
+    Intercepted {
+        method: &'a str,
+        path: &'a str,
+    },
 }
 
 impl Rule {
@@ -159,17 +173,32 @@ impl Rule {
     fn lets(&self, ask: Ask<'_>) -> bool {
         match ask {
             Ask::Tunnel => self.methods.is_none() && self.paths.is_none() && !self.injects(),
-            Ask::Http { method, path } => {
-                !self.injects()
-                    && self
-                        .methods
-                        .as_ref()
-                        .is_none_or(|m| m.iter().any(|x| x.eq_ignore_ascii_case(method)))
-                    && self.paths.as_ref().is_none_or(|p| {
-                        plain_path(path) && p.iter().any(|x| path.starts_with(x.as_str()))
-                    })
-            }
+            Ask::Http { method, path } => !self.injects() && self.lets_request(method, path),
+            Ask::Intercepted { method, path } => self.injects() && self.lets_request(method, path),
         }
+    }
+
+    fn lets_request(&self, method: &str, path: &str) -> bool {
+        self.methods
+            .as_ref()
+            .is_none_or(|m| m.iter().any(|x| x.eq_ignore_ascii_case(method)))
+            && self
+                .paths
+                .as_ref()
+                .is_none_or(|p| plain_path(path) && p.iter().any(|x| path.starts_with(x.as_str())))
+    }
+
+    /// The rule's methods and paths in words, for a refusal.
+    fn allows(&self) -> String {
+        let list = |v: &Option<Vec<String>>| match v {
+            None => "any".to_string(),
+            Some(v) => v.join(", "),
+        };
+        format!(
+            "methods {}; paths starting with {}",
+            list(&self.methods),
+            list(&self.paths)
+        )
     }
 }
 
@@ -207,6 +236,11 @@ impl Policy {
         }
         let detail = if let Some(r) = on_port.first() {
             Some(match ask {
+                Ask::Intercepted { method, path } => format!(
+                    "the rule `{}` allows {}, not {method} {path}",
+                    r.host,
+                    r.allows()
+                ),
                 _ if r.injects() => format!(
                     "the rule `{}` adds headers, which the proxy sends only over HTTPS it intercepts",
                     r.host
@@ -215,9 +249,10 @@ impl Policy {
                     "the rule `{}` limits methods or paths, which a CONNECT tunnel cannot check",
                     r.host
                 ),
-                Ask::Http { method, .. } => format!(
-                    "the rule `{}` allows other methods or paths, not this {method}",
-                    r.host
+                Ask::Http { method, path } => format!(
+                    "the rule `{}` allows {}, not {method} {path}",
+                    r.host,
+                    r.allows()
                 ),
             })
         } else {
@@ -235,6 +270,15 @@ impl Policy {
             })
         };
         Err(Reason::NotInPolicy { detail })
+    }
+
+    /// Whether the proxy intercepts `CONNECT host:port` of `tenant`: a rule of the tenant
+    /// for it adds headers (then each request inside is checked with
+    /// [`Ask::Intercepted`]).
+    pub fn intercepts(&self, tenant: &str, host: &Host, port: u16) -> bool {
+        self.rules
+            .iter()
+            .any(|r| r.serves(tenant) && r.names(host) && r.ports.contains(&port) && r.injects())
     }
 
     /// Whether the proxy may connect to `addr`:`port` for `tenant`: a public address, or
@@ -307,6 +351,8 @@ struct File {
     resolve: BTreeMap<String, OneOrMany>,
     #[serde(default)]
     rules: Vec<RuleFile>,
+    #[serde(default)]
+    upstream_ca: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -462,12 +508,28 @@ impl File {
             .enumerate()
             .map(|(i, r)| r.into_rule().map_err(|e| format!("rules[{i}]: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
+        let upstream_ca = match &self.upstream_ca {
+            None => Vec::new(),
+            Some(path) => upstream_ca(path)?,
+        };
         Ok(Policy {
             rules,
             limits,
             resolve,
+            upstream_ca,
         })
     }
+}
+
+/// The certificates of the `upstream_ca` PEM file (at least one).
+fn upstream_ca(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("upstream_ca `{path}`: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("upstream_ca `{path}`: no certificate in the file"));
+    }
+    Ok(certs)
 }
 
 impl RuleFile {

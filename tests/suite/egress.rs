@@ -43,7 +43,8 @@ pub fn egress_python() -> PathBuf {
 /// An HTTPS server on 127.0.0.1: a CA made for it (`ca`), a certificate for `names`
 /// and 127.0.0.1. `GET /x.csv` is a small CSV, `GET /big?n=N` N bytes, anything else says
 /// the Host header and the SNI the server saw, `GET /redirect?to=URL` redirects there.
-/// Killed when dropped.
+/// Each request's path, SNI and `Authorization` header are appended to `seen.jsonl` beside
+/// `ca` (never echoed to the client). Killed when dropped.
 pub struct TlsUpstream {
     pub port: u16,
     pub ca: PathBuf,
@@ -52,7 +53,7 @@ pub struct TlsUpstream {
 }
 
 const TLS_SERVER: &str = r#"
-import datetime, http.server, ipaddress, ssl, sys
+import datetime, http.server, ipaddress, json, ssl, sys
 from cryptography import x509
 from cryptography.x509.oid import NameOID, ExtendedKeyUsageOID
 from cryptography.hazmat.primitives import hashes, serialization
@@ -97,6 +98,9 @@ class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
     def do_GET(self):
+        with open(d + "/seen.jsonl", "a") as f:
+            f.write(json.dumps({"path": self.path, "sni": seen.get("sni"),
+                                "auth": self.headers.get_all("Authorization")}) + "\n")
         if self.path.startswith("/redirect?to="):
             self.send_response(302)
             self.send_header("Location", self.path.split("=", 1)[1])
