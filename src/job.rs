@@ -66,6 +66,10 @@ impl std::fmt::Debug for Egress {
 pub trait EgressHost: Send + Sync {
     /// The scope of one run (or one cell), named `run` in the egress log.
     fn start(&self, run: &str) -> std::sync::Arc<dyn EgressRun>;
+    /// The interception CA's certificate (PEM, public): the sandbox trusts it besides
+    /// its system CAs (`SSL_CERT_FILE`, ...), for the hosts whose requests the proxy
+    /// intercepts to add a rule's headers.
+    fn ca_pem(&self) -> String;
 }
 
 /// One run's connections.

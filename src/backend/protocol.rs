@@ -67,6 +67,11 @@ pub struct JobHeader {
     /// relays each connection as a stream (frames `N`, stdin messages of kind `net`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub egress: bool,
+    /// With egress: the interception CA's certificate (PEM, public), which the runner adds
+    /// to the system's CAs in the bundle it names in `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE`
+    /// and `CURL_CA_BUNDLE`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_ca: Option<String>,
 }
 
 /// What one run (or one cell) may return besides its output: figures and workspace files
@@ -141,6 +146,7 @@ fn encode(job: &JobSpec, python: &str, mode: &str) -> Result<Vec<u8>, ArchiveErr
         deadline_s: (mode == "run").then(|| (job.limits.timeout + BACKSTOP_GRACE).as_secs_f64()),
         return_limit: Some(RETURN_BYTES),
         egress: job.egress.is_some(),
+        egress_ca: job.egress.as_ref().map(|e| e.0.ca_pem()),
     };
     let header = serde_json::to_vec(&header).expect("header serializes");
     let mut out = Vec::with_capacity(4 + header.len() + tar.len());

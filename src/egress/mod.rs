@@ -19,14 +19,20 @@
 //! - [`refusal`]: what a refused connection tells the code; [`record`]: the log line and
 //!   the metrics of each connection, counted in [`metrics`] (rendered by `app::metrics`).
 //!
+//! - [`inject`]: the headers a rule adds (`headers`, values read by the server, never
+//!   shown); [`ca`]: the interception CA, made at start, and the leaves it mints per host;
+//!   [`intercept`]: a rule with headers: the code's TLS terminated with such a leaf, each
+//!   request checked, its headers set, forwarded over verified TLS upstream.
 //! - [`sandbox`]: the proxy installed for the sandboxes: each run's scope, serving the
 //!   streams the backend relays from the runner (`crate::backend::relay`).
 //!
 //! Rules come from the policy file and the tenants file (`[[tenants.egress]]`, see
-//! [`policy::TenantRule`]). What is not here yet (docs/egress.md): TLS interception with
-//! injected credentials.
+//! [`policy::TenantRule`]).
 
 pub mod address;
+pub mod ca;
+pub mod inject;
+pub mod intercept;
 pub mod limits;
 pub mod metrics;
 pub mod policy;

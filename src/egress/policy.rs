@@ -10,10 +10,13 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 use serde::Deserialize;
 
 use super::address::{classify, Cidr, Class};
 use super::defaults;
+use super::inject::{self, Header, Source};
 use super::refusal::Reason;
 
 /// The policy: rules, limits, name overrides.
@@ -24,6 +27,9 @@ pub struct Policy {
     /// Where names live, in the manner of curl's `--resolve`: these answers instead of the
     /// system resolver's (tests; pinning a host).
     pub resolve: BTreeMap<String, Vec<IpAddr>>,
+    /// Certificates trusted upstream besides the system's roots, by the proxy's own TLS
+    /// to intercepted hosts (`upstream_ca`, a PEM file: a private CA; the tests' CA).
+    pub upstream_ca: Vec<CertificateDer<'static>>,
 }
 
 /// What one rule names.
@@ -53,6 +59,9 @@ pub struct Rule {
     pub paths: Option<Vec<String>>,
     /// `None`: every tenant.
     pub tenants: Option<Vec<String>>,
+    /// Headers added to each request for the host (`headers`, values read by the server);
+    /// a rule with any is served by interception only ([`super::inject`]).
+    pub headers: Vec<Header>,
 }
 
 /// The limits (defaults in [`super::defaults`]).
@@ -128,7 +137,16 @@ impl Host {
 #[derive(Debug, Clone, Copy)]
 pub enum Ask<'a> {
     Tunnel,
-    Http { method: &'a str, path: &'a str },
+    Http {
+        method: &'a str,
+        path: &'a str,
+    },
+    /// A request inside a tunnel the proxy intercepts (a rule with headers): the rule's
+    /// methods and paths hold, its headers are added.
+    Intercepted {
+        method: &'a str,
+        path: &'a str,
+    },
 }
 
 impl Rule {
@@ -136,6 +154,11 @@ impl Rule {
         self.tenants
             .as_ref()
             .is_none_or(|t| t.iter().any(|x| x == tenant))
+    }
+
+    /// Whether the rule adds headers: then neither a tunnel nor plain HTTP serves it.
+    pub fn injects(&self) -> bool {
+        !self.headers.is_empty()
     }
 
     fn names(&self, host: &Host) -> bool {
@@ -149,16 +172,33 @@ impl Rule {
 
     fn lets(&self, ask: Ask<'_>) -> bool {
         match ask {
-            Ask::Tunnel => self.methods.is_none() && self.paths.is_none(),
-            Ask::Http { method, path } => {
-                self.methods
-                    .as_ref()
-                    .is_none_or(|m| m.iter().any(|x| x.eq_ignore_ascii_case(method)))
-                    && self.paths.as_ref().is_none_or(|p| {
-                        plain_path(path) && p.iter().any(|x| path.starts_with(x.as_str()))
-                    })
-            }
+            Ask::Tunnel => self.methods.is_none() && self.paths.is_none() && !self.injects(),
+            Ask::Http { method, path } => !self.injects() && self.lets_request(method, path),
+            Ask::Intercepted { method, path } => self.injects() && self.lets_request(method, path),
         }
+    }
+
+    fn lets_request(&self, method: &str, path: &str) -> bool {
+        self.methods
+            .as_ref()
+            .is_none_or(|m| m.iter().any(|x| x.eq_ignore_ascii_case(method)))
+            && self
+                .paths
+                .as_ref()
+                .is_none_or(|p| plain_path(path) && p.iter().any(|x| path.starts_with(x.as_str())))
+    }
+
+    /// The rule's methods and paths in words, for a refusal.
+    fn allows(&self) -> String {
+        let list = |v: &Option<Vec<String>>| match v {
+            None => "any".to_string(),
+            Some(v) => v.join(", "),
+        };
+        format!(
+            "methods {}; paths starting with {}",
+            list(&self.methods),
+            list(&self.paths)
+        )
     }
 }
 
@@ -196,13 +236,23 @@ impl Policy {
         }
         let detail = if let Some(r) = on_port.first() {
             Some(match ask {
+                Ask::Intercepted { method, path } => format!(
+                    "the rule `{}` allows {}, not {method} {path}",
+                    r.host,
+                    r.allows()
+                ),
+                _ if r.injects() => format!(
+                    "the rule `{}` adds headers, which the proxy sends only over HTTPS it intercepts",
+                    r.host
+                ),
                 Ask::Tunnel => format!(
                     "the rule `{}` limits methods or paths, which a CONNECT tunnel cannot check",
                     r.host
                 ),
-                Ask::Http { method, .. } => format!(
-                    "the rule `{}` allows other methods or paths, not this {method}",
-                    r.host
+                Ask::Http { method, path } => format!(
+                    "the rule `{}` allows {}, not {method} {path}",
+                    r.host,
+                    r.allows()
                 ),
             })
         } else {
@@ -220,6 +270,15 @@ impl Policy {
             })
         };
         Err(Reason::NotInPolicy { detail })
+    }
+
+    /// Whether the proxy intercepts `CONNECT host:port` of `tenant`: a rule of the tenant
+    /// for it adds headers (then each request inside is checked with
+    /// [`Ask::Intercepted`]).
+    pub fn intercepts(&self, tenant: &str, host: &Host, port: u16) -> bool {
+        self.rules
+            .iter()
+            .any(|r| r.serves(tenant) && r.names(host) && r.ports.contains(&port) && r.injects())
     }
 
     /// Whether the proxy may connect to `addr`:`port` for `tenant`: a public address, or
@@ -292,6 +351,8 @@ struct File {
     resolve: BTreeMap<String, OneOrMany>,
     #[serde(default)]
     rules: Vec<RuleFile>,
+    #[serde(default)]
+    upstream_ca: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -331,6 +392,8 @@ struct RuleFile {
     paths: Option<Vec<String>>,
     #[serde(default)]
     tenants: Option<Vec<String>>,
+    #[serde(default)]
+    headers: BTreeMap<String, Source>,
 }
 
 /// A tenant's own rule (`[[tenants.egress]]` in the tenants file): a `[[rules]]` entry of
@@ -345,6 +408,8 @@ pub struct TenantRule {
     methods: Option<Vec<String>>,
     #[serde(default)]
     paths: Option<Vec<String>>,
+    #[serde(default)]
+    headers: BTreeMap<String, Source>,
 }
 
 impl TenantRule {
@@ -356,6 +421,7 @@ impl TenantRule {
             methods: self.methods,
             paths: self.paths,
             tenants: Some(vec![tenant.to_string()]),
+            headers: self.headers,
         }
         .into_rule()
     }
@@ -442,12 +508,28 @@ impl File {
             .enumerate()
             .map(|(i, r)| r.into_rule().map_err(|e| format!("rules[{i}]: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
+        let upstream_ca = match &self.upstream_ca {
+            None => Vec::new(),
+            Some(path) => upstream_ca(path)?,
+        };
         Ok(Policy {
             rules,
             limits,
             resolve,
+            upstream_ca,
         })
     }
+}
+
+/// The certificates of the `upstream_ca` PEM file (at least one).
+fn upstream_ca(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("upstream_ca `{path}`: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("upstream_ca `{path}`: no certificate in the file"));
+    }
+    Ok(certs)
 }
 
 impl RuleFile {
@@ -504,6 +586,7 @@ impl RuleFile {
                 ));
             }
         }
+        let headers = inject::load(h, self.headers)?;
         Ok(Rule {
             host: h.to_string(),
             target,
@@ -511,6 +594,7 @@ impl RuleFile {
             methods,
             paths: self.paths,
             tenants: self.tenants,
+            headers,
         })
     }
 }
@@ -620,6 +704,53 @@ mod tests {
         assert!(p.allow_target("bob", &ip("93.184.216.34"), 443, t).is_err());
         assert!(p.allow_target("alice", &ip("10.1.2.3"), 443, t).is_ok());
         assert!(p.allow_target("bob", &ip("10.1.2.3"), 443, t).is_err());
+    }
+
+    #[test]
+    fn a_rule_with_headers_is_never_tunnelled_nor_sent_in_clear() {
+        let var = "EGRESS_POLICY_TEST_TOKEN";
+        std::env::set_var(var, "Bearer policy-marker");
+        let text = format!(
+            "[[rules]]\nhost = \"api.example.test\"\nports = [443, 80]\nheaders = {{ Authorization = {{ env = \"{var}\" }} }}"
+        );
+        let p = Policy::parse(&text);
+        let tenant = TenantRule::deserialize(toml::Value::Table(
+            toml::from_str::<toml::Table>(&text.replace("[[rules]]\n", "")).unwrap(),
+        ))
+        .unwrap()
+        .into_rule("alice");
+        std::env::remove_var(var);
+        let p = p.unwrap();
+        let r = &p.rules[0];
+        assert!(r.injects());
+        assert_eq!(r.headers[0].name, "authorization");
+        assert_eq!(r.headers[0].value.expose(), "Bearer policy-marker");
+        assert!(!format!("{p:?}").contains("policy-marker"));
+        assert!(!p.summary().contains("policy-marker"));
+        let h = name("api.example.test");
+        for (port, ask) in [
+            (443, Ask::Tunnel),
+            (
+                80,
+                Ask::Http {
+                    method: "GET",
+                    path: "/",
+                },
+            ),
+        ] {
+            match p.allow_target("t", &h, port, ask) {
+                Err(Reason::NotInPolicy { detail: Some(d) }) => {
+                    assert!(d.contains("adds headers"), "{d}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let tenant = tenant.unwrap();
+        assert_eq!(tenant.tenants, Some(vec!["alice".to_string()]));
+        assert!(tenant.injects());
+        // An unset variable is an error at load naming the rule and the variable.
+        let e = Policy::parse(&text).unwrap_err();
+        assert!(e.contains("rules[0]") && e.contains(var), "{e}");
     }
 
     #[test]

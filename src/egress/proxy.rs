@@ -24,29 +24,32 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 use super::defaults;
+use super::intercept::Interceptor;
 use super::limits::{idle, Metered, Rate, RunBudget, Traffic};
-use super::policy::{Ask, Host, Policy};
+use super::policy::{Ask, Host, Policy, Rule};
 use super::record::Record;
 use super::refusal::{Reason, Refusal};
 use super::resolve::{Resolve, SystemResolver};
 use super::tls::{self, Hello};
 
-type Body = BoxBody<Bytes, hyper::Error>;
+pub(super) type Body = BoxBody<Bytes, hyper::Error>;
 
 /// The proxy of one server: the policy, the resolver, the tenants' rates.
 pub struct Proxy {
-    policy: Arc<Policy>,
+    pub(super) policy: Arc<Policy>,
     resolver: Arc<dyn Resolve>,
     rate: Rate,
+    /// The CA and the TLS configurations of interception (rules with headers).
+    pub(super) intercept: Interceptor,
 }
 
 /// One run's side of the proxy: who (tenant, run id), its budget, and a token that ends
 /// every connection of the run when the run ends.
 pub struct RunScope {
-    tenant: String,
-    run: String,
-    budget: Arc<RunBudget>,
-    cancel: CancellationToken,
+    pub(super) tenant: String,
+    pub(super) run: String,
+    pub(super) budget: Arc<RunBudget>,
+    pub(super) cancel: CancellationToken,
 }
 
 impl RunScope {
@@ -83,6 +86,7 @@ impl Proxy {
     pub fn with_resolver(policy: Policy, resolver: Arc<dyn Resolve>) -> Arc<Proxy> {
         Arc::new(Proxy {
             rate: Rate::new(policy.limits.connections_per_second),
+            intercept: Interceptor::new(policy.upstream_ca.clone()),
             policy: Arc::new(policy),
             resolver,
         })
@@ -90,6 +94,12 @@ impl Proxy {
 
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// The interception CA's certificate (PEM), which the sandboxes add to their trust
+    /// bundle; its key stays in this process.
+    pub fn ca_pem(&self) -> String {
+        self.intercept.ca_pem()
     }
 
     /// The scope of run `run` of `tenant`: its budget, shared by every stream of the run.
@@ -160,8 +170,11 @@ impl Proxy {
             Record::new(&scope.tenant, &scope.run, &asked, 0, "connect").finish(r.label(), 0, 0);
             return refusal(&r);
         };
+        if Host::parse(&host).is_some_and(|h| self.policy.intercepts(&scope.tenant, &h, port)) {
+            return self.intercepted(req, scope, host, port);
+        }
         let mut record = Record::new(&scope.tenant, &scope.run, &host, port, "connect");
-        let (upstream, permit) = match self
+        let (upstream, permit, _) = match self
             .open(&scope, &host, port, Ask::Tunnel, &mut record)
             .await
         {
@@ -234,7 +247,7 @@ impl Proxy {
             method: req.method().as_str(),
             path: uri.path(),
         };
-        let (upstream, permit) = match self.open(&scope, &host, port, ask, &mut record).await {
+        let (upstream, permit, _) = match self.open(&scope, &host, port, ask, &mut record).await {
             Ok(x) => x,
             Err(r) => {
                 record.finish(r.label(), 0, 0);
@@ -306,14 +319,14 @@ impl Proxy {
 
     /// The phases before any byte is relayed: target, rate, policy, budget, resolution,
     /// address checks, connect. The stream is connected to an address that was checked.
-    async fn open(
+    pub(super) async fn open(
         &self,
         scope: &RunScope,
         host_text: &str,
         port: u16,
         ask: Ask<'_>,
         record: &mut Record,
-    ) -> Result<(TcpStream, OwnedSemaphorePermit), Refusal> {
+    ) -> Result<(TcpStream, OwnedSemaphorePermit, &Rule), Refusal> {
         let refuse = |reason| Refusal::new(host_text, port, reason);
         let host = Host::parse(host_text).ok_or_else(|| {
             refuse(Reason::BadRequest {
@@ -384,7 +397,7 @@ impl Proxy {
             }
         };
         record.connected();
-        Ok((stream, permit))
+        Ok((stream, permit, rule))
     }
 }
 
@@ -433,7 +446,7 @@ async fn relay(
 
 /// Headers that belong to one hop, not to the request or response forwarded: the
 /// standard ones, the proxy's own, and those the `Connection` header names.
-fn strip_hop_by_hop(h: &mut HeaderMap) {
+pub(super) fn strip_hop_by_hop(h: &mut HeaderMap) {
     let named: Vec<HeaderName> = h
         .get_all(header::CONNECTION)
         .iter()
@@ -458,12 +471,12 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
 }
 
-fn empty() -> Body {
+pub(super) fn empty() -> Body {
     Full::new(Bytes::new()).map_err(|n| match n {}).boxed()
 }
 
 /// The answer to a refused or failed connection: status, reason phrase, body.
-fn refusal(r: &Refusal) -> Response<Body> {
+pub(super) fn refusal(r: &Refusal) -> Response<Body> {
     let mut resp = Response::new(
         Full::new(Bytes::from(r.body()))
             .map_err(|n| match n {})

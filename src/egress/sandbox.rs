@@ -50,6 +50,10 @@ impl EgressHost for Tenant {
             scope: self.proxy.run_scope(&self.tenant, run),
         })
     }
+
+    fn ca_pem(&self) -> String {
+        self.proxy.ca_pem()
+    }
 }
 
 /// One run's scope; dropped (the run or cell ended), it ends every connection of the run.

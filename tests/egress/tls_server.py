@@ -3,9 +3,10 @@
 argv: a directory (ca.pem, leaf.pem, leaf.key are written there) and the comma-separated
 names of its certificate (127.0.0.1 too). Prints its port, then serves: `GET /x.csv` a small
 CSV, `GET /big=N` N bytes, `GET /redirect?to=URL` a redirect, anything else the Host header
-and the SNI it saw. Needs `cryptography` (target/egress-py).
+and the SNI it saw; each request's path, SNI and Authorization are appended to
+seen.jsonl in the directory (never echoed to the client). Needs `cryptography` (target/egress-py).
 """
-import datetime, http.server, ipaddress, ssl, sys
+import datetime, http.server, ipaddress, json, ssl, sys
 from cryptography import x509
 from cryptography.x509.oid import NameOID, ExtendedKeyUsageOID
 from cryptography.hazmat.primitives import hashes, serialization
@@ -50,6 +51,9 @@ class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
     def do_GET(self):
+        with open(d + "/seen.jsonl", "a") as f:
+            f.write(json.dumps({"path": self.path, "sni": seen.get("sni"),
+                                "auth": self.headers.get_all("Authorization")}) + "\n")
         if self.path.startswith("/redirect?to="):
             self.send_response(302)
             self.send_header("Location", self.path.split("=", 1)[1])

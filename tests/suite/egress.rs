@@ -43,7 +43,8 @@ pub fn egress_python() -> PathBuf {
 /// An HTTPS server on 127.0.0.1: a CA made for it (`ca`), a certificate for `names`
 /// and 127.0.0.1. `GET /x.csv` is a small CSV, `GET /big?n=N` N bytes, anything else says
 /// the Host header and the SNI the server saw, `GET /redirect?to=URL` redirects there.
-/// Killed when dropped.
+/// Each request's path, SNI and `Authorization` header are appended to `seen.jsonl` beside
+/// `ca` (never echoed to the client). Killed when dropped.
 pub struct TlsUpstream {
     pub port: u16,
     pub ca: PathBuf,

@@ -28,6 +28,7 @@ mod compose;
 mod conformance;
 mod consent;
 mod egress;
+mod egress_inject;
 mod egress_limits;
 mod egress_sandbox;
 mod egress_sandbox_limits;

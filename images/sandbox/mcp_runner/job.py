@@ -24,6 +24,8 @@ class Job:
         self.deadline_s = header.get("deadline_s")
         # Egress (#41): listen for the code's connections and relay them (`netrelay`).
         self.egress = bool(header.get("egress"))
+        # With egress: the server's interception CA (PEM, public), added to the bundle.
+        self.egress_ca = header.get("egress_ca")
         # The variables the code is given for it (set by `netrelay.start`).
         self.env = {}
         # Set once the archive is unpacked: the workspace as the code finds it (None unless

@@ -27,14 +27,36 @@ CHUNK = 65536
 GRANT = 64 << 10
 
 PROXY = "http://127.0.0.1:%d" % PORT
+# The image's system CAs (Debian's bundle), and where the runner writes them together
+# with the server's interception CA (public certificate only; its key never leaves the
+# server): the bundle the code's TLS clients are pointed at.
+SYSTEM_CAS = "/etc/ssl/certs/ca-certificates.crt"
+BUNDLE = "/tmp/mcp-egress-ca-bundle.pem"
 
 
-def proxy_env():
+def proxy_env(bundle=None):
     """The variables the code's clients (requests, httpx, urllib, pip, curl) honour."""
     env = {}
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
         env[name] = PROXY
+    if bundle is not None:
+        for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+            env[name] = bundle
     return env
+
+
+def write_bundle(ca_pem):
+    """The image's system CAs followed by the interception CA, at BUNDLE; its path."""
+    try:
+        with open(SYSTEM_CAS, "rb") as f:
+            system = f.read()
+    except OSError:
+        system = b""
+    if system and not system.endswith(b"\n"):
+        system += b"\n"
+    with open(BUNDLE, "wb") as f:
+        f.write(system + ca_pem.encode())
+    return BUNDLE
 
 
 def frame(sid, op, data=b""):
@@ -218,4 +240,10 @@ def start(job):
         NET = Net()
     except OSError as e:
         frames.fail("could not listen for the code's connections on 127.0.0.1:%d: %s" % (PORT, e))
-    return proxy_env()
+    bundle = None
+    if job.egress_ca:
+        try:
+            bundle = write_bundle(job.egress_ca)
+        except OSError as e:
+            frames.fail("could not write the egress CA bundle %s: %s" % (BUNDLE, e))
+    return proxy_env(bundle)

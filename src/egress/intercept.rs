@@ -1,0 +1,276 @@
+//! Interception (#41 item 3): a `CONNECT` to a host whose rule adds headers is not
+//! tunnelled. The proxy answers 200, terminates the code's TLS with a leaf of its own CA
+//! ([`super::ca`], trusted only by the sandboxes), reads each HTTP/1.1 request on the
+//! decrypted stream (keep-alive), checks it against the rule's methods and paths, sets the
+//! rule's headers (replacing any of the same name the code sent) and forwards it over a
+//! new, fully verified TLS connection to the host (the system's roots and the policy's
+//! `upstream_ca`; the host's own name as SNI), reached through the same phases as a
+//! tunnel (rate, policy, budget, resolution, address checks, metered socket, timeouts).
+//! The response streams back; bodies are never held whole. One upstream connection per
+//! request, each with its own log record (kind `https`).
+
+use std::sync::{Arc, OnceLock};
+
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderName, HeaderValue};
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use super::ca::Ca;
+use super::defaults;
+use super::limits::{idle, Metered, Traffic};
+use super::policy::{Ask, Host};
+use super::proxy::{empty, refusal, strip_hop_by_hop, Body, Proxy, RunScope};
+use super::record::Record;
+use super::refusal::{Reason, Refusal};
+
+/// The CA of one proxy and its upstream TLS client configuration (built when first
+/// needed: it reads the system's roots).
+pub struct Interceptor {
+    ca: Ca,
+    extra_roots: Vec<CertificateDer<'static>>,
+    client: OnceLock<Arc<ClientConfig>>,
+}
+
+impl Interceptor {
+    /// A fresh CA; `extra_roots` trusted upstream besides the system's (`upstream_ca`).
+    pub fn new(extra_roots: Vec<CertificateDer<'static>>) -> Interceptor {
+        // Generating a P-256 key and self-signing fails only if the system's random source
+        // does, and then nothing else in this process would work either.
+        let ca = Ca::generate().expect("the egress interception CA");
+        Interceptor {
+            ca,
+            extra_roots,
+            client: OnceLock::new(),
+        }
+    }
+
+    /// The CA's certificate (PEM): public, for the sandboxes' bundle.
+    pub fn ca_pem(&self) -> String {
+        self.ca.cert_pem()
+    }
+
+    /// The TLS server the code meets for `host`: the host's leaf, HTTP/1.1 only.
+    fn acceptor(&self, host: &str) -> Result<TlsAcceptor, String> {
+        let leaf = self.ca.leaf(host)?;
+        let mut config = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(Fixed(leaf)));
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(TlsAcceptor::from(Arc::new(config)))
+    }
+
+    /// The TLS client the proxy opens upstream with: full verification against the
+    /// system's roots and the policy's `upstream_ca`.
+    fn connector(&self) -> TlsConnector {
+        let config = self.client.get_or_init(|| {
+            let mut roots = RootCertStore::empty();
+            let native = rustls_native_certs::load_native_certs();
+            if !native.errors.is_empty() {
+                tracing::warn!(errors = ?native.errors, "egress: some system CA certificates could not be read");
+            }
+            roots.add_parsable_certificates(native.certs);
+            roots.add_parsable_certificates(self.extra_roots.iter().cloned());
+            let mut config = ClientConfig::builder_with_provider(provider())
+                .with_safe_default_protocol_versions()
+                .expect("ring supports the default TLS versions")
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Arc::new(config)
+        });
+        TlsConnector::from(config.clone())
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Presents one leaf whatever the ClientHello asks (a client that asks for another name
+/// fails its own verification).
+#[derive(Debug)]
+struct Fixed(Arc<CertifiedKey>);
+
+impl ResolvesServerCert for Fixed {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.clone())
+    }
+}
+
+impl Proxy {
+    /// `CONNECT host:port` of a rule with headers: answer 200, then serve the requests
+    /// inside the code's TLS (in a task of its own, ended with the run).
+    pub(super) fn intercepted(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        scope: Arc<RunScope>,
+        host: String,
+        port: u16,
+    ) -> Response<Body> {
+        let name = Host::parse(&host).map(|h| h.as_text()).unwrap_or_default();
+        let acceptor = match self.intercept.acceptor(&name) {
+            Ok(a) => a,
+            Err(e) => {
+                let r = Refusal::new(&host, port, Reason::BadRequest { detail: e });
+                Record::new(&scope.tenant, &scope.run, &host, port, "https").finish(
+                    r.label(),
+                    0,
+                    0,
+                );
+                return refusal(&r);
+            }
+        };
+        let on_upgrade = hyper::upgrade::on(req);
+        let idle_limit = self.policy.limits.idle_timeout;
+        let cancel = scope.cancel.clone();
+        tokio::spawn(async move {
+            let serve = async {
+                let Ok(client) = on_upgrade.await else { return };
+                let tls = tokio::time::timeout(idle_limit, acceptor.accept(TokioIo::new(client)));
+                let Ok(Ok(tls)) = tls.await else { return };
+                let proxy = self.clone();
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let (p, s, h) = (proxy.clone(), scope.clone(), name.clone());
+                    async move {
+                        Ok::<_, std::convert::Infallible>(p.forward_tls(req, s, h, port).await)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(idle_limit)
+                    .max_buf_size(defaults::MAX_HEADER_BYTES)
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            };
+            tokio::select! {
+                _ = serve => {}
+                _ = cancel.cancelled() => {}
+            }
+        });
+        Response::new(empty())
+    }
+
+    /// One request of an intercepted connection: checked, its headers set, forwarded over
+    /// verified TLS, the response streamed back.
+    async fn forward_tls(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        scope: Arc<RunScope>,
+        host: String,
+        port: u16,
+    ) -> Response<Body> {
+        let mut record = Record::new(&scope.tenant, &scope.run, &host, port, "https");
+        let method = req.method().as_str().to_string();
+        let path = req.uri().path().to_string();
+        let ask = Ask::Intercepted {
+            method: &method,
+            path: &path,
+        };
+        let (tcp, permit, rule) = match self.open(&scope, &host, port, ask, &mut record).await {
+            Ok(x) => x,
+            Err(r) => {
+                record.finish(r.label(), 0, 0);
+                return refusal(&r);
+            }
+        };
+        let added = rule.headers.clone();
+        let upstream_failed = |detail: String, timeout| {
+            refusal(&Refusal::new(
+                &host,
+                port,
+                Reason::Upstream { detail, timeout },
+            ))
+        };
+        let traffic = Traffic::new();
+        let metered = Metered::new(tcp, scope.budget.clone(), traffic.clone());
+        let server_name = match ServerName::try_from(host.clone()) {
+            Ok(n) => n,
+            Err(e) => return upstream_failed(format!("not a TLS server name: {e}"), false),
+        };
+        let limits = &self.policy.limits;
+        let handshake = self.intercept.connector().connect(server_name, metered);
+        let tls = match tokio::time::timeout(limits.connect_timeout, handshake).await {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => {
+                let (up, down) = traffic.bytes();
+                record.finish("tls_failed", up, down);
+                return upstream_failed(format!("TLS with the upstream: {e}"), false);
+            }
+            Err(_) => {
+                let (up, down) = traffic.bytes();
+                record.finish("connect_timeout", up, down);
+                return upstream_failed(
+                    format!("no TLS handshake within {:?}", limits.connect_timeout),
+                    true,
+                );
+            }
+        };
+        let (mut sender, conn) =
+            match hyper::client::conn::http1::handshake(TokioIo::new(tls)).await {
+                Ok(x) => x,
+                Err(e) => {
+                    let (up, down) = traffic.bytes();
+                    record.finish("error", up, down);
+                    return upstream_failed(format!("HTTP handshake: {e}"), false);
+                }
+            };
+        let idle_limit = limits.idle_timeout;
+        let cancel = scope.cancel.clone();
+        let t = traffic.clone();
+        tokio::spawn(async move {
+            let outcome = tokio::select! {
+                r = conn => if t.cut() { "limit" } else if r.is_ok() { "ok" } else { "error" },
+                _ = idle(&t, idle_limit) => "idle_timeout",
+                _ = cancel.cancelled() => "cancelled",
+            };
+            drop(permit);
+            let (up, down) = t.bytes();
+            record.finish(outcome, up, down);
+        });
+        let (mut parts, body) = req.into_parts();
+        parts.uri = parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/")
+            .parse()
+            .unwrap_or_else(|_| hyper::Uri::from_static("/"));
+        parts.version = hyper::Version::HTTP_11;
+        strip_hop_by_hop(&mut parts.headers);
+        let authority = if port == 443 {
+            host.clone()
+        } else {
+            format!("{host}:{port}")
+        };
+        if let Ok(h) = HeaderValue::from_str(&authority) {
+            parts.headers.insert(header::HOST, h);
+        }
+        for h in &added {
+            // Checked when the policy was read: a token name, a visible-ASCII value.
+            let (Ok(name), Ok(mut value)) = (
+                HeaderName::from_bytes(h.name.as_bytes()),
+                HeaderValue::from_str(h.value.expose()),
+            ) else {
+                continue;
+            };
+            value.set_sensitive(true);
+            parts.headers.insert(name, value);
+        }
+        match sender.send_request(Request::from_parts(parts, body)).await {
+            Ok(resp) => {
+                let (mut parts, body) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                Response::from_parts(parts, http_body_util::BodyExt::boxed(body))
+            }
+            Err(e) => upstream_failed(format!("the upstream's answer: {e}"), false),
+        }
+    }
+}
