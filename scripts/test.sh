@@ -121,7 +121,7 @@ in_run cargo test --no-fail-fast "${features[@]}" --doc || status=$?
 # sandbox at all) and the server's own memory while a sandbox downloads and trickles (177 s
 # under gVisor in one run, for a figure about the server: docs/testing.md).
 in_run env MCP_TEST_RUNTIME=runsc cargo test --no-fail-fast "${features[@]}" --test suite -- --test-threads=2 \
-  engine:: session:: session_files:: env:: mcp_sessions:: egress_sandbox --skip mcp_env:: \
+  engine:: session:: session_files:: env:: mcp_sessions:: egress_sandbox egress_inject --skip mcp_env:: \
   --skip engine::contract_on_the_fake:: \
   --skip egress_sandbox_limits::server_memory_stays_bounded_while_a_sandbox_downloads_and_trickles \
   "${timed[@]}" | tee "$times/runsc.log" || status=$?
