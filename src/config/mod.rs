@@ -74,6 +74,13 @@ pub fn process_data_dir() -> PathBuf {
     data_dir(|k| std::env::var(k).ok())
 }
 
+/// A variable the operator names in a file rather than one of ours (an egress rule's
+/// header, `{ env = "VAR" }`): its value, `None` when unset or not UTF-8. The only read of
+/// a variable not declared in `vars.rs`, as its name is the operator's.
+pub fn operator_variable(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
 /// The CA bundle installers trust: `MCP_EXECUTOR_CA_BUNDLE`, else
 /// [`default_ca_bundle`].
 pub fn ca_bundle(get: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {

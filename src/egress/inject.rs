@@ -84,7 +84,7 @@ pub fn load(rule: &str, headers: BTreeMap<String, Source>) -> Result<Vec<Header>
 
 fn read(rule: &str, name: &str, src: Source) -> Result<String, String> {
     let raw = match (src.env, src.file) {
-        (Some(var), None) => std::env::var(&var).map_err(|_| {
+        (Some(var), None) => crate::config::operator_variable(&var).ok_or_else(|| {
             format!("host `{rule}`: header `{name}`: the environment variable `{var}` is not set (or not UTF-8)")
         })?,
         (None, Some(path)) => std::fs::read_to_string(&path).map_err(|e| {

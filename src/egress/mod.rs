@@ -22,7 +22,8 @@
 //! - [`inject`]: the headers a rule adds (`headers`, values read by the server, never
 //!   shown); [`ca`]: the interception CA, made at start, and the leaves it mints per host;
 //!   [`intercept`]: a rule with headers: the code's TLS terminated with such a leaf, each
-//!   request checked, its headers set, forwarded over verified TLS upstream.
+//!   request checked, its headers set, forwarded over verified TLS upstream; [`tls_ends`]:
+//!   the two TLS ends it uses (the leaves' server side, the verified client upstream).
 //! - [`sandbox`]: the proxy installed for the sandboxes: each run's scope, serving the
 //!   streams the backend relays from the runner (`crate::backend::relay`).
 //!
@@ -42,6 +43,7 @@ pub mod refusal;
 pub mod resolve;
 pub mod sandbox;
 pub mod tls;
+pub mod tls_ends;
 
 pub use policy::Policy;
 pub use proxy::{Proxy, RunScope};

@@ -24,13 +24,13 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 use super::defaults;
-use super::intercept::Interceptor;
 use super::limits::{idle, Metered, Rate, RunBudget, Traffic};
 use super::policy::{Ask, Host, Policy, Rule};
 use super::record::Record;
 use super::refusal::{Reason, Refusal};
 use super::resolve::{Resolve, SystemResolver};
 use super::tls::{self, Hello};
+use super::tls_ends::Interceptor;
 
 pub(super) type Body = BoxBody<Bytes, hyper::Error>;
 
