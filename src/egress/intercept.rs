@@ -18,9 +18,9 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use rustls::pki_types::ServerName;
 
 use super::defaults;
-use super::limits::{idle, Metered, Traffic};
+use super::limits::{Metered, Traffic};
 use super::policy::{Ask, Host};
-use super::proxy::{empty, refusal, strip_hop_by_hop, Body, Proxy, RunScope};
+use super::proxy::{empty, refusal, strip_hop_by_hop, supervise, Body, Proxy, RunScope};
 use super::record::Record;
 use super::refusal::{Reason, Refusal};
 
@@ -141,19 +141,14 @@ impl Proxy {
                     return upstream_failed(format!("HTTP handshake: {e}"), false);
                 }
             };
-        let idle_limit = limits.idle_timeout;
-        let cancel = scope.cancel.clone();
-        let t = traffic.clone();
-        tokio::spawn(async move {
-            let outcome = tokio::select! {
-                r = conn => if t.cut() { "limit" } else if r.is_ok() { "ok" } else { "error" },
-                _ = idle(&t, idle_limit) => "idle_timeout",
-                _ = cancel.cancelled() => "cancelled",
-            };
-            drop(permit);
-            let (up, down) = t.bytes();
-            record.finish(outcome, up, down);
-        });
+        supervise(
+            conn,
+            traffic.clone(),
+            limits.idle_timeout,
+            scope.cancel.clone(),
+            permit,
+            record,
+        );
         let (mut parts, body) = req.into_parts();
         parts.uri = parts
             .uri

@@ -272,19 +272,14 @@ impl Proxy {
                     ));
                 }
             };
-        let idle_limit = self.policy.limits.idle_timeout;
-        let cancel = scope.cancel.clone();
-        let t = traffic.clone();
-        tokio::spawn(async move {
-            let outcome = tokio::select! {
-                r = conn => if t.cut() { "limit" } else if r.is_ok() { "ok" } else { "error" },
-                _ = idle(&t, idle_limit) => "idle_timeout",
-                _ = cancel.cancelled() => "cancelled",
-            };
-            drop(permit);
-            let (up, down) = t.bytes();
-            record.finish(outcome, up, down);
-        });
+        supervise(
+            conn,
+            traffic.clone(),
+            self.policy.limits.idle_timeout,
+            scope.cancel.clone(),
+            permit,
+            record,
+        );
         let (mut parts, body) = req.into_parts();
         let authority = uri
             .authority()
@@ -469,6 +464,31 @@ pub(super) fn strip_hop_by_hop(h: &mut HeaderMap) {
     ] {
         h.remove(n);
     }
+}
+
+/// Drive one upstream HTTP connection in the background until it ends, stays quiet past
+/// `idle_limit` or its run is cancelled; then give its place back and log it with its
+/// bytes each way (plain HTTP here, intercepted HTTPS in [`super::intercept`]).
+pub(super) fn supervise<C, E>(
+    conn: C,
+    traffic: Arc<Traffic>,
+    idle_limit: std::time::Duration,
+    cancel: CancellationToken,
+    permit: OwnedSemaphorePermit,
+    record: Record,
+) where
+    C: std::future::Future<Output = Result<(), E>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let outcome = tokio::select! {
+            r = conn => if traffic.cut() { "limit" } else if r.is_ok() { "ok" } else { "error" },
+            _ = idle(&traffic, idle_limit) => "idle_timeout",
+            _ = cancel.cancelled() => "cancelled",
+        };
+        drop(permit);
+        let (up, down) = traffic.bytes();
+        record.finish(outcome, up, down);
+    });
 }
 
 pub(super) fn empty() -> Body {
