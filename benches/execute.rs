@@ -11,8 +11,9 @@
 //! benches/execute/demand.rs); BENCH_GVISOR=0 leaves gVisor out of them.
 //! BENCH_ONLY=codemode runs only the code-mode row (issue 26, benches/execute/codemode.rs).
 //! BENCH_ONLY=egress runs only the egress rows (issue 41, benches/execute/egress.rs: a
-//! fresh HTTPS GET through the proxy against the host's, a 200 MB download; last in a full
-//! run).
+//! fresh HTTPS GET through the proxy against the host's, a 200 MB download).
+//! BENCH_ONLY=traces runs only the traces rows (issue 45, benches/execute/traces.rs: calls
+//! with export off, on, and to a collector that never answers; last in a full run).
 
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,8 @@ mod codemode;
 mod demand;
 #[path = "execute/egress.rs"]
 mod egress;
+#[path = "execute/traces.rs"]
+mod traces;
 
 fn knob(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -114,6 +117,10 @@ async fn main() {
     }
     if std::env::var("BENCH_ONLY").as_deref() == Ok("egress") {
         egress::rows().await;
+        return;
+    }
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("traces") {
+        traces::rows().await;
         return;
     }
     println!("# mcp-code-executor benchmark\n");
@@ -222,6 +229,7 @@ async fn main() {
     demand::rows(samples).await;
     codemode::rows().await;
     egress::rows().await;
+    traces::rows().await;
 }
 
 /// One `execute_code` call of `code` over MCP.

@@ -265,10 +265,24 @@ async fn a_real_prometheus_fires_on_a_dry_pool_and_failing_sandbox_starts() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let before = firing(&prom).await;
+    // The host's own disk may really be low (this machine once had 9.5 % free, failing
+    // this check): that alert is then right, and the only one allowed before the break.
+    let free = metric(&base, "mcp_executor_code_storage_free_bytes")
+        .await
+        .unwrap();
+    let size = metric(&base, "mcp_executor_code_storage_size_bytes")
+        .await
+        .unwrap();
+    let disk_low = free / size < 0.10;
+    let before: Vec<_> = firing(&prom)
+        .await
+        .into_iter()
+        .filter(|a| !(disk_low && a == "McpExecutorCodeStorageDiskLow"))
+        .collect();
     assert!(
         before.is_empty(),
-        "alerts before anything broke: {before:?}"
+        "alerts before anything broke (code storage {:.1} % free): {before:?}",
+        100.0 * free / size
     );
 
     // Break it: the image goes, a run takes the waiting sandbox, the pool cannot refill.
