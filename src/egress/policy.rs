@@ -149,6 +149,15 @@ pub enum Ask<'a> {
     },
 }
 
+/// Methods never sent with a rule's headers, whatever its `methods`: TRACE (and TRACK)
+/// answer with the request as received, added headers included, and CONNECT inside an
+/// intercepted connection is no request for its host.
+fn echoes(method: &str) -> bool {
+    ["TRACE", "TRACK", "CONNECT"]
+        .iter()
+        .any(|m| m.eq_ignore_ascii_case(method))
+}
+
 impl Rule {
     fn serves(&self, tenant: &str) -> bool {
         self.tenants
@@ -174,7 +183,9 @@ impl Rule {
         match ask {
             Ask::Tunnel => self.methods.is_none() && self.paths.is_none() && !self.injects(),
             Ask::Http { method, path } => !self.injects() && self.lets_request(method, path),
-            Ask::Intercepted { method, path } => self.injects() && self.lets_request(method, path),
+            Ask::Intercepted { method, path } => {
+                self.injects() && !echoes(method) && self.lets_request(method, path)
+            }
         }
     }
 
@@ -236,6 +247,10 @@ impl Policy {
         }
         let detail = if let Some(r) = on_port.first() {
             Some(match ask {
+                Ask::Intercepted { method, .. } if echoes(method) => format!(
+                    "{method} is never sent with the headers the rule `{}` adds: the answer would echo them back",
+                    r.host
+                ),
                 Ask::Intercepted { method, path } => format!(
                     "the rule `{}` allows {}, not {method} {path}",
                     r.host,
@@ -743,6 +758,28 @@ mod tests {
                     assert!(d.contains("adds headers"), "{d}")
                 }
                 other => panic!("{other:?}"),
+            }
+        }
+        // Inside the intercepted connection: a GET gets the headers, a TRACE (which would
+        // echo them back) never, whatever the rule's methods.
+        assert!(p
+            .allow_target(
+                "t",
+                &h,
+                443,
+                Ask::Intercepted {
+                    method: "GET",
+                    path: "/"
+                }
+            )
+            .is_ok());
+        for method in ["TRACE", "track", "CONNECT"] {
+            let ask = Ask::Intercepted { method, path: "/" };
+            match p.allow_target("t", &h, 443, ask) {
+                Err(Reason::NotInPolicy { detail: Some(d) }) => {
+                    assert!(d.contains("echo them back") && d.contains(method), "{d}")
+                }
+                other => panic!("{method}: {other:?}"),
             }
         }
         let tenant = tenant.unwrap();
