@@ -20,7 +20,9 @@ use rustls::pki_types::ServerName;
 use super::defaults;
 use super::limits::{Metered, Traffic};
 use super::policy::{Ask, Host};
-use super::proxy::{empty, refusal, strip_hop_by_hop, supervise, Body, Proxy, RunScope};
+use super::proxy::{
+    empty, refusal, strip_hop_by_hop, supervise, to_origin_form, Body, Proxy, RunScope,
+};
 use super::record::Record;
 use super::refusal::{Reason, Refusal};
 
@@ -150,15 +152,7 @@ impl Proxy {
             record,
         );
         let (mut parts, body) = req.into_parts();
-        parts.uri = parts
-            .uri
-            .path_and_query()
-            .map(|p| p.as_str())
-            .unwrap_or("/")
-            .parse()
-            .unwrap_or_else(|_| hyper::Uri::from_static("/"));
-        parts.version = hyper::Version::HTTP_11;
-        strip_hop_by_hop(&mut parts.headers);
+        to_origin_form(&mut parts);
         let authority = if port == 443 {
             host.clone()
         } else {

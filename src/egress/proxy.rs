@@ -284,14 +284,7 @@ impl Proxy {
         let authority = uri
             .authority()
             .map(|a| a.as_str().rsplit('@').next().unwrap_or("").to_string());
-        parts.uri = uri
-            .path_and_query()
-            .map(|p| p.as_str())
-            .unwrap_or("/")
-            .parse()
-            .unwrap_or_else(|_| hyper::Uri::from_static("/"));
-        parts.version = hyper::Version::HTTP_11;
-        strip_hop_by_hop(&mut parts.headers);
+        to_origin_form(&mut parts);
         if let Some(h) = authority.and_then(|a| HeaderValue::from_str(&a).ok()) {
             parts.headers.insert(header::HOST, h);
         }
@@ -489,6 +482,20 @@ pub(super) fn supervise<C, E>(
         let (up, down) = traffic.bytes();
         record.finish(outcome, up, down);
     });
+}
+
+/// A request as it goes upstream: in origin form (its path and query alone), HTTP/1.1,
+/// without hop-by-hop headers (plain HTTP here, intercepted HTTPS in [`super::intercept`]).
+pub(super) fn to_origin_form(parts: &mut hyper::http::request::Parts) {
+    parts.uri = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/")
+        .parse()
+        .unwrap_or_else(|_| hyper::Uri::from_static("/"));
+    parts.version = hyper::Version::HTTP_11;
+    strip_hop_by_hop(&mut parts.headers);
 }
 
 pub(super) fn empty() -> Body {
