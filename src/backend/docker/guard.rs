@@ -14,23 +14,27 @@ use crate::backend::engine::guard::Remover;
 use crate::backend::labels::{hostname, owner_is_dead};
 use crate::backend::BackendError;
 
-/// Removes containers for the engine's guards.
-pub(super) struct DockerRemover(pub(super) Docker);
+/// Removes containers for the engine's guards, and forgets that the daemon paused them.
+pub(super) struct DockerRemover {
+    pub(super) docker: Docker,
+    pub(super) paused: super::pause::DaemonPaused,
+}
 
 #[async_trait::async_trait]
 impl Remover for DockerRemover {
     async fn remove(&self, id: &str, confirmed: bool) {
+        self.paused.take(id);
         if !confirmed {
             // The create request may still be in the daemon: look again a little later.
-            remove_unconfirmed(&self.0, id).await;
-        } else if let Err(e) = remove_now(&self.0, id).await {
+            remove_unconfirmed(&self.docker, id).await;
+        } else if let Err(e) = remove_now(&self.docker, id).await {
             tracing::warn!(container = %id, error = %e, "could not remove a sandbox container; the next start-up sweep will");
         }
     }
 
     /// Kill at once (a timeout: the CPU belongs to the next run); removal still follows.
     async fn kill_now(&self, id: &str) {
-        if let Err(e) = self.0.kill_container(id, None).await {
+        if let Err(e) = self.docker.kill_container(id, None).await {
             tracing::debug!(container = %id, error = %e, "kill failed (already gone?)");
         }
     }

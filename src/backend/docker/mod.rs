@@ -130,26 +130,34 @@ pub struct DockerDriver {
     owner: String,
     /// Preloading refills at once over all pools, and what was learned (see `pool`).
     preloads: pool::Preloads,
-    /// Sessions' containers paused by the daemon (their freezer file could not be used):
-    /// the daemon resumes them too.
-    daemon_paused: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Sessions' containers paused by the daemon: the daemon resumes them too.
+    daemon_paused: pause::DaemonPaused,
 }
 
 /// The Docker backend: the [`Engine`] over Docker.
 pub type DockerBackend = Engine<DockerDriver>;
 
-/// Refuse a runtime the daemon does not have registered, with what to run: otherwise every
-/// container start fails later with Docker's "unknown or invalid runtime name".
-async fn check_runtime(docker: &bollard::Docker, runtime: &str) -> Result<(), BackendError> {
+/// The runtime the sandboxes run under: the configured one, refused when the daemon does
+/// not have it registered (otherwise every container start fails later with Docker's
+/// "unknown or invalid runtime name"); without one, the daemon's default when that is
+/// gVisor, so that what depends on gVisor (the cgroup freezer left alone, the OOM verdict,
+/// the spec's knobs) holds for a daemon whose default is `runsc` too.
+async fn resolve_runtime(
+    docker: &bollard::Docker,
+    configured: Option<String>,
+) -> Result<Option<String>, BackendError> {
     let info = docker
         .info()
         .await
         .map_err(|e| classify("asking the daemon's runtimes", e))?;
+    let Some(runtime) = configured else {
+        return Ok(default_if_gvisor(info.default_runtime));
+    };
     let known: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
-    if known.iter().any(|r| r == runtime) {
-        return Ok(());
+    if known.iter().any(|r| *r == runtime) {
+        return Ok(Some(runtime));
     }
-    let fix = if is_gvisor(Some(runtime)) {
+    let fix = if is_gvisor(Some(&runtime)) {
         "install and register gVisor: `sudo scripts/setup-docker.sh --gvisor` (installs runsc, \
          adds it to /etc/docker/daemon.json, reloads dockerd with SIGHUP)"
     } else {
@@ -165,32 +173,33 @@ async fn check_runtime(docker: &bollard::Docker, runtime: &str) -> Result<(), Ba
     })
 }
 
+/// The daemon's default runtime, named when it is gVisor (a runc default stays unnamed).
+fn default_if_gvisor(default: Option<String>) -> Option<String> {
+    default.filter(|d| is_gvisor(Some(d)))
+}
+
 impl DockerBackend {
     /// Connect to the daemon named by `DOCKER_HOST` (or the local socket), check it answers,
     /// and start filling the warm pool if one is configured.
-    pub async fn connect(config: DockerConfig) -> Result<Self, BackendError> {
+    pub async fn connect(mut config: DockerConfig) -> Result<Self, BackendError> {
         let docker = connect_docker_at(config.docker_host.as_deref()).await?;
-        if let Some(runtime) = &config.runtime {
-            check_runtime(&docker, runtime).await?;
-        }
-        let guards = Guards::new(DockerRemover(docker.clone()));
+        config.runtime = resolve_runtime(&docker, config.runtime.take()).await?;
+        let daemon_paused = pause::DaemonPaused::default();
+        let guards = Guards::new(DockerRemover {
+            docker: docker.clone(),
+            paused: daemon_paused.clone(),
+        });
         let cleanup = guards.count();
         let driver = Arc::new(DockerDriver {
             docker,
             owner: super::labels::own_id(),
             guards,
             preloads: pool::Preloads::new(&config.preload),
-            daemon_paused: Default::default(),
+            daemon_paused,
             config,
         });
         let pool = driver.config.pool.clone();
         Ok(Engine::new(driver, cleanup, &pool))
-    }
-}
-
-impl DockerDriver {
-    fn paused_by_daemon(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
-        self.daemon_paused.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -288,13 +297,13 @@ impl Driver for DockerDriver {
         }
         let frozen = pause::freeze(&self.docker, id).await;
         if let Freeze::Frozen = frozen {
-            self.paused_by_daemon().insert(id.to_string());
+            self.daemon_paused.insert(id);
         }
         frozen
     }
 
     async fn thaw(&self, id: &str) -> Result<(), BackendError> {
-        if self.paused_by_daemon().remove(id) || !freezer::thaw(id) {
+        if self.daemon_paused.take(id) || !freezer::thaw(id) {
             return pause::thaw(&self.docker, id).await;
         }
         Ok(())
@@ -350,5 +359,20 @@ pub(crate) fn classify(action: &'static str, e: BollardError) -> BackendError {
             action,
             detail: e.to_string(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_if_gvisor;
+
+    #[test]
+    fn a_gvisor_default_runtime_is_named_and_a_runc_one_is_not() {
+        assert_eq!(
+            default_if_gvisor(Some("runsc".into())).as_deref(),
+            Some("runsc")
+        );
+        assert_eq!(default_if_gvisor(Some("runc".into())), None);
+        assert_eq!(default_if_gvisor(None), None);
     }
 }
