@@ -19,6 +19,8 @@ pub mod defaults {
     pub const MAX_TASK_TIMEOUT: Duration = Duration::from_secs(30 * 60);
     /// How long a finished task's result stays readable at least (`--task-ttl`).
     pub const TASK_TTL: Duration = Duration::from_secs(15 * 60);
+    /// Bytes of results a tenant's kept tasks may hold (`--task-results-limit`).
+    pub const TASK_RESULT_BYTES: u64 = 64 << 20;
     /// Runs at once over all tenants; further calls queue.
     pub const MAX_CONCURRENT: usize = 4;
     /// Large enough that a burst of 100 calls from one client all wait their turn; each
@@ -55,6 +57,9 @@ pub struct Settings {
     /// How long a finished MCP task's result is kept at least, and the least TTL a task is
     /// given (`--task-ttl`; see [`crate::mcp::tasks::ttl`]).
     pub task_ttl: Duration,
+    /// Bytes of results the tenant's kept tasks may hold, a working task counting as a full
+    /// result (`--task-results-limit`; see [`crate::mcp::task_caps`]).
+    pub task_result_bytes: u64,
     /// Sandbox image and interpreter, for get_environment_config.
     pub image: String,
     pub python: String,
@@ -177,6 +182,7 @@ impl Default for Settings {
             max_timeout: defaults::MAX_TIMEOUT,
             max_task_timeout: defaults::MAX_TASK_TIMEOUT,
             task_ttl: defaults::TASK_TTL,
+            task_result_bytes: defaults::TASK_RESULT_BYTES,
             image: crate::backend::image::default_image(),
             python: defaults::IMAGE_PYTHON.into(),
             requested_env_type: None,

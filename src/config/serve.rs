@@ -27,6 +27,8 @@ pub struct ServeConfig {
     pub max_timeout: Duration,
     /// How long a finished MCP task's result is kept at least (the least TTL of a task).
     pub task_ttl: Duration,
+    /// Bytes of results a tenant's kept MCP tasks may hold.
+    pub task_result_bytes: u64,
     /// Run slots over all tenants.
     pub max_concurrent: usize,
     /// Calls of one tenant that may wait for a run slot.
@@ -301,6 +303,7 @@ mod tests {
             limits: Limits::default(),
             max_timeout: Duration::from_secs(300),
             task_ttl: Duration::from_secs(900),
+            task_result_bytes: crate::app::settings::defaults::TASK_RESULT_BYTES,
             max_concurrent: 4,
             max_queue: 256,
             tenant: crate::job::LOCAL_TENANT.into(),

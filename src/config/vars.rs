@@ -205,6 +205,9 @@ env_vars! {
     /// How long a finished MCP task's result stays readable at least, and the least TTL a
     /// task gets (`--task-ttl`, seconds, default 900).
     MCP_EXECUTOR_TASK_TTL;
+    /// Bytes of results the kept MCP tasks of a tenant may hold, a working task counting as
+    /// a full result (`--task-results-limit`, default `64m`).
+    MCP_EXECUTOR_TASK_RESULTS_LIMIT;
     /// Run slots over all tenants; further calls wait (`--max-concurrent`, default 4).
     MCP_EXECUTOR_MAX_CONCURRENT;
     /// Calls of one tenant that may wait for a run slot; past it calls are refused

@@ -22,11 +22,9 @@ use crate::app::Executor;
 /// The most tasks a tenant's manager keeps at once (working, or ended and readable).
 pub const MAX_TASKS: usize = 256;
 
-/// The most bytes the kept tasks of a tenant may hold (their results, serialized). A task
-/// still working counts as the largest result may be ([`super::fit::budget::MESSAGE`]).
-pub const MAX_TASK_BYTES: u64 = 64 << 20;
-
-/// What a task that is still working is counted as.
+/// What a task that is still working is counted as: the largest result may be
+/// ([`super::fit::budget::MESSAGE`]), against the tenant's
+/// [`crate::app::Settings::task_result_bytes`] (its results, serialized).
 const WORKING_BYTES: u64 = super::fit::budget::MESSAGE as u64;
 
 /// What an ended task without a result (cancelled, failed) is counted as, beside its error.
@@ -204,7 +202,8 @@ pub fn held_by(executor: &Arc<Executor>, owner: Option<&str>) -> usize {
 }
 
 /// Count a new task of principal `owner` of `executor`'s tenant, kept by rmcp until `ttl`
-/// after it ends; past [`MAX_TASKS`] or [`MAX_TASK_BYTES`] (over all the tenant's
+/// after it ends; past [`MAX_TASKS`] or the tenant's
+/// [`crate::app::Settings::task_result_bytes`] (over all the tenant's
 /// principals; the caller sweeps what expired first: [`super::tasks::admit`]) the call is refused (a JSON-RPC error,
 /// -32000, that says which bound), counted in `mcp_executor_rejected_total{reason="tasks"}`.
 pub fn admit(
@@ -213,8 +212,9 @@ pub fn admit(
     ttl: Duration,
 ) -> Result<Admitted, ErrorData> {
     let ledger = ledger(executor);
+    let max_bytes = executor.settings().task_result_bytes;
     let key = lock(&ledger)
-        .admit(owner, Instant::now(), MAX_TASKS, MAX_TASK_BYTES, ttl)
+        .admit(owner, Instant::now(), MAX_TASKS, max_bytes, ttl)
         .map_err(|e| {
             executor.metrics().rejected(executor.tenant(), "tasks");
             ErrorData::new(rmcp::model::ErrorCode(-32000), e.to_string(), None)

@@ -21,6 +21,7 @@ impl From<&ServeConfig> for Settings {
             max_timeout: cfg.max_timeout,
             max_task_timeout: app::settings::defaults::MAX_TASK_TIMEOUT,
             task_ttl: cfg.task_ttl,
+            task_result_bytes: cfg.task_result_bytes,
             image: cfg
                 .backend
                 .image
@@ -95,6 +96,7 @@ impl ServeConfig {
             },
             max_timeout: app::MAX_TIMEOUT,
             task_ttl: app::TASK_TTL,
+            task_result_bytes: app::TASK_RESULT_BYTES,
             max_concurrent: app::MAX_CONCURRENT,
             max_queue: app::MAX_QUEUE,
             tenant: defaults::TENANT.into(),

@@ -214,25 +214,34 @@ async fn fill_with_tasks(url: &str, token: &str, code: &str, max: usize) -> usiz
 /// holds) until it expires.
 const LONG_OUTPUT: &str = "print('x' * 900_000)";
 
-/// Issue 42, finding 3: user A fills the tenant's 64 MiB of kept task results; once they
+/// The tenant's bound of kept task results for this test (`--task-results-limit`): 16 MiB
+/// are about 26 results of [`LONG_OUTPUT`], where the default 64 MiB took 100 runs a fill.
+const RESULTS_LIMIT_MIB: u64 = 16;
+
+/// How long results are kept (`--task-ttl`): a task's TTL, counted from its creation, is its
+/// 5 s timeout plus this, which must cover the queue of a whole fill, as all its tasks are
+/// started at once (at load 8 here 27 tasks took 40 s; at load 30, 26 took over 80 s and
+/// failed at a TTL of 80 s); the test waits it out once. Was 150 s for fills of 100 tasks.
+const TASK_TTL_SECS: u64 = 120;
+
+/// Issue 42, finding 3: user A fills the tenant's kept task results; once they
 /// expired, user B fills it again, A never calling in between. The tenant's bound must be
 /// the real one: A's results are freed at the end of their lifetime, so B's take their
 /// place and the server's memory does not grow by a second cap. Before the fix rmcp kept A's
 /// results until A's next call while the ledger counted them gone (review: RSS 25 -> 94 MiB
-/// after A, 160 MiB after B).
+/// after A, 160 MiB after B, with the default 64 MiB bound).
 #[tokio::test]
 async fn expired_tasks_are_freed_so_the_tenants_cap_holds_for_all_its_users() {
     let keys = TempDir::new("oauth-users-iss");
     let issuer = Issuer::start(&keys.0.join("keys.json")).await;
     let static_token = token::generate();
-    // Results kept 150 s (a task's TTL: its 5 s timeout and 150 s, which covers the queue
-    // of a hundred tasks on two cores).
+    let (ttl, limit) = (TASK_TTL_SECS.to_string(), format!("{RESULTS_LIMIT_MIB}m"));
     let s = Hosted::start(
         "t-users-tasks",
         &issuer,
         &static_token,
         "",
-        &["--task-ttl", "150"],
+        &["--task-ttl", &ttl, "--task-results-limit", &limit],
     )
     .await;
     let mcp = s.mcp();
@@ -244,9 +253,15 @@ async fn expired_tasks_are_freed_so_the_tenants_cap_holds_for_all_its_users() {
     let n_a = fill_with_tasks(&mcp, &ta, LONG_OUTPUT, 200).await;
     let rss_a = s.rss_mib();
     eprintln!("A: {n_a} tasks, RSS {rss0:.1} -> {rss_a:.1} MiB");
-    assert!(n_a >= 60, "A filled the cap with {n_a} tasks");
-    // A's results expire (155 s after each ended), and A does not call again.
-    tokio::time::sleep(Duration::from_secs(155 + 12)).await;
+    // Each kept result is about 640 KiB: the bound, not another one, stopped A.
+    let results = (RESULTS_LIMIT_MIB << 20) / (640 << 10);
+    assert!(
+        n_a as u64 + 4 >= results,
+        "A filled the {RESULTS_LIMIT_MIB} MiB cap with {n_a} tasks (about {results} expected)"
+    );
+    // A's results expire (the task's TTL, 5 s more than --task-ttl, after each ended,
+    // then a second of grace and the 5 s sweep), and A does not call again.
+    tokio::time::sleep(Duration::from_secs(TASK_TTL_SECS + 5 + 12)).await;
     let rss_idle = s.rss_mib();
     let n_b = fill_with_tasks(&mcp, &tb, LONG_OUTPUT, 200).await;
     let rss_b = s.rss_mib();

@@ -47,6 +47,10 @@ pub struct ServeCmd {
     /// this (seconds; at least 1).
     #[arg(long, env = vars::MCP_EXECUTOR_TASK_TTL, default_value_t = Secs(settings::TASK_TTL))]
     pub task_ttl: Secs,
+    /// Bytes of results the kept MCP tasks of a tenant may hold, all its users together (a
+    /// working task counts as a full result, 640 KiB); past it a new task is refused, e.g. 64m.
+    #[arg(long, env = vars::MCP_EXECUTOR_TASK_RESULTS_LIMIT, default_value_t = Bytes(settings::TASK_RESULT_BYTES))]
+    pub task_results_limit: Bytes,
     /// Memory limit per run (swap included), e.g. 512m.
     #[arg(long, env = vars::MCP_EXECUTOR_MEMORY, default_value_t = Bytes(defaults::MEMORY_BYTES))]
     pub memory: Bytes,
@@ -234,6 +238,7 @@ impl ServeCmd {
             },
             max_timeout: self.max_timeout.0,
             task_ttl: self.task_ttl.0.max(std::time::Duration::from_secs(1)),
+            task_result_bytes: self.task_results_limit.0,
             max_concurrent: self.max_concurrent,
             max_queue: self.max_queue,
             tenant: self.tenant.clone(),
