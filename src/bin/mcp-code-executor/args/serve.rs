@@ -193,10 +193,13 @@ impl ServeCmd {
         &self,
         get: impl Fn(&str) -> Option<String>,
     ) -> Result<ServeConfig, config::ConfigError> {
-        let data_dir = self
-            .data_dir
-            .clone()
-            .unwrap_or_else(|| config::data_dir(&get));
+        // Absolute: what lies under it is bind-mounted into sandboxes, and Docker refuses a
+        // relative source (`--data-dir meas/d1` failed the isolation self-test).
+        let data_dir = absolute(
+            self.data_dir
+                .clone()
+                .unwrap_or_else(|| config::data_dir(&get)),
+        );
         let mut env = config::EnvSelection::from_vars(&get);
         env.env_type = self.env_type.clone().filter(|t| !t.trim().is_empty());
         let cfg = ServeConfig {
@@ -249,10 +252,12 @@ impl ServeCmd {
             code_storage_dir: self
                 .code_storage_dir
                 .clone()
+                .map(absolute)
                 .unwrap_or_else(|| storage::default_dir(&data_dir)),
             workspace_dir: self
                 .workspace_dir
                 .clone()
+                .map(absolute)
                 .unwrap_or_else(|| data_dir.join("workspaces")),
             shared_workspace: self.shared_workspace,
             storage_limit: (self.storage_limit.0 > 0).then_some(self.storage_limit.0),
@@ -305,4 +310,9 @@ impl ServeCmd {
         }
         self.config(|k| std::env::var(k).ok())
     }
+}
+
+/// `path` made absolute against the current directory (as given when that fails).
+fn absolute(path: PathBuf) -> PathBuf {
+    std::path::absolute(&path).unwrap_or(path)
 }

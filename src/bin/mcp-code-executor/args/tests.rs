@@ -99,6 +99,23 @@ fn flags_and_variables_without_flags_are_resolved() {
 }
 
 #[test]
+fn relative_directories_are_made_absolute() {
+    // Docker refuses a relative bind-mount source: what lies under the data directory is
+    // mounted into sandboxes.
+    let here = std::env::current_dir().unwrap();
+    let c = serve(&["--data-dir", "rel/d", "--workspace-dir", "ws"])
+        .config(table(&[]))
+        .unwrap();
+    assert_eq!(c.data_dir, here.join("rel/d"));
+    assert_eq!(c.code_storage_dir, here.join("rel/d/code"));
+    assert_eq!(c.workspace_dir, here.join("ws"));
+    let c = serve(&[])
+        .config(table(&[("MCP_EXECUTOR_DATA_DIR", "v/d")]))
+        .unwrap();
+    assert_eq!(c.data_dir, here.join("v/d"));
+}
+
+#[test]
 fn inconsistent_flags_are_refused() {
     let e = serve(&["--timeout", "60", "--max-timeout", "30"])
         .config(table(&[]))
