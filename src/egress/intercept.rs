@@ -37,23 +37,36 @@ impl Proxy {
         port: u16,
     ) -> Response<Body> {
         let name = Host::parse(&host).map(|h| h.as_text()).unwrap_or_default();
-        let acceptor = match self.intercept.acceptor(&name) {
-            Ok(a) => a,
-            Err(e) => {
-                let r = Refusal::new(&host, port, Reason::BadRequest { detail: e });
-                Record::new(&scope.tenant, &scope.run, &host, port, "https").finish(
-                    r.label(),
-                    0,
-                    0,
-                );
-                return refusal(&r);
-            }
-        };
+        // The code's connection counts against its tenant's rate before a leaf is minted
+        // for it (a wildcard rule names any number of hosts, each a new key pair).
+        if let Err(reason) = self.rate.take(&scope.tenant) {
+            let r = Refusal::new(&host, port, reason);
+            Record::new(&scope.tenant, &scope.run, &host, port, "https").finish(r.label(), 0, 0);
+            return refusal(&r);
+        }
         let on_upgrade = hyper::upgrade::on(req);
         let idle_limit = self.policy.limits.idle_timeout;
         let cancel = scope.cancel.clone();
         tokio::spawn(async move {
             let serve = async {
+                // Minted (key pair, signature) on a blocking thread, off the proxy's.
+                let p = self.clone();
+                let leaf_name = name.clone();
+                let acceptor =
+                    tokio::task::spawn_blocking(move || p.intercept.acceptor(&leaf_name)).await;
+                let acceptor = match acceptor {
+                    Ok(Ok(a)) => a,
+                    Ok(Err(e)) => {
+                        let r = Refusal::new(&host, port, Reason::BadRequest { detail: e });
+                        Record::new(&scope.tenant, &scope.run, &host, port, "https").finish(
+                            r.label(),
+                            0,
+                            0,
+                        );
+                        return;
+                    }
+                    Err(_) => return,
+                };
                 let Ok(client) = on_upgrade.await else { return };
                 let tls = tokio::time::timeout(idle_limit, acceptor.accept(TokioIo::new(client)));
                 let Ok(Ok(tls)) = tls.await else { return };
@@ -180,5 +193,55 @@ impl Proxy {
             }
             Err(e) => upstream_failed(format!("the upstream's answer: {e}"), false),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::egress::Policy;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// The head of the proxy's answer to a `CONNECT` for `host` on a stream of its own.
+    async fn connect(proxy: &Arc<Proxy>, scope: &Arc<RunScope>, host: &str) -> String {
+        let (mut code, io) = tokio::io::duplex(1 << 16);
+        tokio::spawn(proxy.clone().serve(io, scope.clone()));
+        let head = format!("CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\r\n");
+        code.write_all(head.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), code.read(&mut buf))
+            .await
+            .expect("an answer within 10 s")
+            .unwrap();
+        // Kept open a moment so that an accepted CONNECT reaches its upgrade.
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            drop(code);
+        });
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    #[tokio::test]
+    async fn a_connect_to_an_intercepted_host_takes_the_rate_before_a_leaf_is_minted() {
+        let dir = std::env::temp_dir().join(format!("egress-rate-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let token = dir.join("token");
+        std::fs::write(&token, "Bearer unit").unwrap();
+        let text = format!(
+            "[limits]\nconnections_per_second = 1\n[[rules]]\nhost = \"*.example.test\"\n\
+             headers = {{ Authorization = {{ file = \"{}\" }} }}\n",
+            token.display()
+        );
+        let policy = Policy::parse(&text);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let proxy = Proxy::new(policy.unwrap());
+        let scope = proxy.run_scope("t", "run");
+        let first = connect(&proxy, &scope, "a.example.test").await;
+        assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+        let second = connect(&proxy, &scope, "b.example.test").await;
+        assert!(second.contains("connections_per_second"), "{second}");
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        // One leaf: the accepted host's, minted off the proxy's thread; none for the refused.
+        assert_eq!(proxy.intercept.leaves(), 1);
     }
 }

@@ -38,7 +38,7 @@ pub(super) type Body = BoxBody<Bytes, hyper::Error>;
 pub struct Proxy {
     pub(super) policy: Arc<Policy>,
     resolver: Arc<dyn Resolve>,
-    rate: Rate,
+    pub(super) rate: Rate,
     /// The CA and the TLS configurations of interception (rules with headers).
     pub(super) intercept: Interceptor,
 }
@@ -484,8 +484,26 @@ pub(super) fn supervise<C, E>(
     });
 }
 
+/// Headers that tell an upstream where a request came from or which host it was for: the
+/// code sends none of them through the proxy (an upstream that trusts them would take the
+/// code's word for the client's address or the original host).
+const ROUTING: [&str; 2] = ["forwarded", "x-real-ip"];
+
+/// Remove the routing headers the code sent: [`ROUTING`] and every `X-Forwarded-*`.
+pub(super) fn strip_routing(h: &mut HeaderMap) {
+    let forwarded: Vec<HeaderName> = h
+        .keys()
+        .filter(|n| ROUTING.contains(&n.as_str()) || n.as_str().starts_with("x-forwarded-"))
+        .cloned()
+        .collect();
+    for n in forwarded {
+        h.remove(n);
+    }
+}
+
 /// A request as it goes upstream: in origin form (its path and query alone), HTTP/1.1,
-/// without hop-by-hop headers (plain HTTP here, intercepted HTTPS in [`super::intercept`]).
+/// without hop-by-hop or routing headers (plain HTTP here, intercepted HTTPS in
+/// [`super::intercept`]).
 pub(super) fn to_origin_form(parts: &mut hyper::http::request::Parts) {
     parts.uri = parts
         .uri
@@ -496,6 +514,7 @@ pub(super) fn to_origin_form(parts: &mut hyper::http::request::Parts) {
         .unwrap_or_else(|_| hyper::Uri::from_static("/"));
     parts.version = hyper::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
+    strip_routing(&mut parts.headers);
 }
 
 pub(super) fn empty() -> Body {
@@ -523,4 +542,35 @@ pub(super) fn refusal(r: &Refusal) -> Response<Body> {
         resp.extensions_mut().insert(p);
     }
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_goes_upstream_without_hop_by_hop_or_routing_headers() {
+        let req = Request::builder()
+            .method("GET")
+            .uri("http://data.example.test:8080/a/b?c=d")
+            .header("Forwarded", "for=10.0.0.1;host=internal")
+            .header("X-Forwarded-For", "10.0.0.1")
+            .header("x-forwarded-host", "internal.example")
+            .header("X-Forwarded-Proto", "http")
+            .header("X-Real-IP", "10.0.0.1")
+            .header("Connection", "keep-alive, x-custom-hop")
+            .header("x-custom-hop", "1")
+            .header("Proxy-Authorization", "Basic eA==")
+            .header("Accept", "text/csv")
+            .header("X-Forwarded", "kept: not a routing header by this name")
+            .body(())
+            .unwrap();
+        let (mut parts, ()) = req.into_parts();
+        to_origin_form(&mut parts);
+        assert_eq!(parts.uri, "/a/b?c=d");
+        assert_eq!(parts.version, hyper::Version::HTTP_11);
+        let mut left: Vec<&str> = parts.headers.keys().map(|k| k.as_str()).collect();
+        left.sort();
+        assert_eq!(left, ["accept", "x-forwarded"]);
+    }
 }

@@ -38,6 +38,12 @@ impl Interceptor {
         self.ca.cert_pem()
     }
 
+    /// Leaves minted and kept (tests).
+    #[cfg(test)]
+    pub(super) fn leaves(&self) -> usize {
+        self.ca.cached()
+    }
+
     /// The TLS server the code meets for `host`: the host's leaf, HTTP/1.1 only.
     pub(super) fn acceptor(&self, host: &str) -> Result<TlsAcceptor, String> {
         let leaf = self.ca.leaf(host)?;

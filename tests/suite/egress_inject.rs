@@ -129,12 +129,12 @@ except ssl.SSLCertVerificationError as e:
 
 /// The secret of these tests, in the server's environment only. The code below never
 /// holds it whole: it searches for it in two halves.
-const MARKER: &str = "egress-inject-marker-5f3a9c";
+pub(crate) const MARKER: &str = "egress-inject-marker-5f3a9c";
 
 /// `api.example.test` adds `Authorization` from the server's environment, GET under
 /// `/headers` only; `data.example.test` has no headers (tunnelled); both live on the
 /// upstream's port at 127.0.0.1, whose test CA the proxy trusts (`upstream_ca`).
-fn policy(port: u16, upstream_ca: &std::path::Path, header: &str) -> String {
+pub(crate) fn policy(port: u16, upstream_ca: &std::path::Path, header: &str) -> String {
     format!(
         r#"upstream_ca = "{ca}"
 
@@ -214,6 +214,28 @@ res['looked'] = looked
 print(json.dumps(res))
 "#;
 
+/// `serve --egress FILE` under the suite's runtime, with `var` = `secret` in its
+/// environment alone.
+async fn start(name: &str, file: &std::path::Path, var: &str, secret: &str) -> Server {
+    let runtime = common::runtime();
+    let mut args = vec!["--egress", file.to_str().unwrap()];
+    if let Some(r) = &runtime {
+        args.extend(["--runtime", r.as_str()]);
+    }
+    Server::start(
+        name,
+        &args,
+        &[
+            (
+                "RUST_LOG",
+                "mcp_code_executor=warn,mcp_code_executor::egress=info",
+            ),
+            (var, secret),
+        ],
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_injected_header_reaches_the_upstream_and_never_the_sandbox() {
     let up = TlsUpstream::start(&["api.example.test", "data.example.test"]).await;
@@ -228,23 +250,7 @@ async fn an_injected_header_reaches_the_upstream_and_never_the_sandbox() {
     )
     .unwrap();
     let secret = format!("Bearer {MARKER}");
-    let runtime = common::runtime();
-    let mut args = vec!["--egress", file.to_str().unwrap()];
-    if let Some(r) = &runtime {
-        args.extend(["--runtime", r.as_str()]);
-    }
-    let s = Server::start(
-        "egress-inject",
-        &args,
-        &[
-            (
-                "RUST_LOG",
-                "mcp_code_executor=warn,mcp_code_executor::egress=info",
-            ),
-            (var, secret.as_str()),
-        ],
-    )
-    .await;
+    let s = start("egress-inject", &file, var, &secret).await;
     let _clean = common::remove_on_drop(&s.tenant);
     let client = s.client().await;
     let peer = client.peer().clone();
@@ -335,6 +341,60 @@ async fn an_injected_header_reaches_the_upstream_and_never_the_sandbox() {
     assert_eq!(v["found"], serde_json::json!([]), "{ctx}");
     assert!(v["looked"].as_u64().unwrap_or(0) > 3, "{ctx}");
     assert!(!whole.contains(MARKER), "the MCP result holds the secret");
+    assert!(
+        !s.stderr().contains(MARKER),
+        "the server's log holds the secret"
+    );
+}
+
+/// The same through the official Python SDK (`tests/sdk/egress_inject.py`), in its default
+/// mode (2026-07-28) and its legacy mode: execute_code and an execute_python session's
+/// cells reach the intercepted host with nothing in the code about the proxy or its CA;
+/// the upstream received the rule's header on every request; no result the SDK returned
+/// (printed whole by the script) holds the secret, nor does the server's log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_python_sdk_gets_an_injected_header_in_both_modes() {
+    let up = TlsUpstream::start(&["api.example.test", "data.example.test"]).await;
+    let dir = TempDir::new("egress-inject-sdk");
+    let file = dir.0.join("egress.toml");
+    let var = "MCP_TEST_EGRESS_TOKEN";
+    std::fs::write(
+        &file,
+        policy(up.port, &up.ca, &format!("{{ env = \"{var}\" }}")),
+    )
+    .unwrap();
+    let secret = format!("Bearer {MARKER}");
+    let s = start("egress-inject-sdk", &file, var, &secret).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let port = up.port.to_string();
+    let out = crate::codemode::sdk_script(&s, "egress_inject.py", &[port.as_ref()]).await;
+    let seen = std::fs::read_to_string(up.ca.with_file_name("seen.jsonl")).unwrap_or_default();
+    let ctx = format!("{out}\nupstream saw:\n{seen}");
+    assert!(out.contains("ok: auto 2026-07-28"), "{ctx}");
+    assert!(out.contains("ok: legacy 2025-11-25"), "{ctx}");
+    assert!(
+        out.lines().filter(|l| l.starts_with("result: ")).count() >= 10,
+        "{ctx}"
+    );
+    let lines: Vec<Value> = seen
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    for mode in ["auto", "legacy"] {
+        for via in ["", "-cell2", "-cell3"] {
+            let path = format!("/headers?via=sdk-{mode}{via}");
+            let l = lines
+                .iter()
+                .find(|l| l["path"] == path)
+                .unwrap_or_else(|| panic!("the upstream saw no {path}: {ctx}"));
+            assert_eq!(l["auth"], serde_json::json!([secret]), "{ctx}");
+            assert_eq!(l["sni"], "api.example.test", "{ctx}");
+        }
+    }
+    assert!(
+        !out.contains(MARKER),
+        "an SDK result holds the secret: {ctx}"
+    );
     assert!(
         !s.stderr().contains(MARKER),
         "the server's log holds the secret"

@@ -964,3 +964,71 @@ async fn egress_reaches_an_allowed_host_from_a_pod() {
     drop(s);
     assert_no_pods_left(&k, &b).await;
 }
+
+/// Injection from a pod (#41): the rule for `api.example.test` adds `Authorization` (read
+/// from a file by the server), so the proxy intercepts that host with its CA, which reaches
+/// the pod's runner in the job (as on Docker) and becomes the sandbox's bundle: the code,
+/// which says nothing about the proxy or a CA, gets the upstream's body; the upstream
+/// received the rule's header over the proxy's TLS; the secret is in no output of the run
+/// nor in the pod's environment and files the code can read.
+#[tokio::test(flavor = "multi_thread")]
+async fn egress_injects_a_header_for_a_pod() {
+    use mcp_code_executor::egress::{sandbox::with_proxy, Policy, Proxy};
+    let marker = crate::egress_inject::MARKER;
+    let up = crate::egress::TlsUpstream::start(&["api.example.test", "data.example.test"]).await;
+    let port = up.port;
+    let (_g, dir) = common::TempDirs::one("kube-inject");
+    let token = dir.join("token");
+    std::fs::write(&token, format!("Bearer {marker}")).unwrap();
+    let text = crate::egress_inject::policy(
+        port,
+        &up.ca,
+        &format!("{{ file = \"{}\" }}", token.display()),
+    );
+    let proxy = Proxy::new(Policy::parse(&text).unwrap());
+    let tenant = "t-kube-inject";
+    let k = standin().await;
+    let b = connect(config(&k)).await;
+    let (a, h) = marker.split_at(marker.len() / 2);
+    let code = format!(
+        r#"import glob, os, requests
+r = requests.get('https://api.example.test:{port}/headers?via=pod', timeout=30)
+print(r.status_code, r.text)
+needle = ({a:?} + {h:?}).encode()
+found, looked = [], 0
+for p in glob.glob('/proc/*/environ') + glob.glob('/tmp/**', recursive=True):
+    try:
+        if needle in open(p, 'rb').read():
+            found.append(p)
+        looked += 1
+    except OSError:
+        pass
+print('found', found, looked > 1)
+"#
+    );
+    let mut j = job(&code, tenant);
+    j.limits.timeout = Duration::from_secs(60);
+    j.egress = Some(with_proxy(proxy, tenant));
+    let o = b.run(j, None).await.unwrap();
+    let out = o.stdout_text();
+    let seen = std::fs::read_to_string(up.ca.with_file_name("seen.jsonl")).unwrap_or_default();
+    assert!(
+        out.contains(&format!(
+            "200 host=api.example.test:{port} sni=api.example.test"
+        )),
+        "{o:?}\n{seen}"
+    );
+    assert!(out.contains("found [] True"), "{o:?}");
+    let l: serde_json::Value = seen
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|l| l["path"] == "/headers?via=pod")
+        .unwrap_or_else(|| panic!("the upstream saw no request: {seen}"));
+    assert_eq!(
+        l["auth"],
+        serde_json::json!([format!("Bearer {marker}")]),
+        "{seen}"
+    );
+    assert!(!format!("{o:?}").contains(marker), "{o:?}");
+    assert_no_pods_left(&k, &b).await;
+}
