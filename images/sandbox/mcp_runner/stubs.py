@@ -175,6 +175,7 @@ REPL_CODE = r"""
 def _mcp_repl(save_open_figures):
     import os, sys, ast, builtins, json, linecache, struct
     g = sys.modules['__main__'].__dict__
+    warm_up = g['_mcp_warm']  # cleared with `__main__` next
     g.clear()
     g.update(__name__='__main__', __doc__=None, __package__=None, __spec__=None,
              __loader__=None, __builtins__=builtins)
@@ -189,10 +190,20 @@ def _mcp_repl(save_open_figures):
             b += c
         return b
     n = 0
+    warming = [None]
     while True:
+        # `W` (see `_mcp_warm`): what to import while the session waits.
+        first = read_exact(1)
+        if first == b'W':
+            (size,) = struct.unpack('>I', read_exact(4))
+            warming[0] = warm_up(json.loads(read_exact(size).decode()))
+            continue
+        if warming[0] is not None:
+            warming[0][0] = True  # a cell: the warm-up stops after the module it is in
+            warming[0] = None
         # Each cell comes with a fresh nonce that its status line must name: the runner
         # ignores any other line on fd 4 (one the code wrote itself, say).
-        nonce = read_exact(32).decode('ascii', 'replace')
+        nonce = (first + read_exact(31)).decode('ascii', 'replace')
         (size,) = struct.unpack('>I', read_exact(4))
         src = read_exact(size).decode('utf-8', 'replace')
         n += 1
@@ -230,7 +241,93 @@ def _mcp_repl(save_open_figures):
         os.write(4, ('\n' + json.dumps({'ok': ok, 'cell': nonce}) + '\n').encode())
 """
 
+# A session's idle warm-up (issue 43): `W`, a 4-byte length and JSON `{"modules": [...],
+# "budget": bytes}` on fd 3 between cells. A thread of the session's interpreter, at the
+# lowest CPU priority (SCHED_IDLE where allowed, else nice 19), imports each module not yet
+# imported, skipping one whose estimated size (its package's files on disk) would take the
+# sandbox's memory past the budget, and stopping past it; it never runs the user's code. A
+# cell that arrives runs at once on the main thread (the warm-up holds the GIL at most a
+# switch interval, 5 ms); the warm-up then stops after the module it is in, whose import
+# the interpreter's own module lock keeps consistent (a cell importing it waits for it).
+# Done, it writes `{"warm": [...], "skipped": [...]}` on fd 4 (no nonce: never a cell's).
+WARM_CODE = r"""
+def _mcp_warm(msg):
+    import os, sys, json, threading
+    stop = [False]
+    def used():
+        for path, keys in (('/sys/fs/cgroup/memory/memory.stat', ('total_rss', 'total_mapped_file')),
+                           ('/sys/fs/cgroup/memory.stat', ('anon', 'file_mapped'))):
+            try:
+                with open(path) as f:
+                    vals = dict(l.split()[:2] for l in f if l.strip())
+                return sum(int(vals[k]) for k in keys)
+            except (OSError, KeyError, ValueError):
+                pass
+        return None
+    def size_of(name):
+        import importlib.util
+        try:
+            spec = importlib.util.find_spec(name.split('.')[0])
+        except Exception:
+            return None
+        if spec is None:
+            return None
+        total = 0
+        for d in (spec.submodule_search_locations or []):
+            for root, _dirs, files in os.walk(d):
+                for f in files:
+                    try:
+                        total += os.lstat(os.path.join(root, f)).st_size
+                    except OSError:
+                        pass
+        if not total and spec.origin:
+            try:
+                total = os.stat(spec.origin).st_size
+            except OSError:
+                pass
+        return total
+    def work():
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (AttributeError, OSError):
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            except (AttributeError, OSError):
+                pass
+        budget = int(msg.get('budget') or 0)
+        done, skipped = [], []
+        for name in msg.get('modules') or []:
+            if stop[0]:
+                break
+            if not isinstance(name, str) or name in sys.modules:
+                continue
+            if budget:
+                size, u = size_of(name), used()
+                if size is None:
+                    continue
+                if u is None or u + size > budget:
+                    skipped.append(name)
+                    continue
+            if stop[0]:
+                break
+            try:
+                __import__(name)
+                done.append(name)
+            except BaseException:
+                pass
+            if budget:
+                u = used()
+                if u is None or u > budget:
+                    break
+        try:
+            os.write(4, ('\n' + json.dumps({'warm': done, 'skipped': skipped}) + '\n').encode())
+        except OSError:
+            pass
+    threading.Thread(target=work, name='mcp-warm-up', daemon=True).start()
+    return stop
+"""
+
 # A waiting interpreter (a one-shot run, or a session once told `S`); a session's
 # interpreter from the start (a session whose sandbox could not give it the waiting one).
-STUB = FIGURES_CODE + REPL_CODE + RUN_CODE + "_mcp_run(_mcp_figures())\n"
-REPL_STUB = FIGURES_CODE + REPL_CODE + "_mcp_repl(_mcp_figures())\n"
+STUB = FIGURES_CODE + WARM_CODE + REPL_CODE + RUN_CODE + "_mcp_run(_mcp_figures())\n"
+REPL_STUB = FIGURES_CODE + WARM_CODE + REPL_CODE + "_mcp_repl(_mcp_figures())\n"
