@@ -186,7 +186,8 @@ async fn a_cell_sent_during_the_warm_up_starts_at_once() {
 }
 
 /// A warm-up never takes the sandbox past the memory budget of preloads: under a limit
-/// pandas would not fit in, it is skipped, and the session lives.
+/// pandas would not fit in, it is skipped, and the session lives; a small module the
+/// tenant's sessions import later too is imported (so this fails without a warm-up).
 #[tokio::test]
 async fn a_warm_up_skips_a_module_that_would_pass_the_memory_limit() {
     let tenant = "t-warmup-memory";
@@ -196,20 +197,73 @@ async fn a_warm_up_skips_a_module_that_would_pass_the_memory_limit() {
         ..Limits::default()
     };
     let s = backend(None).await;
-    // The cells name pandas without importing it (under 96 MiB it may not fit at all).
-    learn(&s, tenant, "pandas", false, &limits).await;
+    // The cells name pandas and cycler without importing them (under 96 MiB pandas may
+    // not fit at all).
+    learn(&s, tenant, "pandas, cycler", false, &limits).await;
     let mut p = open(&s, tenant, "x = 1", &limits).await;
     cell(&mut p, "x = 1").await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(
-        after_warm_up(&mut p, Duration::from_secs(4)).await,
-        "False",
-        "pandas was imported past the budget"
+        cell(
+            &mut p,
+            "import sys\nprint('pandas' in sys.modules, 'cycler' in sys.modules)"
+        )
+        .await
+        .0,
+        "False True",
+        "pandas was imported past the budget, or the warm-up did not run"
     );
     assert_eq!(
         cell(&mut p, "x + 1").await.0,
         "2",
         "the session did not live"
     );
+    drop(p);
+    s.shutdown().await;
+    common::assert_clean(&s, tenant).await;
+}
+
+/// A cell that imports the very module the warm-up is in the middle of, while the
+/// sandbox's CPUs are busy with the code's own processes, waits only for that import to
+/// finish: the warm-up thread must not be left without CPU while it holds the module's
+/// lock (at SCHED_IDLE it was: the cell waited 60 s, issue 43).
+#[tokio::test]
+async fn a_cell_importing_what_the_warm_up_imports_under_contention_goes_on() {
+    let tenant = "t-warmup-contention";
+    let _clean = common::remove_on_drop(tenant);
+    let limits = Limits::default();
+    let s = backend(None).await;
+    learn(&s, tenant, "pandas", true, &limits).await;
+    let mut p = open(&s, tenant, "x = 1", &limits).await;
+    // Busy loops on every CPU, from 0.3 s after this cell (the warm-up is in pandas by
+    // then); stopped between cells with the sandbox, running again during the next cell.
+    let burn = r#"import os, subprocess, sys
+for _ in range(os.cpu_count() or 1):
+    subprocess.Popen([sys.executable, '-c', 'import time\ntime.sleep(0.3)\nwhile True: pass'])
+x = 1"#;
+    cell(&mut p, burn).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let t = Instant::now();
+    let o = p
+        .exec(
+            "import sys\nbusy = 'pandas' in sys.modules\nimport pandas\nprint(busy)",
+            Duration::from_secs(40),
+            None,
+        )
+        .await
+        .expect("cell");
+    let ms = t.elapsed().as_secs_f64() * 1000.0;
+    eprintln!("the cell importing pandas during its warm-up, beside busy loops: {ms:.0} ms");
+    assert!(
+        o.success() && !o.timed_out,
+        "the cell did not finish: {o:?}"
+    );
+    assert_eq!(
+        o.stdout_text().trim(),
+        "True",
+        "the warm-up was not in pandas"
+    );
+    assert!(ms < 20_000.0, "the cell waited {ms:.0} ms for the warm-up");
     drop(p);
     s.shutdown().await;
     common::assert_clean(&s, tenant).await;

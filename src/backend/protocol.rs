@@ -194,6 +194,9 @@ pub struct Report {
     /// levels deep; the learner checks them again).
     #[serde(default)]
     pub imported: Vec<String>,
+    /// What a session's idle warm-ups imported or skipped so far (never asked for again).
+    #[serde(default)]
+    pub warmed: Vec<String>,
 }
 
 /// One message from the runner.

@@ -190,17 +190,17 @@ def _mcp_repl(save_open_figures):
             b += c
         return b
     n = 0
-    warming = [None]
+    warming = None  # (stop flag, thread) of the last warm-up
     while True:
         # `W` (see `_mcp_warm`): what to import while the session waits.
         first = read_exact(1)
         if first == b'W':
             (size,) = struct.unpack('>I', read_exact(4))
-            warming[0] = warm_up(json.loads(read_exact(size).decode()))
+            last = warming[1] if warming is not None and warming[1].is_alive() else None
+            warming = warm_up(json.loads(read_exact(size).decode()), last)
             continue
-        if warming[0] is not None:
+        if warming is not None:
             warming[0][0] = True  # a cell: the warm-up stops after the module it is in
-            warming[0] = None
         # Each cell comes with a fresh nonce that its status line must name: the runner
         # ignores any other line on fd 4 (one the code wrote itself, say).
         nonce = (first + read_exact(31)).decode('ascii', 'replace')
@@ -242,16 +242,20 @@ def _mcp_repl(save_open_figures):
 """
 
 # A session's idle warm-up (issue 43): `W`, a 4-byte length and JSON `{"modules": [...],
-# "budget": bytes}` on fd 3 between cells. A thread of the session's interpreter, at the
-# lowest CPU priority (SCHED_IDLE where allowed, else nice 19), imports each module not yet
-# imported, skipping one whose estimated size (its package's files on disk) would take the
-# sandbox's memory past the budget, and stopping past it; it never runs the user's code. A
-# cell that arrives runs at once on the main thread (the warm-up holds the GIL at most a
-# switch interval, 5 ms); the warm-up then stops after the module it is in, whose import
-# the interpreter's own module lock keeps consistent (a cell importing it waits for it).
-# Done, it writes `{"warm": [...], "skipped": [...]}` on fd 4 (no nonce: never a cell's).
+# "budget": bytes, "seq": n}` on fd 3 between cells. A thread of the session's interpreter,
+# SCHED_BATCH where allowed (it never preempts a thread that wakes up, a cell's), imports
+# each module not yet imported, skipping one whose estimated size (its package's files on
+# disk) would take the sandbox's memory past the budget, and stopping past it; it never runs
+# the user's code. Not SCHED_IDLE nor nice 19: the sandbox cannot raise a thread's priority
+# again (no CAP_SYS_NICE, RLIMIT_NICE 0), and a cell importing the module the warm-up is in
+# waits for the interpreter's module lock that thread holds: at SCHED_IDLE beside anything
+# runnable it hardly ran and the cell waited (issue 43, measured). A cell that arrives runs
+# at once on the main thread (the warm-up holds the GIL at most a switch interval, 5 ms);
+# the warm-up then stops after the module it is in. One warm-up at a time: a new one first
+# waits for the last one's module. Done (not stopped), it writes `{"warm": [...], "skipped":
+# [...], "seq": n}` on fd 4 (no nonce: never a cell's).
 WARM_CODE = r"""
-def _mcp_warm(msg):
+def _mcp_warm(msg, last):
     import os, sys, json, threading
     stop = [False]
     def used():
@@ -287,44 +291,51 @@ def _mcp_warm(msg):
                 pass
         return total
     def work():
+        if last is not None:
+            last.join()  # the module a cell stopped it in, finished
         try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
         except (AttributeError, OSError):
-            try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-            except (AttributeError, OSError):
-                pass
+            pass
         budget = int(msg.get('budget') or 0)
         done, skipped = [], []
         for name in msg.get('modules') or []:
             if stop[0]:
-                break
-            if not isinstance(name, str) or name in sys.modules:
+                return
+            if not isinstance(name, str):
+                continue
+            if name in sys.modules:
+                done.append(name)  # there already: never asked for again
                 continue
             if budget:
                 size, u = size_of(name), used()
                 if size is None:
+                    skipped.append(name)  # not found
                     continue
                 if u is None or u + size > budget:
                     skipped.append(name)
                     continue
             if stop[0]:
-                break
+                return
             try:
                 __import__(name)
                 done.append(name)
             except BaseException:
-                pass
+                skipped.append(name)  # it failed: not again
             if budget:
                 u = used()
                 if u is None or u > budget:
                     break
+        if stop[0]:
+            return  # a cell came: the runner no longer waits for this line
         try:
-            os.write(4, ('\n' + json.dumps({'warm': done, 'skipped': skipped}) + '\n').encode())
+            line = {'warm': done, 'skipped': skipped, 'seq': msg.get('seq')}
+            os.write(4, ('\n' + json.dumps(line) + '\n').encode())
         except OSError:
             pass
-    threading.Thread(target=work, name='mcp-warm-up', daemon=True).start()
-    return stop
+    t = threading.Thread(target=work, name='mcp-warm-up', daemon=True)
+    t.start()
+    return stop, t
 """
 
 # A waiting interpreter (a one-shot run, or a session once told `S`); a session's

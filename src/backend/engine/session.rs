@@ -55,8 +55,9 @@ pub(super) struct EngineSession<D: Driver> {
     imported: BTreeSet<String>,
     cells: u64,
     /// What the current cell asks its interpreter to import afterwards (see
-    /// [`EngineSession::warm_up`]).
+    /// [`EngineSession::warm_up`]), and what warm-ups imported or skipped so far.
     warm: Vec<String>,
+    warmed: BTreeSet<String>,
 }
 
 impl<D: Driver> EngineSession<D> {
@@ -82,6 +83,7 @@ impl<D: Driver> EngineSession<D> {
             imported: BTreeSet::new(),
             cells: 0,
             warm: Vec::new(),
+            warmed: BTreeSet::new(),
         }
     }
 
@@ -128,7 +130,7 @@ impl<D: Driver> EngineSession<D> {
         };
         pool.later_imports()
             .into_iter()
-            .filter(|m| !self.imported.contains(m))
+            .filter(|m| !self.imported.contains(m) && !self.warmed.contains(m))
             .collect()
     }
 
@@ -204,6 +206,7 @@ impl<D: Driver> session::Sandbox for EngineSession<D> {
 
     async fn outcome(&mut self, ended: Ended) -> Result<Outcome, BackendError> {
         if let Ended::Report(report, _) = &ended {
+            self.warmed.extend(report.warmed.iter().cloned());
             self.learn_from(report);
         }
         outcome_of(&*self.driver, ended, &self.live.guard).await
