@@ -70,6 +70,10 @@ pub(crate) mod session {
         ) -> Result<Ended, BackendError>;
         /// The outcome of what ended.
         async fn outcome(&mut self, ended: Ended) -> Result<Outcome, BackendError>;
+        /// What the interpreter imports after the next cell, while the session waits.
+        fn warm_up(&self) -> Vec<String> {
+            Vec::new()
+        }
     }
 
     /// Run one cell under the session's `limits` with `timeout`: its outcome, and whether
@@ -92,7 +96,7 @@ pub(crate) mod session {
                 container: s.name(),
             },
         );
-        let cell = protocol::encode_cell(code, limits.output_bytes);
+        let cell = protocol::encode_cell(code, limits.output_bytes, &s.warm_up());
         let ended = match s.execute(&cell, &limits, events).await {
             Ok(e) => e,
             Err(e) => return (Err(e), false),

@@ -94,14 +94,20 @@ pub fn encode_session(job: &JobSpec, python: &str) -> Result<Vec<u8>, ArchiveErr
     encode(job, python, "session")
 }
 
-/// One cell of a session: `u32` length, JSON `{"kind": "cell", "code", "output_limit"}`.
-pub fn encode_cell(code: &str, output_limit: u64) -> Vec<u8> {
-    message(&serde_json::json!({
+/// One cell of a session: `u32` length, JSON `{"kind": "cell", "code", "output_limit"}`,
+/// with `warm`, the modules its interpreter imports once the cell is done and the session
+/// waits (the idle warm-up, issue 43), when there are any.
+pub fn encode_cell(code: &str, output_limit: u64, warm: &[String]) -> Vec<u8> {
+    let mut cell = serde_json::json!({
         "kind": "cell",
         "code": code,
         "output_limit": output_limit,
         "return_limit": RETURN_BYTES,
-    }))
+    });
+    if !warm.is_empty() {
+        cell["warm"] = serde_json::json!(warm);
+    }
+    message(&cell)
 }
 
 /// Files to put into a live session's workspace: `u32` length, JSON
@@ -188,6 +194,9 @@ pub struct Report {
     /// levels deep; the learner checks them again).
     #[serde(default)]
     pub imported: Vec<String>,
+    /// What a session's idle warm-ups imported or skipped so far (never asked for again).
+    #[serde(default)]
+    pub warmed: Vec<String>,
 }
 
 /// One message from the runner.
@@ -528,13 +537,18 @@ mod tests {
 
     #[test]
     fn a_cell_is_one_message() {
-        let bytes = encode_cell("x = 1", 99);
+        let bytes = encode_cell("x = 1", 99, &[]);
         let (msg, rest) = split_message(&bytes);
         assert_eq!(
             msg,
             serde_json::json!({"kind": "cell", "code": "x = 1", "output_limit": 99, "return_limit": RETURN_BYTES})
         );
         assert!(rest.is_empty());
+        let bytes = encode_cell("x = 1", 99, &["pandas".to_string()]);
+        assert_eq!(
+            split_message(&bytes).0["warm"],
+            serde_json::json!(["pandas"])
+        );
     }
 
     #[test]

@@ -36,6 +36,12 @@ class Job:
         self.nonce = None
         # Readable whenever a child exits (SIGCHLD), to wake the select loops.
         self.wake_r = None
+        # A session's warm-up was started after the last cell (see `session.warm_up`).
+        self.warming = False
+        # The last warm-up's number, and what warm-ups imported or skipped (never asked
+        # for again; each report names them, `warmed`).
+        self.warm_seq = 0
+        self.warmed = set()
         # What the preload of the code's interpreter did (`preload.State`), for the report.
         self.preload = None
         # The entry file's bytes as the archive held them (a one-shot run), and the modules

@@ -15,8 +15,10 @@ interpreter dies:
 
 import json
 import os
+import select
 import signal
 import struct
+import time
 
 from mcp_runner import cgroup, frames, limits, netrelay, output, preload, toolrelay
 from mcp_runner.watch import Watch
@@ -38,7 +40,11 @@ def serve(child, job):
     if netrelay.NET is not None:
         netrelay.NET.attach(sel)
     while True:
-        # Between messages every process of the code is stopped (see `hold`).
+        # A warm-up runs until done or a message comes (see `warm_up`); then, between
+        # messages, every process of the code is stopped (see `hold`).
+        if job.warming:
+            job.warming = False
+            settle_warm_up(stdin, child, job)
         hold(True)
         try:
             msg = frames.read_message(stdin)
@@ -81,6 +87,77 @@ def hold(still):
             os.kill(-1, sig)
         except OSError:
             pass  # nothing else is left (ESRCH)
+
+
+# Seconds a warm-up may take before the sandbox is held still anyway (it goes on with the
+# next cell, stopped mid-import and continued: consistent, only later).
+WARM_DEADLINE = 30.0
+
+
+def warm_up(child, job, modules):
+    """Tell the interpreter to import `modules` while the session waits (issue 43, see
+    `stubs.WARM_CODE`), within the memory budget of preloads; the sandbox is held still
+    once it is done (see `settle_warm_up`)."""
+    names = [
+        m
+        for m in modules
+        if isinstance(m, str) and preload.NAME.match(m) and m not in job.warmed
+    ]
+    if not names:
+        return  # all asked for was imported or skipped: the list empties
+    state = getattr(job, "preload", None)
+    percent = state.percent if state is not None else 50
+    job.warm_seq += 1
+    body = json.dumps(
+        {
+            "modules": names[: preload.MAX_MODULES],
+            "budget": preload.budget_bytes(percent),
+            "seq": job.warm_seq,
+        }
+    ).encode()
+    try:
+        os.write(child.go_w, b"W" + struct.pack(">I", len(body)) + body)
+    except OSError:
+        return
+    job.warming = True
+
+
+def settle_warm_up(stdin, child, job):
+    """Wait until the warm-up says it is done (its line names this warm-up's `seq`: what it
+    imported or skipped is not asked for again, see `job.warmed`), the next message comes
+    (the cell runs at once; the warm-up stops after its module) or WARM_DEADLINE passes.
+    Only then held still: a warm-up held mid-import holds its module's lock until the next
+    message lets it go on."""
+    end = time.monotonic() + WARM_DEADLINE
+    pending = b""
+    while not stdin.buf and not stdin.eof:
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            r, _, _ = select.select([stdin.fileno(), child.st_r], [], [], left)
+        except InterruptedError:
+            continue
+        if stdin.fileno() in r:
+            return
+        try:
+            chunk = os.read(child.st_r, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return  # the interpreter is gone: the next cell says so
+        pending = (pending + chunk)[-65536:]
+        lines = pending.split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            try:
+                done = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(done, dict) and done.get("seq") == job.warm_seq:
+                for key in ("warm", "skipped"):
+                    job.warmed.update(m for m in done.get(key) or [] if isinstance(m, str))
+                return
 
 
 def put_files(tar, job):
@@ -234,9 +311,13 @@ def run_cell(stdin, sel, child, job, cell, relay):
     )
     if imported:
         report["imported"] = imported
+    if job.warmed:
+        report["warmed"] = sorted(job.warmed)
     if exited is not None:
         # The interpreter is gone (exit(), sys.exit(), a crash): so is the session.
         report.update(output.exit_fields(exited))
         report["ended"] = True
     frames.report(report)
+    if exited is None and cell.get("warm"):
+        warm_up(child, job, cell["warm"])
     return exited is not None

@@ -175,6 +175,7 @@ REPL_CODE = r"""
 def _mcp_repl(save_open_figures):
     import os, sys, ast, builtins, json, linecache, struct
     g = sys.modules['__main__'].__dict__
+    warm_up = g['_mcp_warm']  # cleared with `__main__` next
     g.clear()
     g.update(__name__='__main__', __doc__=None, __package__=None, __spec__=None,
              __loader__=None, __builtins__=builtins)
@@ -189,10 +190,20 @@ def _mcp_repl(save_open_figures):
             b += c
         return b
     n = 0
+    warming = None  # (stop flag, thread) of the last warm-up
     while True:
+        # `W` (see `_mcp_warm`): what to import while the session waits.
+        first = read_exact(1)
+        if first == b'W':
+            (size,) = struct.unpack('>I', read_exact(4))
+            last = warming[1] if warming is not None and warming[1].is_alive() else None
+            warming = warm_up(json.loads(read_exact(size).decode()), last)
+            continue
+        if warming is not None:
+            warming[0][0] = True  # a cell: the warm-up stops after the module it is in
         # Each cell comes with a fresh nonce that its status line must name: the runner
         # ignores any other line on fd 4 (one the code wrote itself, say).
-        nonce = read_exact(32).decode('ascii', 'replace')
+        nonce = (first + read_exact(31)).decode('ascii', 'replace')
         (size,) = struct.unpack('>I', read_exact(4))
         src = read_exact(size).decode('utf-8', 'replace')
         n += 1
@@ -230,7 +241,104 @@ def _mcp_repl(save_open_figures):
         os.write(4, ('\n' + json.dumps({'ok': ok, 'cell': nonce}) + '\n').encode())
 """
 
+# A session's idle warm-up (issue 43): `W`, a 4-byte length and JSON `{"modules": [...],
+# "budget": bytes, "seq": n}` on fd 3 between cells. A thread of the session's interpreter,
+# SCHED_BATCH where allowed (it never preempts a thread that wakes up, a cell's), imports
+# each module not yet imported, skipping one whose estimated size (its package's files on
+# disk) would take the sandbox's memory past the budget, and stopping past it; it never runs
+# the user's code. Not SCHED_IDLE nor nice 19: the sandbox cannot raise a thread's priority
+# again (no CAP_SYS_NICE, RLIMIT_NICE 0), and a cell importing the module the warm-up is in
+# waits for the interpreter's module lock that thread holds: at SCHED_IDLE beside anything
+# runnable it hardly ran and the cell waited (issue 43, measured). A cell that arrives runs
+# at once on the main thread (the warm-up holds the GIL at most a switch interval, 5 ms);
+# the warm-up then stops after the module it is in. One warm-up at a time: a new one first
+# waits for the last one's module. Done (not stopped), it writes `{"warm": [...], "skipped":
+# [...], "seq": n}` on fd 4 (no nonce: never a cell's).
+WARM_CODE = r"""
+def _mcp_warm(msg, last):
+    import os, sys, json, threading
+    stop = [False]
+    def used():
+        for path, keys in (('/sys/fs/cgroup/memory/memory.stat', ('total_rss', 'total_mapped_file')),
+                           ('/sys/fs/cgroup/memory.stat', ('anon', 'file_mapped'))):
+            try:
+                with open(path) as f:
+                    vals = dict(l.split()[:2] for l in f if l.strip())
+                return sum(int(vals[k]) for k in keys)
+            except (OSError, KeyError, ValueError):
+                pass
+        return None
+    def size_of(name):
+        import importlib.util
+        try:
+            spec = importlib.util.find_spec(name.split('.')[0])
+        except Exception:
+            return None
+        if spec is None:
+            return None
+        total = 0
+        for d in (spec.submodule_search_locations or []):
+            for root, _dirs, files in os.walk(d):
+                for f in files:
+                    try:
+                        total += os.lstat(os.path.join(root, f)).st_size
+                    except OSError:
+                        pass
+        if not total and spec.origin:
+            try:
+                total = os.stat(spec.origin).st_size
+            except OSError:
+                pass
+        return total
+    def work():
+        if last is not None:
+            last.join()  # the module a cell stopped it in, finished
+        try:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        except (AttributeError, OSError):
+            pass
+        budget = int(msg.get('budget') or 0)
+        done, skipped = [], []
+        for name in msg.get('modules') or []:
+            if stop[0]:
+                return
+            if not isinstance(name, str):
+                continue
+            if name in sys.modules:
+                done.append(name)  # there already: never asked for again
+                continue
+            if budget:
+                size, u = size_of(name), used()
+                if size is None:
+                    skipped.append(name)  # not found
+                    continue
+                if u is None or u + size > budget:
+                    skipped.append(name)
+                    continue
+            if stop[0]:
+                return
+            try:
+                __import__(name)
+                done.append(name)
+            except BaseException:
+                skipped.append(name)  # it failed: not again
+            if budget:
+                u = used()
+                if u is None or u > budget:
+                    break
+        if stop[0]:
+            return  # a cell came: the runner no longer waits for this line
+        try:
+            line = {'warm': done, 'skipped': skipped, 'seq': msg.get('seq')}
+            os.write(4, ('\n' + json.dumps(line) + '\n').encode())
+        except OSError:
+            pass
+    t = threading.Thread(target=work, name='mcp-warm-up', daemon=True)
+    t.start()
+    return stop, t
+"""
+
 # A waiting interpreter (a one-shot run, or a session once told `S`); a session's
 # interpreter from the start (a session whose sandbox could not give it the waiting one).
-STUB = FIGURES_CODE + REPL_CODE + RUN_CODE + "_mcp_run(_mcp_figures())\n"
-REPL_STUB = FIGURES_CODE + REPL_CODE + "_mcp_repl(_mcp_figures())\n"
+STUB = FIGURES_CODE + WARM_CODE + REPL_CODE + RUN_CODE + "_mcp_run(_mcp_figures())\n"
+REPL_STUB = FIGURES_CODE + WARM_CODE + REPL_CODE + "_mcp_repl(_mcp_figures())\n"

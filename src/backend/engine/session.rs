@@ -8,7 +8,10 @@
 //! once in its pool ([`crate::backend::pool::Pool::note_later`]): what the pool's sessions
 //! commonly import later is then asked for by each session that opens, with its first
 //! cell's imports, so sessions open on sandboxes that have it loaded and the pool's demand
-//! follows.
+//! follows. A session whose sandbox has not got them imports them while it waits between
+//! cells (the idle warm-up: each cell names them, see [`EngineSession::warm_up`] and the
+//! runner's `session.warm_up`); the runner then holds the sandbox still itself once the
+//! warm-up is done, so the engine does not freeze it after such a cell.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -51,6 +54,10 @@ pub(super) struct EngineSession<D: Driver> {
     /// The modules its cells imported so far, and the cells that ran.
     imported: BTreeSet<String>,
     cells: u64,
+    /// What the current cell asks its interpreter to import afterwards (see
+    /// [`EngineSession::warm_up`]), and what warm-ups imported or skipped so far.
+    warm: Vec<String>,
+    warmed: BTreeSet<String>,
 }
 
 impl<D: Driver> EngineSession<D> {
@@ -75,6 +82,8 @@ impl<D: Driver> EngineSession<D> {
             learn,
             imported: BTreeSet::new(),
             cells: 0,
+            warm: Vec::new(),
+            warmed: BTreeSet::new(),
         }
     }
 
@@ -107,6 +116,22 @@ impl<D: Driver> EngineSession<D> {
                 pool.note_later(&fresh);
             }
         }
+    }
+
+    /// What the pool's sessions commonly import later and this one has not imported (on a
+    /// preloading driver): imported while the session waits after the next cell.
+    fn to_warm(&self) -> Vec<String> {
+        if !D::PROFILE.preloads {
+            return Vec::new();
+        }
+        let l = &self.learn;
+        let Some(pool) = l.pools.pool_of(&l.tenant, &self.limits, &l.env) else {
+            return Vec::new();
+        };
+        pool.later_imports()
+            .into_iter()
+            .filter(|m| !self.imported.contains(m) && !self.warmed.contains(m))
+            .collect()
     }
 
     /// Hold the sandbox still until the next message, in the background: the answer to
@@ -175,8 +200,13 @@ impl<D: Driver> session::Sandbox for EngineSession<D> {
             .await
     }
 
+    fn warm_up(&self) -> Vec<String> {
+        self.warm.clone()
+    }
+
     async fn outcome(&mut self, ended: Ended) -> Result<Outcome, BackendError> {
         if let Ended::Report(report, _) = &ended {
+            self.warmed.extend(report.warmed.iter().cloned());
             self.learn_from(report);
         }
         outcome_of(&*self.driver, ended, &self.live.guard).await
@@ -197,9 +227,13 @@ impl<D: Driver> Session for EngineSession<D> {
         self.thaw().await?;
         self.cells += 1;
         let limits = self.limits.clone();
+        self.warm = self.to_warm();
         let (outcome, goes_on) = session::run_cell(self, &limits, code, timeout, &events).await;
         self.alive = goes_on;
-        self.freeze();
+        if self.warm.is_empty() {
+            // After a warm-up the runner holds the sandbox still itself, once it is done.
+            self.freeze();
+        }
         outcome
     }
 
