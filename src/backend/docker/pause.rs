@@ -31,7 +31,8 @@ impl DaemonPaused {
         self.ids().remove(id)
     }
 
-    pub(super) fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.ids().len()
     }
 }
