@@ -276,6 +276,7 @@ impl Collected {
                 notes.extend(self.notes);
                 notes
             },
+            external: Default::default(),
         }
     }
 
