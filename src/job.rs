@@ -80,6 +80,10 @@ pub trait EgressRun: Send + Sync {
     /// Connections the code may hold open at once through the backend's relay: each holds
     /// buffers there whether or not the proxy admitted a request on it.
     fn max_streams(&self) -> usize;
+    /// Bytes the run sent upstream and received so far, all its connections together.
+    fn spent(&self) -> (u64, u64) {
+        (0, 0)
+    }
 }
 
 /// Code mode's side of a run, as a backend sees it: each run (or each session cell) gets
@@ -107,6 +111,10 @@ pub trait ToolRun: Send + Sync {
     /// that answers `request` (the JSON the code sent, unchecked). Dropping the future
     /// cancels the call (the run ended).
     async fn answer(&self, request: Vec<u8>) -> Vec<u8>;
+    /// Tool requests the run made so far (what its call budget counts).
+    fn calls(&self) -> u64 {
+        0
+    }
 }
 
 /// Where a piece of a sandbox's environment (a venv, its base interpreter, an installer's
@@ -339,6 +347,19 @@ pub struct Outcome {
     /// unfit to show, a workspace too deep or too large to walk).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// What the run used outside its sandbox (usage, #45); not part of the result shown.
+    #[serde(skip)]
+    pub external: External,
+}
+
+/// What a run used outside its sandbox, for usage records (#45): code-mode tool requests
+/// (refused and malformed ones too, as the run's call budget counts them) and egress
+/// bytes through the proxy, all the run's connections together.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct External {
+    pub tool_calls: u64,
+    pub egress_up_bytes: u64,
+    pub egress_down_bytes: u64,
 }
 
 /// A file the code wrote under `/workspace`. The path comes from the sandbox: check it

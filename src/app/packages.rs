@@ -154,11 +154,12 @@ pub async fn check_packages(
 /// call of `install_dependencies`.
 pub async fn install_dependencies(
     ex: &Executor,
+    principal: Option<&str>,
     packages: &[String],
     events: InstallEvents,
     cancel: &CancellationToken,
 ) -> Result<(InstallReport, super::pip::PipSaid), AppError> {
-    let report = install(ex, packages, events, cancel).await?;
+    let report = install(ex, principal, packages, events, cancel).await?;
     let said = super::pip::what_pip_did(&report);
     Ok((report, said))
 }
@@ -166,8 +167,11 @@ pub async fn install_dependencies(
 /// Install `packages` into the current environment (two installer phases; the
 /// environment is read once, so the one checked is the one written to). Counts as a run
 /// of the tenant's quota; refused without environments or without `install_network`.
+/// One that ran (whatever its end) is a usage record of kind `install` of `principal`
+/// (the caller's [`crate::tenancy::oauth::Principal::owner`]).
 pub async fn install(
     ex: &Executor,
+    principal: Option<&str>,
     packages: &[String],
     events: InstallEvents,
     cancel: &CancellationToken,
@@ -203,6 +207,7 @@ pub async fn install(
         return Err(refused(e.to_string()));
     }
     let _span = crate::telemetry::span("install").with("mcp_executor.packages", packages.len());
+    let started = std::time::Instant::now();
     let result = tokio::select! {
         r = envs.install(ex.backend_in_slots(), packages, events) => r,
         _ = cancel.cancelled() => {
@@ -233,6 +238,9 @@ pub async fn install(
             "failed",
         ),
     };
+    if label != "refused" {
+        super::usage::record_install(tenant, principal, label, started.elapsed().as_secs_f64());
+    }
     ex.metrics().install(tenant, label);
     result
 }

@@ -593,7 +593,7 @@ mod env_lock {
         let install = {
             let ex = ex.clone();
             tokio::spawn(async move {
-                packages::install(&ex, &["six".into()], None, &CancellationToken::new()).await
+                packages::install(&ex, None, &["six".into()], None, &CancellationToken::new()).await
             })
         };
         fake.installing.notified().await;

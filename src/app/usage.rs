@@ -60,6 +60,14 @@ pub struct Record {
     /// stdout and stderr returned.
     pub output_bytes: u64,
     pub figures: u64,
+    /// Code-mode tool requests the run made (records written before they were counted: 0).
+    #[serde(default)]
+    pub tool_calls: u64,
+    /// Bytes the run's code sent through the egress proxy, and received.
+    #[serde(default)]
+    pub egress_up_bytes: u64,
+    #[serde(default)]
+    pub egress_down_bytes: u64,
 }
 
 impl Record {
@@ -92,8 +100,29 @@ impl Record {
             peak_memory_bytes: outcome.and_then(|o| o.peak_memory_bytes).unwrap_or(0),
             output_bytes: outcome.map_or(0, |o| (o.stdout.len() + o.stderr.len()) as u64),
             figures: outcome.map_or(0, |o| o.artifacts.len() as u64),
+            tool_calls: outcome.map_or(0, |o| o.external.tool_calls),
+            egress_up_bytes: outcome.map_or(0, |o| o.external.egress_up_bytes),
+            egress_down_bytes: outcome.map_or(0, |o| o.external.egress_down_bytes),
         }
     }
+}
+
+/// Record a package install of `tenant` by `principal` (its
+/// [`crate::tenancy::oauth::Principal::owner`]) that ended `label` (`ok`, `failed`,
+/// `cancelled`) after `wall_s`.
+pub(super) fn record_install(tenant: &str, principal: Option<&str>, label: &str, wall_s: f64) {
+    let principal = principal.map_or("static-token".to_string(), |d| format!("user:{d}"));
+    let mut r = Record::of(
+        &crate::job::new_job_id(),
+        tenant,
+        &principal,
+        None,
+        label,
+        wall_s,
+        0,
+    );
+    r.kind = Kind::Install;
+    record(&r);
 }
 
 /// Record a session cell of `tenant` in a session made by `principal` (its
@@ -192,7 +221,7 @@ pub fn record(r: &Record) {
 /// Sums of a set of records.
 #[derive(Debug, Default, Clone, Serialize, PartialEq)]
 pub struct Totals {
-    /// Records summed: runs and cells alike (split in [`TenantDay::kinds`]).
+    /// Records summed: runs, cells and installs alike (split in [`TenantDay::kinds`]).
     pub runs: u64,
     pub outcomes: BTreeMap<String, u64>,
     pub wall_s: f64,
@@ -201,11 +230,20 @@ pub struct Totals {
     pub peak_memory_bytes: u64,
     pub output_bytes: u64,
     pub figures: u64,
+    /// Package installs among the records (kind `install`).
+    pub installs: u64,
+    pub tool_calls: u64,
+    pub egress_up_bytes: u64,
+    pub egress_down_bytes: u64,
 }
 
 impl Totals {
     fn add(&mut self, r: &Record) {
         self.runs += 1;
+        self.installs += u64::from(r.kind == Kind::Install);
+        self.tool_calls += r.tool_calls;
+        self.egress_up_bytes += r.egress_up_bytes;
+        self.egress_down_bytes += r.egress_down_bytes;
         *self.outcomes.entry(r.outcome.clone()).or_default() += 1;
         self.wall_s += r.wall_s;
         self.cpu_s += r.cpu_s;
@@ -216,7 +254,7 @@ impl Totals {
     }
 }
 
-/// A tenant's usage of one day: its totals, each kind's (`run`, `cell`) and each
+/// A tenant's usage of one day: its totals, each kind's (`run`, `cell`, `install`) and each
 /// principal's.
 #[derive(Debug, Default, Clone, Serialize, PartialEq)]
 pub struct TenantDay {

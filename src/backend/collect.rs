@@ -280,6 +280,7 @@ impl Collected {
                 notes.extend(self.notes);
                 notes
             },
+            external: Default::default(),
         }
     }
 

@@ -167,6 +167,10 @@ impl ToolRun for Run {
         answer["id"] = envelope.id();
         encode_tool_answer(&answer)
     }
+
+    fn calls(&self) -> u64 {
+        u64::from(self.calls.load(Ordering::SeqCst))
+    }
 }
 
 /// The refusal of a call past the run's budget.

@@ -71,6 +71,10 @@ impl EgressRun for Run {
         let in_flight = self.proxy.policy().limits.connections_in_flight as usize;
         in_flight.saturating_mul(2).max(MIN_STREAMS)
     }
+
+    fn spent(&self) -> (u64, u64) {
+        self.scope.spent()
+    }
 }
 
 impl Drop for Run {

@@ -64,6 +64,7 @@ mod tenants;
 mod test_script;
 mod tool_hints;
 mod traces;
+mod usage;
 mod watchdog;
 
 /// `kube_backend` compiles only with the `kubernetes` feature (off by default; scripts/test.sh

@@ -415,18 +415,35 @@ impl<D: Driver> Backend for Engine<D> {
     async fn run(&self, mut job: JobSpec, events: Events) -> Result<Outcome, BackendError> {
         // Code mode (#26): the code's tool requests go to the job's tools; egress (#41):
         // the code's connections to the proxy, over the same channel.
+        // Both kept here to read what the run used (usage, #45) once it has ended.
+        let (mut tool_run, mut egress_run) = (None, None);
         let hook = match (D::PROFILE.tools, &job.egress) {
             (true, Some(egress)) => {
-                let tools = tools::tool_hook(&job.tools, true);
-                crate::backend::relay::hook(egress.0.start(&job.id), tools)
+                tool_run = job.tools.as_ref().map(|t| t.0.start());
+                let run = egress.0.start(&job.id);
+                egress_run = Some(run.clone());
+                let tools = tools::tool_hook_of(tool_run.clone(), true);
+                crate::backend::relay::hook(run, tools)
             }
-            (true, None) => tools::tool_hook(&job.tools, false),
+            (true, None) => {
+                tool_run = job.tools.as_ref().map(|t| t.0.start());
+                tools::tool_hook_of(tool_run.clone(), false)
+            }
             (false, _) => {
                 job.egress = None;
                 None
             }
         };
-        self.run_with_hook(job, events, hook).await
+        let mut result = self.run_with_hook(job, events, hook).await;
+        if let Ok(outcome) = &mut result {
+            let (up, down) = egress_run.map_or((0, 0), |r| r.spent());
+            outcome.external = crate::job::External {
+                tool_calls: tool_run.map_or(0, |r| r.calls()),
+                egress_up_bytes: up,
+                egress_down_bytes: down,
+            };
+        }
+        result
     }
 
     async fn info(&self) -> Result<BackendInfo, BackendError> {

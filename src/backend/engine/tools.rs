@@ -14,6 +14,15 @@ use crate::backend::BackendError;
 /// replies: those still pending when the conversation ends are dropped, which cancels
 /// their upstream calls.
 pub(crate) fn tool_hook(tools: &Option<crate::job::Tools>, session: bool) -> Hook {
+    tool_hook_of(tools.as_ref().map(|t| t.0.start()), session)
+}
+
+/// [`tool_hook`] around a [`crate::job::ToolRun`] already started (whose
+/// [`crate::job::ToolRun::calls`] the caller reads when the run has ended).
+pub(crate) fn tool_hook_of(
+    run: Option<std::sync::Arc<dyn crate::job::ToolRun>>,
+    session: bool,
+) -> Hook {
     struct ToolHook(Option<std::sync::Arc<dyn crate::job::ToolRun>>);
     impl FrameHook for ToolHook {
         fn frame(&self, frame: Frame) -> Result<Reply, BackendError> {
@@ -34,8 +43,8 @@ pub(crate) fn tool_hook(tools: &Option<crate::job::Tools>, session: bool) -> Hoo
             })
         }
     }
-    match tools {
-        Some(t) => Some(std::sync::Arc::new(ToolHook(Some(t.0.start())))),
+    match run {
+        Some(run) => Some(std::sync::Arc::new(ToolHook(Some(run)))),
         None if session => Some(std::sync::Arc::new(ToolHook(None))),
         None => None,
     }

@@ -13,6 +13,7 @@ use crate::job::RunEvent;
 use crate::mcp::args::{self, Args};
 use crate::mcp::progress::{Narration, OutputThrottle, Progress};
 use crate::mcp::report::{with_structured, EnvironmentReport, LimitsReport};
+use crate::mcp::transports::auth::principal_of;
 use crate::storage;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -404,8 +405,15 @@ impl CodeExecutor {
         ctx: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let (progress, events) = Progress::start_with(ctx, InstallNarration::default());
-        let result =
-            packages::install_dependencies(self.executor(), packages, events, &ctx.ct).await;
+        let owner = self.conn.owner(principal_of(ctx).as_ref());
+        let result = packages::install_dependencies(
+            self.executor(),
+            owner.as_deref(),
+            packages,
+            events,
+            &ctx.ct,
+        )
+        .await;
         if let Some(p) = progress {
             p.finish().await;
         }
