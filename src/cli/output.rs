@@ -26,6 +26,8 @@ pub enum Format {
 
 /// What became of one file.
 #[derive(Debug)]
+// One per file of a `run`, a handful at once: boxing the outcome would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum FileReport {
     Ran(Outcome),
     /// The sandbox could not run it (Docker, the image, the runner; or a bug of ours).

@@ -154,7 +154,7 @@ async fn resolve_runtime(
         return Ok(default_if_gvisor(info.default_runtime));
     };
     let known: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
-    if known.iter().any(|r| *r == runtime) {
+    if known.contains(&runtime) {
         return Ok(Some(runtime));
     }
     let fix = if is_gvisor(Some(&runtime)) {
