@@ -1,6 +1,6 @@
 //! A session's idle warm-up against the real daemon (issue 43, docs/mcp.md "Sessions"):
 //! between cells an idle session's interpreter imports what the tenant's sessions commonly
-//! import after their first cell, at the lowest CPU priority, within the memory budget of
+//! import after their first cell, in a SCHED_BATCH thread, within the memory budget of
 //! preloads, and a cell that arrives runs at once. The pools here preload nothing (so a
 //! session never opens on a sandbox that has the module already): what a later cell finds
 //! imported was imported by the warm-up. Under runc, and one test under gVisor (runsc).
