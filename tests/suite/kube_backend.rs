@@ -888,19 +888,31 @@ async fn environments_live_on_the_volume_read_only_in_runs() {
 async fn oom_of_the_whole_pod_comes_from_the_pod_status() {
     let k = standin().await;
     let b = connect(config(&k)).await;
-    let mut j = job(
-        "import os, time\nfor i in range(30):\n    if os.fork() == 0:\n        b = bytearray(3 << 20)\n        time.sleep(20)\n        os._exit(0)\ntime.sleep(20)\n",
-        "t-kube-oom",
-    );
-    j.limits.memory_bytes = 64 << 20;
-    j.limits.timeout = Duration::from_secs(15);
-    let o = b.run(j, None).await.unwrap();
-    assert!(o.oom_killed, "{o:?}");
-    assert!(!o.timed_out, "{o:?}");
+    // Which process the kernel's OOM killer picks is its choice: when it spares the runner,
+    // the runner reports the kill itself (also a right verdict, but not the path under
+    // test). Each attempt must be an OOM verdict; one of three must come from the pod
+    // status (one in several took the runner's path on a clean clone, 2026-11-28).
+    let mut from_status = 0;
+    for _ in 0..3 {
+        let mut j = job(
+            "import os, time\nfor i in range(30):\n    if os.fork() == 0:\n        b = bytearray(3 << 20)\n        time.sleep(20)\n        os._exit(0)\ntime.sleep(20)\n",
+            "t-kube-oom",
+        );
+        j.limits.memory_bytes = 64 << 20;
+        j.limits.timeout = Duration::from_secs(15);
+        let o = b.run(j, None).await.unwrap();
+        assert!(o.oom_killed, "{o:?}");
+        assert!(!o.timed_out, "{o:?}");
+        assert_eq!(o.exit_code, None, "{o:?}");
+        if o.cpu_ms.is_none() {
+            // No report from the runner: the verdict came from the pod status.
+            from_status += 1;
+            break;
+        }
+    }
     assert_eq!(
-        (o.exit_code, o.cpu_ms),
-        (None, None),
-        "no report from the runner: the verdict came from the pod status"
+        from_status, 1,
+        "no attempt's verdict came from the pod status"
     );
     assert_no_pods_left(&k, &b).await;
 }
