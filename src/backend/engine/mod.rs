@@ -416,23 +416,21 @@ impl<D: Driver> Backend for Engine<D> {
         // Code mode (#26): the code's tool requests go to the job's tools; egress (#41):
         // the code's connections to the proxy, over the same channel.
         // Both kept here to read what the run used (usage, #45) once it has ended.
-        let (mut tool_run, mut egress_run) = (None, None);
-        let hook = match (D::PROFILE.tools, &job.egress) {
-            (true, Some(egress)) => {
-                tool_run = job.tools.as_ref().map(|t| t.0.start());
-                let run = egress.0.start(&job.id);
-                egress_run = Some(run.clone());
-                let tools = tools::tool_hook_of(tool_run.clone(), true);
-                crate::backend::relay::hook(run, tools)
-            }
-            (true, None) => {
-                tool_run = job.tools.as_ref().map(|t| t.0.start());
-                tools::tool_hook_of(tool_run.clone(), false)
-            }
-            (false, _) => {
-                job.egress = None;
-                None
-            }
+        if !D::PROFILE.tools {
+            job.egress = None;
+        }
+        let tool_run = D::PROFILE
+            .tools
+            .then(|| job.tools.as_ref().map(|t| t.0.start()))
+            .flatten();
+        let egress_run = job.egress.as_ref().map(|e| e.0.start(&job.id));
+        let hook = match &egress_run {
+            _ if !D::PROFILE.tools => None,
+            Some(run) => crate::backend::relay::hook(
+                run.clone(),
+                tools::tool_hook_of(tool_run.clone(), true),
+            ),
+            None => tools::tool_hook_of(tool_run.clone(), false),
         };
         let mut result = self.run_with_hook(job, events, hook).await;
         if let Ok(outcome) = &mut result {
