@@ -311,12 +311,16 @@ impl Connection {
         data: &[u8],
     ) -> Result<(String, u64), AppError> {
         let name = workspaces::name_of(path);
-        match self
+        // A file call is a use of the session: before (so that the reaper does not take it
+        // during a slow write) and after.
+        session.slot.touch();
+        let wrote = self
             .executor
             .workspaces
             .write(session.workspace(), name, data)
-            .await
-        {
+            .await;
+        session.slot.touch();
+        match wrote {
             Ok(size) => Ok((name.to_string(), size)),
             Err(WriteError::Quota(e)) => {
                 self.executor
@@ -335,12 +339,14 @@ impl Connection {
         path: &str,
     ) -> Result<(String, Vec<u8>), AppError> {
         let name = workspaces::name_of(path);
+        session.slot.touch();
         let data = self
             .executor
             .workspaces
             .read(session.workspace(), name)
-            .await?;
-        Ok((name.to_string(), data))
+            .await;
+        session.slot.touch();
+        Ok((name.to_string(), data?))
     }
 
     /// The workspace's files (names starting with `prefix`, when given) and their sizes.
@@ -353,10 +359,14 @@ impl Connection {
             .map(workspaces::name_of)
             .filter(|p| !matches!(*p, "" | "." | "/"))
             .unwrap_or("");
-        self.executor
+        session.slot.touch();
+        let listed = self
+            .executor
             .workspaces
             .list_prefixed(session.workspace(), prefix)
-            .await
+            .await;
+        session.slot.touch();
+        listed
     }
 }
 

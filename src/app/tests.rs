@@ -387,7 +387,9 @@ async fn handles_name_sessions_across_connections_within_a_tenant_only() {
     let mut s = service(fake.clone(), 2);
     let mut set = settings("acme");
     set.sessions.max_sessions = 2;
-    set.sessions.idle = Duration::from_millis(300);
+    // Long enough that a loaded machine's stall between two calls does not expire it (CI
+    // once failed here with 300 ms), short enough to wait for below.
+    set.sessions.idle = Duration::from_millis(1500);
     let ex = tenant(&mut s, set);
     let other = tenant(&mut s, settings("globex"));
     let t = (Duration::from_secs(5), None);
