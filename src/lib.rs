@@ -102,8 +102,9 @@
 //!   [`backend::connect`], the one place that names the concrete backends.
 //!
 //! The binary (`src/bin/mcp-code-executor/`) only parses the command line (`args.rs`, which
-//! turns it into the library's types), sets up logging to stderr and calls one function of
-//! [`commands`].
+//! turns it into the library's types), sets up logging to stderr and calls
+//! [`commands::execute`], which runs the command on a runtime of its own (so the futures are
+//! compiled once, here, not again in the binary).
 
 /// `eprintln!` that never panics. A server's stderr may be a pipe whose reader is gone (a
 /// supervisor that died, `serve 2>&1 | head`): `eprintln!` panics there, and a panic in the

@@ -1,6 +1,7 @@
 //! The `mcp-code-executor` binary: parses the command line ([`args`], turned into the
-//! library's types by [`requests`]), sets up logging to stderr, and calls one function of
-//! [`mcp_code_executor::commands`] per command.
+//! library's types by [`requests`]), sets up logging to stderr, and hands the command to
+//! [`mcp_code_executor::commands::execute`]. It awaits nothing itself: a future of the
+//! library awaited here would be compiled again in this crate (47 s of a release build).
 
 mod args;
 mod requests;
@@ -39,38 +40,37 @@ fn main() -> ExitCode {
             }
         }
     }
-    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let code = rt.block_on(dispatch(cli.command));
-    ExitCode::from(code.clamp(0, 255) as u8)
+    match command(cli.command) {
+        Ok(command) => ExitCode::from(cmd::execute(command).clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("mcp-code-executor: {e:#}");
+            ExitCode::from(1)
+        }
+    }
 }
 
-/// One call per command.
-async fn dispatch(command: Command) -> cmd::Exit {
-    match command {
-        Command::Serve(serve) => match serve.config_from_process() {
-            Ok(config) => cmd::serve(config).await,
-            Err(e) => {
-                eprintln!("mcp-code-executor: {e:#}");
-                1
-            }
-        },
-        Command::Run(run) => cmd::run(run.into()).await,
-        Command::Doctor(opts) => cmd::doctor(&BackendConfig::from(&opts)).await,
-        Command::Bench(bench) => cmd::bench(bench.into()).await,
-        Command::Image(image) => cmd::image(image.into()).await,
-        Command::Healthcheck { url } => cmd::healthcheck(&url).await,
-        Command::Tenant(TenantCmd::Token { id }) => cmd::tenant_token(&id),
+/// The library's command for what the command line says (the serve configuration read
+/// from the flags and the process environment here, so that its errors come first).
+fn command(command: Command) -> Result<cmd::Command, mcp_code_executor::config::ConfigError> {
+    Ok(match command {
+        Command::Serve(serve) => cmd::Command::Serve(Box::new(serve.config_from_process()?)),
+        Command::Run(run) => cmd::Command::Run(run.into()),
+        Command::Doctor(opts) => cmd::Command::Doctor(BackendConfig::from(&opts)),
+        Command::Bench(bench) => cmd::Command::Bench(bench.into()),
+        Command::Image(image) => cmd::Command::Image(image.into()),
+        Command::Healthcheck { url } => cmd::Command::Healthcheck(url),
+        Command::Tenant(TenantCmd::Token { id }) => cmd::Command::TenantToken(id),
         Command::Usage {
             data_dir,
             tenant,
             from,
             to,
-        } => cmd::usage(
-            &data_dir
+        } => cmd::Command::Usage {
+            data_dir: data_dir
                 .unwrap_or_else(|| mcp_code_executor::config::data_dir(|k| std::env::var(k).ok())),
-            tenant.as_deref(),
-            from.as_deref(),
-            to.as_deref(),
-        ),
-    }
+            tenant,
+            from,
+            to,
+        },
+    })
 }
