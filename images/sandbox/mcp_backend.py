@@ -7,7 +7,7 @@ Selected with MPLBACKEND=module://mcp_backend; imported only when pyplot is.
 A figure is written from the Agg canvas's own pixels (`fast_png`) when `savefig` would
 only draw the same pixels again: `fig.savefig` drew the figure a second time even when the
 code had just drawn it, and encoded at zlib's level 6; the whole cost 40-80 ms of a
-histogram cell against 5-40 here (issue 43). Anything else (a downscaled figure, savefig
+histogram cell against 4-40 here (issue 43). Anything else (a downscaled figure, savefig
 settings changed from the defaults) goes through `savefig` as before.
 """
 
@@ -38,10 +38,25 @@ def _chunk(kind, data):
 
 
 def png_of_rgba(pixels, width, height):
-    """A PNG of `height` rows of `width` RGBA pixels: no row filter, zlib's fastest level
-    (some 5 ms for 640x480, twice the bytes of level 6: well under a megabyte)."""
+    """A PNG of `height` rows of `width` RGBA pixels at zlib's fastest level (twice the
+    bytes of level 6: well under a megabyte). Rows are filtered with PNG's `Up` filter
+    (each byte less the one above, mod 256) when numpy is there, as it is wherever
+    matplotlib is: a plot's rows are mostly the row above, so zlib then reads zeros. For a
+    640x480 histogram 3.7 ms against 6.8 unfiltered, the same size (measured in the image)."""
     stride = width * 4
-    rows = b"".join(b"\0" + pixels[i * stride : (i + 1) * stride] for i in range(height))
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None and height > 0:
+        above = np.frombuffer(pixels, np.uint8, count=stride * height).reshape(height, stride)
+        rows = np.empty((height, stride + 1), np.uint8)
+        rows[:, 0] = 2  # the Up filter
+        rows[0, 1:] = above[0]
+        np.subtract(above[1:], above[:-1], out=rows[1:, 1:])
+        rows = rows.data
+    else:
+        rows = b"".join(b"\0" + pixels[i * stride : (i + 1) * stride] for i in range(height))
     header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)
     return (
         b"\x89PNG\r\n\x1a\n"

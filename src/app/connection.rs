@@ -156,7 +156,7 @@ impl Connection {
         if x.sessions.options().shared_workspace {
             tenant
         } else {
-            format!("{tenant}.sessions/{}", crate::job::new_job_id())
+            workspaces::session_key(&tenant, &crate::job::new_job_id())
         }
     }
 

@@ -30,6 +30,17 @@ pub mod caps {
 /// Where the code sees the workspace.
 pub const MOUNT: &str = "/workspace";
 
+/// The key of a session's own workspace: `<tenant>.sessions/<id>`.
+pub(super) fn session_key(tenant: &str, id: &str) -> String {
+    format!("{tenant}.sessions/{id}")
+}
+
+/// Whether `key` names a session's own workspace (not a tenant's shared one).
+fn is_sessions_own(key: &str) -> bool {
+    key.split_once('/')
+        .is_some_and(|(tenant, _)| tenant.ends_with(".sessions"))
+}
+
 /// The workspaces of one server: one directory per tenant under `root`.
 pub struct Workspaces {
     root: PathBuf,
@@ -74,9 +85,12 @@ impl Workspaces {
             return Ok(s.clone());
         }
         let dir = self.root.join(tenant);
-        let s = CodeStorage::open(&dir)
+        let mut s = CodeStorage::open(&dir)
             .map_err(|e| format!("the workspace is not available: {e}"))?
             .with_max_file_bytes(caps::FILE_BYTES);
+        if is_sessions_own(tenant) {
+            s = s.not_durable();
+        }
         if let Some(q) = self.quota.get() {
             s.set_quota(q.clone());
         }
@@ -334,6 +348,17 @@ mod tests {
             "{kept} bytes kept by {ok} writes"
         );
         assert_eq!(ok, 6, "as many as fit");
+    }
+
+    #[test]
+    fn only_a_sessions_own_workspace_is_not_durable() {
+        let key = super::session_key("acme", "0123abcd");
+        assert_eq!(key, "acme.sessions/0123abcd");
+        assert!(super::is_sessions_own(&key));
+        // A tenant's shared workspace, and names that only look alike.
+        for shared in ["acme", "acme.sessions", "acme/sessions", "sessions/x"] {
+            assert!(!super::is_sessions_own(shared), "{shared}");
+        }
     }
 
     #[test]

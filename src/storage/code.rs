@@ -28,6 +28,9 @@ pub struct CodeStorage {
     /// every [`AGE_SWEEP_EVERY`] on a write).
     max_age: std::sync::OnceLock<std::time::Duration>,
     last_age_sweep: Mutex<Option<std::time::Instant>>,
+    /// Whether a write reaches the disk (`fsync`) before it returns: not for a session's
+    /// own workspace, which goes with the session and does not outlive a restart.
+    durable: bool,
 }
 
 /// How often writes look for stored code past its age.
@@ -56,7 +59,16 @@ impl CodeStorage {
             quota: std::sync::OnceLock::new(),
             max_age: std::sync::OnceLock::new(),
             last_age_sweep: Mutex::default(),
+            durable: true,
         })
+    }
+
+    /// Writes return without waiting for the disk (a session's own workspace: removed with
+    /// the session, gone after a restart anyway). A kept figure paid 0.7 ms p50, 2.6 ms p95
+    /// for its `fsync` here, on the call's path.
+    pub fn not_durable(mut self) -> Self {
+        self.durable = false;
+        self
     }
 
     /// Remove stored files not modified for `age` from now on: those already that old at
@@ -190,7 +202,9 @@ impl CodeStorage {
                 .await?;
             file.write_all(data).await?;
             file.flush().await?;
-            file.sync_data().await?;
+            if self.durable {
+                file.sync_data().await?;
+            }
             drop(file);
             tokio::fs::rename(&temp, &path).await
         }

@@ -717,6 +717,19 @@ for drawn in (True, False):
     fig.savefig(ref, format='png')
     print(drawn, fast is not None and pixels(fast) == pixels(ref.getvalue()))
     plt.close(fig)
+# Rows filtered (numpy there) or not (numpy hidden): the same pixels.
+fig = plt.figure(figsize=(3, 2))
+plt.plot([1, 3])
+fig.canvas.draw()
+w, h = fig.canvas.get_width_height(physical=True)
+raw = bytes(fig.canvas.buffer_rgba())
+filtered = mcp_backend.png_of_rgba(raw, w, h)
+numpy = sys.modules['numpy']
+sys.modules['numpy'] = None
+plain = mcp_backend.png_of_rgba(raw, w, h)
+sys.modules['numpy'] = numpy
+print('rows', pixels(filtered) == raw == pixels(plain), filtered != plain)
+plt.close(fig)
 matplotlib.rcParams['savefig.transparent'] = True
 fig = plt.figure(figsize=(2, 2))
 plt.plot([1, 2])
@@ -726,7 +739,7 @@ plt.show()
     let o = run(&s, "t-figs-fast", code, limits()).await;
     assert_eq!(
         o.stdout_text(),
-        "True True\nFalse True\ntransparent None\n",
+        "True True\nFalse True\nrows True True\ntransparent None\n",
         "{}",
         o.stderr_text()
     );
