@@ -72,13 +72,43 @@ pub trait EgressHost: Send + Sync {
     fn ca_pem(&self) -> String;
 }
 
+/// A connection the code opened, as the proxy's client stream: an in-memory duplex fed by
+/// the runner's relay, or a Unix socket connection from the sandbox.
+pub trait EgressStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> EgressStream for T {}
+
+/// The way a connection of the code reached the server (a metric's label; the proxy does
+/// not care).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EgressChannel {
+    /// The sandbox's own Unix socket, bind-mounted by the driver (Docker under runc).
+    Socket,
+    /// A numbered stream over the runner's stdin/stdout (every driver; the fallback).
+    Relay,
+}
+
+impl EgressChannel {
+    /// The label's value: `socket` or `relay`.
+    pub fn label(self) -> &'static str {
+        match self {
+            EgressChannel::Socket => "socket",
+            EgressChannel::Relay => "relay",
+        }
+    }
+}
+
 /// One run's connections.
 pub trait EgressRun: Send + Sync {
     /// Serve one connection the code opened, as the proxy's client stream `io`, until it
-    /// ends or the run does.
-    fn serve(&self, io: tokio::io::DuplexStream) -> futures::future::BoxFuture<'static, ()>;
-    /// Connections the code may hold open at once through the backend's relay: each holds
-    /// buffers there whether or not the proxy admitted a request on it.
+    /// ends or the run does; `channel`: how it came.
+    fn serve(
+        &self,
+        io: Box<dyn EgressStream>,
+        channel: EgressChannel,
+    ) -> futures::future::BoxFuture<'static, ()>;
+    /// Connections the code may hold open at once through each of the backend's channels:
+    /// each holds buffers there whether or not the proxy admitted a request on it.
     fn max_streams(&self) -> usize;
     /// Bytes the run sent upstream and received so far, all its connections together.
     fn spent(&self) -> (u64, u64) {

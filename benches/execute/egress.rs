@@ -4,8 +4,9 @@
 //! A real HTTPS server on 127.0.0.1 (`tests/egress/tls_server.py`, its own test CA) stands
 //! in for a host of the internet; a real `serve --egress FILE` lets its sandboxes reach it
 //! by name. The same Python (`requests`, a fresh session each time: connection, TLS
-//! handshake, GET) runs inside a sandbox, through the runner's channel and the server's
-//! proxy, and on the host straight to the server:
+//! handshake, GET) runs inside a sandbox, through its runner (over the sandbox's own socket
+//! under runc, else the runner's relay) and the server's proxy, and on the host straight to
+//! the server:
 //!
 //! - a fresh HTTPS GET at three loads: one client back to back, one client five per second,
 //!   four clients at once (four `execute_code` calls against four host processes): p50 and

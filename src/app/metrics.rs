@@ -297,6 +297,13 @@ fn render_egress(e: &Egress, out: &mut String) {
         "direction",
         &c.bytes,
     );
+    counter(
+        out,
+        "mcp_executor_egress_streams_total",
+        "Egress: connections of sandboxed code handed to the proxy, by tenant and the channel they came by (socket: the sandbox's own Unix socket; relay: the runner's stdin/stdout).",
+        "channel",
+        &c.streams,
+    );
 }
 
 /// A counter family labelled by tenant and one more label.
@@ -376,6 +383,7 @@ mod tests {
         e.connection("alice", "data.example.test", "ok", 10, 2000);
         e.connection("alice", "data.example.test", "ok", 5, 1);
         e.connection("alice", "-", "not_in_policy", 0, 0);
+        e.stream("alice", "socket");
         let mut text = String::new();
         render_egress(&e, &mut text);
         for line in [
@@ -384,6 +392,7 @@ mod tests {
             "mcp_executor_egress_connections_total{tenant=\"alice\",host=\"-\",outcome=\"not_in_policy\"} 1",
             "mcp_executor_egress_bytes_total{tenant=\"alice\",direction=\"up\"} 15",
             "mcp_executor_egress_bytes_total{tenant=\"alice\",direction=\"down\"} 2001",
+            "mcp_executor_egress_streams_total{tenant=\"alice\",channel=\"socket\"} 1",
         ] {
             assert!(text.contains(line), "missing `{line}` in:\n{text}");
         }

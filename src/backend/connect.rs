@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use crate::backend::docker::{DockerBackend, DockerConfig};
+use crate::backend::docker::{write_hosts_file, DockerBackend, DockerConfig};
+use crate::backend::sandbox_dir;
 use crate::backend::{Backend, PoolConfig, RunGate};
 use crate::config::serve::BackendKind;
 use crate::config::BackendConfig;
@@ -73,7 +74,8 @@ async fn connect_planned(
                 docker_host: cfg.docker_host.clone(),
                 pool,
                 preload: cfg.preload.clone(),
-                hosts_file: hosts_file(cfg),
+                hosts_file: local_data_dir(cfg).and_then(|d| write_hosts_file(&d)),
+                sandbox_dirs: local_data_dir(cfg).map(|d| d.join(sandbox_dir::ROOT)),
                 ..DockerConfig::new(image.clone())
             };
             if cfg.build_missing {
@@ -94,10 +96,12 @@ async fn connect_planned(
     }
 }
 
-/// The sandboxes' `/etc/hosts` (see [`DockerConfig::hosts_file`]), in the data directory,
-/// which a local daemon sees at the same path (docker-compose.yml mounts it so); none for a
-/// daemon elsewhere (`tcp://`, `ssh://`), which would not find the file.
-fn hosts_file(cfg: &BackendConfig) -> Option<std::path::PathBuf> {
+/// The data directory when the daemon is local and sees it at the same path
+/// (docker-compose.yml mounts it so): where the sandboxes' `/etc/hosts` (see
+/// [`DockerConfig::hosts_file`]) and their own directories (see
+/// [`DockerConfig::sandbox_dirs`]) live. None for a daemon elsewhere (`tcp://`, `ssh://`),
+/// which would not find them.
+fn local_data_dir(cfg: &BackendConfig) -> Option<std::path::PathBuf> {
     let local = cfg
         .docker_host
         .as_deref()
@@ -105,11 +109,11 @@ fn hosts_file(cfg: &BackendConfig) -> Option<std::path::PathBuf> {
     if !local {
         return None;
     }
-    let dir = cfg
-        .data_dir
-        .clone()
-        .unwrap_or_else(crate::config::process_data_dir);
-    crate::backend::docker::write_hosts_file(&dir)
+    Some(
+        cfg.data_dir
+            .clone()
+            .unwrap_or_else(crate::config::process_data_dir),
+    )
 }
 
 /// The backend for a one-shot `run` of `runs` files, with a warm pool of `cfg.pool_size`

@@ -14,6 +14,14 @@ use crate::job::{InputFile, JobSpec};
 /// Where the workspace tmpfs is mounted inside the sandbox.
 pub const WORKDIR: &str = "/workspace";
 
+/// Where a sandbox that has a directory of its own on the host (Docker under runc) sees it:
+/// the server listens on [`EGRESS_SOCKET`] in it during a run with egress, and the runner
+/// (`netrelay.py`, which names the same path) connects the code's connections there.
+pub const SANDBOX_DIR: &str = "/run/mcp-egress";
+
+/// The egress socket's name in the sandbox's directory.
+pub const EGRESS_SOCKET: &str = "egress.sock";
+
 /// Largest frame the server accepts: output comes in 64 KiB chunks, artifacts are capped
 /// at 4 MiB by the runner.
 const MAX_FRAME: usize = 9 << 20;

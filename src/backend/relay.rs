@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::engine::live::{FrameHook, Hook, Reply};
 use super::protocol::{encode_net, Frame, NetOp};
 use super::BackendError;
-use crate::job::EgressRun;
+use crate::job::{EgressChannel, EgressRun};
 
 /// Bytes of one stream in flight each way, unacknowledged.
 pub const WINDOW: usize = 256 << 10;
@@ -35,7 +35,7 @@ const CHUNK: usize = 64 << 10;
 /// The answer to a connection over the run's bound ([`EgressRun::max_streams`]): without
 /// a bound, code opening a thousand connections and never reading would pin most of a GiB
 /// of the server's memory (a window each way per stream). It never reaches the proxy.
-fn too_many(max: usize) -> Vec<u8> {
+pub(crate) fn too_many(max: usize) -> Vec<u8> {
     let body = format!(
         "egress refused: this run already has {max} connections open through the proxy (the most one run may hold); close some and try again\n"
     );
@@ -103,6 +103,19 @@ impl FrameHook for Relay {
         };
         self.net(stream, op, data);
         Ok(Box::pin(async { None }))
+    }
+
+    /// The direct channel beside the relay: the run's connections on a socket in the
+    /// sandbox's own directory, for as long as the conversation (see
+    /// [`super::egress_socket`]). Without it the runner relays every connection here.
+    fn listen(&self, dir: &std::path::Path) -> Option<Box<dyn Send>> {
+        match super::egress_socket::listen(self.run.clone(), dir) {
+            Ok(l) => Some(Box::new(l)),
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot listen on the sandbox's egress socket; its connections come over the runner's relay");
+                None
+            }
+        }
     }
 
     fn outgoing(&self) -> Option<futures::stream::BoxStream<'static, Vec<u8>>> {
@@ -188,7 +201,7 @@ impl Relay {
         let unacked = Arc::new(AtomicUsize::new(0));
         let credit = Arc::new(Semaphore::new(WINDOW));
         let cancel = self.cancel.child_token();
-        let serve = self.run.serve(theirs);
+        let serve = self.run.serve(Box::new(theirs), EgressChannel::Relay);
         let tx = self.to_runner.clone();
         // Proxy -> runner, as the runner's credit allows.
         let down = {
@@ -266,7 +279,11 @@ mod tests {
     /// A proxy that sends back what it gets.
     struct Echo;
     impl EgressRun for Echo {
-        fn serve(&self, io: tokio::io::DuplexStream) -> futures::future::BoxFuture<'static, ()> {
+        fn serve(
+            &self,
+            io: Box<dyn crate::job::EgressStream>,
+            _: EgressChannel,
+        ) -> futures::future::BoxFuture<'static, ()> {
             Box::pin(async move {
                 let (mut r, mut w) = tokio::io::split(io);
                 let _ = tokio::io::copy(&mut r, &mut w).await;
@@ -342,7 +359,8 @@ mod tests {
         impl EgressRun for Deaf {
             fn serve(
                 &self,
-                io: tokio::io::DuplexStream,
+                io: Box<dyn crate::job::EgressStream>,
+                _: EgressChannel,
             ) -> futures::future::BoxFuture<'static, ()> {
                 Box::pin(async move {
                     let _io = io;

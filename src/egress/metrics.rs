@@ -19,6 +19,8 @@ pub struct Egress {
 pub struct EgressCounters {
     pub connections: BTreeMap<(String, String, &'static str), u64>,
     pub bytes: BTreeMap<(String, &'static str), u64>,
+    /// Connections handed to the proxy by tenant and channel (`socket`, `relay`).
+    pub streams: BTreeMap<(String, &'static str), u64>,
 }
 
 /// The process's [`Egress`] counters.
@@ -39,6 +41,13 @@ impl Egress {
             .or_default() += 1;
         *c.bytes.entry((tenant.into(), "up")).or_default() += up;
         *c.bytes.entry((tenant.into(), "down")).or_default() += down;
+    }
+
+    /// A connection of `tenant`'s code reached the proxy by `channel` (`socket`: the
+    /// sandbox's own Unix socket; `relay`: the runner's stdin/stdout).
+    pub fn stream(&self, tenant: &str, channel: &'static str) {
+        let mut c = self.c.lock().unwrap_or_else(|e| e.into_inner());
+        *c.streams.entry((tenant.into(), channel)).or_default() += 1;
     }
 
     /// A copy of the counters, for rendering.

@@ -1,7 +1,8 @@
 //! The proxy as the sandboxes reach it (stage 2): installed once by `serve --egress FILE`
 //! (or `run --egress FILE`), it gives each run of a tenant a [`crate::job::Egress`], whose
-//! run scope serves the streams the backend relays from the sandbox's runner
-//! (`crate::backend::relay`).
+//! run scope serves the connections the backend hands it from the sandbox: over the
+//! sandbox's own Unix socket (`crate::backend::egress_socket`) or relayed by its runner
+//! (`crate::backend::relay`), the same way whichever.
 
 use std::sync::{Arc, OnceLock};
 
@@ -9,7 +10,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use super::proxy::{Proxy, RunScope};
-use crate::job::{Egress, EgressHost, EgressRun};
+use crate::job::{Egress, EgressChannel, EgressHost, EgressRun, EgressStream};
 
 static INSTALLED: OnceLock<Arc<Proxy>> = OnceLock::new();
 
@@ -63,7 +64,8 @@ struct Run {
 }
 
 impl EgressRun for Run {
-    fn serve(&self, io: tokio::io::DuplexStream) -> BoxFuture<'static, ()> {
+    fn serve(&self, io: Box<dyn EgressStream>, channel: EgressChannel) -> BoxFuture<'static, ()> {
+        super::metrics::egress().stream(&self.scope.tenant, channel.label());
         self.proxy.clone().serve(io, self.scope.clone()).boxed()
     }
 

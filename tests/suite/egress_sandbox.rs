@@ -478,3 +478,97 @@ async fn the_official_python_sdk_reaches_an_allowed_host_in_both_modes() {
     assert!(out.contains("ok: auto 2026-07-28"), "{out}");
     assert!(out.contains("ok: legacy 2025-11-25"), "{out}");
 }
+
+/// The connections of `tenant` handed to the proxy by `channel` (`socket`, `relay`), read
+/// off the server's `/metrics`.
+async fn streams_by(s: &Server, channel: &str) -> u64 {
+    let text = reqwest::get(s.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let prefix = format!(
+        "mcp_executor_egress_streams_total{{tenant=\"{}\",channel=\"{channel}\"}} ",
+        s.tenant
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// Under runc the code's connections reach the proxy over the sandbox's own Unix socket
+/// (mounted read-only at /run/mcp-egress, the bytes skip the attach stream), none over the
+/// runner's relay; with the socket gone (removed from the host while the code waits) the
+/// runner relays them instead, and the code sees no difference. Under gVisor (no socket:
+/// runsc refuses host sockets unless run with `--host-uds=open`) every connection is
+/// relayed.
+#[tokio::test]
+async fn the_direct_socket_carries_egress_under_runc_and_the_relay_stands_in() {
+    let up = TlsUpstream::start(&["data.example.test"]).await;
+    let port = up.port;
+    let ca = std::fs::read_to_string(&up.ca).unwrap();
+    let dir = TempDir::new("egress-chan");
+    let s = start("egress-chan", &policy(port), &dir).await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    let client = s.client().await;
+    let peer = client.peer().clone();
+    let gvisor = common::runtime().is_some_and(|r| r.starts_with("runsc"));
+    let get = format!(
+        "import requests\nprint(requests.get('https://data.example.test:{port}/hi', timeout=20).text)\n"
+    );
+    let sni = format!("host=data.example.test:{port} sni=data.example.test");
+
+    // The socket is there (or, under gVisor, the directory is not), read-only to the code.
+    let code = format!(
+        "{trust}import os\nprint(os.path.exists('/run/mcp-egress/egress.sock'))\n\
+         try:\n    open('/run/mcp-egress/x', 'w')\nexcept OSError as e:\n    print('write:', e.errno)\n{get}",
+        trust = trusting(&ca)
+    );
+    let (out, err, _) = run_with(&peer, &code, 60).await;
+    assert!(out.contains(&sni), "{out}\n{err}");
+    let (socket, relay) = (
+        streams_by(&s, "socket").await,
+        streams_by(&s, "relay").await,
+    );
+    if gvisor {
+        assert!(out.starts_with("False\n"), "{out}");
+        assert_eq!((socket, relay > 0), (0, true), "{socket} {relay}");
+    } else {
+        assert!(out.starts_with("True\nwrite: 30\n"), "{out}");
+        assert!(socket > 0 && relay == 0, "socket {socket}, relay {relay}");
+        // The directory is the sandbox's alone and goes with it.
+        let root = s.dir.join("data").join("sandboxes");
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while std::fs::read_dir(&root).unwrap().count() > 0 {
+            assert!(
+                std::time::Instant::now() < until,
+                "directories left in {root:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+
+        // The socket removed from the host under the running code: the relay stands in.
+        let code = format!(
+            "{trust}import os, time\nfor _ in range(300):\n    if not os.path.exists('/run/mcp-egress/egress.sock'):\n        break\n    time.sleep(0.1)\n{get}",
+            trust = trusting(&ca)
+        );
+        let remover = tokio::spawn(async move {
+            for _ in 0..300 {
+                for d in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+                    if std::fs::remove_file(d.path().join("egress.sock")).is_ok() {
+                        return true;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            false
+        });
+        let (out, err, _) = run_with(&peer, &code, 60).await;
+        assert!(remover.await.unwrap(), "the socket never appeared");
+        assert!(out.contains(&sni), "{out}\n{err}");
+        assert_eq!(streams_by(&s, "socket").await, socket);
+        assert!(streams_by(&s, "relay").await > 0);
+    }
+    drop(client);
+}

@@ -36,6 +36,13 @@ impl DockerDriver {
         self.check_volumes(env).await?;
         let name = format!("mcpx-{id}");
         let mut guard = self.guards.guard(&name);
+        let dir = self.sandbox_dir(&name);
+        if let Some(d) = &dir {
+            let host = body.host_config.get_or_insert_with(Default::default);
+            host.mounts
+                .get_or_insert_with(Vec::new)
+                .push(spec::sandbox_dir_mount(d.path()));
+        }
         let created = self
             .docker
             .create_container(
@@ -76,7 +83,7 @@ impl DockerDriver {
             .start_container(&created.id, None)
             .await
             .map_err(|e| classify("starting the container", e))?;
-        Ok(super::live::live(guard, attached.input, attached.output))
+        Ok(super::live::live(guard, attached.input, attached.output).with_dir(dir))
     }
 
     /// Docker creates a missing named volume, empty, when a container mounts it: an

@@ -16,7 +16,8 @@
 //! are mounted), `launch` (create, attach, start), `live` (the attach as the engine's
 //! stream of chunks), `outcome` (the verdict on a runner that vanished), `pause` (a
 //! session frozen between cells), `pool` (warm containers, preloading and its learning),
-//! `guard` (how a container is removed, sweeps), [`image`] (building the image),
+//! `guard` (how a container is removed, sweeps), `dirs` (each container's own directory on
+//! the host, for the egress socket), [`image`] (building the image),
 //! `lifecycle` (the benchmark's Docker ceiling). This file holds the configuration and
 //! the driver.
 
@@ -38,6 +39,7 @@ use super::protocol::Report;
 use super::{BackendError, BackendInfo, LifecycleFigures, PoolConfig};
 use crate::job::{Outcome, RunEnv};
 
+mod dirs;
 mod freezer;
 mod guard;
 pub mod image;
@@ -82,6 +84,12 @@ pub struct DockerConfig {
     /// networking gives the container an empty `/etc/hosts`, hence this file (`localhost`
     /// must resolve). `None`: `--network none`.
     pub hosts_file: Option<std::path::PathBuf>,
+    /// Where each sandbox gets a directory of its own on the daemon's host, mounted at
+    /// [`SANDBOX_DIR`](crate::backend::protocol::SANDBOX_DIR) (see
+    /// [`crate::backend::sandbox_dir`]): the egress socket's (#41), whose bytes then skip
+    /// the attach stream. Not under gVisor (runsc refuses a host socket unless run with
+    /// `--host-uds=open`). `None`: no directory; egress goes over the runner's relay.
+    pub sandbox_dirs: Option<std::path::PathBuf>,
 }
 
 /// What a sandbox's `/etc/hosts` says: the loopback names Docker's own file gives.
@@ -116,6 +124,7 @@ impl DockerConfig {
             docker_host: None,
             preload: Default::default(),
             hosts_file: None,
+            sandbox_dirs: None,
         }
     }
 }
@@ -272,7 +281,9 @@ impl Driver for DockerDriver {
     /// Remove containers of ours whose owning process on this host is gone (a crash, a
     /// `kill -9`). Containers of live processes, and of other hosts, are left alone.
     async fn sweep(&self) -> Result<usize, BackendError> {
-        guard::sweep(&self.docker).await
+        let removed = guard::sweep(&self.docker).await?;
+        self.sweep_dirs().await;
+        Ok(removed)
     }
 
     /// Bare containers of `/bin/true` with the same hardening: what Docker alone allows.

@@ -120,6 +120,19 @@ pub(super) fn create_body(
     })
 }
 
+/// The bind mount of a sandbox's own directory on the host (`dir`, see
+/// [`crate::backend::sandbox_dir`]) at [`protocol::SANDBOX_DIR`], read-only: the code may
+/// connect to the socket the server puts there, not write or remove anything.
+pub(super) fn sandbox_dir_mount(dir: &std::path::Path) -> Mount {
+    Mount {
+        typ: Some(MountType::BIND),
+        source: Some(dir.display().to_string()),
+        target: Some(protocol::SANDBOX_DIR.to_string()),
+        read_only: Some(true),
+        ..Default::default()
+    }
+}
+
 /// The `docker run` flags that give a container the same hardening as [`host_config`] (and
 /// the sandbox user), read off it, for baselines that compare the engine with the CLI.
 pub fn docker_run_flags(limits: &Limits, runtime: Option<&str>) -> Vec<String> {

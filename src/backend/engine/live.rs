@@ -64,6 +64,14 @@ pub trait FrameHook: Send + Sync {
     fn outgoing(&self) -> Option<futures::stream::BoxStream<'static, Vec<u8>>> {
         None
     }
+
+    /// Take connections from the sandbox on a socket in `dir` (the sandbox's own
+    /// directory, see [`Live::with_dir`]) until the returned guard is dropped; called once
+    /// per conversation before the sandbox gets its input. `None`: no socket (the hook
+    /// takes none, or it could not listen).
+    fn listen(&self, _dir: &std::path::Path) -> Option<Box<dyn Send>> {
+        None
+    }
 }
 
 /// The hook of one conversation, if any.
@@ -87,6 +95,9 @@ pub(crate) struct Live<G> {
     /// Kubernetes driver's, built with `--features kubernetes`).
     #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
     held: Option<Box<dyn std::any::Any + Send>>,
+    /// The sandbox's own directory on the server's host, mounted inside (Docker under
+    /// runc): where a hook may listen for the sandbox's connections. Removed with it.
+    dir: Option<crate::backend::sandbox_dir::SandboxDir>,
 }
 
 impl<G: Send + 'static> crate::backend::pool::Waiting for Live<G> {
@@ -133,7 +144,14 @@ impl<G> Live<G> {
             born: Instant::now(),
             on_claim: None,
             held: None,
+            dir: None,
         }
+    }
+
+    /// Give it its own directory on the host (see [`FrameHook::listen`]); `None`: none.
+    pub(crate) fn with_dir(mut self, dir: Option<crate::backend::sandbox_dir::SandboxDir>) -> Self {
+        self.dir = dir;
+        self
     }
 
     /// Keep `held` as long as the sandbox (what its attach needs to stay up).
@@ -238,6 +256,11 @@ impl<G> Live<G> {
             .take()
             .ok_or_else(|| BackendError::Runner("the sandbox's input is already closed".into()))?;
         let close = close_input && hook.is_none();
+        // Listening before the input goes in: the code may connect as soon as it runs.
+        let _listening = match (hook, &self.dir) {
+            (Some(h), Some(dir)) => h.listen(dir.path()),
+            _ => None,
+        };
         let mut writer: Writing<'_> = write_input(stdin, input, close).boxed().fuse();
         let mut idle = None;
         let result = self
