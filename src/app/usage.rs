@@ -353,7 +353,7 @@ pub fn read(dir: &Path, filter: Filter<'_>) -> std::io::Result<Report> {
                 .add(&r);
         }
     }
-    if bad_lines > 0 || bad_files > 0 {
+    if (bad_lines > 0 || bad_files > 0) && skips_changed(&LAST_SKIPS, bad_lines, bad_files) {
         tracing::warn!(
             dir = %dir.display(),
             bad_lines,
@@ -365,9 +365,33 @@ pub fn read(dir: &Path, filter: Filter<'_>) -> std::io::Result<Report> {
     Ok(out)
 }
 
+/// The skipped lines and files of the last read that warned.
+static LAST_SKIPS: Mutex<(u64, u64)> = Mutex::new((0, 0));
+
+/// Whether this read's skipped lines and files differ from the last read's that warned.
+/// A torn line stays in its file for good (a process killed mid-write never comes back
+/// to that file), so without this every `/usage` call would warn again about the same
+/// line; a new torn line or unreadable file still warns.
+fn skips_changed(last: &Mutex<(u64, u64)>, bad_lines: u64, bad_files: u64) -> bool {
+    let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+    let changed = *last != (bad_lines, bad_files);
+    *last = (bad_lines, bad_files);
+    changed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_same_skips_warn_once() {
+        let last = Mutex::new((0, 0));
+        assert!(skips_changed(&last, 1, 0));
+        assert!(!skips_changed(&last, 1, 0));
+        assert!(skips_changed(&last, 2, 0));
+        assert!(skips_changed(&last, 2, 1));
+        assert!(!skips_changed(&last, 2, 1));
+    }
 
     #[test]
     fn days_are_utc_calendar_days() {
