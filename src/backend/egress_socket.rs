@@ -21,6 +21,20 @@ use tokio_util::sync::CancellationToken;
 use super::protocol::EGRESS_SOCKET;
 use crate::job::{EgressChannel, EgressRun};
 
+/// The answer to a connection over the run's bound ([`EgressRun::max_streams`]): without
+/// a bound, code opening a thousand connections and never reading would pin most of a GiB
+/// of the server's memory (a window each way per stream). It never reaches the proxy.
+pub(crate) fn too_many(max: usize) -> Vec<u8> {
+    let body = format!(
+        "egress refused: this run already has {max} connections open through the proxy (the most one run may hold); close some and try again\n"
+    );
+    format!(
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: text/plain\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
 /// The socket of one conversation: dropped, it stops taking connections, ends those it
 /// took and removes the socket's file.
 pub(crate) struct Listening {
@@ -61,7 +75,7 @@ pub(crate) fn listen(run: Arc<dyn EgressRun>, dir: &Path) -> std::io::Result<Lis
             let Ok(slot) = slots.clone().try_acquire_owned() else {
                 tracing::debug!("a run's connection over its socket's bound");
                 tokio::spawn(async move {
-                    let _ = conn.write_all(&super::relay::too_many(max)).await;
+                    let _ = conn.write_all(&too_many(max)).await;
                     let _ = conn.shutdown().await;
                 });
                 continue;

@@ -21,6 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use super::egress_socket::too_many;
 use super::engine::live::{FrameHook, Hook, Reply};
 use super::protocol::{encode_net, Frame, NetOp};
 use super::BackendError;
@@ -31,20 +32,6 @@ pub const WINDOW: usize = 256 << 10;
 
 /// Largest `data` message this side sends (the runner reads as much at once).
 const CHUNK: usize = 64 << 10;
-
-/// The answer to a connection over the run's bound ([`EgressRun::max_streams`]): without
-/// a bound, code opening a thousand connections and never reading would pin most of a GiB
-/// of the server's memory (a window each way per stream). It never reaches the proxy.
-pub(crate) fn too_many(max: usize) -> Vec<u8> {
-    let body = format!(
-        "egress refused: this run already has {max} connections open through the proxy (the most one run may hold); close some and try again\n"
-    );
-    format!(
-        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: text/plain\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
-}
 
 /// Egress's hook for one run (or one cell): `N` frames go to the streams, every other
 /// frame to `inner` (code mode's tools, or the answer that none are there).
