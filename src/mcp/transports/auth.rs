@@ -194,6 +194,17 @@ fn refuse(settings: &Settings, path: &str, r: &Refusal) -> Response {
         header::ACCESS_CONTROL_EXPOSE_HEADERS,
         HeaderValue::from_static(EXPOSED),
     );
+    close_after(resp)
+}
+
+/// A refusal ends its connection (`Connection: close`): the request's body was not read,
+/// and a client that sent the same request again on that connection (an OAuth client after
+/// signing in) could find it closed under it ("Server disconnected without sending a
+/// response": seen once in a CI run of the quick-start test, on a loaded machine). The
+/// client opens a new connection for its next request instead.
+fn close_after(mut resp: Response) -> Response {
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
     resp
 }
 
@@ -211,12 +222,14 @@ fn unauthorized_static(token_given: bool) -> Response {
         )
     };
     let body = serde_json::json!({"error": "unauthorized", "message": message});
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, challenge)],
-        axum::Json(body),
+    close_after(
+        (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, challenge)],
+            axum::Json(body),
+        )
+            .into_response(),
     )
-        .into_response()
 }
 
 /// Does the query string carry a token (`access_token=`, RFC 6750 §2.3)? Refused: tokens
