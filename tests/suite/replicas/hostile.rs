@@ -309,5 +309,69 @@ async fn a_peer_that_stops_answering_is_not_waited_for() {
     )
     .await;
     assert_eq!(status, 200, "{msg}");
-    assert!(text_of(&msg).contains("42"), "{msg}");
+    assert!(
+        text_of(&msg).contains("42"),
+        "{msg}\nthe log of {}:\n{}",
+        r1.id,
+        r1.log()
+    );
+}
+
+/// A forwarded call whose forwarder hung up before the owner read it (a forwarder gives up
+/// on an owner that stopped answering, and the owner resumes later): the owner does not run
+/// it, and the session it names keeps its state.
+#[tokio::test]
+async fn a_forwarded_call_whose_forwarder_hung_up_is_not_run() {
+    let c = Cluster::start("hungup", &[]).await;
+    let r1 = &c.replicas[1];
+    let sid = session_on(r1, "x = 41", &[]).await;
+    for round in 0..3 {
+        let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": "execute_python",
+        "arguments": {"code": "import time; time.sleep(0.5); x = 0", "session_id": sid},
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "replicas", "version": "0"},
+            "io.modelcontextprotocol/clientCapabilities": {},
+        }}})
+        .to_string();
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n\
+             Mcp-Method: tools/call\r\nMcp-Name: execute_python\r\n\
+             x-mcp-executor-forwarded: test-secret-123\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        // Sent to a stopped replica, and hung up on before it resumes: it finds the request
+        // and its end together.
+        r1.signal(libc::SIGSTOP);
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", r1.port))
+            .await
+            .unwrap();
+        s.write_all(format!("{head}{body}").as_bytes())
+            .await
+            .unwrap();
+        s.shutdown().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        r1.signal(libc::SIGCONT);
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer)).await;
+        drop(s);
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let (status, msg) = raw_tool(
+            &r1.url("/mcp"),
+            "execute_python",
+            json!({"code": "x + 1", "session_id": sid}),
+            &[],
+        )
+        .await;
+        assert_eq!(status, 200, "{msg}");
+        assert!(
+            text_of(&msg).contains("42"),
+            "round {round}: the hung-up call ran or cost the session ({} bytes answered to it): {msg}\nthe log of {}:\n{}",
+            answer.len(),
+            r1.id,
+            r1.log()
+        );
+    }
 }
