@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::AppError;
 use super::executor::{code_digest, Executor};
-use super::sessions::{Live, Sessions, Slot};
+use super::sessions::{Live, Sessions, Slot, Synced};
 use crate::backend::Events;
 use crate::job::{JobSpec, Outcome};
 
@@ -143,18 +143,19 @@ pub(super) async fn cell(
         .await?
         .map_err(|e| not_run(&e.to_string()))?;
     slot.touch();
-    let files = ex
-        .workspaces
-        .input_files(key)
-        .await
-        .map_err(AppError::Failed)?;
     let mut notes: Vec<String> = note.into_iter().collect();
     if let Some(memory) = memory {
-        *cell = Some(open(ex, slot, code, &files, env, memory, &waits).await?);
+        let files = ex
+            .workspaces
+            .input_files_stamped(key)
+            .await
+            .map_err(AppError::Failed)?;
+        *cell = Some(open(ex, slot, code, files, env, memory, &waits).await?);
         notes.push("a new session was started".into());
     }
     let live = cell.as_mut().expect("opened above");
-    if let Err(e) = put_files(live, &files, timeout, &shutdown, &mut notes).await {
+    let changed = changed_files(ex, key, live).await?;
+    if let Err(e) = put_files(live, changed, timeout, &shutdown, &mut notes).await {
         cell.take();
         return Err(e);
     }
@@ -198,8 +199,14 @@ pub(super) async fn cell(
     };
     // Files the cell wrote are saved to the workspace; the session already has them.
     for f in &outcome.files {
-        live.synced
-            .insert(f.path.clone(), Sha256::digest(&f.data).into());
+        let digest = Sha256::digest(&f.data).into();
+        live.synced.insert(
+            f.path.clone(),
+            Synced {
+                digest,
+                stamp: None,
+            },
+        );
     }
     if let Some(saved) = super::workspaces::save_returned(&ex.workspaces, key, &outcome).await {
         notes.push(saved);
@@ -232,7 +239,7 @@ async fn open(
     ex: &Executor,
     slot: &Arc<Slot>,
     code: &str,
-    files: &[crate::job::InputFile],
+    files: Vec<(crate::job::InputFile, crate::storage::Stamp)>,
     env: Option<crate::env::Environment>,
     memory: crate::tenancy::memory::MemoryHold,
     waits: &Waits<'_>,
@@ -261,15 +268,19 @@ async fn open(
     job.tenant = x.tenant.clone();
     job.tools = crate::codemode::tools_for(&job.tenant);
     job.egress = crate::egress::sandbox::for_tenant(&job.tenant);
-    job.files = files.to_vec();
+    let synced = files
+        .iter()
+        .map(|(f, stamp)| {
+            let digest = Sha256::digest(&f.contents).into();
+            let stamp = Some(*stamp);
+            (f.path.clone(), Synced { digest, stamp })
+        })
+        .collect();
+    job.files = files.into_iter().map(|(f, _)| f).collect();
     job.return_files = true;
     job.keep_warm = true;
     job.first_cell = Some(code.to_string());
     job.env = env.as_ref().map(|e| e.run_env()).unwrap_or_default();
-    let synced = files
-        .iter()
-        .map(|f| (f.path.clone(), Sha256::digest(&f.contents).into()))
-        .collect();
     // Dropping the future (cancelled, shutting down) removes a half-made container.
     let session = tokio::select! {
         s = ex.backend().open_session(job) => s,
@@ -291,27 +302,97 @@ async fn open(
     }
 }
 
-/// Files written with write_file since the session opened: put them in first. Not given up
-/// on cancellation (that would leave the session half-synced); short. An error means the
-/// session is lost.
+/// Put what was kept in session `slot`'s workspace after a cell (its figures, output too
+/// long for the answer) into its sandbox now, once the answer is out, so that the next cell
+/// does not wait for the copy (and for holding the sandbox still and letting it go again
+/// around it). Left to the next cell when no sandbox is open or it imports between cells
+/// (the idle warm-up, which the copy would cut short); given up at the server's shutdown.
+/// No run slot: like a write_file call's, this is the server's copy, not the user's code;
+/// a cell that comes meanwhile waits for it (a few milliseconds) as for a previous cell.
+pub(super) fn settle_soon(ex: &Arc<Executor>, slot: &Arc<Slot>) {
+    // A session without a sandbox (one that only keeps files) has nothing to copy into:
+    // and no task may hold it (a held session is in use, never the one removed).
+    if slot.cell.try_lock().is_ok_and(|c| c.is_none()) {
+        return;
+    }
+    let (ex, slot) = (ex.clone(), Arc::downgrade(slot));
+    tokio::spawn(async move {
+        if let Some(slot) = slot.upgrade() {
+            settle(&ex, &slot).await;
+        }
+    });
+}
+
+async fn settle(ex: &Executor, slot: &Arc<Slot>) {
+    let x = &ex.sessions;
+    let _busy = x.busy();
+    let shutdown = x.shutdown.clone();
+    let mut cell = tokio::select! {
+        c = slot.cell.lock() => c,
+        _ = shutdown.cancelled() => return,
+    };
+    let Some(live) = cell
+        .as_mut()
+        .filter(|l| l.session.alive() && !l.session.busy_between_cells())
+    else {
+        return;
+    };
+    let changed = match changed_files(ex, slot.workspace.as_str(), live).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!(error = %e, "kept files not copied into the session now (the next cell will)");
+            return;
+        }
+    };
+    let mut notes = Vec::new();
+    if let Err(e) = put_files(live, changed, x.limits.timeout, &shutdown, &mut notes).await {
+        tracing::info!(tenant = %x.tenant, error = %e, "a session ended while kept files were copied into it");
+        cell.take();
+    }
+}
+
+/// Files of workspace `key` written since session `live` received them (with write_file,
+/// kept from a run), each with what it will be once put in. Only files whose stamp changed
+/// are read (a 30 MiB workspace read and hashed before each cell cost a `print(1)` cell 3×).
+async fn changed_files(
+    ex: &Executor,
+    key: &str,
+    live: &mut Live,
+) -> Result<Vec<(crate::job::InputFile, Synced)>, AppError> {
+    let mut changed = Vec::new();
+    for (path, stamp) in ex.workspaces.stamps(key).await.map_err(AppError::Failed)? {
+        let known = live.synced.get(&path).copied();
+        if known.is_some_and(|k| k.stamp == Some(stamp)) {
+            continue;
+        }
+        let contents = ex.workspaces.read(key, &path).await?;
+        let digest: [u8; 32] = Sha256::digest(&contents).into();
+        let stamp = Some(stamp);
+        if known.is_some_and(|k| k.digest == digest) {
+            live.synced.insert(path, Synced { digest, stamp });
+            continue;
+        }
+        changed.push((
+            crate::job::InputFile { path, contents },
+            Synced { digest, stamp },
+        ));
+    }
+    Ok(changed)
+}
+
+/// Put `changed` ([`changed_files`]) into the session first. Not given up on cancellation
+/// (that would leave the session half-synced); short. An error means the session is lost.
 async fn put_files(
     live: &mut Live,
-    files: &[crate::job::InputFile],
+    changed: Vec<(crate::job::InputFile, Synced)>,
     timeout: Duration,
     shutdown: &CancellationToken,
     notes: &mut Vec<String>,
 ) -> Result<(), AppError> {
-    let changed: Vec<crate::job::InputFile> = files
-        .iter()
-        .filter(|f| {
-            let d: [u8; 32] = Sha256::digest(&f.contents).into();
-            live.synced.get(&f.path) != Some(&d)
-        })
-        .cloned()
-        .collect();
     if changed.is_empty() {
         return Ok(());
     }
+    let (changed, read): (Vec<_>, Vec<_>) = changed.into_iter().unzip();
     let synced = tokio::select! {
         r = live.session.put_files(&changed, timeout) => Some(r),
         _ = shutdown.cancelled() => None,
@@ -323,9 +404,8 @@ async fn put_files(
             )));
         }
         Some(Ok(())) => {
-            for f in &changed {
-                live.synced
-                    .insert(f.path.clone(), Sha256::digest(&f.contents).into());
+            for (f, synced) in changed.into_iter().zip(read) {
+                live.synced.insert(f.path, synced);
             }
         }
         Some(Err(e)) => notes.push(format!(

@@ -143,6 +143,9 @@ impl Connection {
                 Err(e) => refused.push(format!("{name}: {e}")),
             }
         }
+        if let Some(s) = session.as_ref().filter(|_| !names.is_empty()) {
+            super::cell::settle_soon(self.executor(), &s.slot);
+        }
         let refused = (!refused.is_empty()).then(|| refused.join("; "));
         Kept {
             session,

@@ -152,13 +152,22 @@ pub(super) struct Live {
     /// The environment it was opened with (mounted into its container for its life).
     pub(super) env: Option<crate::env::Environment>,
     pub(super) opened: Instant,
-    /// Digest of each workspace file as the session last received it.
-    pub(super) synced: HashMap<String, [u8; 32]>,
+    /// Each workspace file as the session last received it.
+    pub(super) synced: HashMap<String, Synced>,
     /// Its place among `max_sessions` (`None` in a standalone session, which holds one).
     pub(super) _ticket: Option<Ticket>,
     /// Its share of the tenant's memory budget, held while its container is open (running
     /// a cell or paused between cells).
     pub(super) _memory: crate::tenancy::memory::MemoryHold,
+}
+
+/// A workspace file as a session's sandbox has it: its digest, and the stamp of the
+/// workspace's copy when that was read (`None`: not read since; a file whose stamp has not
+/// changed is not read again before a cell).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Synced {
+    pub(super) digest: [u8; 32],
+    pub(super) stamp: Option<crate::storage::Stamp>,
 }
 
 /// One of the tenant's `max_sessions`, taken before a session is opened (so that

@@ -341,6 +341,64 @@ async fn workspace_files_reach_runs_and_sessions_once() {
     let _ = std::fs::remove_dir_all(root);
 }
 
+/// What a cell's answer keeps in the workspace (its figures, output too long to send) is
+/// put into the session's sandbox in the background, before the next cell asks for it,
+/// once; a session without a sandbox is left alone.
+#[tokio::test]
+async fn files_kept_after_a_cell_go_into_its_session_before_the_next_cell() {
+    let fake = FakeBackend::new();
+    let mut s = service(fake.clone(), 2);
+    let ex = tenant(&mut s, settings("acme"));
+    let c = Connection::new(ex.clone());
+    let never = CancellationToken::new();
+    let t = (Duration::from_secs(5), None);
+    c.cell(&own(&c), "1", t.clone(), None, &never)
+        .await
+        .unwrap();
+    let kept = c
+        .keep_files(
+            Some(own(&c)),
+            vec![("figure-001.png".into(), b"png".to_vec())],
+        )
+        .await;
+    assert_eq!(kept.names, ["figure-001.png"]);
+    let t0 = std::time::Instant::now();
+    while fake.put_files().is_empty() && t0.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        fake.put_files(),
+        ["figure-001.png"],
+        "put in without a cell"
+    );
+    let next = c
+        .cell(&own(&c), "2", t.clone(), None, &never)
+        .await
+        .unwrap();
+    assert_eq!(next.outcome.stdout_text(), "cell 2 files figure-001.png\n");
+    assert_eq!(fake.put_files(), ["figure-001.png"], "and not again");
+    // Rewritten with other bytes of the same size: put in again; with the same: not.
+    c.write_file(&own(&c), "figure-001.png", b"PNG")
+        .await
+        .unwrap();
+    c.cell(&own(&c), "3", t.clone(), None, &never)
+        .await
+        .unwrap();
+    c.write_file(&own(&c), "figure-001.png", b"PNG")
+        .await
+        .unwrap();
+    c.cell(&own(&c), "4", t, None, &never).await.unwrap();
+    assert_eq!(fake.put_files(), ["figure-001.png", "figure-001.png"]);
+    // A run's own files session (no sandbox) keeps without a copy.
+    let other = Connection::new(ex.clone());
+    let files = other
+        .keep_files(None, vec![("out.txt".into(), b"x".to_vec())])
+        .await;
+    assert!(files.session.is_some(), "{:?}", files.refused);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(fake.put_files(), ["figure-001.png", "figure-001.png"]);
+}
+
 #[tokio::test]
 async fn shutdown_stops_runs_closes_sessions_then_shuts_the_backend_down() {
     let fake = FakeBackend::new();

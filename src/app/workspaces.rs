@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use super::error::AppError;
 use crate::job::InputFile;
 use crate::storage::CodeStorage;
+use crate::storage::Stamp;
 
 /// Caps of a workspace.
 pub mod caps {
@@ -118,16 +119,29 @@ impl Workspaces {
 
     /// Every file of the tenant's workspace, to unpack at `/workspace`.
     pub async fn input_files(&self, tenant: &str) -> Result<Vec<InputFile>, String> {
+        let stamped = self.input_files_stamped(tenant).await?;
+        Ok(stamped.into_iter().map(|(f, _)| f).collect())
+    }
+
+    /// [`Workspaces::input_files`], each with its stamp taken before it was read (a write
+    /// in between gives a stamp older than the contents: read again next time, never lost).
+    pub async fn input_files_stamped(
+        &self,
+        tenant: &str,
+    ) -> Result<Vec<(InputFile, Stamp)>, String> {
         let ws = self.of(tenant)?;
         let mut files = Vec::new();
-        for (name, _) in ws.list().await.map_err(|e| e.to_string())? {
-            let (_, contents) = ws.read_bytes(&name).await.map_err(|e| e.to_string())?;
-            files.push(InputFile {
-                path: name,
-                contents,
-            });
+        for (path, stamp) in ws.stamps().await.map_err(|e| e.to_string())? {
+            let (_, contents) = ws.read_bytes(&path).await.map_err(|e| e.to_string())?;
+            files.push((InputFile { path, contents }, stamp));
         }
         Ok(files)
+    }
+
+    /// The files of the tenant's workspace with their stamps, without reading them.
+    pub async fn stamps(&self, tenant: &str) -> Result<Vec<(String, Stamp)>, String> {
+        let ws = self.of(tenant)?;
+        ws.stamps().await.map_err(|e| e.to_string())
     }
 }
 

@@ -102,6 +102,13 @@ pub trait Session: Send {
 
     /// Can it run another cell? False once its interpreter or container is gone.
     fn alive(&self) -> bool;
+
+    /// May it be working between cells (the idle warm-up asked after its last cell)? A
+    /// message other than the next cell would cut that work short: a copy that can wait
+    /// for the next cell waits.
+    fn busy_between_cells(&self) -> bool {
+        false
+    }
 }
 
 /// Facts about the backend, for `doctor`, `/readyz` and health checks, in words every

@@ -252,6 +252,12 @@ impl CodeStorage {
     /// The regular files directly inside the directory (symlinks and others skipped), by
     /// name, with their sizes.
     pub async fn list(&self) -> Result<Vec<(String, u64)>, StorageError> {
+        let stamped = self.stamps().await?;
+        Ok(stamped.into_iter().map(|(n, s)| (n, s.len)).collect())
+    }
+
+    /// [`CodeStorage::list`] with each file's [`Stamp`].
+    pub async fn stamps(&self) -> Result<Vec<(String, Stamp)>, StorageError> {
         let mut out = Vec::new();
         let mut dir = tokio::fs::read_dir(&self.canonical)
             .await
@@ -267,7 +273,7 @@ impl CodeStorage {
             if let (true, Some(name)) = (meta.is_file(), entry.file_name().to_str()) {
                 // A name no client could have written (a control character) is not shown.
                 if !name.starts_with(TEMP_PREFIX) && name.chars().all(printable) {
-                    out.push((name.to_string(), meta.len()));
+                    out.push((name.to_string(), Stamp::of(&meta)));
                 }
             }
         }
@@ -284,6 +290,32 @@ impl CodeStorage {
     #[cfg(test)]
     fn lock_entries(&self) -> usize {
         self.locks.len()
+    }
+}
+
+/// A version of a file as the file system tells it: its size, modification and change
+/// times and inode. A replacement (written aside, then renamed) has a new inode, an append
+/// a new size and times: equal stamps mean the file was not written in between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Stamp {
+    pub len: u64,
+    times: [i64; 4],
+    ino: u64,
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt as _;
+        Stamp {
+            len: meta.len(),
+            times: [
+                meta.mtime(),
+                meta.mtime_nsec(),
+                meta.ctime(),
+                meta.ctime_nsec(),
+            ],
+            ino: meta.ino(),
+        }
     }
 }
 

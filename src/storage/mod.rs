@@ -34,7 +34,7 @@ mod sweep;
 use std::path::{Path, PathBuf};
 
 pub use claims::{claim_session_workspaces, WorkspaceClaim};
-pub use code::{check_code_size, CodeStorage, AGE_SWEEP_EVERY};
+pub use code::{check_code_size, CodeStorage, Stamp, AGE_SWEEP_EVERY};
 pub use error::StorageError;
 pub use paths::{printable, sanitize_stem};
 pub use quota::{StorageQuota, USAGE_FRESH};

@@ -259,4 +259,8 @@ impl<D: Driver> Session for EngineSession<D> {
     fn alive(&self) -> bool {
         self.alive
     }
+
+    fn busy_between_cells(&self) -> bool {
+        !self.warm.is_empty()
+    }
 }

@@ -199,3 +199,37 @@ async fn reads_never_see_half_an_append() {
     writer.await.unwrap();
     assert_eq!(s.lock_entries(), 0);
 }
+
+/// A stamp changes with every write, also one of the same bytes (a session skips reading a
+/// workspace file whose stamp it has seen), and with an append; reading and listing leave it.
+#[tokio::test]
+async fn a_stamp_changes_with_each_write_and_only_then() {
+    let (_d, s) = tmp();
+    s.write_bytes("a.csv", b"1,2\n").await.unwrap();
+    s.write_bytes("b.csv", b"3,4\n").await.unwrap();
+    let stamp = |all: &[(String, Stamp)], name: &str| {
+        all.iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, st)| *st)
+            .unwrap()
+    };
+    let first = s.stamps().await.unwrap();
+    assert_eq!(first.len(), 2);
+    s.read_bytes("a.csv").await.unwrap();
+    assert_eq!(s.stamps().await.unwrap(), first, "a read changes nothing");
+    s.write_bytes("a.csv", b"1,2\n").await.unwrap();
+    let second = s.stamps().await.unwrap();
+    assert_ne!(
+        stamp(&second, "a.csv"),
+        stamp(&first, "a.csv"),
+        "same bytes, new write"
+    );
+    assert_eq!(stamp(&second, "b.csv"), stamp(&first, "b.csv"));
+    s.append("b.csv", "5,6\n").await.unwrap();
+    let third = s.stamps().await.unwrap();
+    assert_ne!(stamp(&third, "b.csv"), stamp(&second, "b.csv"), "an append");
+    assert_eq!(
+        s.list().await.unwrap(),
+        vec![("a.csv".to_string(), 4), ("b.csv".to_string(), 8)]
+    );
+}
