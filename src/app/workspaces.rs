@@ -26,6 +26,10 @@ pub mod caps {
     pub const FILES: usize = 100;
     /// All files together.
     pub const TOTAL_BYTES: u64 = 32 << 20;
+    /// Outputs the server kept in one workspace (a session's figures, long outputs): the
+    /// newest; older ones nobody changed since are removed as new ones come, and before a
+    /// write would pass a cap above.
+    pub const KEPT_OUTPUTS: usize = 20;
 }
 
 /// Where the code sees the workspace.
@@ -52,6 +56,8 @@ pub struct Workspaces {
     /// it, so that concurrent writes cannot each see room for themselves and overshoot
     /// together (issue 24, item 7).
     writing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Per workspace, the outputs this server kept there, oldest first, each as written.
+    kept: Mutex<HashMap<String, std::collections::VecDeque<(String, Stamp)>>>,
 }
 
 impl Workspaces {
@@ -61,6 +67,7 @@ impl Workspaces {
             open: Mutex::default(),
             quota: std::sync::OnceLock::new(),
             writing: Mutex::default(),
+            kept: Mutex::default(),
         }
     }
 
@@ -103,6 +110,10 @@ impl Workspaces {
     /// Forget a workspace and delete its directory (a session's, when its MCP session ends).
     pub fn remove(&self, key: &str) {
         self.open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+        self.kept
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(key);
@@ -155,23 +166,19 @@ pub async fn save_returned(
     if o.files.is_empty() && o.files_dropped == 0 {
         return None;
     }
-    let ws = match workspaces.of(tenant) {
-        Ok(w) => w,
-        Err(e) => return Some(e),
-    };
-    let _writing = workspaces.write_lock(tenant).await;
+    if let Err(e) = workspaces.of(tenant) {
+        return Some(e);
+    }
     let mut saved = Vec::new();
     let mut refused = Vec::new();
     for f in &o.files {
-        let existing = ws.list().await.unwrap_or_default();
-        let others: Vec<_> = existing.iter().filter(|(n, _)| *n != f.path).collect();
-        let total = others.iter().map(|(_, s)| s).sum::<u64>() + f.data.len() as u64;
         let why = if f.path.contains('/') {
             Some("in a subdirectory; the workspace keeps only top-level files".to_string())
-        } else if others.len() + 1 > caps::FILES || total > caps::TOTAL_BYTES {
-            Some("over the workspace caps".to_string())
         } else {
-            ws.write_bytes(&f.path, &f.data).await.err().map(ws_error)
+            match workspaces.put(tenant, &f.path, &f.data, false).await {
+                Ok(_) => None,
+                Err(WriteError::Quota(e) | WriteError::Refused(e)) => Some(e.to_string()),
+            }
         };
         match why {
             None => saved.push(f.path.clone()),
@@ -252,12 +259,26 @@ impl Workspaces {
         if data.len() as u64 > caps::WRITE_BYTES {
             return Err(WriteError::Refused(too_large(data.len() as u64)));
         }
-        self.keep(key, name, data).await
+        self.put(key, name, data, false).await
     }
 
-    /// Write `data` as `name` into workspace `key` within the workspace caps (not those of
-    /// one write_file call): its size.
+    /// Keep output `data` (a figure, output too long for a result) as `name` in workspace
+    /// `key` within the workspace caps (not those of one write_file call): its size. Of the
+    /// outputs kept in one workspace the newest [`caps::KEPT_OUTPUTS`] stay.
     pub async fn keep(&self, key: &str, name: &str, data: &[u8]) -> Result<u64, WriteError> {
+        self.put(key, name, data, true).await
+    }
+
+    /// Write `data` as `name` into workspace `key` within the workspace caps, first
+    /// removing outputs kept there before (oldest first, unchanged since) as far as the
+    /// caps, or the count of kept outputs when this is one (`output`), need.
+    async fn put(
+        &self,
+        key: &str,
+        name: &str,
+        data: &[u8],
+        output: bool,
+    ) -> Result<u64, WriteError> {
         let ws = self
             .of(key)
             .map_err(|e| WriteError::Refused(AppError::Failed(e)))?;
@@ -265,7 +286,62 @@ impl Workspaces {
         if let Err(e) = ws.resolve(name) {
             return Err(WriteError::Refused(AppError::Failed(ws_error(e))));
         }
-        let existing = ws.list().await.unwrap_or_default();
+        let mut existing = ws.list().await.unwrap_or_default();
+        loop {
+            let others: Vec<_> = existing.iter().filter(|(n, _)| n != name).collect();
+            let total: u64 = others.iter().map(|(_, s)| s).sum::<u64>() + data.len() as u64;
+            let over = others.len() + 1 > caps::FILES || total > caps::TOTAL_BYTES;
+            let too_many = output && self.kept_other_than(key, name) >= caps::KEPT_OUTPUTS;
+            if !over && !too_many {
+                break;
+            }
+            let Some((old, stamp)) = self.oldest_kept_other_than(key, name) else {
+                break;
+            };
+            if ws.remove_unchanged(&old, stamp).await.unwrap_or(false) {
+                existing.retain(|(n, _)| *n != old);
+            }
+        }
+        let written = self.put_within_caps(&ws, name, data, existing).await;
+        let stamp = match (output, &written) {
+            (true, Ok(_)) => ws.stamp(name).await.ok().flatten(),
+            _ => None,
+        };
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(list) = kept.get_mut(key) {
+            list.retain(|(n, _)| n != name);
+        }
+        if let Some(stamp) = stamp {
+            kept.entry(key.to_string())
+                .or_default()
+                .push_back((name.to_string(), stamp));
+        }
+        written
+    }
+
+    /// How many outputs are kept in workspace `key`, `name` aside.
+    fn kept_other_than(&self, key: &str, name: &str) -> usize {
+        let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        kept.get(key)
+            .map_or(0, |l| l.iter().filter(|(n, _)| n != name).count())
+    }
+
+    /// The oldest output kept in workspace `key` but `name`, taken off the list.
+    fn oldest_kept_other_than(&self, key: &str, name: &str) -> Option<(String, Stamp)> {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let list = kept.get_mut(key)?;
+        let at = list.iter().position(|(n, _)| n != name)?;
+        list.remove(at)
+    }
+
+    /// Write `data` as `name` into `ws` (whose files are `existing`) unless a cap refuses.
+    async fn put_within_caps(
+        &self,
+        ws: &CodeStorage,
+        name: &str,
+        data: &[u8],
+        existing: Vec<(String, u64)>,
+    ) -> Result<u64, WriteError> {
         let others: Vec<_> = existing.iter().filter(|(n, _)| n != name).collect();
         let total: u64 = others.iter().map(|(_, s)| s).sum::<u64>() + data.len() as u64;
         if others.len() + 1 > caps::FILES {
@@ -362,6 +438,60 @@ mod tests {
             "{kept} bytes kept by {ok} writes"
         );
         assert_eq!(ok, 6, "as many as fit");
+    }
+
+    /// A long session's figures never fill its workspace: of the outputs the server kept
+    /// the newest stay; one the user rewrote is theirs and stays; and a user's write that
+    /// would pass the file cap makes room from the kept outputs instead of being refused.
+    #[tokio::test]
+    async fn kept_outputs_make_room_and_never_take_the_users_files() {
+        let root = std::env::temp_dir().join(format!("mcpx-ws-{}", crate::job::new_job_id()));
+        let ws = Workspaces::new(root.clone());
+        async fn names(ws: &Workspaces) -> Vec<String> {
+            let l = ws.list_prefixed("t", "").await.unwrap();
+            l.into_iter().map(|(n, _)| n).collect()
+        }
+        ws.write("t", "data.csv", b"1,2\n").await.unwrap();
+        ws.keep("t", "figure-001.png", b"png 1").await.unwrap();
+        // The user's own copy under a kept name: no longer the server's to remove.
+        ws.write("t", "figure-001.png", b"mine").await.unwrap();
+        for i in 2..=30 {
+            let name = format!("figure-{i:03}.png");
+            ws.keep("t", &name, format!("png {i}").as_bytes())
+                .await
+                .unwrap();
+        }
+        let mut want = vec!["data.csv".to_string(), "figure-001.png".to_string()];
+        want.extend((11..=30).map(|i| format!("figure-{i:03}.png")));
+        assert_eq!(
+            names(&ws).await,
+            want,
+            "the newest {} kept",
+            caps::KEPT_OUTPUTS
+        );
+        // Fill the file cap with the user's files: the next ones take kept outputs' places.
+        for i in 0..(caps::FILES - want.len()) {
+            ws.write("t", &format!("u{i:02}.txt"), b"u").await.unwrap();
+        }
+        ws.write("t", "one-more.txt", b"u").await.unwrap();
+        let now = names(&ws).await;
+        assert_eq!(now.len(), caps::FILES);
+        assert!(
+            !now.contains(&"figure-011.png".to_string()),
+            "the oldest went first"
+        );
+        assert!(now.contains(&"figure-012.png".to_string()));
+        assert!(
+            now.contains(&"figure-001.png".to_string()) && now.contains(&"data.csv".to_string())
+        );
+        // With no kept output left to remove, the cap refuses as before.
+        for i in 0..(caps::KEPT_OUTPUTS - 1) {
+            ws.write("t", &format!("v{i:02}.txt"), b"v").await.unwrap();
+        }
+        let refused = ws.write("t", "too-many.txt", b"v").await;
+        assert!(matches!(refused, Err(WriteError::Refused(_))));
+        assert_eq!(ws.read("t", "figure-001.png").await.unwrap(), b"mine");
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]

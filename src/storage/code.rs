@@ -281,6 +281,37 @@ impl CodeStorage {
         Ok(out)
     }
 
+    /// The stamp of file `name` (`None`: not there, or not a regular file).
+    pub async fn stamp(&self, name: &str) -> Result<Option<Stamp>, StorageError> {
+        let path = self.resolve(name)?;
+        Ok(tokio::fs::symlink_metadata(&path)
+            .await
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| Stamp::of(&m)))
+    }
+
+    /// Remove file `name` if it is still the version `stamp` names (nobody wrote it since),
+    /// under its lock; whether it was removed.
+    pub async fn remove_unchanged(&self, name: &str, stamp: Stamp) -> Result<bool, StorageError> {
+        let path = self.resolve(name)?;
+        let lock = self.lock_for(&path);
+        let _guard = lock.write().await;
+        let same = tokio::fs::symlink_metadata(&path)
+            .await
+            .is_ok_and(|m| m.is_file() && Stamp::of(&m) == stamp);
+        if !same {
+            return Ok(false);
+        }
+        tokio::fs::remove_file(&path)
+            .await
+            .map_err(|e| io_err(&path, e))?;
+        if let Some(q) = self.quota.get() {
+            q.forget();
+        }
+        Ok(true)
+    }
+
     /// The lock of one file; see [`FileLocks::lock_for`].
     pub(super) fn lock_for(&self, path: &Path) -> FileLock<'_> {
         self.locks.lock_for(path)
