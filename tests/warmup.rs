@@ -144,7 +144,7 @@ print(t, any(th.name == 'mcp-warm-up' for th in threading.enumerate()))";
     ((started - sent) * 1000.0, it.next() == Some("True"))
 }
 
-/// A cell sent while the warm-up imports starts soon (not "within a few ms", see below): measured from
+/// A cell sent while the warm-up imports starts soon (not always "within a few ms", see below): measured from
 /// the host's clock when the cell is sent to the sandbox's clock when it starts (the same
 /// kernel clock), against the same cell in a session that has nothing to warm.
 #[tokio::test]
@@ -177,10 +177,10 @@ async fn a_cell_sent_during_the_warm_up_starts_at_once() {
     eprintln!(
         "a cell's start after its send (ms): no warm-up {base:.1?}, during a warm-up {during:.1?}"
     );
-    // Not "a few ms" (issue 43): the SCHED_BATCH warm-up thread shares the CPU and the
-    // interpreter lock with the cell's thread until its module is done (medians 78 ms
-    // against 5 ms without, and 21 ms at SCHED_IDLE, which can starve; docs/mcp.md). The
-    // bound says that a cell is never made to wait for the warm-up's whole import.
+    // Not always "a few ms" (issue 43): the SCHED_BATCH warm-up thread shares the CPU and
+    // the interpreter lock with the cell's thread until its module is done (at a 0.5 ms
+    // switch interval: median 6 ms, 2 of 33 over 12.2 ms; docs/mcp.md). The bound says
+    // that a cell is never made to wait for the warm-up's whole import.
     assert!(
         during[1] < base[1] + 250.0,
         "a cell waited for the warm-up: {during:?} against {base:?}"

@@ -250,7 +250,9 @@ def _mcp_repl(save_open_figures):
 # again (no CAP_SYS_NICE, RLIMIT_NICE 0), and a cell importing the module the warm-up is in
 # waits for the interpreter's module lock that thread holds: at SCHED_IDLE beside anything
 # runnable it hardly ran and the cell waited (issue 43, measured). A cell that arrives runs
-# at once on the main thread (the warm-up holds the GIL at most a switch interval, 5 ms);
+# at once on the main thread (while it works the warm-up sets the interpreter's switch
+# interval to 0.5 ms, so that it holds the GIL that long at most while in Python code: at
+# the default 5 ms a third of the cells sent during it started 26-52 ms late, measured);
 # the warm-up then stops after the module it is in. One warm-up at a time: a new one first
 # waits for the last one's module. Done (not stopped), it writes `{"warm": [...], "skipped":
 # [...], "seq": n}` on fd 4 (no nonce: never a cell's).
@@ -297,6 +299,13 @@ def _mcp_warm(msg, last):
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
         except (AttributeError, OSError):
             pass
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(0.0005)
+        try:
+            imports()
+        finally:
+            sys.setswitchinterval(interval)
+    def imports():
         budget = int(msg.get('budget') or 0)
         done, skipped = [], []
         for name in msg.get('modules') or []:
