@@ -156,6 +156,41 @@ impl Workspaces {
     }
 }
 
+/// Why writing `len` bytes as `name` into a workspace that holds `existing` would pass
+/// one of its caps; `None` when it fits.
+fn over_caps(existing: &[(String, u64)], name: &str, len: u64) -> Option<String> {
+    let others: Vec<_> = existing.iter().filter(|(n, _)| n != name).collect();
+    let total: u64 = others.iter().map(|(_, s)| s).sum::<u64>() + len;
+    if others.len() + 1 > caps::FILES {
+        return Some(format!(
+            "the workspace already holds {} files, the most it may; nothing was written",
+            others.len()
+        ));
+    }
+    (total > caps::TOTAL_BYTES).then(|| {
+        format!(
+            "the workspace would hold {total} bytes, over its cap of {} bytes; nothing was written",
+            caps::TOTAL_BYTES
+        )
+    })
+}
+
+/// Write `data` as `name` into `ws`; a quota's refusal told apart.
+async fn write_bytes(ws: &CodeStorage, name: &str, data: &[u8]) -> Result<u64, WriteError> {
+    match ws.write_bytes(name, data).await {
+        Ok((_, size)) => Ok(size),
+        Err(e) => {
+            let quota = matches!(e, crate::storage::StorageError::Quota { .. });
+            let e = AppError::Failed(ws_error(e));
+            Err(if quota {
+                WriteError::Quota(e)
+            } else {
+                WriteError::Refused(e)
+            })
+        }
+    }
+}
+
 /// Save `o.files` into the tenant's workspace within its caps; a sentence saying what was
 /// saved and what was not, or `None` when the code wrote nothing.
 pub async fn save_returned(
@@ -288,9 +323,7 @@ impl Workspaces {
         }
         let mut existing = ws.list().await.unwrap_or_default();
         loop {
-            let others: Vec<_> = existing.iter().filter(|(n, _)| n != name).collect();
-            let total: u64 = others.iter().map(|(_, s)| s).sum::<u64>() + data.len() as u64;
-            let over = others.len() + 1 > caps::FILES || total > caps::TOTAL_BYTES;
+            let over = over_caps(&existing, name, data.len() as u64).is_some();
             let too_many = output && self.kept_other_than(key, name) >= caps::KEPT_OUTPUTS;
             if !over && !too_many {
                 break;
@@ -302,7 +335,10 @@ impl Workspaces {
                 existing.retain(|(n, _)| *n != old);
             }
         }
-        let written = self.put_within_caps(&ws, name, data, existing).await;
+        let written = match over_caps(&existing, name, data.len() as u64) {
+            Some(why) => Err(WriteError::Refused(AppError::Failed(why))),
+            None => write_bytes(&ws, name, data).await,
+        };
         let stamp = match (output, &written) {
             (true, Ok(_)) => ws.stamp(name).await.ok().flatten(),
             _ => None,
@@ -332,42 +368,6 @@ impl Workspaces {
         let list = kept.get_mut(key)?;
         let at = list.iter().position(|(n, _)| n != name)?;
         list.remove(at)
-    }
-
-    /// Write `data` as `name` into `ws` (whose files are `existing`) unless a cap refuses.
-    async fn put_within_caps(
-        &self,
-        ws: &CodeStorage,
-        name: &str,
-        data: &[u8],
-        existing: Vec<(String, u64)>,
-    ) -> Result<u64, WriteError> {
-        let others: Vec<_> = existing.iter().filter(|(n, _)| n != name).collect();
-        let total: u64 = others.iter().map(|(_, s)| s).sum::<u64>() + data.len() as u64;
-        if others.len() + 1 > caps::FILES {
-            return Err(WriteError::Refused(AppError::Failed(format!(
-                "the workspace already holds {} files, the most it may; nothing was written",
-                others.len()
-            ))));
-        }
-        if total > caps::TOTAL_BYTES {
-            return Err(WriteError::Refused(AppError::Failed(format!(
-                "the workspace would hold {total} bytes, over its cap of {} bytes; nothing was written",
-                caps::TOTAL_BYTES
-            ))));
-        }
-        match ws.write_bytes(name, data).await {
-            Ok((_, size)) => Ok(size),
-            Err(e) => {
-                let quota = matches!(e, crate::storage::StorageError::Quota { .. });
-                let e = AppError::Failed(ws_error(e));
-                Err(if quota {
-                    WriteError::Quota(e)
-                } else {
-                    WriteError::Refused(e)
-                })
-            }
-        }
     }
 
     /// The bytes of `name` in workspace `key`.
