@@ -576,6 +576,91 @@ class NetRelayTest(unittest.TestCase):
                 client.close()
 
 
+class DirectChannelTest(unittest.TestCase):
+    """A connection of the code joined to the server's egress socket (`netrelay.Pipe`):
+    every byte arrives both ways, each end's end is passed on, and the pipe is gone once
+    both ways ended; by splice where the kernel allows, by copying where it refuses."""
+
+    def transfer(self, splice):
+        import errno as _errno
+        import socket
+
+        up, down = os.urandom(3 << 20), os.urandom(2 << 20)
+        got = {}
+        calls = {"splice": 0}
+        real = netrelay.splice
+
+        def counted(*a, **k):
+            calls["splice"] += 1
+            if not splice:
+                raise OSError(_errno.EINVAL, "splice refused (the test)")
+            return real(*a, **k)
+
+        def exchange(sock, data, key):
+            def send():
+                sock.sendall(data)
+                sock.shutdown(socket.SHUT_WR)
+
+            t = threading.Thread(target=send)
+            t.start()
+            chunks = []
+            while True:
+                b = sock.recv(1 << 16)
+                if not b:
+                    break
+                chunks.append(b)
+            t.join()
+            got[key] = b"".join(chunks)
+            sock.close()
+
+        saved = (netrelay.PORT, netrelay.SOCKET, netrelay.splice)
+        with tempfile.TemporaryDirectory() as d:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(os.path.join(d, "egress.sock"))
+            listener.listen(1)
+            netrelay.PORT, netrelay.SOCKET, netrelay.splice = 0, os.path.join(d, "egress.sock"), counted
+            threads = []
+            try:
+                net = netrelay.Net()
+                watch = Watch()
+                net.attach(watch)
+                port = net.listener.getsockname()[1]
+                client = socket.create_connection(("127.0.0.1", port))
+                threads.append(threading.Thread(target=exchange, args=(client, up, "code_got")))
+                threads[-1].start()
+
+                def server():
+                    conn, _ = listener.accept()
+                    exchange(conn, down, "server_got")
+
+                threads.append(threading.Thread(target=server))
+                threads[-1].start()
+                deadline = time.monotonic() + 20
+                while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+                    for fd, _ in watch.select(0.1):
+                        net.event(fd)
+                for t in threads:
+                    t.join(5)
+                self.assertEqual(len(got.get("server_got", b"")), len(up))
+                self.assertEqual(got["server_got"], up)
+                self.assertEqual(got["code_got"], down)
+                self.assertEqual(net.pipes, {}, "the pipe outlived both ends")
+                net.listener.close()
+            finally:
+                netrelay.PORT, netrelay.SOCKET, netrelay.splice = saved
+                frames.INBOX.on_net = None
+                listener.close()
+        return calls["splice"]
+
+    def test_bytes_go_both_ways_by_splice(self):
+        if netrelay.splice is None:
+            self.fail("this Python has no os.splice: the sandbox's (3.11) has")
+        self.assertGreater(self.transfer(splice=True), 10)
+
+    def test_bytes_go_both_ways_by_copy_where_splice_is_refused(self):
+        self.assertGreaterEqual(self.transfer(splice=False), 1)
+
+
 class StartUpTest(unittest.TestCase):
     def test_the_font_cache_is_copied_once_and_never_over_what_is_there(self):
         with tempfile.TemporaryDirectory() as d:
