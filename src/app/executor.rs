@@ -216,10 +216,12 @@ impl Executor {
     /// Take one run from the tenant's runs-per-minute quota, or say when to retry. Checked
     /// before anything is started.
     pub fn admit(&self) -> Result<(), AppError> {
+        let mut span = crate::telemetry::span("executor.admit");
         let Some(rate) = &self.rate else {
             return Ok(());
         };
         rate.try_take().map_err(|wait| {
+            span.fail("quota");
             self.shared.metrics.rejected(self.tenant(), "rate");
             AppError::Refused(format!(
                 "quota exceeded: tenant `{}` may start {} runs per minute (runs_per_minute). Retry in {} s",

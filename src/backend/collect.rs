@@ -10,7 +10,7 @@ use crate::job::{Artifact, Outcome, OutputFile, RunEvent, StreamKind};
 
 /// How a conversation with a runner ended.
 pub(crate) enum Ended {
-    Report(Report, Collected),
+    Report(Box<Report>, Collected),
     TimedOut(Collected),
     /// The stream ended without a report: the runner itself died (or its sandbox went).
     Vanished(Collected),

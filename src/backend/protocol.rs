@@ -205,6 +205,10 @@ pub struct Report {
     /// What a session's idle warm-ups imported or skipped so far (never asked for again).
     #[serde(default)]
     pub warmed: Vec<String>,
+    /// The runner's own timings, for the trace: `(name, start, end)` in milliseconds before
+    /// the report was sent (see [`crate::backend::engine`]'s `phases`).
+    #[serde(default)]
+    pub phases: Vec<(String, f64, f64)>,
 }
 
 /// One message from the runner.

@@ -138,6 +138,28 @@ impl Span {
         }
     }
 
+    /// When this span started (`None`: not recorded).
+    pub fn started(&self) -> Option<SystemTime> {
+        self.0.as_ref().map(|o| o.start)
+    }
+
+    /// A finished child of this span, timed elsewhere (the runner's phases, measured
+    /// inside the sandbox).
+    pub fn child_done(&self, name: &'static str, start: SystemTime, end: SystemTime) {
+        if let Some(o) = &self.0 {
+            o.exporter.send(Finished {
+                ctx: o.ctx.child(),
+                parent: Some(o.ctx.span_id),
+                name: name.to_string(),
+                kind: Kind::Internal,
+                start,
+                end,
+                attributes: Vec::new(),
+                error: None,
+            });
+        }
+    }
+
     /// The `traceparent` of this span, for a request sent on its behalf.
     pub fn traceparent(&self) -> Option<String> {
         self.0.as_ref().map(|o| o.ctx.traceparent())

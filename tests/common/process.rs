@@ -25,8 +25,9 @@ pub struct Server {
 }
 
 impl Server {
-    /// `serve --port 0 --pool-size 0 ARGS` with `envs` set, tenant `t-NAME-<random>`;
-    /// returns once it serves. `MCE_TEST_BIN` names another build to start (an older one).
+    /// `serve --port 0 --pool-size 0 ARGS` (no `--pool-size 0` when ARGS name a size) with
+    /// `envs` set, tenant `t-NAME-<random>`; returns once it serves. `MCE_TEST_BIN` names
+    /// another build to start (an older one).
     pub async fn start(name: &str, args: &[&str], envs: &[(&str, &str)]) -> Server {
         let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
         let tenant = format!("t-{name}-{id}");
@@ -35,8 +36,11 @@ impl Server {
         let bin = std::env::var("MCE_TEST_BIN")
             .unwrap_or_else(|_| env!("CARGO_BIN_EXE_mcp-code-executor").to_string());
         let mut cmd = tokio::process::Command::new(bin);
-        cmd.args(["serve", "--port", "0", "--pool-size", "0"])
-            .args(args)
+        cmd.args(["serve", "--port", "0"]);
+        if !args.contains(&"--pool-size") {
+            cmd.args(["--pool-size", "0"]);
+        }
+        cmd.args(args)
             .env("CODE_STORAGE_DIR", dir.join("code"))
             .env("MCP_EXECUTOR_DATA_DIR", dir.join("data"))
             .env("MCP_EXECUTOR_TENANT", &tenant)

@@ -110,7 +110,8 @@ async fn metrics(url: String) -> String {
 }
 
 /// The spans every `execute_code` has: the server span's children.
-const CALL_SPANS: [&str; 4] = [
+const CALL_SPANS: [&str; 5] = [
+    "executor.admit",
     "executor.queue",
     "sandbox.take",
     "sandbox.run",
@@ -259,7 +260,7 @@ async fn a_call_from_the_official_sdk_continues_the_clients_trace() {
     let rx = receiver().await;
     let server = mcp_support::server_configured(tenant, |s| s.traces = traces_to(&rx)).await;
     let marker = format!("secret-marker-{}", uuid::Uuid::new_v4().simple());
-    let (spans, root) = traced_call(&rx, &server.url("/mcp"), &marker, None, &[]).await;
+    let (spans, root) = traced_call(&rx, &server.url("/mcp"), &marker, None, &RUNNER_PHASES).await;
     assert_eq!(root["service"], "traces-test");
     assert_eq!(root["attributes"]["mcp_executor.tenant"], tenant, "{root}");
     assert_eq!(root["status"], 0, "{root}");
@@ -270,12 +271,16 @@ async fn a_call_from_the_official_sdk_continues_the_clients_trace() {
         take["attributes"]["mcp_executor.sandbox.warm"], false,
         "no pool: {take}"
     );
+    assert!(take["attributes"]["mcp_executor.pool"].is_null(), "{take}");
+    within_the_run(&spans, &RUNNER_PHASES);
     // A client that sends the trace context as the HTTP header (no `_meta` traceparent):
     // a raw 2026-07-28 request of a tool that starts no sandbox.
     let (trace_id, parent) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
     let answer = raw_call(
         &server.url("/mcp"),
         "get_environment_config",
+        json!({}),
+        json!({}),
         &format!("00-{trace_id}-{parent}-01"),
     )
     .await;
@@ -287,22 +292,119 @@ async fn a_call_from_the_official_sdk_continues_the_clients_trace() {
     let header_root = named(&spans, name);
     assert_eq!(header_root["parent_span_id"], parent, "{header_root}");
     assert_eq!(header_root["kind"], 2, "{header_root}");
+    // A run started as a task (the tasks extension): its spans, after the request's span
+    // ended, go under a `task.run` span in the request's trace.
+    let (trace_id, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let created = raw_call(
+        &server.url("/mcp"),
+        "execute_code",
+        json!({"code": format!("print('{marker}')")}),
+        json!({"extensions": {"io.modelcontextprotocol/tasks": {}}}),
+        &format!("00-{trace_id}-{parent}-01"),
+    )
+    .await;
+    assert!(created.contains("\"taskId\""), "{created}");
+    let name = "tools/call execute_code";
+    let spans = rx
+        .wait_for(
+            trace_id,
+            &[
+                name,
+                "task.run",
+                "executor.queue",
+                "sandbox.run",
+                "sandbox.code",
+            ],
+            &marker,
+            Duration::from_secs(30),
+        )
+        .await;
+    let root = named(&spans, name);
+    assert_eq!(root["parent_span_id"], parent, "{root}");
+    let task = named(&spans, "task.run");
+    assert_eq!(task["parent_span_id"], root["span_id"], "{task}");
+    for child in ["executor.queue", "sandbox.run"] {
+        let c = named(&spans, child);
+        assert_eq!(c["parent_span_id"], task["span_id"], "{child}: {c}");
+    }
+    within_the_run(&spans, &["sandbox.code"]);
     let m = metrics(server.url("/metrics")).await;
     assert!(metric(&m, "mcp_executor_trace_spans_exported_total") >= 6);
     assert_eq!(metric(&m, "mcp_executor_trace_spans_dropped_total"), 0);
     server.finish().await;
 }
 
-/// A raw `tools/call` of `tool` (no arguments) at protocol 2026-07-28 with `traceparent` as
-/// an HTTP header: the answer's text.
-async fn raw_call(url: &str, tool: &str, traceparent: &str) -> String {
+/// The runner's own timings of a one-shot run, children of `sandbox.run`.
+const RUNNER_PHASES: [&str; 3] = ["sandbox.job_in", "sandbox.code", "sandbox.report"];
+
+/// Each of `phases` is a child of `sandbox.run`, within it in time, in order (one starts
+/// where the last ended, or later).
+pub(crate) fn within_the_run(spans: &[Value], phases: &[&str]) {
+    let run = named(spans, "sandbox.run");
+    let mut last_end = run["start"].as_u64().unwrap();
+    for name in phases {
+        let p = named(spans, name);
+        assert_eq!(p["parent_span_id"], run["span_id"], "{name}: {p}");
+        let (start, end) = (p["start"].as_u64().unwrap(), p["end"].as_u64().unwrap());
+        assert!(
+            last_end <= start && start <= end && end <= run["end"].as_u64().unwrap(),
+            "{name} is out of order or outside sandbox.run: {p} {run}"
+        );
+        last_end = end;
+    }
+}
+
+/// A run on a warm sandbox says which pool it came from and that it was a plain one (the
+/// code needs nothing preloaded), and its runner's phases come as they do from a cold one.
+/// The real binary: the suite's in-process servers share one sandbox without a pool.
+#[tokio::test]
+async fn a_warm_take_names_its_pool() {
+    let rx = receiver().await;
+    let endpoint = format!("http://127.0.0.1:{}", rx.port);
+    let s = crate::process::Server::start(
+        "traces-warm",
+        &["--pool-size", "1", "--otlp-endpoint", &endpoint],
+        &[("OTEL_BSP_SCHEDULE_DELAY", "100")],
+    )
+    .await;
+    let _clean = common::remove_on_drop(&s.tenant);
+    // The pool's sandbox is waiting.
+    let waited = Instant::now();
+    while metric(&metrics(s.url("/metrics")).await, "mcp_executor_pool_ready") < 1 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(60),
+            "the pool never filled:\n{}",
+            s.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let marker = format!("secret-marker-{}", uuid::Uuid::new_v4().simple());
+    let (spans, _) = traced_call(&rx, &s.url("/mcp"), &marker, None, &RUNNER_PHASES).await;
+    let take = named(&spans, "sandbox.take");
+    let a = &take["attributes"];
+    assert_eq!(a["mcp_executor.sandbox.warm"], true, "{take}");
+    // One tenant: the server's one shared pool.
+    assert_eq!(a["mcp_executor.pool"], "pool", "{take}");
+    assert_eq!(a["mcp_executor.sandbox.preloaded"], 0, "{take}");
+    within_the_run(&spans, &RUNNER_PHASES);
+}
+
+/// A raw `tools/call` of `tool` with `arguments` at protocol 2026-07-28, from a client of
+/// `capabilities`, with `traceparent` as an HTTP header: the answer's text.
+async fn raw_call(
+    url: &str,
+    tool: &str,
+    arguments: Value,
+    capabilities: Value,
+    traceparent: &str,
+) -> String {
     let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
         "name": tool,
-        "arguments": {},
+        "arguments": arguments,
         "_meta": {
             "io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientInfo": {"name": "raw-traces", "version": "0"},
-            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientCapabilities": capabilities,
         },
     }});
     reqwest::Client::new()
@@ -478,6 +580,8 @@ async fn a_stopping_server_sends_its_last_spans() {
     let answer = raw_call(
         &s.url("/mcp"),
         "get_environment_config",
+        json!({}),
+        json!({}),
         &format!("00-{trace_id}-{parent}-01"),
     )
     .await;

@@ -2,8 +2,9 @@
 //! real binary (`serve --tools FILE --egress FILE`) on real Docker, the real upstream MCP
 //! server of code mode (npm `server-everything`), a real HTTPS server on loopback named by
 //! the egress policy, and the rmcp client: one run makes three code-mode tool calls, one
-//! downloads a body of known size through the proxy, one install runs; then
-//! `mcp-code-executor usage` must show exactly those.
+//! downloads a body of known size through the proxy, an `execute_python` session does one
+//! of each in two cells, one install runs; then `mcp-code-executor usage` must show
+//! exactly those.
 
 use serde_json::{json, Value};
 
@@ -62,6 +63,20 @@ async fn usage_counts_tool_calls_egress_bytes_and_installs() {
     );
     let (out, err, _) = run(&peer, &code).await;
     assert_eq!(last_json(&out, &err), json!({"n": BODY}), "{err}");
+    // An execute_python session: a cell with one tool call, a cell downloading BODY.
+    let cells = [
+        "from tools import everything\n'3' in str(everything.get_sum(a=1, b=2))".to_string(),
+        format!(
+            "{}import requests\nlen(requests.get('https://data.example.test:{}/big={BODY}', timeout=30).content)",
+            trusting(&ca),
+            up.port
+        ),
+    ];
+    for (code, want) in cells.iter().zip(["True", &BODY.to_string()]) {
+        let r = call(&peer, "execute_python", json!({ "code": code })).await;
+        let t = format!("{:?} {:?}", r.structured_content, r.content);
+        assert!(t.contains(want), "cell {code:?} answered {t}");
+    }
     // An install (numpy: there already; whatever pip says, an install ran).
     let r = call(
         &peer,
@@ -87,16 +102,19 @@ async fn usage_counts_tool_calls_egress_bytes_and_installs() {
     assert_eq!(t["installs"], 1, "install answered {r:?}: {t}");
     assert_eq!(t["kinds"]["install"]["runs"], 1, "{t}");
     assert_eq!(t["kinds"]["run"]["runs"], 2, "{t}");
-    assert_eq!(t["tool_calls"], 3, "{t}");
+    assert_eq!(t["kinds"]["cell"]["runs"], 2, "{t}");
+    // Three from the run, one from the session's cell.
+    assert_eq!(t["tool_calls"], 4, "{t}");
     let down = t["egress_down_bytes"].as_u64().unwrap();
-    // The body, plus TLS and HTTP framing (a handshake with its certificate: a few KiB).
+    // The body twice (a run's, a cell's), plus TLS and HTTP framing (a handshake with its
+    // certificate: a few KiB each).
     assert!(
-        (BODY..BODY + 16_384).contains(&down),
-        "{down} bytes received for a {BODY}-byte body: {t}"
+        (2 * BODY..2 * BODY + 32_768).contains(&down),
+        "{down} bytes received for two {BODY}-byte bodies: {t}"
     );
     let up_bytes = t["egress_up_bytes"].as_u64().unwrap();
-    assert!((100..16_384).contains(&up_bytes), "{up_bytes} sent: {t}");
+    assert!((200..32_768).contains(&up_bytes), "{up_bytes} sent: {t}");
     // Per principal (no sign-in: the static token) the same.
-    assert_eq!(t["principals"]["static-token"]["tool_calls"], 3, "{t}");
+    assert_eq!(t["principals"]["static-token"]["tool_calls"], 4, "{t}");
     assert_eq!(t["principals"]["static-token"]["installs"], 1, "{t}");
 }

@@ -4,6 +4,7 @@
 import os
 import signal
 import sys
+import time
 
 from mcp_runner import cgroup, figures, frames, netrelay, preload, run, session
 from mcp_runner.job import read_job
@@ -117,7 +118,9 @@ def main():
     nonce = os.urandom(8).hex()
     frames.frame(b"R")
     wait_for_job(wait_limit)
+    arrived = time.monotonic()
     job, archive = read_job(frames.INBOX, default_python)
+    job.arrived = arrived
     # The job is ours: a sandbox that dies from here on took this job with it (the server
     # runs a job again elsewhere only when its sandbox died before this).
     frames.frame(b"S")
@@ -177,6 +180,7 @@ def main():
             child = preload.start(job.python, job.workdir, STUB, job.preload)
         except OSError as e:
             frames.fail("could not start %s: %s" % (job.python, e))
+    job.unpacked = time.monotonic()
     run.run(child, job)
     # The report is out (flushed) and every process of the run reaped: leave at once. The
     # server removes the container as soon as the report arrives; a runner still tearing

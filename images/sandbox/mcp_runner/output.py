@@ -3,6 +3,7 @@ one-shot run (`run`) and a session's cells (`session`): the code's output under 
 the reaping of every child, the figures and files it left, and the report's fields."""
 
 import os
+import time
 
 from mcp_runner import figures, frames, limits
 from mcp_runner.workspace import send_files
@@ -91,6 +92,18 @@ def send_returns(job, budget, clear=False):
     except Exception as e:  # the program's own outcome is reported whatever happened here
         budget.note("figures or files could not be returned: %r" % (e,))
     return {"artifacts_dropped": dropped, "files_dropped": files_dropped}
+
+
+def phases(*spans):
+    """The run's phases for the server's trace (children of its `sandbox.run` span): one
+    `[name, start, end]` per `(name, start, end)` of monotonic times, in milliseconds
+    before now (the report's sending: the server places them from its arrival)."""
+    now = time.monotonic()
+    return [
+        [name, round((now - a) * 1000, 2), round((now - b) * 1000, 2)]
+        for name, a, b in spans
+        if a is not None and b is not None and a <= b
+    ]
 
 
 def report(output, budget, returned, **fields):

@@ -21,6 +21,7 @@ def run(child, job):
     exited_at = None
     preload.dispatching(child, job)
     nonce = job.nonce or os.urandom(8).hex()
+    code_at = time.monotonic()
     try:
         child.go(os.path.join(job.workdir, job.entry), nonce, job.source, job.env)
     except OSError:
@@ -127,6 +128,12 @@ def run(child, job):
         **fields,
     )
     preload.amend(report, child, job)
+    ended_at = exited_at if exited_at is not None else time.monotonic()
+    report["phases"] = output.phases(
+        ("job", getattr(job, "arrived", None), getattr(job, "unpacked", None)),
+        ("code", code_at, ended_at),
+        ("report", ended_at, time.monotonic()),
+    )
     frames.report(report)
 
 

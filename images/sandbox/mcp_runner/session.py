@@ -277,6 +277,7 @@ def run_cell(stdin, sel, child, job, cell, relay):
     budget = limits.Budget(cell.get("return_limit", getattr(job, "return_limit", None)))
     cpu0, oom0 = cgroup.cpu_ns(), cgroup.oom_kills() or 0
     nonce = os.urandom(16).hex()
+    code_at = time.monotonic()
     msg = nonce.encode() + struct.pack(">I", len(code)) + code
     try:
         while msg:
@@ -345,6 +346,7 @@ def run_cell(stdin, sel, child, job, cell, relay):
         reaped = output.reap(child.pid)
         if reaped is not None:
             exited = reaped
+    ended_at = time.monotonic()
     if watching:
         sel.unregister(stdin.fileno())
     if netrelay.NET is not None:
@@ -373,6 +375,7 @@ def run_cell(stdin, sel, child, job, cell, relay):
         # The interpreter is gone (exit(), sys.exit(), a crash): so is the session.
         report.update(output.exit_fields(exited))
         report["ended"] = True
+    report["phases"] = output.phases(("code", code_at, ended_at), ("report", ended_at, time.monotonic()))
     frames.report(report)
     if exited is None and cell.get("warm"):
         warm_up(child, job, cell["warm"])

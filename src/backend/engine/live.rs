@@ -98,6 +98,9 @@ pub(crate) struct Live<G> {
     /// The sandbox's own directory on the server's host, mounted inside (Docker under
     /// runc): where a hook may listen for the sandbox's connections. Removed with it.
     dir: Option<crate::backend::sandbox_dir::SandboxDir>,
+    /// The pool that handed it to a run and what it had preloaded (`None`: started cold
+    /// for its run), for the `sandbox.take` span.
+    pub(crate) taken_from: Option<crate::backend::pool::TakenFrom>,
 }
 
 impl<G: Send + 'static> crate::backend::pool::Waiting for Live<G> {
@@ -107,6 +110,10 @@ impl<G: Send + 'static> crate::backend::pool::Waiting for Live<G> {
 
     fn claimed(&mut self) -> bool {
         self.on_claim.take().is_none_or(|f| f())
+    }
+
+    fn taken(&mut self, from: crate::backend::pool::TakenFrom) {
+        self.taken_from = Some(from);
     }
 }
 
@@ -145,6 +152,7 @@ impl<G> Live<G> {
             on_claim: None,
             held: None,
             dir: None,
+            taken_from: None,
         }
     }
 
@@ -382,7 +390,7 @@ impl<G> Live<G> {
                         deadline = tokio::time::Instant::now() + limits.timeout;
                         emit(events, RunEvent::Started);
                     }
-                    Some(Control::Exit(report)) => return Ok(Ended::Report(report, out)),
+                    Some(Control::Exit(report)) => return Ok(Ended::Report(Box::new(report), out)),
                     Some(Control::Failed(msg)) => return Err(BackendError::Rejected(msg)),
                     Some(Control::Other(frame)) => match hook {
                         Some(h) => replies.push(h.frame(frame)?),

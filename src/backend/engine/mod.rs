@@ -13,6 +13,7 @@
 
 pub(crate) mod guard;
 pub mod live;
+mod phases;
 mod session;
 mod tools;
 
@@ -258,7 +259,7 @@ impl<D: Driver> Engine<D> {
             Some(live) => live,
             None => self.cold(&job, lifetime).await?,
         };
-        take.with("mcp_executor.sandbox.warm", pooled).end();
+        took(take, &live);
         let sandbox = live.guard.id().to_string();
         tracing::debug!(job_id = %job.id, tenant = %job.tenant, sandbox = %sandbox, pooled, ms = started.elapsed().as_millis() as u64, "sandbox started");
         emit(
@@ -272,6 +273,7 @@ impl<D: Driver> Engine<D> {
         let mut ended = run
             .scope(live.execute(&input, true, limits, &events, &hook))
             .await?;
+        let mut received = std::time::SystemTime::now();
         if let Ended::Vanished(out) = &ended {
             if pooled && !out.started() {
                 // A waiting sandbox that died while it waited (a daemon restart, a kill
@@ -285,9 +287,11 @@ impl<D: Driver> Engine<D> {
                 ended = run
                     .scope(live.execute(&input, true, limits, &events, &hook))
                     .await?;
+                received = std::time::SystemTime::now();
             }
         }
         if let Ended::Report(report, _) = &ended {
+            phases::record(&run, report, received);
             let seen = Seen {
                 tenant: &job.tenant,
                 env: &job.env,
@@ -305,7 +309,7 @@ impl<D: Driver> Engine<D> {
     }
 
     /// [`Backend::open_session`]: each cell's frames the engine does not handle go to a
-    /// hook of the job's tools made for that cell (see [`tools::tool_hook`]).
+    /// hook of the job's tools made for that cell (see [`tools::tool_hook_of`]).
     async fn open_session_with_tools(
         &self,
         mut job: JobSpec,
@@ -317,13 +321,11 @@ impl<D: Driver> Engine<D> {
         let input = protocol::encode_session(&job, &python)
             .map_err(|e| BackendError::Rejected(e.to_string()))?;
         let take = crate::telemetry::span("sandbox.take");
-        let warm = self.take_warm(&job, false).await;
-        let pooled = warm.is_some();
-        let mut live = match warm {
+        let mut live = match self.take_warm(&job, false).await {
             Some(live) => live,
             None => self.cold(&job, Lifetime::Long).await?,
         };
-        take.with("mcp_executor.sandbox.warm", pooled).end();
+        took(take, &live);
         live.wait_ready().await?;
         live.send(&input).await?;
         tracing::debug!(job_id = %job.id, tenant = %job.tenant, sandbox = %live.guard.id(), "session opened");
@@ -407,6 +409,16 @@ pub(crate) async fn outcome_of<D: Driver>(
             Ok(out.into_killed(true))
         }
         Ended::Vanished(out) => driver.vanished(guard, out).await,
+    }
+}
+
+/// End the `sandbox.take` span: warm or cold, and for a warm sandbox its pool and how many
+/// modules it had preloaded (0: a plain one; never their names).
+fn took(mut take: crate::telemetry::Span, live: &Live) {
+    take.set("mcp_executor.sandbox.warm", live.taken_from.is_some());
+    if let Some(from) = &live.taken_from {
+        take.set("mcp_executor.pool", from.pool.clone());
+        take.set("mcp_executor.sandbox.preloaded", from.preloaded.len());
     }
 }
 

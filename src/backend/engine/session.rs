@@ -58,6 +58,9 @@ pub(super) struct EngineSession<D: Driver> {
     /// [`EngineSession::warm_up`]), and what warm-ups imported or skipped so far.
     warm: Vec<String>,
     warmed: BTreeSet<String>,
+    /// What the last message's run used outside the sandbox (tool requests, egress
+    /// bytes): a cell's, once it has ended, for its usage record (#45).
+    spent: crate::job::External,
 }
 
 impl<D: Driver> EngineSession<D> {
@@ -84,6 +87,7 @@ impl<D: Driver> EngineSession<D> {
             cells: 0,
             warm: Vec::new(),
             warmed: BTreeSet::new(),
+            spent: crate::job::External::default(),
         }
     }
 
@@ -190,14 +194,30 @@ impl<D: Driver> session::Sandbox for EngineSession<D> {
     ) -> Result<Ended, BackendError> {
         // Code mode (#26): each cell gets its own tool budget; without tools, a cell's tool
         // requests are answered that no tools are there (instead of failing the cell).
-        let mut hook = super::tools::tool_hook(&self.tools, true);
-        if let Some((egress, id)) = &self.egress {
-            let run = egress.0.start(&format!("{id}-{}", self.cells));
-            hook = crate::backend::relay::hook(run, hook);
+        // Both kept to read what the cell used (usage, #45) once it has ended.
+        let tool_run = self.tools.as_ref().map(|t| t.0.start());
+        let mut hook = super::tools::tool_hook_of(tool_run.clone(), true);
+        let egress_run = self
+            .egress
+            .as_ref()
+            .map(|(egress, id)| egress.0.start(&format!("{id}-{}", self.cells)));
+        if let Some(run) = &egress_run {
+            hook = crate::backend::relay::hook(run.clone(), hook);
         }
         let run = crate::telemetry::span("sandbox.run").with("mcp_executor.session", true);
-        run.scope(self.live.execute(message, false, limits, events, &hook))
-            .await
+        let ended = run
+            .scope(self.live.execute(message, false, limits, events, &hook))
+            .await;
+        if let Ok(Ended::Report(report, _)) = &ended {
+            super::phases::record(&run, report, std::time::SystemTime::now());
+        }
+        let (up, down) = egress_run.map_or((0, 0), |r| r.spent());
+        self.spent = crate::job::External {
+            tool_calls: tool_run.map_or(0, |r| r.calls()),
+            egress_up_bytes: up,
+            egress_down_bytes: down,
+        };
+        ended
     }
 
     fn warm_up(&self) -> Vec<String> {
@@ -228,7 +248,10 @@ impl<D: Driver> Session for EngineSession<D> {
         self.cells += 1;
         let limits = self.limits.clone();
         self.warm = self.to_warm();
-        let (outcome, goes_on) = session::run_cell(self, &limits, code, timeout, &events).await;
+        let (mut outcome, goes_on) = session::run_cell(self, &limits, code, timeout, &events).await;
+        if let Ok(o) = &mut outcome {
+            o.external = std::mem::take(&mut self.spent);
+        }
         self.alive = goes_on;
         if self.warm.is_empty() {
             // After a warm-up the runner holds the sandbox still itself, once it is done.

@@ -6,19 +6,14 @@ use super::live::{FrameHook, Hook, Reply};
 use crate::backend::protocol::{tool_unavailable, Frame};
 use crate::backend::BackendError;
 
-/// Code mode's [`FrameHook`] for one run or one session
-/// cell: `T` requests go to the job's tools (a fresh [`crate::job::ToolRun`]: its own
-/// budget); in a session without tools (its stdin stays open, so its runner relays) they
-/// are answered that no tools are there. A one-shot run without tools gets no hook: its
-/// stdin is closed after the job and the runner answers by itself. The loop owns the
-/// replies: those still pending when the conversation ends are dropped, which cancels
-/// their upstream calls.
-pub(crate) fn tool_hook(tools: &Option<crate::job::Tools>, session: bool) -> Hook {
-    tool_hook_of(tools.as_ref().map(|t| t.0.start()), session)
-}
-
-/// [`tool_hook`] around a [`crate::job::ToolRun`] already started (whose
-/// [`crate::job::ToolRun::calls`] the caller reads when the run has ended).
+/// Code mode's [`FrameHook`] for one run or one session cell, around its
+/// [`crate::job::ToolRun`] (`run`: started by the caller for this run or cell, its own
+/// budget, whose [`crate::job::ToolRun::calls`] the caller reads when it has ended): `T`
+/// requests go to the job's tools; in a session without tools (its stdin stays open, so
+/// its runner relays) they are answered that no tools are there. A one-shot run without
+/// tools gets no hook: its stdin is closed after the job and the runner answers by itself.
+/// The loop owns the replies: those still pending when the conversation ends are dropped,
+/// which cancels their upstream calls.
 pub(crate) fn tool_hook_of(
     run: Option<std::sync::Arc<dyn crate::job::ToolRun>>,
     session: bool,

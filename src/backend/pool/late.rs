@@ -128,9 +128,13 @@ impl<L: Waiting> Pool<L> {
         // The pool makes one more plain sandbox while this run waits (see `Pool::claim`).
         self.wake.notify_one();
         match tokio::time::timeout_at(deadline, made).await {
-            Ok(Ok(live)) => {
+            Ok(Ok(mut live)) => {
                 self.hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::debug!(pool = %self.label, "dry pool: a sandbox made meanwhile taken");
+                live.taken(super::TakenFrom {
+                    pool: self.label.clone(),
+                    preloaded: Vec::new(),
+                });
                 Some(live)
             }
             Ok(Err(_)) => None,

@@ -80,6 +80,16 @@ pub(crate) trait Waiting: Send + 'static {
     fn claimed(&mut self) -> bool {
         true
     }
+    /// A pool hands it to a run (after [`Waiting::claimed`]).
+    fn taken(&mut self, _from: TakenFrom) {}
+}
+
+/// Where a warm sandbox came from: its pool's label and the modules it had preloaded
+/// (empty: a plain one). Told to the sandbox as it is handed over ([`Waiting::taken`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TakenFrom {
+    pub(crate) pool: String,
+    pub(crate) preloaded: Vec<String>,
 }
 
 /// Alive, waiting, and not too old to be used.
@@ -437,10 +447,14 @@ impl<L: Waiting> Pool<L> {
         st.last_take = Some(tokio::time::Instant::now());
         self.wake.notify_one();
         self.taken.notify_waiters();
-        if let Some((kind, _)) = &found {
+        found.map(|(kind, mut live)| {
             tracing::debug!(pool = %self.label, preloaded = ?kind, need = ?need, "warm sandbox taken");
-        }
-        found.map(|(_, l)| l)
+            live.taken(TakenFrom {
+                pool: self.label.clone(),
+                preloaded: kind,
+            });
+            live
+        })
     }
 
     pub(crate) fn stats(&self) -> PoolStats {

@@ -165,50 +165,75 @@ impl CodeExecutor {
             .with_poll_interval_ms(super::tasks::POLL_INTERVAL.as_millis() as u64)
             .with_status_message(format!("{} is running", request.name));
         let mut task = tasks.spawn(options, move |tc| {
+            // Its run's spans go on after the request's span ends: under a span of their
+            // own in the request's trace (made here, in the request's scope).
+            let mut traced = crate::telemetry::span("task.run");
             // A task may run for 30 minutes: its runs take the slots long runs may hold.
             Box::pin(crate::app::executor::as_long_run(async move {
-                let mut ctx = ctx;
-                if asks {
-                    super::asking::for_task(&mut ctx, tc.clone());
+                let ended = traced
+                    .scope(run_task(this, request, ctx, tc, admitted, asks))
+                    .await;
+                match &ended {
+                    Ok(r) if r.is_error == Some(true) => traced.fail("tool_error"),
+                    Ok(_) => {}
+                    Err(TaskExit::Cancelled) => traced.fail("cancelled"),
+                    Err(_) => traced.fail("error"),
                 }
-                let ct = ctx.ct.clone();
-                let tcc = rmcp::handler::server::tool::ToolCallContext::new(&this, request, ctx);
-                let run = this.tool_router.call(tcc);
-                tokio::pin!(run);
-                let done = tokio::select! {
-                    // A cancel can end the run first (a question waiting for an answer
-                    // ends with it): the task is still `cancelled`.
-                    r = &mut run => {
-                        if tc.is_cancel_requested() {
-                            drop(admitted);
-                            return Err(TaskExit::Cancelled);
-                        }
-                        r
-                    }
-                    _ = tc.cancelled() => {
-                        // The core races every run against this token: the container is
-                        // killed and removed; wait for that before settling.
-                        ct.cancel();
-                        let _ = run.await;
-                        drop(admitted);
-                        return Err(TaskExit::Cancelled);
-                    }
-                };
-                let done = match done {
-                    Ok(rmcp::model::CallToolResponse::Complete(r)) => Ok(r),
-                    Ok(_) => Err(ErrorData::internal_error(
-                        "the tool gave no final result",
-                        None,
-                    )),
-                    Err(e) => Err(super::fit::capped_error(e)),
-                };
-                admitted.ended(done.as_ref());
-                done.map_err(TaskExit::Error)
+                ended
             }))
         });
         task.task_id = super::tasks::external_id(&task.task_id);
         Ok(task)
     }
+}
+
+/// The body of a task started by [`CodeExecutor::spawn_task`]: `request` run to its end
+/// (or a cancel), its result kept for `tasks/result`.
+async fn run_task(
+    this: CodeExecutor,
+    request: rmcp::model::CallToolRequestParams,
+    mut ctx: RequestContext<RoleServer>,
+    tc: rmcp::task_manager::TaskContext,
+    admitted: super::task_caps::Admitted,
+    asks: bool,
+) -> Result<CallToolResult, rmcp::task_manager::TaskExit> {
+    use rmcp::task_manager::TaskExit;
+    if asks {
+        super::asking::for_task(&mut ctx, tc.clone());
+    }
+    let ct = ctx.ct.clone();
+    let tcc = rmcp::handler::server::tool::ToolCallContext::new(&this, request, ctx);
+    let run = this.tool_router.call(tcc);
+    tokio::pin!(run);
+    let done = tokio::select! {
+        // A cancel can end the run first (a question waiting for an answer
+        // ends with it): the task is still `cancelled`.
+        r = &mut run => {
+            if tc.is_cancel_requested() {
+                drop(admitted);
+                return Err(TaskExit::Cancelled);
+            }
+            r
+        }
+        _ = tc.cancelled() => {
+            // The core races every run against this token: the container is
+            // killed and removed; wait for that before settling.
+            ct.cancel();
+            let _ = run.await;
+            drop(admitted);
+            return Err(TaskExit::Cancelled);
+        }
+    };
+    let done = match done {
+        Ok(rmcp::model::CallToolResponse::Complete(r)) => Ok(r),
+        Ok(_) => Err(ErrorData::internal_error(
+            "the tool gave no final result",
+            None,
+        )),
+        Err(e) => Err(super::fit::capped_error(e)),
+    };
+    admitted.ended(done.as_ref());
+    done.map_err(TaskExit::Error)
 }
 
 /// What a tool says when a stateless request names no session for a call that only reads

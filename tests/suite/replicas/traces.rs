@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::Cluster;
-use crate::traces::{check_root, named, receiver, sdk_client};
+use crate::traces::{check_root, named, receiver, sdk_client, within_the_run};
 
 #[tokio::test]
 async fn a_forwarded_call_continues_the_trace_on_its_owner() {
@@ -29,8 +29,11 @@ async fn a_forwarded_call_continues_the_trace_on_its_owner() {
             &[
                 "POST",
                 "tools/call execute_python",
+                "executor.admit",
                 "executor.queue",
                 "sandbox.run",
+                "sandbox.code",
+                "sandbox.report",
             ],
             &marker,
             Duration::from_secs(30),
@@ -65,4 +68,8 @@ async fn a_forwarded_call_continues_the_trace_on_its_owner() {
     let cell = named(&spans, "sandbox.run");
     assert_eq!(cell["parent_span_id"], root["span_id"], "{cell}");
     assert_eq!(cell["attributes"]["mcp_executor.session"], true, "{cell}");
+    let admit = named(&spans, "executor.admit");
+    assert_eq!(admit["parent_span_id"], root["span_id"], "{admit}");
+    // The runner's own timings of the cell (a cell has no job going in).
+    within_the_run(&spans, &["sandbox.code", "sandbox.report"]);
 }
