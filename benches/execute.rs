@@ -64,11 +64,20 @@ async fn client(url: &str) -> RunningService<RoleClient, ()> {
 }
 
 async fn execute(c: &RunningService<RoleClient, ()>) -> Result<Duration, String> {
+    call_tool(c, "execute_code", bench::CODE).await
+}
+
+/// One call of `tool` with `code` as its `code` argument: its wall time, or why it failed.
+async fn call_tool(
+    c: &RunningService<RoleClient, ()>,
+    tool: &str,
+    code: &str,
+) -> Result<Duration, String> {
     let t = Instant::now();
     let mut args = serde_json::Map::new();
-    args.insert("code".into(), bench::CODE.into());
+    args.insert("code".into(), code.into());
     let r = c
-        .call_tool(CallToolRequestParams::new("execute_code").with_arguments(args))
+        .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(args))
         .await
         .map_err(|e| e.to_string())?;
     let d = t.elapsed();
@@ -234,17 +243,7 @@ async fn main() {
 
 /// One `execute_code` call of `code` over MCP.
 async fn execute_code(c: &RunningService<RoleClient, ()>, code: &str) -> Result<Duration, String> {
-    let t = Instant::now();
-    let mut args = serde_json::Map::new();
-    args.insert("code".into(), code.into());
-    let r = c
-        .call_tool(CallToolRequestParams::new("execute_code").with_arguments(args))
-        .await
-        .map_err(|e| e.to_string())?;
-    if r.is_error == Some(true) {
-        return Err(format!("tool error: {:?}", r.content));
-    }
-    Ok(t.elapsed())
+    call_tool(c, "execute_code", code).await
 }
 
 /// Memory in use (host cgroup v1, MiB) of each sandbox container the process `pid` owns.
@@ -397,21 +396,6 @@ const PRELOAD_CODES: &[(&str, &str)] = &[
 /// A module the default list lacks and the image has: the learned row imports it.
 const LEARNED_CODE: &str = "import scipy.stats; print(scipy.stats.norm.cdf(0))";
 
-async fn call_code(c: &RunningService<RoleClient, ()>, code: &str) -> Result<Duration, String> {
-    let t = Instant::now();
-    let mut args = serde_json::Map::new();
-    args.insert("code".into(), code.into());
-    let r = c
-        .call_tool(CallToolRequestParams::new("execute_code").with_arguments(args))
-        .await
-        .map_err(|e| e.to_string())?;
-    let d = t.elapsed();
-    if r.is_error == Some(true) {
-        return Err(format!("tool error: {:?}", r.content));
-    }
-    Ok(d)
-}
-
 /// A `serve` process on a free port with `args`, its own data; returns it, its pid, its
 /// Streamable HTTP URL and its scratch directory.
 async fn start_serve(
@@ -518,13 +502,13 @@ fn ms(d: Duration) -> f64 {
 async fn interleaved(url: &str, codes: &[&str], samples: usize) -> Vec<Option<Stats>> {
     let c = client(url).await;
     for code in codes {
-        call_code(&c, code).await.expect("warm-up call");
+        execute_code(&c, code).await.expect("warm-up call");
     }
     let mut lat: Vec<Vec<Duration>> = vec![Vec::new(); codes.len()];
     for _ in 0..samples {
         for (i, code) in codes.iter().enumerate() {
             tokio::time::sleep(Duration::from_millis(knob("BENCH_PAUSE_MS", 500) as u64)).await;
-            lat[i].push(call_code(&c, code).await.expect("call"));
+            lat[i].push(execute_code(&c, code).await.expect("call"));
         }
     }
     let _ = c.cancel().await;
@@ -538,7 +522,7 @@ async fn code_throughput(url: &str, code: &str, total: usize, concurrency: usize
         let (url, code) = (url.clone(), code.clone());
         async move {
             let c = client(&url).await;
-            let r = call_code(&c, &code).await;
+            let r = execute_code(&c, &code).await;
             let _ = c.cancel().await;
             r
         }
@@ -592,13 +576,13 @@ async fn preload_rows(samples: usize, runs: usize) {
             let mut before = Vec::new();
             for _ in 0..5 {
                 tokio::time::sleep(Duration::from_millis(500)).await;
-                before.push(call_code(&c, LEARNED_CODE).await.expect("call"));
+                before.push(execute_code(&c, LEARNED_CODE).await.expect("call"));
             }
             tokio::time::sleep(Duration::from_secs(8)).await; // refilled with the learned list
             let mut after = Vec::new();
             for _ in 0..samples {
                 tokio::time::sleep(Duration::from_millis(500)).await;
-                after.push(call_code(&c, LEARNED_CODE).await.expect("call"));
+                after.push(execute_code(&c, LEARNED_CODE).await.expect("call"));
             }
             let _ = c.cancel().await;
             for (when, lat) in [("first 5 runs", before), ("after learning", after)] {

@@ -10,7 +10,9 @@ use rmcp::model::CallToolRequestParams;
 use rmcp::service::RunningService;
 use rmcp::RoleClient;
 
-use super::{call_code, client, knob, median, ms, pool_cost, sigterm, start_serve, PRELOAD_CODES};
+use super::{
+    client, execute_code, knob, median, ms, pool_cost, sigterm, start_serve, PRELOAD_CODES,
+};
 
 /// The figure's drawing alone, timed inside the sandbox: what the figure goal of issue 29
 /// allows above `print(1)` (the figure code with a clock around its plot and show).
@@ -47,7 +49,7 @@ async fn paced(url: &str, calls: &[usize], pause: Duration) -> Vec<Vec<Duration>
         if !pause.is_zero() {
             tokio::time::sleep(pause).await;
         }
-        match call_code(&c, PRELOAD_CODES[i].1).await {
+        match execute_code(&c, PRELOAD_CODES[i].1).await {
             Ok(d) => lat[i].push(d),
             Err(e) => eprintln!("bench: call failed: {e}"),
         }

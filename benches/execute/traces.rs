@@ -6,7 +6,11 @@
 //! and never answers): `execute_code` `print(1)` through the rmcp client, the three servers
 //! called in turn so that the machine's load falls on all alike, at three loads (one client
 //! a call every 300 ms, one client back to back, four clients at once). p50 and p95 of each
-//! and their ratio to traces off: export must never slow a call.
+//! and their ratio to traces off: export must never slow a call. Back to back and four at
+//! once, each call takes a fresh sandbox and the pools run dry: cold starts, not export,
+//! then set the figures. The same loads again as `execute_python` cells (each client one
+//! session, opened before the timed calls) take sandbox starts out of the calls, so what
+//! export costs a call shows (each cell is a trace of the same spans).
 //!
 //! The collector here only answers `200 {}` to each POST (what the spans contain is the
 //! test's business: `tests/suite/traces.rs` decodes them with `opentelemetry-proto`).
@@ -16,7 +20,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-/// Calls per server and load.
+/// Calls per server and load (one-shot runs; cells: twice as many).
 const CALLS: usize = 30;
 
 /// A collector that answers each HTTP/1.1 POST `200 {}` once its body is read.
@@ -101,10 +105,30 @@ pub async fn rows() {
     println!("\n## Traces: `execute_code` `print(1)` with export off, on, and to a black hole\n");
     println!("| load | off p50 / p95 ms | on p50 / p95 ms | black hole p50 / p95 ms | on ÷ off p50 | hole ÷ off p50 |");
     println!("| --- | --- | --- | --- | --- | --- |");
-    for (label, clients, gap) in [
-        ("1 client, a call every 300 ms", 1usize, 300u64),
-        ("1 client, back to back", 1, 0),
-        ("4 clients at once", 4, 0),
+    for (label, tool, calls, clients, gap) in [
+        (
+            "1 client, a call every 300 ms",
+            "execute_code",
+            CALLS,
+            1usize,
+            300u64,
+        ),
+        ("1 client, back to back", "execute_code", CALLS, 1, 0),
+        ("4 clients at once", "execute_code", CALLS, 4, 0),
+        (
+            "cells: 1 client, back to back",
+            "execute_python",
+            2 * CALLS,
+            1,
+            0,
+        ),
+        (
+            "cells: 4 clients at once",
+            "execute_python",
+            2 * CALLS,
+            4,
+            0,
+        ),
     ] {
         let mut lat: [Vec<Duration>; 3] = Default::default();
         let mut conns = Vec::new();
@@ -112,14 +136,19 @@ pub async fn rows() {
             let mut cs = Vec::new();
             for _ in 0..clients {
                 let c = super::client(url).await;
-                super::execute(&c).await.expect("warm-up call");
+                // The warm-up call (a cell: it opens the client's session).
+                super::call_tool(&c, tool, super::bench::CODE)
+                    .await
+                    .expect("warm-up call");
                 cs.push(c);
             }
             conns.push(cs);
         }
-        for _ in 0..CALLS / clients {
+        for _ in 0..calls / clients {
             for (cs, l) in conns.iter().zip(lat.iter_mut()) {
-                let each = cs.iter().map(super::execute);
+                let each = cs
+                    .iter()
+                    .map(|c| super::call_tool(c, tool, super::bench::CODE));
                 for r in futures::future::join_all(each).await {
                     l.push(r.expect("call"));
                 }
