@@ -22,6 +22,8 @@ pub struct Server {
     pub dir: std::path::PathBuf,
     pub tenant: String,
     pid: u32,
+    /// Its owner label (see `common::owner_of_process`).
+    owner: String,
 }
 
 impl Server {
@@ -54,6 +56,9 @@ impl Server {
         }
         let mut child = cmd.spawn().expect("spawn the server");
         let pid = child.id().expect("running");
+        // Its pool's containers carry the tenant label `pool`: they are found by its owner
+        // label, read while it lives.
+        let owner = common::owner_of_process(pid);
         let stderr = Arc::new(Mutex::new(String::new()));
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
         let (addr_tx, addr_rx) = tokio::sync::oneshot::channel::<String>();
@@ -91,6 +96,7 @@ impl Server {
             .expect("an address");
         let s = Server {
             child,
+            owner,
             addr,
             stderr,
             dir,
@@ -167,6 +173,7 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.start_kill();
         common::remove_containers(&common::containers_of(&self.tenant));
+        common::remove_containers(&common::containers_owned_by(&self.owner));
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -328,6 +328,50 @@ async fn a_call_from_the_official_sdk_continues_the_clients_trace() {
         assert_eq!(c["parent_span_id"], task["span_id"], "{child}: {c}");
     }
     within_the_run(&spans, &["sandbox.code"]);
+    // Requests other than tools/call: a server span each, named after the method, in the
+    // caller's trace (a task's state, the tool list).
+    let task_id = created
+        .split("\"taskId\":\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .expect("a taskId")
+        .to_string();
+    let (trace_id, parent) = ("5bf92f3577b34da6a3ce929d0e0e4737", "10f067aa0ba902b8");
+    let traceparent = format!("00-{trace_id}-{parent}-01");
+    let tasks = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    let got = raw_request(
+        &server.url("/mcp"),
+        "tasks/get",
+        json!({"taskId": task_id}),
+        tasks,
+        &traceparent,
+    )
+    .await;
+    assert!(got.contains(&task_id), "{got}");
+    let listed = raw_request(
+        &server.url("/mcp"),
+        "tools/list",
+        json!({}),
+        json!({}),
+        &traceparent,
+    )
+    .await;
+    assert!(listed.contains("execute_code"), "{listed}");
+    let spans = rx
+        .wait_for(
+            trace_id,
+            &["tasks/get", "tools/list"],
+            &marker,
+            Duration::from_secs(30),
+        )
+        .await;
+    for name in ["tasks/get", "tools/list"] {
+        let s = named(&spans, name);
+        assert_eq!(s["parent_span_id"], parent, "{s}");
+        assert_eq!(s["kind"], 2, "a server span: {s}");
+        assert_eq!(s["attributes"]["mcp.method.name"], name, "{s}");
+        assert_eq!(s["status"], 0, "{s}");
+    }
     let m = metrics(server.url("/metrics")).await;
     assert!(metric(&m, "mcp_executor_trace_spans_exported_total") >= 6);
     assert_eq!(metric(&m, "mcp_executor_trace_spans_dropped_total"), 0);
@@ -387,6 +431,14 @@ async fn a_warm_take_names_its_pool() {
     assert_eq!(a["mcp_executor.pool"], "pool", "{take}");
     assert_eq!(a["mcp_executor.sandbox.preloaded"], 0, "{take}");
     within_the_run(&spans, &RUNNER_PHASES);
+    // A stopping server removes its pool's sandboxes (dropped, it is killed: the drop
+    // removes what it owned).
+    let mut s = s;
+    assert!(
+        s.terminate(Duration::from_secs(60)).await.is_some(),
+        "{}",
+        s.stderr()
+    );
 }
 
 /// A raw `tools/call` of `tool` with `arguments` at protocol 2026-07-28, from a client of
@@ -398,24 +450,37 @@ async fn raw_call(
     capabilities: Value,
     traceparent: &str,
 ) -> String {
-    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
-        "name": tool,
-        "arguments": arguments,
-        "_meta": {
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientInfo": {"name": "raw-traces", "version": "0"},
-            "io.modelcontextprotocol/clientCapabilities": capabilities,
-        },
-    }});
-    reqwest::Client::new()
+    let params = json!({"name": tool, "arguments": arguments});
+    raw_request(url, "tools/call", params, capabilities, traceparent).await
+}
+
+/// A raw request of `method` with `params` at protocol 2026-07-28, from a client of
+/// `capabilities`, with `traceparent` as an HTTP header: the answer's text.
+async fn raw_request(
+    url: &str,
+    method: &str,
+    mut params: Value,
+    capabilities: Value,
+    traceparent: &str,
+) -> String {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw-traces", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": capabilities,
+    });
+    let name = params["name"].as_str().or(params["taskId"].as_str());
+    let mut req = reqwest::Client::new()
         .post(url)
         .header("Content-Type", "application/json")
         .header("Accept", "application/json, text/event-stream")
         .header("MCP-Protocol-Version", "2026-07-28")
-        .header("Mcp-Method", "tools/call")
-        .header("Mcp-Name", tool)
-        .header("traceparent", traceparent)
-        .body(body.to_string())
+        .header("Mcp-Method", method)
+        .header("traceparent", traceparent);
+    if let Some(name) = name {
+        req = req.header("Mcp-Name", name);
+    }
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params});
+    req.body(body.to_string())
         .send()
         .await
         .expect("the server answers")

@@ -324,6 +324,21 @@ impl CodeExecutor {
 }
 
 impl CodeExecutor {
+    /// `answer`, a request of `method` other than `tools/call`, under a server span of its
+    /// own (traces on).
+    async fn traced<T>(
+        &self,
+        method: &'static str,
+        ctx: &RequestContext<RoleServer>,
+        answer: impl std::future::Future<Output = Result<T, ErrorData>>,
+    ) -> Result<T, ErrorData> {
+        let ex = self.executor();
+        let mut span = traced::request(ex.tracer(), ex.tenant(), method, ctx);
+        let r = span.scope(answer).await;
+        traced::answered(&mut span, &r);
+        r
+    }
+
     /// [`Self::dispatch`], after refusing arguments the tool does not know.
     async fn checked_dispatch(
         &self,
@@ -363,10 +378,13 @@ impl ServerHandler for CodeExecutor {
         request: rmcp::model::GetTaskParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
-        let internal = super::tasks::internal_id(&request.task_id);
-        let mut task = self.tasks(&ctx).get_task(internal)?;
-        task.task.task_id = super::tasks::external_id(&task.task.task_id);
-        Ok(rmcp::model::GetTaskResult::new(task))
+        self.traced("tasks/get", &ctx, async {
+            let internal = super::tasks::internal_id(&request.task_id);
+            let mut task = self.tasks(&ctx).get_task(internal)?;
+            task.task.task_id = super::tasks::external_id(&task.task.task_id);
+            Ok(rmcp::model::GetTaskResult::new(task))
+        })
+        .await
     }
 
     /// Stop the task's run (its container is removed) and settle it as `cancelled`.
@@ -375,8 +393,11 @@ impl ServerHandler for CodeExecutor {
         request: rmcp::model::CancelTaskParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.tasks(&ctx)
-            .cancel_task(super::tasks::internal_id(&request.task_id))
+        self.traced("tasks/cancel", &ctx, async {
+            self.tasks(&ctx)
+                .cancel_task(super::tasks::internal_id(&request.task_id))
+        })
+        .await
     }
 
     /// The answers to a task's questions (code mode's consent, [`super::asking`]); answers
@@ -386,10 +407,13 @@ impl ServerHandler for CodeExecutor {
         request: rmcp::model::UpdateTaskParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.tasks(&ctx).update_task(
-            super::tasks::internal_id(&request.task_id),
-            request.input_responses,
-        )
+        self.traced("tasks/update", &ctx, async {
+            self.tasks(&ctx).update_task(
+                super::tasks::internal_id(&request.task_id),
+                request.input_responses,
+            )
+        })
+        .await
     }
 
     fn get_info(&self) -> ServerConfig {
@@ -404,23 +428,26 @@ impl ServerHandler for CodeExecutor {
         _request: Option<rmcp::model::PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListToolsResult, ErrorData> {
-        let mut tools = self.tool_router.list_all();
-        let own = crate::codemode::describe(&mut tools, self.executor().tenant());
-        let hints = context
-            .protocol_version()
-            .is_some_and(|v| v >= rmcp::model::ProtocolVersion::V_2026_07_28);
-        let scope = match own {
-            true => rmcp::model::CacheScope::Private,
-            false => rmcp::model::CacheScope::Public,
-        };
-        Ok(rmcp::model::ListToolsResult {
-            result_type: Some(rmcp::model::ResultType::COMPLETE),
-            tools,
-            meta: None,
-            next_cursor: None,
-            ttl_ms: hints.then_some(0),
-            cache_scope: hints.then_some(scope),
+        self.traced("tools/list", &context, async {
+            let mut tools = self.tool_router.list_all();
+            let own = crate::codemode::describe(&mut tools, self.executor().tenant());
+            let hints = context
+                .protocol_version()
+                .is_some_and(|v| v >= rmcp::model::ProtocolVersion::V_2026_07_28);
+            let scope = match own {
+                true => rmcp::model::CacheScope::Private,
+                false => rmcp::model::CacheScope::Public,
+            };
+            Ok(rmcp::model::ListToolsResult {
+                result_type: Some(rmcp::model::ResultType::COMPLETE),
+                tools,
+                meta: None,
+                next_cursor: None,
+                ttl_ms: hints.then_some(0),
+                cache_scope: hints.then_some(scope),
+            })
         })
+        .await
     }
 
     /// The files of the session's workspace (the connection's own; none for a request
@@ -430,25 +457,28 @@ impl ServerHandler for CodeExecutor {
         _request: Option<rmcp::model::PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListResourcesResult, ErrorData> {
-        let session = self
-            .conn
-            .session(Wanted {
-                handle: None,
-                stateless: stateless(&ctx),
-                open: false,
-                principal: principal_of(&ctx).as_ref(),
-            })
-            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-        let mut resources = Vec::new();
-        if let Some(s) = session {
-            // A workspace not made yet (no file written) lists nothing.
-            if let Ok(files) = self.conn.list_files(&s, None).await {
-                for (name, size) in files {
-                    resources.push(super::resources::listed(s.handle(), &name, size));
+        self.traced("resources/list", &ctx, async {
+            let session = self
+                .conn
+                .session(Wanted {
+                    handle: None,
+                    stateless: stateless(&ctx),
+                    open: false,
+                    principal: principal_of(&ctx).as_ref(),
+                })
+                .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+            let mut resources = Vec::new();
+            if let Some(s) = session {
+                // A workspace not made yet (no file written) lists nothing.
+                if let Ok(files) = self.conn.list_files(&s, None).await {
+                    for (name, size) in files {
+                        resources.push(super::resources::listed(s.handle(), &name, size));
+                    }
                 }
             }
-        }
-        Ok(rmcp::model::ListResourcesResult::with_all_items(resources))
+            Ok(rmcp::model::ListResourcesResult::with_all_items(resources))
+        })
+        .await
     }
 
     /// A workspace file named by a URI a result gave (tenant- and session-scoped: another
@@ -458,31 +488,34 @@ impl ServerHandler for CodeExecutor {
         request: rmcp::model::ReadResourceRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ReadResourceResponse, ErrorData> {
-        let _ = &ctx;
-        let not_found = || {
-            ErrorData::resource_not_found(
-                format!("resource not found: {}", request.uri),
-                Some(serde_json::json!({ "uri": request.uri })),
-            )
-        };
-        let parsed = super::resources::parse(&request.uri).ok_or_else(not_found)?;
-        let session = self
-            .conn
-            .session(Wanted {
-                handle: Some(&parsed.handle),
-                stateless: true,
-                open: false,
-                principal: principal_of(&ctx).as_ref(),
-            })
-            .map_err(|_| not_found())?
-            .ok_or_else(not_found)?;
-        let (_, data) = self
-            .conn
-            .read_file(&session, &parsed.name)
-            .await
-            .map_err(|_| not_found())?;
-        let contents = super::resources::contents(&request.uri, &parsed, &data)?;
-        Ok(rmcp::model::ReadResourceResult::new(vec![contents]).into())
+        self.traced("resources/read", &ctx, async {
+            let _ = &ctx;
+            let not_found = || {
+                ErrorData::resource_not_found(
+                    format!("resource not found: {}", request.uri),
+                    Some(serde_json::json!({ "uri": request.uri })),
+                )
+            };
+            let parsed = super::resources::parse(&request.uri).ok_or_else(not_found)?;
+            let session = self
+                .conn
+                .session(Wanted {
+                    handle: Some(&parsed.handle),
+                    stateless: true,
+                    open: false,
+                    principal: principal_of(&ctx).as_ref(),
+                })
+                .map_err(|_| not_found())?
+                .ok_or_else(not_found)?;
+            let (_, data) = self
+                .conn
+                .read_file(&session, &parsed.name)
+                .await
+                .map_err(|_| not_found())?;
+            let contents = super::resources::contents(&request.uri, &parsed, &data)?;
+            Ok(rmcp::model::ReadResourceResult::new(vec![contents]).into())
+        })
+        .await
     }
 
     /// Log notifications at or above `level` (the server sends none below it).
@@ -490,10 +523,13 @@ impl ServerHandler for CodeExecutor {
     async fn set_level(
         &self,
         request: rmcp::model::SetLevelRequestParams,
-        _ctx: RequestContext<RoleServer>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        *self.log_level.lock().unwrap_or_else(|e| e.into_inner()) = Some(request.level);
-        Ok(())
+        self.traced("logging/setLevel", &ctx, async {
+            *self.log_level.lock().unwrap_or_else(|e| e.into_inner()) = Some(request.level);
+            Ok(())
+        })
+        .await
     }
 }
 
