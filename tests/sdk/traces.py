@@ -16,6 +16,9 @@
         one JSON line: the client's trace id and the id of the SDK's span (the parent the
         server must continue), and the call's text.
 
+    python traces.py legacy URL MARKER
+        As `call`, in the SDK's legacy mode (2025-11-25 over a protocol session).
+
     python traces.py forward URL_A URL_B MARKER
         An execute_python session opened on replica A (a cell setting `m = MARKER`), then,
         traced as `call` is, a cell printing `m` sent to replica B with that session_id:
@@ -146,11 +149,11 @@ async def traced(spans, tracer, client, tool, args):
     }
 
 
-async def call(url, marker, code=None):
+async def call(url, marker, code=None, mode="auto"):
     spans, tracer = tracing()
     from mcp.client.client import Client
 
-    async with Client(url) as client:
+    async with Client(url, mode=mode) as client:
         line = await traced(spans, tracer, client, "execute_code",
                             {"code": code or f"print('{marker}')"})
     print(json.dumps(line), flush=True)
@@ -174,6 +177,8 @@ if __name__ == "__main__":
         receive(sys.argv[2])
     elif sys.argv[1] == "call":
         asyncio.run(call(*sys.argv[2:5]))
+    elif sys.argv[1] == "legacy":
+        asyncio.run(call(*sys.argv[2:4], mode="legacy"))
     elif sys.argv[1] == "forward":
         asyncio.run(forward(*sys.argv[2:5]))
     else:

@@ -128,6 +128,11 @@ pub(crate) fn named<'a>(spans: &'a [Value], name: &str) -> &'a Value {
 /// Run the SDK client (`tests/sdk/traces.py ARGS`): its JSON line, checked: the call was
 /// answered in 2026-07-28 and its text has `marker`.
 pub(crate) async fn sdk_client(args: &[&str], marker: &str) -> Value {
+    sdk_client_in(args, marker, "2026-07-28").await
+}
+
+/// [`sdk_client`], the call answered in protocol `version`.
+async fn sdk_client_in(args: &[&str], marker: &str, version: &str) -> Value {
     let out = tokio::process::Command::new(otel_python())
         .arg(SCRIPT)
         .args(args)
@@ -141,7 +146,7 @@ pub(crate) async fn sdk_client(args: &[&str], marker: &str) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     let client: Value = serde_json::from_slice(&out.stdout).expect("the client's JSON line");
-    assert_eq!(client["version"], "2026-07-28", "{client}");
+    assert_eq!(client["version"], version, "{client}");
     assert!(
         client["text"].as_str().unwrap().contains(marker),
         "{client}"
@@ -273,6 +278,23 @@ async fn a_call_from_the_official_sdk_continues_the_clients_trace() {
     );
     assert!(take["attributes"]["mcp_executor.pool"].is_null(), "{take}");
     within_the_run(&spans, &RUNNER_PHASES);
+    // The SDK's legacy mode (2025-11-25, over a protocol session): its trace goes on here too.
+    let legacy = sdk_client_in(
+        &["legacy", &server.url("/mcp"), &marker],
+        &marker,
+        "2025-11-25",
+    )
+    .await;
+    let name = "tools/call execute_code";
+    let spans = rx
+        .wait_for(
+            legacy["trace_id"].as_str().unwrap(),
+            &[name, "sandbox.run"],
+            &marker,
+            Duration::from_secs(20),
+        )
+        .await;
+    check_root(named(&spans, name), &legacy, "execute_code");
     // A client that sends the trace context as the HTTP header (no `_meta` traceparent):
     // a raw 2026-07-28 request of a tool that starts no sandbox.
     let (trace_id, parent) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
