@@ -446,12 +446,7 @@ impl<D: Driver> Backend for Engine<D> {
         };
         let mut result = self.run_with_hook(job, events, hook).await;
         if let Ok(outcome) = &mut result {
-            let (up, down) = egress_run.map_or((0, 0), |r| r.spent());
-            outcome.external = crate::job::External {
-                tool_calls: tool_run.map_or(0, |r| r.calls()),
-                egress_up_bytes: up,
-                egress_down_bytes: down,
-            };
+            outcome.external = tools::spent(tool_run, egress_run);
         }
         result
     }

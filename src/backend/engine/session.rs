@@ -211,12 +211,7 @@ impl<D: Driver> session::Sandbox for EngineSession<D> {
         if let Ok(Ended::Report(report, _)) = &ended {
             super::phases::record(&run, report, std::time::SystemTime::now());
         }
-        let (up, down) = egress_run.map_or((0, 0), |r| r.spent());
-        self.spent = crate::job::External {
-            tool_calls: tool_run.map_or(0, |r| r.calls()),
-            egress_up_bytes: up,
-            egress_down_bytes: down,
-        };
+        self.spent = super::tools::spent(tool_run, egress_run);
         ended
     }
 

@@ -1,5 +1,5 @@
 //! Code mode's hook in the frame loop: the runner's tool requests (`T` frames) go to the
-//! job's tools. Its own file, above both the wire format (`protocol.rs`) and the loop
+//! job's tools; and what a run's tools and egress spent, for usage. Its own file, above both the wire format (`protocol.rs`) and the loop
 //! (`live.rs`): the format knows neither the loop nor code mode.
 
 use super::live::{FrameHook, Hook, Reply};
@@ -42,5 +42,19 @@ pub(crate) fn tool_hook_of(
         Some(run) => Some(std::sync::Arc::new(ToolHook(Some(run)))),
         None if session => Some(std::sync::Arc::new(ToolHook(None))),
         None => None,
+    }
+}
+
+/// What a run or a session cell used outside its sandbox (usage, #45), read once it has
+/// ended: its tool requests and its egress bytes each way.
+pub(crate) fn spent(
+    tool_run: Option<std::sync::Arc<dyn crate::job::ToolRun>>,
+    egress_run: Option<std::sync::Arc<dyn crate::job::EgressRun>>,
+) -> crate::job::External {
+    let (up, down) = egress_run.map_or((0, 0), |r| r.spent());
+    crate::job::External {
+        tool_calls: tool_run.map_or(0, |r| r.calls()),
+        egress_up_bytes: up,
+        egress_down_bytes: down,
     }
 }
