@@ -1235,44 +1235,9 @@ async fn the_run_command_takes_a_tools_file() {
 
 /// A JSON-RPC request at protocol 2026-07-28 over raw HTTP, with the tasks extension
 /// declared (the official SDKs have no client side for tasks): its `result` or `error`.
-async fn task_rpc(url: &str, method: &str, mut params: Value) -> Value {
-    params["_meta"] = json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientInfo": {"name": "raw-tasks", "version": "0"},
-        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
-    });
-    let name = params
-        .get("name")
-        .or_else(|| params.get("taskId"))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    let text = reqwest::Client::new()
-        .post(url)
-        .header("Content-Type", "application/json")
-        .header("Accept", "application/json, text/event-stream")
-        .header("MCP-Protocol-Version", "2026-07-28")
-        .header("Mcp-Method", method)
-        .header("Mcp-Name", name)
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("the server answers")
-        .text()
-        .await
-        .unwrap();
-    let msg: Value = serde_json::from_str(&text).unwrap_or_else(|_| {
-        text.lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-            .find(|v| v.get("id").is_some())
-            .unwrap_or_else(|| panic!("no response to {method}: {text}"))
-    });
-    match msg.get("error") {
-        Some(e) => json!({ "error": e }),
-        None => msg["result"].clone(),
-    }
+async fn task_rpc(url: &str, method: &str, params: Value) -> Value {
+    let tasks = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    crate::mcp_support::raw_2026(url, method, params, tasks, &[]).await
 }
 
 /// A task-augmented execute_code (the tasks extension) calls the upstream servers as a

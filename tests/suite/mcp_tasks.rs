@@ -19,43 +19,8 @@ const TASKS: &str = "io.modelcontextprotocol/tasks";
 
 /// One JSON-RPC request at 2026-07-28, with `caps` as the client's capabilities; the
 /// response's `result` or `error` object.
-async fn rpc(http: &reqwest::Client, url: &str, method: &str, params: Value, caps: Value) -> Value {
-    let mut params = params;
-    params["_meta"] = json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientInfo": {"name": "raw-tasks", "version": "0"},
-        "io.modelcontextprotocol/clientCapabilities": caps,
-    });
-    let mut req = http
-        .post(url)
-        .header("Content-Type", "application/json")
-        .header("Accept", "application/json, text/event-stream")
-        .header("MCP-Protocol-Version", "2026-07-28")
-        .header("Mcp-Method", method);
-    if let Some(name) = params.get("name").and_then(Value::as_str) {
-        req = req.header("Mcp-Name", name);
-    } else if let Some(id) = params.get("taskId").and_then(Value::as_str) {
-        req = req.header("Mcp-Name", id);
-    }
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    let resp = req
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("the server answers");
-    let text = resp.text().await.unwrap();
-    // JSON, or SSE whose data lines carry the response.
-    let msg: Value = serde_json::from_str(&text).unwrap_or_else(|_| {
-        text.lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-            .find(|v| v.get("id").is_some())
-            .unwrap_or_else(|| panic!("no response to {method}: {text}"))
-    });
-    if let Some(e) = msg.get("error") {
-        return json!({ "error": e });
-    }
-    msg["result"].clone()
+async fn rpc(url: &str, method: &str, params: Value, caps: Value) -> Value {
+    crate::mcp_support::raw_2026(url, method, params, caps, &[]).await
 }
 
 fn with_tasks() -> Value {
@@ -63,17 +28,10 @@ fn with_tasks() -> Value {
 }
 
 /// Poll tasks/get until the task is terminal (bounded), returning the last answer.
-async fn wait_terminal(http: &reqwest::Client, url: &str, id: &str, limit: Duration) -> Value {
+async fn wait_terminal(url: &str, id: &str, limit: Duration) -> Value {
     let t0 = std::time::Instant::now();
     loop {
-        let t = rpc(
-            http,
-            url,
-            "tasks/get",
-            json!({ "taskId": id }),
-            with_tasks(),
-        )
-        .await;
+        let t = rpc(url, "tasks/get", json!({ "taskId": id }), with_tasks()).await;
         let status = t["status"]
             .as_str()
             .unwrap_or_else(|| panic!("tasks/get: {t}"));
@@ -112,15 +70,13 @@ async fn a_long_run_as_a_task_completes_past_the_call_maximum() {
     };
     let s = server_with("t-task-long", settings).await;
     let url = s.url("/mcp");
-    let http = reqwest::Client::new();
 
     // The server says it offers the extension.
-    let d = rpc(&http, &url, "server/discover", json!({}), with_tasks()).await;
+    let d = rpc(&url, "server/discover", json!({}), with_tasks()).await;
     assert!(d["capabilities"]["extensions"][TASKS].is_object(), "{d}");
 
     let code = "import time\nprint('started', flush=True)\ntime.sleep(20)\nprint('slept 20 s')";
     let created = rpc(
-        &http,
         &url,
         "tools/call",
         json!({"name": "execute_code", "arguments": {"code": code, "timeout": 40}}),
@@ -133,7 +89,7 @@ async fn a_long_run_as_a_task_completes_past_the_call_maximum() {
     // The result is kept past the run: the TTL covers the timeout and then some.
     assert!(created["ttlMs"].as_u64().unwrap() >= 40_000, "{created}");
 
-    let done = wait_terminal(&http, &url, &id, Duration::from_secs(400)).await;
+    let done = wait_terminal(&url, &id, Duration::from_secs(400)).await;
     assert_eq!(done["status"], "completed", "{done}");
     let r = &done["result"];
     assert_eq!(r["isError"], false, "{done}");
@@ -142,19 +98,11 @@ async fn a_long_run_as_a_task_completes_past_the_call_maximum() {
     assert!(!text.contains("capped"), "a task may run 40 s: {text}");
     assert_eq!(r["structuredContent"]["timeout_seconds"], 40.0, "{r}");
     // Polling again after the end still answers (the result stays for its TTL).
-    let again = rpc(
-        &http,
-        &url,
-        "tasks/get",
-        json!({ "taskId": id }),
-        with_tasks(),
-    )
-    .await;
+    let again = rpc(&url, "tasks/get", json!({ "taskId": id }), with_tasks()).await;
     assert_eq!(again["status"], "completed", "{again}");
 
     // The same call without the extension is a plain result, its timeout capped at 10 s.
     let plain = rpc(
-        &http,
         &url,
         "tools/call",
         json!({"name": "execute_code", "arguments": {"code": "print(1)", "timeout": 40}}),
@@ -167,16 +115,9 @@ async fn a_long_run_as_a_task_completes_past_the_call_maximum() {
         "{plain}"
     );
     // And tasks/* without the extension is refused (-32021), an unknown task id is -32602.
-    let refused = rpc(&http, &url, "tasks/get", json!({ "taskId": id }), json!({})).await;
+    let refused = rpc(&url, "tasks/get", json!({ "taskId": id }), json!({})).await;
     assert_eq!(refused["error"]["code"], -32021, "{refused}");
-    let unknown = rpc(
-        &http,
-        &url,
-        "tasks/get",
-        json!({ "taskId": "nope" }),
-        with_tasks(),
-    )
-    .await;
+    let unknown = rpc(&url, "tasks/get", json!({ "taskId": "nope" }), with_tasks()).await;
     assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
     s.finish().await;
 }
@@ -185,10 +126,7 @@ async fn a_long_run_as_a_task_completes_past_the_call_maximum() {
 async fn cancelling_a_task_stops_the_run_and_removes_its_container() {
     let s = server("t-task-cancel").await;
     let url = s.url("/mcp");
-    let http = reqwest::Client::new();
-    let created = rpc(
-        &http,
-        &url,
+    let created = rpc(&url,
         "tools/call",
         json!({"name": "execute_code", "arguments": {"code": "import time\ntime.sleep(600)", "timeout": 900}}),
         with_tasks(),
@@ -205,16 +143,9 @@ async fn cancelling_a_task_stops_the_run_and_removes_its_container() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let ack = rpc(
-        &http,
-        &url,
-        "tasks/cancel",
-        json!({ "taskId": id }),
-        with_tasks(),
-    )
-    .await;
+    let ack = rpc(&url, "tasks/cancel", json!({ "taskId": id }), with_tasks()).await;
     assert_eq!(ack["resultType"], "complete", "{ack}");
-    let done = wait_terminal(&http, &url, &id, Duration::from_secs(60)).await;
+    let done = wait_terminal(&url, &id, Duration::from_secs(60)).await;
     assert_eq!(done["status"], "cancelled", "{done}");
     // The container went with it (well before the 600 s sleep could end).
     s.sandbox_drained_within(Duration::from_secs(30)).await;
@@ -225,9 +156,7 @@ async fn cancelling_a_task_stops_the_run_and_removes_its_container() {
 async fn execute_python_as_a_task_keeps_its_session() {
     let s = server("t-task-py").await;
     let url = s.url("/mcp");
-    let http = reqwest::Client::new();
     let created = rpc(
-        &http,
         &url,
         "tools/call",
         json!({"name": "execute_python", "arguments": {"code": "x = 41"}}),
@@ -235,14 +164,13 @@ async fn execute_python_as_a_task_keeps_its_session() {
     )
     .await;
     let id = created["taskId"].as_str().expect("taskId").to_string();
-    let done = wait_terminal(&http, &url, &id, Duration::from_secs(120)).await;
+    let done = wait_terminal(&url, &id, Duration::from_secs(120)).await;
     assert_eq!(done["status"], "completed", "{done}");
     let sid = done["result"]["structuredContent"]["session_id"]
         .as_str()
         .expect("session_id")
         .to_string();
     let next = rpc(
-        &http,
         &url,
         "tools/call",
         json!({"name": "execute_python", "arguments": {"code": "x + 1", "session_id": sid}}),
@@ -254,7 +182,6 @@ async fn execute_python_as_a_task_keeps_its_session() {
     // environment). A tool error is a completed task whose result has isError, not a failed
     // task (failed is for protocol errors).
     let created = rpc(
-        &http,
         &url,
         "tools/call",
         json!({"name": "install_dependencies", "arguments": {"packages": ["six"]}}),
@@ -263,7 +190,7 @@ async fn execute_python_as_a_task_keeps_its_session() {
     .await;
     assert_eq!(created["resultType"], "task", "{created}");
     let id = created["taskId"].as_str().unwrap().to_string();
-    let done = wait_terminal(&http, &url, &id, Duration::from_secs(300)).await;
+    let done = wait_terminal(&url, &id, Duration::from_secs(300)).await;
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["result"]["isError"], true, "{done}");
     assert!(

@@ -481,34 +481,14 @@ async fn raw_call(
 async fn raw_request(
     url: &str,
     method: &str,
-    mut params: Value,
+    params: Value,
     capabilities: Value,
     traceparent: &str,
 ) -> String {
-    params["_meta"] = json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientInfo": {"name": "raw-traces", "version": "0"},
-        "io.modelcontextprotocol/clientCapabilities": capabilities,
-    });
-    let name = params["name"].as_str().or(params["taskId"].as_str());
-    let mut req = reqwest::Client::new()
-        .post(url)
-        .header("Content-Type", "application/json")
-        .header("Accept", "application/json, text/event-stream")
-        .header("MCP-Protocol-Version", "2026-07-28")
-        .header("Mcp-Method", method)
-        .header("traceparent", traceparent);
-    if let Some(name) = name {
-        req = req.header("Mcp-Name", name);
-    }
-    let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params});
-    req.body(body.to_string())
-        .send()
+    let headers = [("traceparent", traceparent)];
+    mcp_support::raw_2026_text(url, method, params, capabilities, &headers)
         .await
-        .expect("the server answers")
-        .text()
-        .await
-        .unwrap()
+        .1
 }
 
 #[tokio::test]

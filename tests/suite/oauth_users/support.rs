@@ -280,44 +280,12 @@ pub fn with_tasks() -> Value {
 /// One JSON-RPC request at 2026-07-28 (no protocol session) with `token` and the client
 /// capabilities `caps`: the response's `result`, or `{"error": …}`.
 pub async fn rpc(url: &str, token: &str, method: &str, params: Value, caps: Value) -> Value {
-    let mut params = params;
-    params["_meta"] = json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientInfo": {"name": "raw-users", "version": "0"},
-        "io.modelcontextprotocol/clientCapabilities": caps,
-    });
-    let mut req = reqwest::Client::new()
-        .post(url)
-        .bearer_auth(token)
-        .header("Content-Type", "application/json")
-        .header("Accept", "application/json, text/event-stream")
-        .header("MCP-Protocol-Version", "2026-07-28")
-        .header("Mcp-Method", method);
-    if let Some(name) = params.get("name").and_then(Value::as_str) {
-        req = req.header("Mcp-Name", name);
-    } else if let Some(id) = params.get("taskId").and_then(Value::as_str) {
-        req = req.header("Mcp-Name", id);
-    }
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    let resp = req
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("the server answers");
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
+    let bearer = format!("Bearer {token}");
+    let (status, text) =
+        crate::mcp_support::raw_2026_text(url, method, params, caps, &[("Authorization", &bearer)])
+            .await;
     assert_eq!(status, 200, "{method}: {text}");
-    let msg: Value = serde_json::from_str(&text).unwrap_or_else(|_| {
-        text.lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-            .find(|v| v.get("id").is_some())
-            .unwrap_or_else(|| panic!("no response to {method}: {text}"))
-    });
-    match msg.get("error") {
-        Some(e) => json!({ "error": e }),
-        None => msg["result"].clone(),
-    }
+    crate::mcp_support::response_of(method, &text)
 }
 
 /// A tool call without tasks.
