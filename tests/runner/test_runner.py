@@ -731,5 +731,72 @@ class StartUpTest(unittest.TestCase):
             self.assertIsNone(other)
 
 
+# Run in a fresh interpreter (the warm-up changes the interpreter's collector, import hooks
+# and switch interval while it works): prints one JSON line of what it saw.
+WARM_PROBE = r"""
+import gc, json, os, sys, time, threading
+exec(WARM_CODE)
+r, w = os.pipe()
+os.dup2(w, 4)
+seen = {}
+base_hooks = list(sys.meta_path)
+# Done: its line, collection on again, no hook left.
+stop, ended, t = _mcp_warm({"modules": ["email.mime.text", "no_such_module_x"], "cpus": 1, "seq": 3}, None)
+t.join(20)
+seen["line"] = json.loads(os.read(r, 4096).decode().strip())
+seen["gc_after_done"] = gc.isenabled()
+seen["hooks_after_done"] = list(sys.meta_path) == base_hooks
+# Paced hard (a twentieth of a CPU, asleep most of the time) until a cell comes: the
+# cell's imports never wait for its sleeps, and collection is on at once.
+stop, ended, t = _mcp_warm({"modules": ["asyncio", "http.server", "unittest", "xml.dom.minidom"], "cpus": 0.05, "seq": 4}, None)
+time.sleep(0.05)
+seen["gc_during"] = gc.isenabled()
+stop()
+seen["gc_in_cell"] = gc.isenabled()
+worst = 0.0
+for name in ["decimal", "fractions", "csv", "wave", "colorsys", "sched"]:
+    a = time.monotonic()
+    __import__(name)
+    worst = max(worst, time.monotonic() - a)
+seen["cell_import_worst_ms"] = worst * 1000
+time.sleep(0.3)
+seen["alive_in_cell"] = t.is_alive()
+gc.disable()  # the cell's own choice
+ended()
+t.join(20)
+seen["gone_after_cell"] = not t.is_alive()
+seen["gc_as_the_cell_left_it"] = gc.isenabled()
+seen["hooks_after_stop"] = list(sys.meta_path) == base_hooks
+print(json.dumps(seen))
+"""
+
+
+class WarmUpTest(unittest.TestCase):
+    """A session's idle warm-up (`stubs.WARM_CODE`) in a fresh host interpreter: its line
+    when done, the collector and import hooks as they were, a cell's imports never held by
+    its pacing, and a stopped warm-up that lasts as long as the cell and leaves the
+    collector as the cell set it."""
+
+    def test_warm_up_done_paced_and_stopped(self):
+        import subprocess
+
+        from mcp_runner.stubs import WARM_CODE
+
+        code = "WARM_CODE = %r\n%s" % (WARM_CODE, WARM_PROBE)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr.decode())
+        seen = json.loads(out.stdout.decode().strip().splitlines()[-1])
+        self.assertEqual(seen["line"], {"warm": ["email.mime.text"], "skipped": ["no_such_module_x"], "seq": 3})
+        self.assertTrue(seen["gc_after_done"])
+        self.assertTrue(seen["hooks_after_done"])
+        self.assertFalse(seen["gc_during"], "automatic collection stayed on during the warm-up")
+        self.assertLess(seen["cell_import_worst_ms"], 50.0, "a cell's import waited for the warm-up's sleep")
+        self.assertTrue(seen["gc_in_cell"])
+        self.assertTrue(seen["alive_in_cell"])
+        self.assertTrue(seen["gone_after_cell"])
+        self.assertFalse(seen["gc_as_the_cell_left_it"], "the warm-up turned collection back on")
+        self.assertTrue(seen["hooks_after_stop"])
+
+
 if __name__ == "__main__":
     unittest.main()

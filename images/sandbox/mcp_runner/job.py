@@ -36,7 +36,9 @@ class Job:
         self.nonce = None
         # Readable whenever a child exits (SIGCHLD), to wake the select loops.
         self.wake_r = None
-        # A session's warm-up was started after the last cell (see `session.warm_up`).
+        # What the last cell asked to warm up, not yet started (see `session.warm_up`),
+        # and whether a warm-up was started after the last cell.
+        self.warm_next = None
         self.warming = False
         # The last warm-up's number, and what warm-ups imported or skipped (never asked
         # for again; each report names them, `warmed`).

@@ -40,8 +40,13 @@ def serve(child, job):
     if netrelay.NET is not None:
         netrelay.NET.attach(sel)
     while True:
-        # A warm-up runs until done or a message comes (see `warm_up`); then, between
-        # messages, every process of the code is stopped (see `hold`).
+        # A warm-up starts once no message came for WARM_AFTER and runs until done or a
+        # message comes (see `warm_up`); then, between messages, every process of the code
+        # is stopped (see `hold`).
+        if job.warm_next is not None:
+            modules, job.warm_next = job.warm_next, None
+            if quiet_for(stdin, WARM_AFTER):
+                warm_up(child, job, modules)
         if job.warming:
             job.warming = False
             settle_warm_up(stdin, child, job)
@@ -137,17 +142,27 @@ def running():
 
 def waiting(stdin):
     """Whether the next message (or its start) is already here."""
+    return not quiet_for(stdin, 0)
+
+
+def quiet_for(stdin, seconds):
+    """Whether no message comes within `seconds` (nor is here already)."""
     if stdin.buf or stdin.eof:
-        return True
-    try:
-        return bool(select.select([stdin.fileno()], [], [], 0)[0])
-    except (OSError, ValueError):
         return False
+    try:
+        return not select.select([stdin.fileno()], [], [], seconds)[0]
+    except (OSError, ValueError):
+        return True
 
 
 # Seconds a warm-up may take before the sandbox is held still anyway (it goes on with the
 # next cell, stopped mid-import and continued: consistent, only later).
 WARM_DEADLINE = 30.0
+# Seconds without a message after a cell before its warm-up starts: a client sending its
+# next cell at once (a script, a notebook's run-all) never meets a warm-up that is only
+# starting (its thread being made, its first module's files counted), which held such a
+# cell 10-30 ms (issue 43, measured); a person or a model takes longer than this.
+WARM_AFTER = 0.1
 
 
 def warm_up(child, job, modules):
@@ -168,6 +183,7 @@ def warm_up(child, job, modules):
         {
             "modules": names[: preload.MAX_MODULES],
             "budget": preload.budget_bytes(percent),
+            "cpus": cgroup.cpu_limit(),
             "seq": job.warm_seq,
         }
     ).encode()
@@ -378,5 +394,5 @@ def run_cell(stdin, sel, child, job, cell, relay):
     report["phases"] = output.phases(("code", code_at, ended_at), ("report", ended_at, time.monotonic()))
     frames.report(report)
     if exited is None and cell.get("warm"):
-        warm_up(child, job, cell["warm"])
+        job.warm_next = cell["warm"]
     return exited is not None

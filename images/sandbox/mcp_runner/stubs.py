@@ -190,17 +190,17 @@ def _mcp_repl(save_open_figures):
             b += c
         return b
     n = 0
-    warming = None  # (stop flag, thread) of the last warm-up
+    warming = None  # (stop, cell ended, thread) of the last warm-up
     while True:
         # `W` (see `_mcp_warm`): what to import while the session waits.
         first = read_exact(1)
         if first == b'W':
             (size,) = struct.unpack('>I', read_exact(4))
-            last = warming[1] if warming is not None and warming[1].is_alive() else None
+            last = warming[2] if warming is not None and warming[2].is_alive() else None
             warming = warm_up(json.loads(read_exact(size).decode()), last)
             continue
         if warming is not None:
-            warming[0][0] = True  # a cell: the warm-up stops after the module it is in
+            warming[0]()  # a cell: the warm-up stops after the module it is in
         # Each cell comes with a fresh nonce that its status line must name: the runner
         # ignores any other line on fd 4 (one the code wrote itself, say).
         nonce = (first + read_exact(31)).decode('ascii', 'replace')
@@ -238,28 +238,63 @@ def _mcp_repl(save_open_figures):
             sys.stderr.flush()
         except Exception:
             pass
+        if warming is not None:
+            warming[1]()
         os.write(4, ('\n' + json.dumps({'ok': ok, 'cell': nonce}) + '\n').encode())
 """
 
 # A session's idle warm-up (issue 43): `W`, a 4-byte length and JSON `{"modules": [...],
-# "budget": bytes, "seq": n}` on fd 3 between cells. A thread of the session's interpreter,
-# SCHED_BATCH where allowed (it never preempts a thread that wakes up, a cell's), imports
-# each module not yet imported, skipping one whose estimated size (its package's files on
-# disk) would take the sandbox's memory past the budget, and stopping past it; it never runs
-# the user's code. Not SCHED_IDLE nor nice 19: the sandbox cannot raise a thread's priority
-# again (no CAP_SYS_NICE, RLIMIT_NICE 0), and a cell importing the module the warm-up is in
-# waits for the interpreter's module lock that thread holds: at SCHED_IDLE beside anything
-# runnable it hardly ran and the cell waited (issue 43, measured). A cell that arrives runs
-# at once on the main thread (while it works the warm-up sets the interpreter's switch
-# interval to 0.5 ms, so that it holds the GIL that long at most while in Python code: at
-# the default 5 ms a third of the cells sent during it started 26-52 ms late, measured);
-# the warm-up then stops after the module it is in. One warm-up at a time: a new one first
-# waits for the last one's module. Done (not stopped), it writes `{"warm": [...], "skipped":
-# [...], "seq": n}` on fd 4 (no nonce: never a cell's).
+# "budget": bytes, "cpus": quota or null, "seq": n}` on fd 3 between cells. A thread of the
+# session's interpreter, SCHED_BATCH where allowed (it never preempts a thread that wakes
+# up, a cell's), imports each module not yet imported, skipping one whose estimated size
+# (its package's files on disk) would take the sandbox's memory past the budget, and
+# stopping past it; it never runs the user's code. Not SCHED_IDLE nor nice 19: the sandbox
+# cannot raise a thread's priority again (no CAP_SYS_NICE, RLIMIT_NICE 0), and a cell
+# importing the module the warm-up is in waits for the interpreter's module lock that
+# thread holds: at SCHED_IDLE beside anything runnable it hardly ran and the cell waited
+# (issue 43, measured). A cell that arrives runs at once on the main thread, and the
+# warm-up then stops after the module it is in. What kept such a cell waiting, each
+# measured (docs/mcp.md "Sessions"), and what the warm-up does about it:
+# - the interpreter lock: while it works the warm-up sets the switch interval to 0.5 ms, so
+#   that it holds the lock that long at most while in Python code (at the default 5 ms a
+#   third of the cells sent during it started 26-52 ms late);
+# - the sandbox's CPU quota: a thread importing flat out uses a whole CPU, all of `--cpus 1`;
+#   anything else of the sandbox running meanwhile spends the quota before the period ends
+#   and the whole sandbox is throttled until it does (beside a busy thread: 12 of 23
+#   periods, stalls of 30-50 ms; the runner's short wake-ups were not seen throttled, but
+#   a cell's thread may run long). The warm-up paces itself to PACE of the
+#   quota (at each module it looks for, it sleeps off what it ran over, letting go of the
+#   import lock), leaving the rest for a cell; a cell wakes it, and it paces no more (the
+#   cell may wait for the lock of the module it is in);
+# - the cyclic garbage collector: a full collection amid pandas' import holds the lock for
+#   20-25 ms. The warm-up turns automatic collection off while it imports and collects the
+#   young generations itself at each module it finds (as the automatic one would, without
+#   the full collection); done, it makes the full collection while the session still
+#   waits; stopped by a cell, collection is back on before the cell runs (the cell's thread
+#   turns it back on) and the warm-up never touches it again. Off only if it was on.
+# One warm-up at a time: a new one first waits for the last one's module. Done (not
+# stopped), it writes `{"warm": [...], "skipped": [...], "seq": n}` on fd 4 (no nonce:
+# never a cell's). `_mcp_warm` returns a function that stops it (the cell's thread calls
+# it as a cell comes), one that says the cell ended, and its thread. A warm-up a cell
+# stopped ends with that cell: it holds nothing then (no module, no CPU), and it is seen.
 WARM_CODE = r"""
 def _mcp_warm(msg, last):
-    import os, sys, json, threading
-    stop = [False]
+    import os, sys, json, threading, time, gc, _imp
+    PACE = 0.7
+    # `off`: automatic collection is off because the warm-up turned it off (and on again
+    # by whichever of the two threads comes first).
+    state = {'stop': False, 'gc': gc.isenabled(), 'off': False}
+    lock = threading.Lock()
+    stopped = threading.Event()  # wakes the warm-up from its pacing at once
+    def collection_back():
+        if state['off']:
+            state['off'] = False
+            gc.enable()
+    def stop():
+        with lock:
+            state['stop'] = True
+            collection_back()
+        stopped.set()
     def used():
         for path, keys in (('/sys/fs/cgroup/memory/memory.stat', ('total_rss', 'total_mapped_file')),
                            ('/sys/fs/cgroup/memory.stat', ('anon', 'file_mapped'))):
@@ -281,6 +316,8 @@ def _mcp_warm(msg, last):
         total = 0
         for d in (spec.submodule_search_locations or []):
             for root, _dirs, files in os.walk(d):
+                if state['stop']:
+                    return None  # a cell came (a walk of pandas takes 20 ms)
                 for f in files:
                     try:
                         total += os.lstat(os.path.join(root, f)).st_size
@@ -292,6 +329,39 @@ def _mcp_warm(msg, last):
             except OSError:
                 pass
         return total
+    cpus = msg.get('cpus')
+    duty = min(1.0, PACE * cpus) if isinstance(cpus, (int, float)) and cpus > 0 else 1.0
+    class Pace:
+        # First on sys.meta_path while the warm-up works: called at every module any
+        # thread looks for, it acts only in the warm-up's own thread and finds nothing.
+        def __init__(self):
+            self.ident = threading.get_ident()
+            self.wall, self.cpu = time.monotonic(), time.thread_time()
+        def find_spec(self, name, path=None, target=None):
+            if threading.get_ident() != self.ident or state['stop']:
+                return None
+            if state['off']:
+                young, middle, _ = gc.get_count()
+                if young > 700:
+                    gc.collect(1 if middle >= 10 else 0)
+            ran = time.thread_time() - self.cpu
+            if ran >= 0.005:
+                owed = ran / duty - (time.monotonic() - self.wall)
+                if owed > 0:
+                    # Finders are asked under the interpreter's import lock: let go of
+                    # it while asleep, or a cell's own imports would wait.
+                    try:
+                        _imp.release_lock()
+                        held = True
+                    except RuntimeError:
+                        held = False  # not this thread's
+                    try:
+                        stopped.wait(min(owed, 0.1))
+                    finally:
+                        if held:
+                            _imp.acquire_lock()
+                self.wall, self.cpu = time.monotonic(), time.thread_time()
+            return None
     def work():
         if last is not None:
             last.join()  # the module a cell stopped it in, finished
@@ -301,16 +371,38 @@ def _mcp_warm(msg, last):
             pass
         interval = sys.getswitchinterval()
         sys.setswitchinterval(0.0005)
+        pace = Pace()
+        with lock:
+            if state['stop']:
+                return
+            if state['gc']:
+                state['off'] = True
+                gc.disable()
+        sys.meta_path.insert(0, pace)
         try:
-            imports()
+            line = imports()
         finally:
+            try:
+                sys.meta_path.remove(pace)
+            except ValueError:
+                pass
             sys.setswitchinterval(interval)
+            with lock:
+                finished = not state['stop']
+                collection_back()
+        if finished and line is not None:
+            if state['gc']:
+                gc.collect()  # the full collection its imports owe, while the session waits
+            try:
+                os.write(4, ('\n' + json.dumps(line) + '\n').encode())
+            except OSError:
+                pass
     def imports():
         budget = int(msg.get('budget') or 0)
         done, skipped = [], []
         for name in msg.get('modules') or []:
-            if stop[0]:
-                return
+            if state['stop']:
+                return None
             if not isinstance(name, str):
                 continue
             if name in sys.modules:
@@ -324,8 +416,8 @@ def _mcp_warm(msg, last):
                 if u is None or u + size > budget:
                     skipped.append(name)
                     continue
-            if stop[0]:
-                return
+            if state['stop']:
+                return None
             try:
                 __import__(name)
                 done.append(name)
@@ -335,16 +427,17 @@ def _mcp_warm(msg, last):
                 u = used()
                 if u is None or u > budget:
                     break
-        if stop[0]:
-            return  # a cell came: the runner no longer waits for this line
-        try:
-            line = {'warm': done, 'skipped': skipped, 'seq': msg.get('seq')}
-            os.write(4, ('\n' + json.dumps(line) + '\n').encode())
-        except OSError:
-            pass
-    t = threading.Thread(target=work, name='mcp-warm-up', daemon=True)
+        if state['stop']:
+            return None  # a cell came: the runner no longer waits for this line
+        return {'warm': done, 'skipped': skipped, 'seq': msg.get('seq')}
+    ended = threading.Event()
+    def run():
+        work()
+        if state['stop']:
+            ended.wait()  # a warm-up a cell stopped is seen (its thread) until the cell ends
+    t = threading.Thread(target=run, name='mcp-warm-up', daemon=True)
     t.start()
-    return stop, t
+    return stop, ended.set, t
 """
 
 # A waiting interpreter (a one-shot run, or a session once told `S`); a session's
