@@ -577,24 +577,16 @@ class NetRelayTest(unittest.TestCase):
 
 
 class DirectChannelTest(unittest.TestCase):
-    """A connection of the code joined to the server's egress socket (`netrelay.Pipe`):
-    every byte arrives both ways, each end's end is passed on, and the pipe is gone once
-    both ways ended; by splice where the kernel allows, by copying where it refuses."""
+    """A connection of the code handed to the server's egress socket (`netrelay.hand_over`):
+    the server gets the connection itself (one descriptor with one byte) and every byte
+    goes both ways between it and the code, the runner keeping nothing; with no socket
+    there, the connection is relayed."""
 
-    def transfer(self, splice):
-        import errno as _errno
+    def handed(self, socket_there):
         import socket
 
         up, down = os.urandom(3 << 20), os.urandom(2 << 20)
         got = {}
-        calls = {"splice": 0}
-        real = netrelay.splice
-
-        def counted(*a, **k):
-            calls["splice"] += 1
-            if not splice:
-                raise OSError(_errno.EINVAL, "splice refused (the test)")
-            return real(*a, **k)
 
         def exchange(sock, data, key):
             def send():
@@ -613,52 +605,55 @@ class DirectChannelTest(unittest.TestCase):
             got[key] = b"".join(chunks)
             sock.close()
 
-        saved = (netrelay.PORT, netrelay.SOCKET, netrelay.splice)
-        with tempfile.TemporaryDirectory() as d:
+        saved = (netrelay.PORT, netrelay.SOCKET)
+        with tempfile.TemporaryDirectory() as d, CapturedFrames():
+            path = os.path.join(d, "egress.sock")
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            listener.bind(os.path.join(d, "egress.sock"))
-            listener.listen(1)
-            netrelay.PORT, netrelay.SOCKET, netrelay.splice = 0, os.path.join(d, "egress.sock"), counted
-            threads = []
+            if socket_there:
+                listener.bind(path)
+                listener.listen(1)
+            netrelay.PORT, netrelay.SOCKET = 0, path
             try:
                 net = netrelay.Net()
                 watch = Watch()
                 net.attach(watch)
                 port = net.listener.getsockname()[1]
                 client = socket.create_connection(("127.0.0.1", port))
-                threads.append(threading.Thread(target=exchange, args=(client, up, "code_got")))
-                threads[-1].start()
-
-                def server():
-                    conn, _ = listener.accept()
-                    exchange(conn, down, "server_got")
-
-                threads.append(threading.Thread(target=server))
-                threads[-1].start()
-                deadline = time.monotonic() + 20
-                while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
-                    for fd, _ in watch.select(0.1):
-                        net.event(fd)
+                for fd, _ in watch.select(2):
+                    net.event(fd)
+                if not socket_there:
+                    self.assertEqual(len(net.streams), 1, "the connection was not relayed")
+                    client.close()
+                    net.reset()
+                    return [p[4:5] for k, p in parse_frames(frames.OUT.getvalue()) if k == b"N"]
+                self.assertEqual(net.streams, {}, "a handed-over connection was relayed too")
+                conn, _ = listener.accept()
+                msg, fds, _, _ = socket.recv_fds(conn, 16, 4)
+                conn.close()
+                self.assertEqual((msg, len(fds)), (b"F", 1))
+                theirs = socket.socket(fileno=fds[0])
+                threads = [
+                    threading.Thread(target=exchange, args=(client, up, "code_got")),
+                    threading.Thread(target=exchange, args=(theirs, down, "server_got")),
+                ]
                 for t in threads:
-                    t.join(5)
-                self.assertEqual(len(got.get("server_got", b"")), len(up))
+                    t.start()
+                for t in threads:
+                    t.join(20)
                 self.assertEqual(got["server_got"], up)
                 self.assertEqual(got["code_got"], down)
-                self.assertEqual(net.pipes, {}, "the pipe outlived both ends")
+                self.assertEqual(frames.OUT.getvalue(), b"", "the runner framed bytes of a handed-over connection")
                 net.listener.close()
             finally:
-                netrelay.PORT, netrelay.SOCKET, netrelay.splice = saved
+                netrelay.PORT, netrelay.SOCKET = saved
                 frames.INBOX.on_net = None
                 listener.close()
-        return calls["splice"]
 
-    def test_bytes_go_both_ways_by_splice(self):
-        if netrelay.splice is None:
-            self.fail("this Python has no os.splice: the sandbox's (3.11) has")
-        self.assertGreater(self.transfer(splice=True), 10)
+    def test_the_server_gets_the_connection_itself(self):
+        self.handed(socket_there=True)
 
-    def test_bytes_go_both_ways_by_copy_where_splice_is_refused(self):
-        self.assertGreaterEqual(self.transfer(splice=False), 1)
+    def test_without_the_socket_the_connection_is_relayed(self):
+        self.assertEqual(self.handed(socket_there=False)[0], b"o")
 
 
 class StartUpTest(unittest.TestCase):

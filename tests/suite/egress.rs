@@ -407,6 +407,14 @@ pub async fn http_server(
     let l = TcpListener::bind(addr)
         .await
         .unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+    http_server_on(l, body)
+}
+
+/// [`http_server`] on a listener already bound.
+fn http_server_on(
+    l: TcpListener,
+    body: &'static str,
+) -> (u16, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
     let port = l.local_addr().unwrap().port();
     let n = Arc::new(AtomicUsize::new(0));
     let c = n.clone();
@@ -433,13 +441,20 @@ pub async fn http_server(
 
 #[tokio::test]
 async fn a_name_that_resolves_differently_after_the_check_reaches_only_the_checked_address() {
-    // The allowed server on 127.0.0.2, a "secret" one on 127.0.0.1, same port.
-    let probe = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = probe.local_addr().unwrap().port();
-    drop(probe);
-    let (_, secret_conns, secret) =
-        http_server(SocketAddr::from(([127, 0, 0, 1], port)), "secret").await;
-    let (_, good_conns, good) = http_server(SocketAddr::from(([127, 0, 0, 2], port)), "good").await;
+    // The allowed server on 127.0.0.2, a "secret" one on 127.0.0.1, same port: a port
+    // free on both (another test's connection may hold the one first picked).
+    let mut both = None;
+    for _ in 0..50 {
+        let one = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = one.local_addr().unwrap().port();
+        if let Ok(two) = TcpListener::bind(SocketAddr::from(([127, 0, 0, 2], port))).await {
+            both = Some((one, two));
+            break;
+        }
+    }
+    let (one, two) = both.expect("a port free on 127.0.0.1 and 127.0.0.2");
+    let (port, secret_conns, secret) = http_server_on(one, "secret");
+    let (_, good_conns, good) = http_server_on(two, "good");
     let text = format!(
         "[[rules]]\nhost = \"rebind.example.test\"\nports = [{port}]\n\
          [[rules]]\nhost = \"127.0.0.2\"\nports = [{port}]\n"

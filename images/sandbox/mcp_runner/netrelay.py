@@ -5,15 +5,15 @@ decides, by one of two channels:
 
 - **The direct channel** (Docker under runc): the server gives the sandbox a directory of
   its own, mounted read-only at SOCKET_DIR, and during a run with egress listens on
-  SOCKET in it (`src/backend/egress_socket.rs`). Each of the code's connections gets one
-  connection to SOCKET and the runner moves bytes both ways as they come (`Pipe`, by
-  splice where the kernel allows): no framing and no window, the kernel's socket buffers
-  are the flow control, and no byte
-  goes through the runner's stdin/stdout (the container runtime's attach stream, which
-  cost most of the CPU of a download).
-- **The relay** (the fallback, whenever SOCKET is absent or cannot be connected: on
-  Kubernetes, under gVisor, with a remote daemon): each connection is a numbered stream
-  over the runner's own channel (see `src/backend/relay.rs`):
+  SOCKET in it (`src/backend/egress_socket.rs`). The runner hands each of the code's
+  connections over: one connection to SOCKET carrying one byte and the accepted socket's
+  descriptor (SCM_RIGHTS), then closes its own copies. The server reads and writes the
+  code's socket itself: no byte goes through the runner (its copy, then its splice loop,
+  spent the sandbox's one CPU beside the code's own client) nor through its stdin/stdout.
+- **The relay** (the fallback, whenever SOCKET is absent or cannot be connected or the
+  descriptor cannot be passed: on Kubernetes, under gVisor, with a remote daemon): each
+  connection is a numbered stream over the runner's own channel (see
+  `src/backend/relay.rs`):
 
   runner -> server   frame `N`: u32 stream id, 1 byte op, bytes
                        o open, d data, e eof (no more bytes this way), c close,
@@ -30,8 +30,6 @@ care which one a connection came by.
 """
 
 import _socket
-import errno
-import os
 import struct
 
 from mcp_runner import frames
@@ -46,14 +44,6 @@ GRANT = 64 << 10
 # `protocol::SANDBOX_DIR` and `protocol::EGRESS_SOCKET`).
 SOCKET_DIR = "/run/mcp-egress"
 SOCKET = SOCKET_DIR + "/egress.sock"
-# Bytes one read of a direct connection takes at most (one buffer, shared: the loop is
-# single-threaded), and reads of one direction per event before the loop serves others.
-SCRATCH = 256 << 10
-BURST = 8
-# What one way's kernel pipe holds, and one splice moves at most.
-PIPE_BYTES = 256 << 10
-splice = getattr(os, "splice", None)
-SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
 
 PROXY = "http://127.0.0.1:%d" % PORT
 # The image's system CAs (Debian's bundle), and where the runner writes them together
@@ -104,146 +94,24 @@ class Stream:
         self.server_eof = False  # the server will send no more (shut down once `out` is out)
 
 
-def connect_direct():
-    """A connection to the server's egress socket, or None (absent, refused, or its
-    backlog full: the connection is relayed instead)."""
+def hand_over(sock):
+    """Hand the code's connection `sock` to the server over SOCKET (the direct channel);
+    False when the socket is absent, refused (its backlog full) or the descriptor cannot be
+    passed: the connection is relayed instead. The caller closes `sock` either way once
+    this says True."""
     try:
         s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     except OSError:
-        return None
-    s.setblocking(False)
+        return False
     try:
+        s.setblocking(False)
         s.connect(SOCKET)
+        fd = struct.pack("i", sock.fileno())
+        return s.sendmsg([b"F"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fd)]) == 1
     except OSError:
+        return False
+    finally:
         s.close()
-        return None
-    return s
-
-
-class Way:
-    """One direction of a direct connection. Under runc the kernel moves the bytes: `src`
-    is spliced into a pipe of the way's own and the pipe into `dst`, so no byte is copied
-    through the runner (its copy was a quarter of a download's CPU in the sandbox's one
-    core). Where splice is refused (EINVAL before any byte moved) the way copies instead:
-    bytes read from `src` not yet written to `dst` wait in `pending` (at most one read's
-    worth: `src` is not read meanwhile)."""
-
-    __slots__ = ("src", "dst", "pending", "eof", "shut", "pipe", "held", "moved")
-
-    def __init__(self, src, dst):
-        self.src = src
-        self.dst = dst
-        self.pending = None
-        self.eof = False  # `src` is at its end
-        self.shut = False  # ... and `dst` was told (SHUT_WR)
-        self.pipe = kernel_pipe()  # (read end, write end), or None: copy
-        self.held = 0  # bytes in the pipe, not yet spliced into `dst`
-        self.moved = False
-
-    def waiting(self):
-        """Bytes read from `src` wait for `dst` to take them."""
-        return bool(self.held or self.pending)
-
-    def close(self):
-        if self.pipe is not None:
-            for fd in self.pipe:
-                os.close(fd)
-            self.pipe = None
-
-    def pump(self, scratch, view):
-        """Move what can be moved now, BURST reads at most; False when a socket broke."""
-        for _ in range(BURST):
-            stopped = self.flush()
-            if stopped is not None:
-                return stopped
-            if self.eof:
-                if not self.shut:
-                    self.shut = True
-                    try:
-                        self.dst.shutdown(_socket.SHUT_WR)
-                    except OSError:
-                        pass
-                return True
-            try:
-                if self.pipe is not None:
-                    n = splice(self.src.fileno(), self.pipe[1], PIPE_BYTES, flags=SPLICE_FLAGS)
-                else:
-                    n = self.src.recv_into(scratch)
-            except (BlockingIOError, InterruptedError):
-                return True
-            except OSError as e:
-                if self.pipe is not None and e.errno == errno.EINVAL and not self.moved:
-                    self.close()  # splice refused: copy from now on
-                    continue
-                return False
-            if n == 0:
-                self.eof = True
-                continue
-            self.moved = True
-            if self.pipe is not None:
-                self.held = n
-                continue
-            try:
-                m = self.dst.send(view[:n], _socket.MSG_NOSIGNAL)
-            except (BlockingIOError, InterruptedError):
-                m = 0
-            except OSError:
-                return False
-            if m < n:
-                self.pending = bytes(view[m:n])
-                return True
-        return True
-
-    def flush(self):
-        """Write what waits into `dst`: None once nothing waits, else True (`dst` is
-        full for now) or False (`dst` broke)."""
-        try:
-            while self.held:
-                self.held -= splice(self.pipe[0], self.dst.fileno(), self.held, flags=SPLICE_FLAGS)
-            if self.pending:
-                n = self.dst.send(self.pending, _socket.MSG_NOSIGNAL)
-                self.pending = self.pending[n:] if n < len(self.pending) else None
-        except (BlockingIOError, InterruptedError):
-            return True
-        except OSError:
-            return False
-        return True if self.pending else None
-
-
-def kernel_pipe():
-    """A non-blocking pipe of PIPE_BYTES (if the kernel grants it) for splicing, or None
-    when this Python or kernel has no splice."""
-    if splice is None:
-        return None
-    try:
-        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        import fcntl
-
-        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-    except (ImportError, AttributeError, OSError):
-        pass  # the default size (64 KiB) still works
-    return r, w
-
-
-class Pipe:
-    """A connection of the code joined to its own connection to the server's socket."""
-
-    def __init__(self, code, server):
-        self.code = code
-        self.server = server
-        self.up = Way(code, server)
-        self.down = Way(server, code)
-
-    def done(self):
-        return self.up.shut and self.down.shut
-
-    def wants(self, fd):
-        """(read, write) for `fd`, one of the pipe's two."""
-        out, into = (self.up, self.down) if fd == self.code.fileno() else (self.down, self.up)
-        return (not out.waiting() and not out.eof, into.waiting())
 
 
 class Net:
@@ -260,10 +128,6 @@ class Net:
         self.by_fd = {}
         self.next_id = 1
         self.sel = None
-        # Direct connections by fd (each pipe under both of its fds).
-        self.pipes = {}
-        self.scratch = bytearray(SCRATCH)
-        self.view = memoryview(self.scratch)
 
     def attach(self, sel):
         self.sel = sel
@@ -274,17 +138,11 @@ class Net:
         """The cell (or run) ended: the server ended its streams; drop ours."""
         for st in list(self.streams.values()):
             self.drop(st, tell=False)
-        for pipe in set(self.pipes.values()):
-            self.unpipe(pipe)
 
     # The select loop calls this for every fd tagged "net".
     def event(self, fd):
         if fd == self.listener.fileno():
             self.accept()
-            return
-        pipe = self.pipes.get(fd)
-        if pipe is not None:
-            self.pump(pipe)
             return
         st = self.by_fd.get(fd)
         if st is None:
@@ -304,13 +162,8 @@ class Net:
             # `_socket`'s accept gives the fd (its Python layer is not loaded, see `child`).
             sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM, 0, fd)
             sock.setblocking(False)
-            server = connect_direct()
-            if server is not None:
-                pipe = Pipe(sock, server)
-                for s in (sock, server):
-                    self.pipes[s.fileno()] = pipe
-                    self.sel.register(s.fileno(), "net")
-                self.pump(pipe)
+            if hand_over(sock):
+                sock.close()  # the server has it now
                 continue
             st = Stream(self.next_id, sock)
             self.next_id += 1
@@ -318,40 +171,6 @@ class Net:
             self.by_fd[st.fd] = st
             self.sel.register(st.fd, "net")
             frame(st.sid, b"o")
-
-    def pump(self, pipe):
-        """Move a direct connection's bytes both ways; close it once both ends are done
-        or either broke."""
-        if not (pipe.up.pump(self.scratch, self.view) and pipe.down.pump(self.scratch, self.view)):
-            self.unpipe(pipe)
-            return
-        if pipe.done():
-            self.unpipe(pipe)
-            return
-        for s in (pipe.code, pipe.server):
-            fd = s.fileno()
-            read, write = pipe.wants(fd)
-            if not read and not write:
-                # As for streams (`interest`): a hang-up would wake the loop in vain.
-                if fd in self.sel.tags:
-                    self.sel.unregister(fd)
-                continue
-            if fd not in self.sel.tags:
-                self.sel.register(fd, "net")
-            self.sel.want(fd, read, write)
-
-    def unpipe(self, pipe):
-        pipe.up.close()
-        pipe.down.close()
-        for s in (pipe.code, pipe.server):
-            fd = s.fileno()
-            self.pipes.pop(fd, None)
-            if self.sel is not None and fd in self.sel.tags:
-                self.sel.unregister(fd)
-            try:
-                s.close()
-            except OSError:
-                pass
 
     def interest(self, st):
         read = st.credit > 0 and not st.code_eof
