@@ -294,14 +294,15 @@ impl ProgressRecorder {
 /// One JSON-RPC request of `method` at protocol 2026-07-28 over raw HTTP (no protocol
 /// session; the official SDKs have no client side for some of what the tests send), from a
 /// client of `capabilities`, with `headers` added (a bearer token, a `traceparent`): the
-/// response's status and text (JSON, or SSE whose data lines carry it).
-pub async fn raw_2026_text(
+/// response as it came (its status, headers and body are the caller's). `Mcp-Name` is the
+/// params' `name`, `taskId` or `uri`, whichever it has.
+pub async fn raw_2026_request(
     url: &str,
     method: &str,
     mut params: Value,
     capabilities: Value,
     headers: &[(&str, &str)],
-) -> (u16, String) {
+) -> reqwest::Response {
     params["_meta"] = serde_json::json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientInfo": {"name": "raw-test", "version": "0"},
@@ -313,10 +314,9 @@ pub async fn raw_2026_text(
         .header("Accept", "application/json, text/event-stream")
         .header("MCP-Protocol-Version", "2026-07-28")
         .header("Mcp-Method", method);
-    if let Some(name) = params
-        .get("name")
-        .or_else(|| params.get("taskId"))
-        .and_then(Value::as_str)
+    if let Some(name) = ["name", "taskId", "uri"]
+        .iter()
+        .find_map(|k| params.get(*k).and_then(Value::as_str))
     {
         req = req.header("Mcp-Name", name);
     }
@@ -324,11 +324,21 @@ pub async fn raw_2026_text(
         req = req.header(*k, *v);
     }
     let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    let resp = req
-        .body(body.to_string())
+    req.body(body.to_string())
         .send()
         .await
-        .expect("the server answers");
+        .expect("the server answers")
+}
+
+/// [`raw_2026_request`]'s status and text (JSON, or SSE whose data lines carry it).
+pub async fn raw_2026_text(
+    url: &str,
+    method: &str,
+    params: Value,
+    capabilities: Value,
+    headers: &[(&str, &str)],
+) -> (u16, String) {
+    let resp = raw_2026_request(url, method, params, capabilities, headers).await;
     let status = resp.status().as_u16();
     (status, resp.text().await.unwrap())
 }
@@ -345,15 +355,20 @@ pub async fn raw_2026(
     response_of(method, &text)
 }
 
-/// The response to a request in `text` (JSON, or SSE): its `result`, or `{"error": …}`.
-pub fn response_of(method: &str, text: &str) -> Value {
-    let msg: Value = serde_json::from_str(text).unwrap_or_else(|_| {
+/// The JSON-RPC message in a response body: the JSON body, or the first `data:` line of an
+/// SSE stream that has an id; None when there is neither.
+pub fn message_of(text: &str) -> Option<Value> {
+    serde_json::from_str(text).ok().or_else(|| {
         text.lines()
             .filter_map(|l| l.strip_prefix("data:"))
             .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
             .find(|v| v.get("id").is_some())
-            .unwrap_or_else(|| panic!("no response to {method}: {text}"))
-    });
+    })
+}
+
+/// The response to a request in `text` (JSON, or SSE): its `result`, or `{"error": …}`.
+pub fn response_of(method: &str, text: &str) -> Value {
+    let msg = message_of(text).unwrap_or_else(|| panic!("no response to {method}: {text}"));
     match msg.get("error") {
         Some(e) => serde_json::json!({ "error": e }),
         None => msg["result"].clone(),

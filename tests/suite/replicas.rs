@@ -26,6 +26,7 @@ mod hostile;
 mod traces;
 
 use crate::common;
+use crate::mcp_support;
 
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -359,43 +360,17 @@ async fn raw_call(url: String, code: &str, timeout: u64) -> (u16, Value) {
 /// One tool call at 2026-07-28 over raw HTTP, with `headers` added: the status and the
 /// JSON-RPC message (from a JSON body or an SSE stream).
 async fn raw_tool(url: &str, name: &str, args: Value, headers: &[(&str, &str)]) -> (u16, Value) {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-    "name": name, "arguments": args,
-    "_meta": {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientInfo": {"name": "replicas", "version": "0"},
-        "io.modelcontextprotocol/clientCapabilities": {},
-    }}});
-    let mut request = reqwest::Client::new()
-        .post(url)
-        .header("Content-Type", "application/json")
-        .header("Accept", "application/json, text/event-stream")
-        .header("MCP-Protocol-Version", "2026-07-28")
-        .header("Mcp-Method", "tools/call")
-        .header("Mcp-Name", name);
-    for (k, v) in headers {
-        request = request.header(*k, *v);
-    }
-    let resp = request
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("an answer, not a dropped connection");
+    let params = json!({"name": name, "arguments": args});
+    let resp = mcp_support::raw_2026_request(url, "tools/call", params, json!({}), headers).await;
     let status = resp.status().as_u16();
     let text = resp.text().await.expect("the whole answer");
     (status, rpc_message(&text))
 }
 
-/// The JSON-RPC answer in a response body: JSON, or the `data:` line of an SSE stream that
-/// has an id.
+/// The JSON-RPC answer in a response body (see [`mcp_support::message_of`]), or the text
+/// itself under `not_json_rpc`.
 fn rpc_message(text: &str) -> Value {
-    serde_json::from_str(text).unwrap_or_else(|_| {
-        text.lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-            .find(|v| v.get("id").is_some())
-            .unwrap_or_else(|| json!({"not_json_rpc": text}))
-    })
+    mcp_support::message_of(text).unwrap_or_else(|| json!({ "not_json_rpc": text }))
 }
 
 /// A new `execute_python` session on `r` running `code`: its handle.

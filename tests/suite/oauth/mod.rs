@@ -290,34 +290,12 @@ async fn rpc(
     params: Value,
     caps: Value,
 ) -> (u16, String, Value) {
-    let mut params = params;
-    params["_meta"] = json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientInfo": {"name": "raw-oauth", "version": "0"},
-        "io.modelcontextprotocol/clientCapabilities": caps,
-    });
-    let mut req = reqwest::Client::new()
-        .post(url)
-        .header("Content-Type", "application/json")
-        .header("Accept", "application/json, text/event-stream")
-        .header("MCP-Protocol-Version", "2026-07-28")
-        .header("Mcp-Method", method);
-    if let Some(name) = params.get("name").and_then(Value::as_str) {
-        req = req.header("Mcp-Name", name);
-    } else if let Some(id) = params.get("taskId").and_then(Value::as_str) {
-        req = req.header("Mcp-Name", id);
-    } else if let Some(uri) = params.get("uri").and_then(Value::as_str) {
-        req = req.header("Mcp-Name", uri);
-    }
-    if let Some(t) = token {
-        req = req.bearer_auth(t);
-    }
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    let resp = req
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("the server answers");
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = bearer
+        .iter()
+        .map(|b| ("Authorization", b.as_str()))
+        .collect();
+    let resp = mcp_support::raw_2026_request(url, method, params, caps, &headers).await;
     let status = resp.status().as_u16();
     let challenge = resp
         .headers()
@@ -325,13 +303,7 @@ async fn rpc(
         .map(|h| h.to_str().unwrap().to_string())
         .unwrap_or_default();
     let text = resp.text().await.unwrap();
-    let msg: Value = serde_json::from_str(&text).unwrap_or_else(|_| {
-        text.lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-            .find(|v| v.get("id").is_some())
-            .unwrap_or_else(|| json!({"raw": text}))
-    });
+    let msg = mcp_support::message_of(&text).unwrap_or_else(|| json!({ "raw": text }));
     let out = match msg.get("error") {
         Some(e) => json!({ "error": e }),
         None => msg.get("result").cloned().unwrap_or(msg),
